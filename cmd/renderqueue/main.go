@@ -1,0 +1,77 @@
+// Command renderqueue is the one binary of the project: the operator, the keeper shard, database
+// migrations and the tools users run (seed, worker-sim). Each subcommand lives in its own file here
+// and only parses flags and wires packages together; the logic lives under pkg/ and controllers/.
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"sort"
+	"syscall"
+)
+
+// command is one subcommand: a one-line summary and its entry point, which gets the arguments
+// after the subcommand's name.
+type command struct {
+	summary string
+	run     func(ctx context.Context, args []string, stdout, stderr io.Writer) error
+}
+
+// commands lists the subcommands. New subcommands add themselves here.
+func commands() map[string]command {
+	return map[string]command{
+		"version": {summary: "print the version", run: runVersion},
+	}
+}
+
+// version is set at link time (-ldflags "-X main.version=...").
+var version = "dev"
+
+func runVersion(_ context.Context, _ []string, stdout, _ io.Writer) error {
+	_, err := fmt.Fprintln(stdout, "renderqueue", version)
+	return err
+}
+
+func usage(w io.Writer, cmds map[string]command) {
+	fmt.Fprintln(w, "usage: renderqueue <command> [flags]")
+	fmt.Fprintln(w, "\ncommands:")
+	names := make([]string, 0, len(cmds))
+	for n := range cmds {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		fmt.Fprintf(w, "  %-12s %s\n", n, cmds[n].summary)
+	}
+}
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+func run(args []string, stdout, stderr io.Writer) int {
+	cmds := commands()
+	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+		usage(stderr, cmds)
+		if len(args) == 0 {
+			return 2
+		}
+		return 0
+	}
+	cmd, ok := cmds[args[0]]
+	if !ok {
+		fmt.Fprintf(stderr, "renderqueue: unknown command %q\n\n", args[0])
+		usage(stderr, cmds)
+		return 2
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := cmd.run(ctx, args[1:], stdout, stderr); err != nil {
+		fmt.Fprintf(stderr, "renderqueue %s: %v\n", args[0], err)
+		return 1
+	}
+	return 0
+}

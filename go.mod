@@ -1,0 +1,3 @@
+module github.com/renderqueue/renderqueue
+
+go 1.26

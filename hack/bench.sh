@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Runs the benchmarks with a throwaway PostgreSQL cluster (unless RENDERQUEUE_TEST_DSN is set).
+# Usage: hack/bench.sh [extra go test flags]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+started_pg=""
+cleanup() { if [ -n "$started_pg" ]; then hack/postgres.sh stop >/dev/null 2>&1 || true; fi; }
+trap cleanup EXIT
+if [ -z "${RENDERQUEUE_TEST_DSN:-}" ] && [ -x hack/postgres.sh ]; then
+  RENDERQUEUE_TEST_DSN=$(hack/postgres.sh start | tail -n 1)
+  export RENDERQUEUE_TEST_DSN
+  started_pg=1
+fi
+go test -run '^$' -bench . -benchtime "${BENCHTIME:-1x}" "$@" ./pkg/...

@@ -1,0 +1,199 @@
+// Package shardapi is the wire contract of a keeper shard's HTTP API: the JSON bodies of
+// /v1/claim, /v1/complete, /v1/release and /v1/status. The keeper serves it; the operator, the
+// metrics provider, the worker simulator and users' tools read it. Fields may be added; none may
+// change meaning (ARCHITECTURE section 5). Every time is RFC 3339 and every duration is seconds.
+package shardapi
+
+import "time"
+
+// Queue states reported in Status.Status.
+const (
+	// StatusUnready: the shard cannot vouch that it sees all due work and holds no due rows.
+	StatusUnready = "unready"
+	// StatusQueued: the shard holds due rows.
+	StatusQueued = "queued"
+	// StatusEmpty: the shard is complete and no row is due. Never reported while unseen work
+	// may be due.
+	StatusEmpty = "empty"
+)
+
+// Status is the body of GET /v1/status.
+type Status struct {
+	Shard          string     `json:"shard"`
+	AsOf           time.Time  `json:"asOf"`
+	Status         string     `json:"status"`
+	Complete       bool       `json:"complete"`
+	Exact          bool       `json:"exact"`
+	Window         float64    `json:"window"`
+	VerifyInterval float64    `json:"verifyInterval"`
+	Edge           *time.Time `json:"edge"`
+	// EdgeAheadSeconds is edge − asOf; negative when the edge lags behind the clock. Absent
+	// (null) before the first walk finished, or when the window is 0 and the edge is unbounded.
+	EdgeAheadSeconds *float64   `json:"edgeAheadSeconds"`
+	Gap              *Gap       `json:"gap"`
+	Membership       Membership `json:"membership"`
+	Rows             Rows       `json:"rows"`
+	// Due counts held rows with due <= asOf in owned slots (not incoming).
+	Due        int            `json:"due"`
+	Leased     int            `json:"leased"`
+	DuePerSlot map[string]int `json:"duePerSlot"`
+	Lateness   Lateness       `json:"lateness"`
+	Oldest     *Oldest        `json:"oldest"`
+	ByRoute    map[string]int `json:"byRoute"`
+	Classes    []Class        `json:"classes"`
+	Coming     Coming         `json:"coming"`
+	LastWalk   *Walk          `json:"lastWalk"`
+	// WalkingSince is the start of the walk in progress, if any.
+	WalkingSince *time.Time `json:"walkingSince"`
+	// Error is the last error the shard wants its operator to see (a failed walk, a store outage).
+	Error string `json:"error,omitempty"`
+}
+
+// Gap describes a loss of continuity of the change-event subscription.
+type Gap struct {
+	// Since is when continuity was lost.
+	Since time.Time `json:"since"`
+	// Resumed is when the subscription was back, if it is.
+	Resumed *time.Time `json:"resumed,omitempty"`
+	// Reason says why (the listener's error).
+	Reason string `json:"reason,omitempty"`
+}
+
+// Membership is the shard's slot assignment as it knows it.
+type Membership struct {
+	Epoch int64 `json:"epoch"`
+	// Owned and Incoming are slot sets in compact text form, e.g. "0-255,512-600".
+	Owned    string `json:"owned"`
+	Incoming string `json:"incoming"`
+	// PreparedEpoch is the highest epoch whose incoming slots the shard has fully walked.
+	PreparedEpoch int64 `json:"preparedEpoch"`
+}
+
+// Rows counts rows.
+type Rows struct {
+	Held    int `json:"held"`
+	Invalid int `json:"invalid"`
+	// OwnedNotHeld is the owned rows the last walk did not hold (beyond the window): approximate,
+	// stamped with OwnedNotHeldAsOf.
+	OwnedNotHeld       int        `json:"ownedNotHeld"`
+	OwnedNotHeldAsOf   *time.Time `json:"ownedNotHeldAsOf"`
+	OwnedNotHeldByHour []int      `json:"ownedNotHeldByHour,omitempty"`
+}
+
+// Lateness summarises how late the due rows are, absolute (seconds) and relative (÷ cadence).
+type Lateness struct {
+	MaxSeconds  float64 `json:"maxSeconds"`
+	P50Seconds  float64 `json:"p50Seconds"`
+	P99Seconds  float64 `json:"p99Seconds"`
+	MaxRelative float64 `json:"maxRelative"`
+	P50Relative float64 `json:"p50Relative"`
+	P99Relative float64 `json:"p99Relative"`
+}
+
+// Oldest is the held row that has been due the longest.
+type Oldest struct {
+	Key string    `json:"key"`
+	Due time.Time `json:"due"`
+}
+
+// Class is the due count of one (cadence, source) group.
+type Class struct {
+	Cadence float64 `json:"cadence"`
+	Source  string  `json:"source"`
+	Due     int     `json:"due"`
+	Held    int     `json:"held"`
+}
+
+// Coming counts held rows not yet due by when they come due.
+type Coming struct {
+	Next15m int   `json:"next15m"`
+	Next60m int   `json:"next60m"`
+	Next24h int   `json:"next24h"`
+	ByHour  []int `json:"byHour"`
+	// CutAtWindow is true when the window is shorter than 24 h, so the later bins only count what
+	// the window holds (see Rows.OwnedNotHeldByHour for the rest).
+	CutAtWindow bool `json:"cutAtWindow"`
+}
+
+// Walk describes one verification walk.
+type Walk struct {
+	StartedAt      time.Time  `json:"startedAt"`
+	FinishedAt     *time.Time `json:"finishedAt"`
+	Partial        bool       `json:"partial"`
+	Failed         bool       `json:"failed"`
+	Scanned        int        `json:"scanned"`
+	Admitted       int        `json:"admitted"`
+	Repaired       int        `json:"repaired"`
+	Invalid        int        `json:"invalid"`
+	UnreadSegments int        `json:"unreadSegments"`
+	Error          string     `json:"error,omitempty"`
+}
+
+// ClaimRequest is the body of POST /v1/claim.
+type ClaimRequest struct {
+	// N is how many rows to claim (1..MaxClaim).
+	N int `json:"n"`
+	// LeaseSeconds is the lease duration; 0 means the shard's default.
+	LeaseSeconds float64 `json:"leaseSeconds,omitempty"`
+}
+
+// MaxClaim is the most rows one claim may ask for.
+const MaxClaim = 10000
+
+// ClaimResponse is the reply to POST /v1/claim.
+type ClaimResponse struct {
+	Items []ClaimedRow `json:"items"`
+}
+
+// ClaimedRow is one claimed row and its lease.
+type ClaimedRow struct {
+	Key     string    `json:"key"`
+	Due     time.Time `json:"due"`
+	Cadence float64   `json:"cadence"`
+	Route   string    `json:"route"`
+	Source  string    `json:"source"`
+	Urgent  bool      `json:"urgent"`
+	// Lease identifies this claim; complete and release must present it.
+	Lease string `json:"lease"`
+	// LeaseExpires is when the lease lapses and the row can be claimed again.
+	LeaseExpires time.Time `json:"leaseExpires"`
+}
+
+// CompleteRequest is the body of POST /v1/complete.
+type CompleteRequest struct {
+	Items []Completion `json:"items"`
+}
+
+// Completion reports one rendered row.
+type Completion struct {
+	Key   string `json:"key"`
+	Lease string `json:"lease"`
+	// NextDue is the next render time; absent means now + cadence.
+	NextDue *time.Time `json:"nextDue,omitempty"`
+}
+
+// CompleteResponse is the reply to POST /v1/complete.
+type CompleteResponse struct {
+	Completed int `json:"completed"`
+}
+
+// ReleaseRequest is the body of POST /v1/release: hand leased rows back unrendered.
+type ReleaseRequest struct {
+	Items []Lease `json:"items"`
+}
+
+// Lease names one leased row.
+type Lease struct {
+	Key   string `json:"key"`
+	Lease string `json:"lease"`
+}
+
+// ReleaseResponse is the reply to POST /v1/release.
+type ReleaseResponse struct {
+	Released int `json:"released"`
+}
+
+// Error is the body of every 4xx and 5xx reply.
+type Error struct {
+	Error string `json:"error"`
+}
