@@ -2,8 +2,10 @@
 GO ?= go
 GOLANGCI_LINT_VERSION ?= v2.15.0
 PKGS ?= ./...
+CONTROLLER_GEN_VERSION ?= v0.23.0
+CONTROLLER_GEN ?= $(GO) run sigs.k8s.io/controller-tools/cmd/controller-gen@$(CONTROLLER_GEN_VERSION)
 
-.PHONY: all build test bench fmt vet lint run tidy
+.PHONY: all build test bench fmt vet lint run tidy manifests generate verify-generated
 all: build
 
 build: ## Build bin/renderqueue.
@@ -27,3 +29,20 @@ lint: ## golangci-lint, pinned, through the Go module proxy.
 
 tidy:
 	$(GO) mod tidy
+
+manifests: ## Generate the CRDs (config/crd/bases) and RBAC (config/rbac) from the kubebuilder markers.
+	$(CONTROLLER_GEN) crd paths=./api/... output:crd:artifacts:config=config/crd/bases
+	@if [ -d controllers ]; then \
+	  echo $(CONTROLLER_GEN) rbac:roleName=renderqueue-operator paths=./controllers/... output:rbac:artifacts:config=config/rbac; \
+	  $(CONTROLLER_GEN) rbac:roleName=renderqueue-operator paths=./controllers/... output:rbac:artifacts:config=config/rbac; \
+	fi
+
+generate: ## Generate the deepcopy methods of the API types.
+	$(CONTROLLER_GEN) object paths=./api/...
+
+verify-generated: manifests generate ## Fail when the committed generated files are not current.
+	@out=$$(git status --porcelain -- api config/crd config/rbac); \
+	if [ -n "$$out" ]; then \
+	  echo "generated files are not current; run 'make manifests generate' and commit:"; \
+	  echo "$$out"; git --no-pager diff --stat -- api config/crd config/rbac; exit 1; \
+	fi

@@ -1,0 +1,73 @@
+package v1alpha1
+
+import (
+	"fmt"
+	"regexp"
+	"strconv"
+	"time"
+)
+
+// Defaults, mirrored from the kubebuilder default markers for code that builds objects itself.
+const (
+	// DefaultShards is the default spec.shards.
+	DefaultShards = 1
+	// MaxShards is the largest spec.shards.
+	MaxShards = 256
+	// DefaultVerifyInterval is the default spec.verifyInterval.
+	DefaultVerifyInterval = 60 * time.Minute
+	// DefaultLeaseDuration is the default spec.leaseDuration.
+	DefaultLeaseDuration = 5 * time.Minute
+	// DefaultSubmittedBoost is the default spec.priority.submittedBoost.
+	DefaultSubmittedBoost = "2"
+	// DefaultUrgentMaxShare is the default spec.priority.urgentMaxShare.
+	DefaultUrgentMaxShare = "0.2"
+	// DefaultSecretKey is the default spec.store.secretRef.key.
+	DefaultSecretKey = "dsn"
+)
+
+// ShardName is the name of shard i of the RenderQueue named queue (and of its Pod).
+func ShardName(queue string, i int) string { return fmt.Sprintf("%s-shard-%d", queue, i) }
+
+// ShardName is the name of this RenderQueue's shard i (and of its Pod).
+func (rq *RenderQueue) ShardName(i int) string { return ShardName(rq.Name, i) }
+
+// decimal is the format the API server enforces on the Priority fields.
+var decimal = regexp.MustCompile(`^[0-9]+([.][0-9]+)?$`)
+
+func parseDecimal(field, s, def string, lo, hi float64, loInclusive bool) (float64, error) {
+	if s == "" {
+		s = def
+	}
+	if !decimal.MatchString(s) {
+		return 0, fmt.Errorf("%s %q is not a decimal number", field, s)
+	}
+	v, err := strconv.ParseFloat(s, 64)
+	if err != nil {
+		return 0, fmt.Errorf("%s %q: %w", field, s, err)
+	}
+	if v < lo || (!loInclusive && v == lo) || v > hi {
+		return 0, fmt.Errorf("%s %s is out of range", field, s)
+	}
+	return v, nil
+}
+
+// SubmittedBoostValue is SubmittedBoost as a number (the default when empty).
+func (p Priority) SubmittedBoostValue() (float64, error) {
+	return parseDecimal("submittedBoost", p.SubmittedBoost, DefaultSubmittedBoost, 0, 1000, false)
+}
+
+// UrgentMaxShareValue is UrgentMaxShare as a number (the default when empty).
+func (p Priority) UrgentMaxShareValue() (float64, error) {
+	return parseDecimal("urgentMaxShare", p.UrgentMaxShare, DefaultUrgentMaxShare, 0, 1, true)
+}
+
+// WalkInterval is how often a shard of this spec walks its slots: verifyInterval, clamped to
+// window/3 when a window is set (a verifyInterval of 0 then means window/3). With window 0 and
+// verifyInterval 0 it is 0: no periodic walks.
+func (s *RenderQueueSpec) WalkInterval() time.Duration {
+	v, w := s.VerifyInterval.Duration, s.Window.Duration
+	if w > 0 && (v <= 0 || v > w/3) {
+		return w / 3
+	}
+	return v
+}

@@ -1,0 +1,361 @@
+package v1alpha1
+
+import (
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// RenderQueueSpec is the desired state of a RenderQueue: how many keeper shards, what they hold,
+// how they prioritise, where the schedule lives, and how their Pods are scheduled.
+//
+// Durations are Go duration strings ("90s", "60m", "24h", "1h30m").
+type RenderQueueSpec struct {
+	// Shards is the number of keeper shards (Pods named <name>-shard-<i>), 1..256. The 1024 hash
+	// slots are spread evenly over them; changing it rebalances slots with a two-phase handoff.
+	// The scale subresource maps to this field.
+	// +kubebuilder:default=1
+	// +kubebuilder:validation:XValidation:rule="self >= 1 && self <= 256",message="shards must be between 1 and 256"
+	// +optional
+	Shards int32 `json:"shards,omitempty"`
+
+	// Window is how far ahead of now a shard holds rows: a row is held iff it is due before
+	// now + window. 0 (the default) holds every owned row.
+	// +kubebuilder:default="0s"
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:MaxLength=64
+	// +kubebuilder:validation:Pattern=`^-?(0|(([0-9]+(\.[0-9]*)?|\.[0-9]+)(ns|us|µs|μs|ms|s|m|h))+)$`
+	// +kubebuilder:validation:XValidation:rule="!self.startsWith('-')",message="window must not be negative"
+	// +optional
+	Window metav1.Duration `json:"window,omitempty"`
+
+	// VerifyInterval is how often a shard re-walks its slots to verify what it holds. With a
+	// window set, a shard walks at least every window/3 whatever this says: a larger value is
+	// accepted and clamped by the keeper (so that lengthening the window never needs two edits),
+	// and 0 then means "every window/3". With window 0, 0 turns periodic verification off.
+	// Defaults to 60m.
+	// +kubebuilder:default="60m"
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:MaxLength=64
+	// +kubebuilder:validation:Pattern=`^-?(0|(([0-9]+(\.[0-9]*)?|\.[0-9]+)(ns|us|µs|μs|ms|s|m|h))+)$`
+	// +kubebuilder:validation:XValidation:rule="!self.startsWith('-')",message="verifyInterval must not be negative"
+	// +optional
+	VerifyInterval metav1.Duration `json:"verifyInterval,omitempty"`
+
+	// Priority tunes the claim order.
+	// +kubebuilder:default={}
+	// +optional
+	Priority Priority `json:"priority,omitempty"`
+
+	// LeaseDuration is how long a claimed row stays leased to a render worker before it is handed
+	// out again, unless completed or released first. Must be positive; defaults to 5m.
+	// +kubebuilder:default="5m"
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:MaxLength=64
+	// +kubebuilder:validation:Pattern=`^-?(0|(([0-9]+(\.[0-9]*)?|\.[0-9]+)(ns|us|µs|μs|ms|s|m|h))+)$`
+	// +kubebuilder:validation:XValidation:rule="!self.startsWith('-') && duration(self) > duration('0s')",message="leaseDuration must be positive"
+	// +optional
+	LeaseDuration metav1.Duration `json:"leaseDuration,omitempty"`
+
+	// Store says where the schedule table lives.
+	Store Store `json:"store"`
+
+	// Image is the container image of the keeper shards. Empty means the operator's own image
+	// (the same binary runs `renderqueue keeper`).
+	// +kubebuilder:validation:MaxLength=1024
+	// +optional
+	Image string `json:"image,omitempty"`
+
+	// ImagePullPolicy of the keeper container; Kubernetes' default when empty.
+	// +kubebuilder:validation:Enum=Always;IfNotPresent;Never
+	// +optional
+	ImagePullPolicy corev1.PullPolicy `json:"imagePullPolicy,omitempty"`
+
+	// Resources of the keeper container. A shard holds its rows in memory: size the memory limit
+	// for the rows of 1024/shards slots within the window.
+	// +optional
+	Resources corev1.ResourceRequirements `json:"resources,omitempty"`
+
+	// NodeSelector of the shard Pods.
+	// +optional
+	NodeSelector map[string]string `json:"nodeSelector,omitempty"`
+
+	// Tolerations of the shard Pods.
+	// +listType=atomic
+	// +optional
+	Tolerations []corev1.Toleration `json:"tolerations,omitempty"`
+
+	// Affinity of the shard Pods.
+	// +optional
+	Affinity *corev1.Affinity `json:"affinity,omitempty"`
+}
+
+// Priority tunes the claim order. Rows are claimed by relative lateness (now − due) / cadence,
+// multiplied by SubmittedBoost for rows that came from a sitemap; urgent rows go first but take
+// at most UrgentMaxShare of each claim batch while other rows are due.
+//
+// Both values are decimal strings (see the package documentation for why not floats).
+type Priority struct {
+	// SubmittedBoost multiplies the relative lateness of submitted rows: a decimal number
+	// greater than 0 and at most 1000, e.g. "2" or "1.5". Defaults to "2".
+	// +kubebuilder:default="2"
+	// +kubebuilder:validation:MaxLength=16
+	// +kubebuilder:validation:XValidation:rule="self.matches('^[0-9]+([.][0-9]+)?$') && double(self) > 0.0 && double(self) <= 1000.0",message="submittedBoost must be a decimal number greater than 0 and at most 1000, such as \"2\" or \"1.5\""
+	// +optional
+	SubmittedBoost string `json:"submittedBoost,omitempty"`
+
+	// UrgentMaxShare caps the share of each claim batch that urgent rows may take while other
+	// rows are due: a decimal number from 0 to 1, e.g. "0.2". Defaults to "0.2".
+	// +kubebuilder:default="0.2"
+	// +kubebuilder:validation:MaxLength=16
+	// +kubebuilder:validation:XValidation:rule="self.matches('^[0-9]+([.][0-9]+)?$') && double(self) >= 0.0 && double(self) <= 1.0",message="urgentMaxShare must be a decimal number from 0 to 1, such as \"0.2\""
+	// +optional
+	UrgentMaxShare string `json:"urgentMaxShare,omitempty"`
+}
+
+// Store says where the schedule table lives.
+type Store struct {
+	// SecretRef names the Secret (in the RenderQueue's namespace) holding the PostgreSQL
+	// connection string.
+	SecretRef SecretKeyRef `json:"secretRef"`
+}
+
+// SecretKeyRef names one key of a Secret in the same namespace.
+type SecretKeyRef struct {
+	// Name of the Secret. Required.
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:XValidation:rule="self != ''",message="store.secretRef.name must name the Secret holding the PostgreSQL DSN"
+	Name string `json:"name"`
+
+	// Key within the Secret whose value is the DSN. Defaults to "dsn".
+	// +kubebuilder:default="dsn"
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:Pattern=`^[-._a-zA-Z0-9]+$`
+	// +optional
+	Key string `json:"key,omitempty"`
+}
+
+// RenderQueueStatus is the observed state of a RenderQueue, polled from every shard's
+// GET /v1/status and aggregated by the operator.
+type RenderQueueStatus struct {
+	// ObservedGeneration is the .metadata.generation the status was computed for.
+	// +optional
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+
+	// Conditions: Ready, Exact, EdgeHealthy, WalksComplete, Progressing.
+	// +listType=map
+	// +listMapKey=type
+	// +patchStrategy=merge
+	// +patchMergeKey=type
+	// +optional
+	Conditions []metav1.Condition `json:"conditions,omitempty" patchStrategy:"merge" patchMergeKey:"type"`
+
+	// Shards is the state of each shard, in shard order.
+	// +listType=map
+	// +listMapKey=name
+	// +optional
+	Shards []ShardStatus `json:"shards,omitempty"`
+
+	// CurrentShards is the number of shards in the committed assignment (the scale
+	// subresource's status replicas).
+	// +optional
+	CurrentShards int32 `json:"currentShards,omitempty"`
+
+	// ReadyShards is the number of shards that have finished loading.
+	// +optional
+	ReadyShards int32 `json:"readyShards,omitempty"`
+
+	// Due is the number of due rows, summed per slot over the committed assignment (each slot
+	// counted once, by its owner). A lower bound unless DueExact.
+	// +optional
+	Due int64 `json:"due"`
+
+	// DueExact is true when every shard is reachable and exact, so Due is the true count.
+	// +optional
+	DueExact bool `json:"dueExact"`
+
+	// Membership is the slot assignment and the state of any handoff in progress.
+	// +optional
+	Membership MembershipStatus `json:"membership,omitempty"`
+
+	// Selector is the label selector of the shard Pods, in string form (scale subresource).
+	// +optional
+	Selector string `json:"selector,omitempty"`
+}
+
+// ShardStatus is one shard as the operator last saw it.
+type ShardStatus struct {
+	// Name of the shard (and of its Pod), <rq>-shard-<i>.
+	Name string `json:"name"`
+
+	// Slots the shard owns, in compact text form, e.g. "0-340".
+	// +optional
+	Slots string `json:"slots,omitempty"`
+
+	// Phase is the shard's queue state as it reports it (queued, empty, unready), or the
+	// operator's view when it cannot ask (Pending while the Pod starts, Unreachable).
+	// +optional
+	Phase string `json:"phase,omitempty"`
+
+	// Ready is true once the shard has finished its first walk.
+	// +optional
+	Ready bool `json:"ready"`
+
+	// RowsHeld is the number of rows held in memory.
+	// +optional
+	RowsHeld int64 `json:"rowsHeld,omitempty"`
+
+	// RowsOwned is the number of rows of the owned slots, held or not (as of the last walk).
+	// +optional
+	RowsOwned int64 `json:"rowsOwned,omitempty"`
+
+	// Due is the number of due rows in the owned slots.
+	// +optional
+	Due int64 `json:"due"`
+
+	// Exact is true when the shard vouches for its due count.
+	// +optional
+	Exact bool `json:"exact"`
+
+	// Edge: every owned row due before it is held. Unset before the first walk, and when the
+	// window is 0 (unbounded).
+	// +optional
+	Edge *metav1.Time `json:"edge,omitempty"`
+
+	// EdgeAheadSeconds is how far the edge is ahead of now, in whole seconds; negative when the
+	// edge lags.
+	// +optional
+	EdgeAheadSeconds *int64 `json:"edgeAheadSeconds,omitempty"`
+
+	// LastWalk summarises the last finished walk.
+	// +optional
+	LastWalk *WalkSummary `json:"lastWalk,omitempty"`
+
+	// Error is the last error seen for this shard (unreachable, failed walk, ...), empty if none.
+	// +optional
+	Error string `json:"error,omitempty"`
+}
+
+// WalkSummary summarises one verification walk.
+type WalkSummary struct {
+	// StartedAt is when the walk started.
+	// +optional
+	StartedAt *metav1.Time `json:"startedAt,omitempty"`
+	// FinishedAt is when the walk finished.
+	// +optional
+	FinishedAt *metav1.Time `json:"finishedAt,omitempty"`
+	// Partial is true when some segments could not be read.
+	// +optional
+	Partial bool `json:"partial,omitempty"`
+	// Failed is true when the walk failed as a whole.
+	// +optional
+	Failed bool `json:"failed,omitempty"`
+	// Scanned rows.
+	// +optional
+	Scanned int64 `json:"scanned,omitempty"`
+	// Admitted rows: newly held rows due at or after the previous edge.
+	// +optional
+	Admitted int64 `json:"admitted,omitempty"`
+	// Repaired rows: rows due before the previous edge that were missing or stale (true misses).
+	// +optional
+	Repaired int64 `json:"repaired,omitempty"`
+	// Invalid rows skipped.
+	// +optional
+	Invalid int64 `json:"invalid,omitempty"`
+	// UnreadSegments is the number of segments the walk could not read.
+	// +optional
+	UnreadSegments int64 `json:"unreadSegments,omitempty"`
+}
+
+// MembershipPhase is the state of the slot assignment.
+// +kubebuilder:validation:Enum=Settled;Preparing;Committing
+type MembershipPhase string
+
+// Membership phases.
+const (
+	// MembershipSettled: no handoff is in progress.
+	MembershipSettled MembershipPhase = "Settled"
+	// MembershipPreparing: receivers are walking their incoming slots.
+	MembershipPreparing MembershipPhase = "Preparing"
+	// MembershipCommitting: every receiver is prepared; ownership is being moved.
+	MembershipCommitting MembershipPhase = "Committing"
+)
+
+// MembershipStatus is the slot assignment the shards follow (they watch it) and the state of
+// any two-phase handoff.
+type MembershipStatus struct {
+	// Epoch of the committed assignment; bumped by every prepare and commit.
+	// +optional
+	Epoch int64 `json:"epoch,omitempty"`
+
+	// Phase of the handoff.
+	// +optional
+	Phase MembershipPhase `json:"phase,omitempty"`
+
+	// Assignment is the committed ownership: which slots each shard owns and counts.
+	// +listType=map
+	// +listMapKey=shard
+	// +optional
+	Assignment []ShardSlots `json:"assignment,omitempty"`
+
+	// Incoming is, during a handoff, the slots each receiver walks and holds without owning.
+	// +listType=map
+	// +listMapKey=shard
+	// +optional
+	Incoming []ShardSlots `json:"incoming,omitempty"`
+
+	// PreparedEpoch is the epoch of the prepare in progress (or the last one).
+	// +optional
+	PreparedEpoch int64 `json:"preparedEpoch,omitempty"`
+
+	// PreparedAt is when the prepare in progress started.
+	// +optional
+	PreparedAt *metav1.Time `json:"preparedAt,omitempty"`
+
+	// SlotsMoving is the number of slots in Incoming.
+	// +optional
+	SlotsMoving int32 `json:"slotsMoving,omitempty"`
+}
+
+// ShardSlots is a set of slots of one shard.
+type ShardSlots struct {
+	// Shard name, <rq>-shard-<i>.
+	Shard string `json:"shard"`
+	// Slots in compact text form, e.g. "0-340,1000-1023".
+	// +optional
+	Slots string `json:"slots,omitempty"`
+}
+
+// RenderQueue is a sharded, in-memory queue of due render work over a PostgreSQL schedule:
+// keeper shards that hold the due rows of their hash slots, hand render workers the most overdue
+// work first, and report exactly how much work is due.
+//
+// +kubebuilder:object:root=true
+// +kubebuilder:resource:shortName=rq,categories=renderqueue
+// +kubebuilder:subresource:status
+// +kubebuilder:subresource:scale:specpath=.spec.shards,statuspath=.status.currentShards,selectorpath=.status.selector
+// +kubebuilder:printcolumn:name="Shards",type=integer,JSONPath=`.spec.shards`
+// +kubebuilder:printcolumn:name="Ready",type=integer,JSONPath=`.status.readyShards`
+// +kubebuilder:printcolumn:name="Due",type=integer,JSONPath=`.status.due`
+// +kubebuilder:printcolumn:name="Exact",type=boolean,JSONPath=`.status.dueExact`
+// +kubebuilder:printcolumn:name="Edge",type=string,JSONPath=`.status.conditions[?(@.type=="EdgeHealthy")].status`,description="EdgeHealthy condition"
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+type RenderQueue struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	// Spec is the desired state.
+	Spec RenderQueueSpec `json:"spec"`
+	// Status is the observed state, written by the operator.
+	// +optional
+	Status RenderQueueStatus `json:"status,omitempty"`
+}
+
+// RenderQueueList is a list of RenderQueues.
+//
+// +kubebuilder:object:root=true
+type RenderQueueList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	// Items are the RenderQueues.
+	Items []RenderQueue `json:"items"`
+}
