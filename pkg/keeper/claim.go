@@ -1,0 +1,213 @@
+package keeper
+
+import (
+	"bytes"
+	"container/heap"
+	"errors"
+	"math"
+	"time"
+
+	"github.com/renderqueue/renderqueue/pkg/schedule"
+)
+
+// Errors of the lease operations.
+var (
+	// ErrNotHeld: the key is not held by this shard (never was, or was dropped, deleted or moved).
+	ErrNotHeld = errors.New("row is not held by this shard")
+	// ErrLeaseLost: the key is held but not under the presented lease (it expired, was released,
+	// or the token is wrong).
+	ErrLeaseLost = errors.New("lease is not current: it expired, was released or never existed")
+)
+
+// lease is a claimed row's lease.
+type lease struct {
+	token   uint64
+	expires int64 // ms
+}
+
+type leaseExpiry struct {
+	expires int64
+	id      uint32
+	token   uint64
+}
+
+type expiryHeap []leaseExpiry
+
+func (h expiryHeap) Len() int           { return len(h) }
+func (h expiryHeap) Less(i, j int) bool { return h[i].expires < h[j].expires }
+func (h expiryHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *expiryHeap) Push(x any)        { *h = append(*h, x.(leaseExpiry)) }
+func (h *expiryHeap) Pop() any {
+	old := *h
+	x := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return x
+}
+
+// Claimed is one claimed row.
+type Claimed struct {
+	Key          string
+	Slot         int
+	Due          time.Time
+	Cadence      time.Duration
+	Route        string
+	Source       schedule.Source
+	Urgent       bool
+	Rev          int64
+	Score        float64
+	Lease        uint64
+	LeaseExpires time.Time
+}
+
+// Score is the claim priority of a row due at due with the given cadence and source at now:
+// relative lateness (now − due) / cadence, times the submitted boost for sitemap rows. Times are in
+// milliseconds.
+func Score(nowMs, dueMs, cadenceMs int64, submitted bool, boost float64) float64 {
+	s := float64(nowMs-dueMs) / float64(cadenceMs)
+	if submitted {
+		s *= boost
+	}
+	return s
+}
+
+// Claim leases up to n due rows (due ≤ now) for leaseFor, most overdue first: urgent rows first
+// but at most floor(UrgentMaxShare × n) of them while other due rows exist, then by score, ties by
+// due then key. Rows in incoming slots and leased rows are never claimed.
+func (c *Core) Claim(now time.Time, n int, leaseFor time.Duration) []Claimed {
+	nowMs := now.UnixMilli()
+	c.expireLeases(nowMs)
+	if n <= 0 {
+		return nil
+	}
+	out := make([]Claimed, 0, min(n, 1024))
+	urgentCap := int(math.Floor(c.cfg.UrgentMaxShare * float64(n)))
+	for len(out) < urgentCap {
+		if !c.claimBest(nowMs, true, leaseFor, &out) {
+			break
+		}
+	}
+	for len(out) < n {
+		if !c.claimBest(nowMs, false, leaseFor, &out) {
+			break
+		}
+	}
+	for len(out) < n {
+		if !c.claimBest(nowMs, true, leaseFor, &out) {
+			break
+		}
+	}
+	return out
+}
+
+// claimBest claims the best due row among the urgent (or the other) groups.
+func (c *Core) claimBest(nowMs int64, urgent bool, leaseFor time.Duration, out *[]Claimed) bool {
+	var best *group
+	var bestID uint32
+	var bestScore float64
+	for _, g := range c.groups {
+		if g.urgent != urgent {
+			continue
+		}
+		id, ok := g.heapPeek()
+		if !ok {
+			continue
+		}
+		r := c.rows.at(id)
+		if r.due > nowMs {
+			continue
+		}
+		s := Score(nowMs, r.due, g.cadenceMs, g.source == schedule.SourceSubmitted, c.cfg.SubmittedBoost)
+		if best == nil || s > bestScore || (s == bestScore && c.before(id, bestID)) {
+			best, bestID, bestScore = g, id, s
+		}
+	}
+	if best == nil {
+		return false
+	}
+	c.heapRemove(best, bestID)
+	r := c.rows.at(bestID)
+	r.flags |= flagLeased
+	c.nextLease++
+	token := c.nextLease
+	expires := nowMs + leaseFor.Milliseconds()
+	c.leases[bestID] = lease{token: token, expires: expires}
+	heap.Push((*expiryHeap)(&c.expiry), leaseExpiry{expires: expires, id: bestID, token: token})
+	*out = append(*out, Claimed{
+		Key:          string(c.keys.get(r.keyOff)),
+		Slot:         int(r.slot),
+		Due:          time.UnixMilli(r.due).UTC(),
+		Cadence:      time.Duration(best.cadenceMs) * time.Millisecond,
+		Route:        c.routes[r.route],
+		Source:       best.source,
+		Urgent:       best.urgent,
+		Rev:          r.rev,
+		Score:        bestScore,
+		Lease:        token,
+		LeaseExpires: time.UnixMilli(expires).UTC(),
+	})
+	return true
+}
+
+// before says whether record a sorts before b on ties: earlier due, then smaller key.
+func (c *Core) before(a, b uint32) bool {
+	ra, rb := c.rows.at(a), c.rows.at(b)
+	if ra.due != rb.due {
+		return ra.due < rb.due
+	}
+	return bytes.Compare(c.keys.get(ra.keyOff), c.keys.get(rb.keyOff)) < 0
+}
+
+// expireLeases ends every lease that expired at or before now.
+func (c *Core) expireLeases(nowMs int64) {
+	for len(c.expiry) > 0 && c.expiry[0].expires <= nowMs {
+		e := heap.Pop((*expiryHeap)(&c.expiry)).(leaseExpiry)
+		if l, ok := c.leases[e.id]; ok && l.token == e.token {
+			c.endLease(e.id)
+		}
+	}
+}
+
+func (c *Core) endLease(id uint32) {
+	delete(c.leases, id)
+	r := c.rows.at(id)
+	r.flags &^= flagLeased
+	if c.slots[r.slot] == SlotOwned {
+		c.heapPush(c.groups[r.group], id)
+	}
+}
+
+// leaseOf finds key's record and checks that token is its current lease.
+func (c *Core) leaseOf(nowMs int64, key string, token uint64) (uint32, error) {
+	c.expireLeases(nowMs)
+	id, ok := c.index.find(&c.rows, &c.keys, key)
+	if !ok {
+		return 0, ErrNotHeld
+	}
+	if l, ok := c.leases[id]; !ok || l.token != token {
+		return 0, ErrLeaseLost
+	}
+	return id, nil
+}
+
+// CheckLease reports whether token is key's current lease at now.
+func (c *Core) CheckLease(now time.Time, key string, token uint64) error {
+	_, err := c.leaseOf(now.UnixMilli(), key, token)
+	return err
+}
+
+// Release ends key's lease without rendering: the row is claimable again at once.
+// Completing a row is Release after applying the row's new version from the store.
+func (c *Core) Release(now time.Time, key string, token uint64) error {
+	id, err := c.leaseOf(now.UnixMilli(), key, token)
+	if err != nil {
+		return err
+	}
+	c.endLease(id)
+	return nil
+}
+
+// Leased returns the number of rows under lease (after expiring leases at now).
+func (c *Core) Leased(now time.Time) int {
+	c.expireLeases(now.UnixMilli())
+	return len(c.leases)
+}

@@ -1,0 +1,471 @@
+// Package keeper holds a shard's due rows in memory and hands render workers the most overdue
+// work first.
+//
+// The core (Core) is pure: every method takes the clock as a parameter and does no I/O and starts
+// no goroutines. It holds the rows of the shard's slots that are due before now + window, orders
+// them for claiming by relative lateness × source boost, tracks leases, and summarises what is
+// due exactly. The shard service (later in this package) wraps it with the store, walks, the
+// event subscription and the HTTP API.
+//
+// Semantics (ARCHITECTURE section 4):
+//   - Last writer wins by rev: a row is applied only if its rev is newer than what the core knows
+//     of the key. While a walk runs, keys that events dropped, deleted or kept out of the window
+//     leave a tombstone (their rev), so an older walked copy cannot bring them back.
+//   - Admission: a valid row is held iff window is 0 or due < now + window when it is applied. A
+//     held row leaves only when an event moves it out of the window, deletes it, or its slot leaves.
+//   - Invalid rows (absent due, cadence < 1 ms or > 10 years, due outside [1970, 2106), empty or
+//     over-long key, unknown source) are never held and never coerced; they are counted.
+//   - Claim order: urgent rows first (at most UrgentMaxShare of a batch while other rows are due),
+//     then by score (now − due) / cadence × boost(source), ties by due then key. Due times are held
+//     at millisecond precision.
+package keeper
+
+import (
+	"errors"
+	"fmt"
+	"hash/maphash"
+	"math"
+	"time"
+
+	"github.com/renderqueue/renderqueue/pkg/schedule"
+)
+
+// Limits on what a valid row may carry.
+const (
+	// MaxCadence is the longest cadence a valid row may have.
+	MaxCadence = 10 * 365 * 24 * time.Hour
+	// maxDueMs bounds due times: the claim heap keeps due seconds in 32 bits (until 2106-02-07).
+	maxDueMs = int64(math.MaxUint32) * 1000
+	// maxRoutes and maxGroups bound the interned routes and (cadence, source, urgent) groups.
+	maxRoutes = math.MaxUint16
+	maxGroups = math.MaxUint16
+)
+
+// Config is the core's policy.
+type Config struct {
+	// Window: hold rows due before now + Window; 0 holds every row.
+	Window time.Duration
+	// SubmittedBoost multiplies the score of rows from a sitemap (source submitted); 1 = no boost.
+	SubmittedBoost float64
+	// UrgentMaxShare caps urgent rows at floor(UrgentMaxShare × n) of a claim batch of n while
+	// other rows are due. 0 lets urgent rows through only when nothing else is due.
+	UrgentMaxShare float64
+	// FirstLease is the first lease token handed out; the service starts it at a random value so
+	// tokens from an earlier process are not accepted by a later one.
+	FirstLease uint64
+}
+
+// Validate says what is wrong with a configuration.
+func (c Config) Validate() error {
+	var errs []error
+	if c.Window < 0 {
+		errs = append(errs, fmt.Errorf("window %v is negative", c.Window))
+	}
+	if math.IsNaN(c.SubmittedBoost) || math.IsInf(c.SubmittedBoost, 0) || c.SubmittedBoost <= 0 {
+		errs = append(errs, fmt.Errorf("submittedBoost %v must be a finite number > 0", c.SubmittedBoost))
+	}
+	if math.IsNaN(c.UrgentMaxShare) || c.UrgentMaxShare < 0 || c.UrgentMaxShare > 1 {
+		errs = append(errs, fmt.Errorf("urgentMaxShare %v must be within [0, 1]", c.UrgentMaxShare))
+	}
+	return errors.Join(errs...)
+}
+
+// SlotState says what the shard does with a slot's rows.
+type SlotState uint8
+
+const (
+	// SlotNone: not the shard's; rows are ignored and any held ones are dropped.
+	SlotNone SlotState = iota
+	// SlotIncoming: being handed to this shard; rows are held but neither claimed nor counted.
+	SlotIncoming
+	// SlotOwned: the shard's; rows are held, claimed and counted.
+	SlotOwned
+)
+
+// Result says what applying a row or a delete did.
+type Result uint8
+
+const (
+	// Ignored: the core already knows an equal or newer rev of the key.
+	Ignored Result = iota
+	// NotOwned: the row's slot is neither owned nor incoming.
+	NotOwned
+	// Held: the row is held (newly, or updated in place).
+	Held
+	// NotHeld: the row is valid but due beyond the window, and was not held.
+	NotHeld
+	// Dropped: the row was held and moved beyond the window.
+	Dropped
+	// Removed: the row was deleted (it may or may not have been held).
+	Removed
+	// Invalid: the row is invalid; it is not held and is counted.
+	Invalid
+)
+
+var resultNames = [...]string{"ignored", "not-owned", "held", "not-held", "dropped", "removed", "invalid"}
+
+func (r Result) String() string {
+	if int(r) < len(resultNames) {
+		return resultNames[r]
+	}
+	return fmt.Sprintf("Result(%d)", uint8(r))
+}
+
+// Outcome is what Apply or Delete did.
+type Outcome struct {
+	Result Result
+	// WasHeld says whether the key was held before.
+	WasHeld bool
+	// Reason explains an Invalid result.
+	Reason string
+}
+
+// group is one (cadence, source, urgent) class of rows with its claim heap.
+type group struct {
+	cadenceMs int64
+	source    schedule.Source
+	urgent    bool
+	heap      []uint64
+}
+
+type groupKey struct {
+	cadenceMs int64
+	source    schedule.Source
+	urgent    bool
+}
+
+// known is what the core remembers of a key it does not hold: its rev (and slot, to forget it
+// when the slot leaves).
+type known struct {
+	rev  int64
+	slot uint16
+}
+
+// Core is the pure keeper core. It is not safe for concurrent use: the service serialises calls.
+type Core struct {
+	cfg Config
+
+	rows  rows
+	keys  arena
+	index index
+
+	groups   []*group
+	groupIdx map[groupKey]uint16
+	routes   []string
+	routeIdx map[string]uint16
+
+	slots [schedule.NumSlots]SlotState
+	// walked marks the slots a finished walk has read since they joined the shard.
+	walked [schedule.NumSlots]bool
+
+	// invalid holds the keys whose latest known version is invalid.
+	invalid map[string]known
+	// tombstones holds, while a walk runs, keys whose latest known version is not held.
+	tombstones map[string]known
+
+	leases    map[uint32]lease
+	expiry    []leaseExpiry // min-heap by expires; entries whose lease changed are skipped
+	nextLease uint64
+
+	walk *walkState
+}
+
+// New returns an empty core with no slots.
+func New(cfg Config) (*Core, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("keeper config: %w", err)
+	}
+	c := &Core{
+		cfg:       cfg,
+		groupIdx:  map[groupKey]uint16{},
+		routeIdx:  map[string]uint16{},
+		invalid:   map[string]known{},
+		leases:    map[uint32]lease{},
+		nextLease: cfg.FirstLease,
+	}
+	c.index.seed = maphash.MakeSeed()
+	return c, nil
+}
+
+// Config returns the core's policy.
+func (c *Core) Config() Config { return c.cfg }
+
+// SetConfig changes the policy. A new window applies to rows applied from now on; rows already
+// held stay held (the service walks again after a window change).
+func (c *Core) SetConfig(cfg Config) error {
+	if err := cfg.Validate(); err != nil {
+		return fmt.Errorf("keeper config: %w", err)
+	}
+	cfg.FirstLease = c.cfg.FirstLease
+	c.cfg = cfg
+	return nil
+}
+
+// Held returns the number of held rows (owned and incoming slots).
+func (c *Core) Held() int { return c.rows.n }
+
+// InvalidCount returns the number of keys whose latest known version is invalid.
+func (c *Core) InvalidCount() int { return len(c.invalid) }
+
+// SlotState returns the state of slot s.
+func (c *Core) SlotState(s int) SlotState { return c.slots[s] }
+
+// SetSlot changes a slot's state. Leaving (SlotNone) drops the slot's held rows and what the core
+// remembers of its keys; becoming owned makes incoming rows claimable and counted.
+func (c *Core) SetSlot(s int, st SlotState) {
+	old := c.slots[s]
+	if old == st {
+		return
+	}
+	c.slots[s] = st
+	switch st {
+	case SlotNone:
+		c.walked[s] = false
+		c.forEachHeld(func(id uint32, r *rec) {
+			if int(r.slot) == s {
+				c.removeRow(id)
+			}
+		})
+		for k, v := range c.invalid {
+			if int(v.slot) == s {
+				delete(c.invalid, k)
+			}
+		}
+		for k, v := range c.tombstones {
+			if int(v.slot) == s {
+				delete(c.tombstones, k)
+			}
+		}
+	case SlotOwned:
+		c.forEachHeld(func(id uint32, r *rec) {
+			if int(r.slot) == s && r.flags&flagLeased == 0 {
+				c.heapPush(c.groups[r.group], id)
+			}
+		})
+	case SlotIncoming:
+		if old == SlotOwned {
+			c.forEachHeld(func(id uint32, r *rec) {
+				if int(r.slot) == s && r.heapIdx >= 0 {
+					c.heapRemove(c.groups[r.group], id)
+				}
+			})
+		}
+	}
+}
+
+// forEachHeld calls fn for every held record. fn may remove the record it is given.
+func (c *Core) forEachHeld(fn func(id uint32, r *rec)) {
+	for ci, chunk := range c.rows.chunks {
+		for i := range chunk {
+			if chunk[i].flags&flagHeld != 0 {
+				fn(uint32(ci)<<recChunkBits|uint32(i), &chunk[i])
+			}
+		}
+	}
+}
+
+// invalidReason says why a row cannot be held, or "" when it can.
+func invalidReason(r *schedule.Row) string {
+	switch {
+	case r.Key == "":
+		return "empty key"
+	case len(r.Key) > schedule.MaxKeyBytes:
+		return fmt.Sprintf("key is %d bytes, over the limit of %d", len(r.Key), schedule.MaxKeyBytes)
+	case !r.HasDue:
+		return "due time is absent"
+	case r.Cadence < time.Millisecond:
+		return fmt.Sprintf("cadence %v is below 1ms", r.Cadence)
+	case r.Cadence > MaxCadence:
+		return fmt.Sprintf("cadence %v is over %v", r.Cadence, MaxCadence)
+	case r.Source != schedule.SourceDiscovered && r.Source != schedule.SourceSubmitted:
+		return fmt.Sprintf("unknown source %d", r.Source)
+	}
+	if ms := r.Due.UnixMilli(); ms < 0 || ms >= maxDueMs {
+		return fmt.Sprintf("due time %s is outside [1970, 2106)", r.Due.UTC().Format(time.RFC3339))
+	}
+	return ""
+}
+
+// knownRev returns the newest rev the core knows of key and whether it holds it.
+func (c *Core) lookup(key string) (id uint32, held bool, rev int64, knownKey bool) {
+	if id, ok := c.index.find(&c.rows, &c.keys, key); ok {
+		return id, true, c.rows.at(id).rev, true
+	}
+	if k, ok := c.invalid[key]; ok {
+		return 0, false, k.rev, true
+	}
+	if k, ok := c.tombstones[key]; ok {
+		return 0, false, k.rev, true
+	}
+	return 0, false, 0, false
+}
+
+// Apply applies one row (walked or from an event) at time now.
+func (c *Core) Apply(now time.Time, row schedule.Row) Outcome {
+	return c.apply(now.UnixMilli(), &row)
+}
+
+func (c *Core) apply(nowMs int64, row *schedule.Row) Outcome {
+	slot := row.Slot()
+	if c.slots[slot] == SlotNone {
+		return Outcome{Result: NotOwned}
+	}
+	id, held, rev, knownKey := c.lookup(row.Key)
+	if knownKey && row.Rev <= rev {
+		if held && c.walk != nil {
+			c.rows.at(id).flags |= flagSeen
+		}
+		return Outcome{Result: Ignored, WasHeld: held}
+	}
+	if reason := invalidReason(row); reason != "" {
+		if held {
+			c.removeRow(id)
+		}
+		c.forget(row.Key)
+		c.invalid[row.Key] = known{rev: row.Rev, slot: uint16(slot)}
+		return Outcome{Result: Invalid, WasHeld: held, Reason: reason}
+	}
+	delete(c.invalid, row.Key)
+	due := row.Due.UnixMilli()
+	if c.cfg.Window > 0 && due >= nowMs+c.cfg.Window.Milliseconds() {
+		res := NotHeld
+		if held {
+			c.removeRow(id)
+			res = Dropped
+		}
+		c.remember(row.Key, row.Rev, slot)
+		return Outcome{Result: res, WasHeld: held}
+	}
+	gi, ok := c.groupOf(row)
+	if !ok {
+		if held {
+			c.removeRow(id)
+		}
+		c.invalid[row.Key] = known{rev: row.Rev, slot: uint16(slot)}
+		return Outcome{Result: Invalid, WasHeld: held, Reason: fmt.Sprintf("more than %d distinct (cadence, source, urgent) classes", maxGroups)}
+	}
+	ri, ok := c.routeOf(row.Route)
+	if !ok {
+		if held {
+			c.removeRow(id)
+		}
+		c.invalid[row.Key] = known{rev: row.Rev, slot: uint16(slot)}
+		return Outcome{Result: Invalid, WasHeld: held, Reason: fmt.Sprintf("more than %d distinct routes", maxRoutes)}
+	}
+	if held {
+		r := c.rows.at(id)
+		if r.heapIdx >= 0 {
+			c.heapRemove(c.groups[r.group], id)
+		}
+	} else {
+		c.forget(row.Key)
+		id = c.rows.alloc()
+		r := c.rows.at(id)
+		r.keyOff = c.keys.put(row.Key)
+		r.flags = flagHeld
+		r.heapIdx = -1
+		r.slot = uint16(slot)
+		c.index.insert(&c.rows, &c.keys, row.Key, id)
+	}
+	r := c.rows.at(id)
+	r.due = due
+	r.rev = row.Rev
+	r.group = gi
+	r.route = ri
+	r.flags &^= flagUrgent
+	if row.Urgent {
+		r.flags |= flagUrgent
+	}
+	if c.walk != nil {
+		r.flags |= flagSeen
+	}
+	if c.slots[slot] == SlotOwned && r.flags&flagLeased == 0 {
+		c.heapPush(c.groups[gi], id)
+	}
+	return Outcome{Result: Held, WasHeld: held}
+}
+
+// Delete applies the deletion of key at rev.
+func (c *Core) Delete(now time.Time, key string, slot int, rev int64) Outcome {
+	if c.slots[slot] == SlotNone {
+		return Outcome{Result: NotOwned}
+	}
+	id, held, known, knownKey := c.lookup(key)
+	if knownKey && rev <= known {
+		return Outcome{Result: Ignored, WasHeld: held}
+	}
+	if held {
+		c.removeRow(id)
+	}
+	delete(c.invalid, key)
+	c.remember(key, rev, slot)
+	return Outcome{Result: Removed, WasHeld: held}
+}
+
+// remember records, while a walk runs, that key's newest rev is not held.
+func (c *Core) remember(key string, rev int64, slot int) {
+	if c.walk != nil {
+		c.tombstones[key] = known{rev: rev, slot: uint16(slot)}
+	}
+}
+
+func (c *Core) forget(key string) {
+	if c.tombstones != nil {
+		delete(c.tombstones, key)
+	}
+}
+
+// removeRow drops a held row: out of its heap, its lease, the index and the arena.
+func (c *Core) removeRow(id uint32) {
+	r := c.rows.at(id)
+	if r.heapIdx >= 0 {
+		c.heapRemove(c.groups[r.group], id)
+	}
+	if r.flags&flagLeased != 0 {
+		delete(c.leases, id)
+	}
+	key := c.keys.get(r.keyOff)
+	c.index.remove(&c.rows, &c.keys, string(key))
+	c.keys.free(r.keyOff)
+	c.rows.release(id)
+	c.maybeCompact()
+}
+
+func (c *Core) groupOf(row *schedule.Row) (uint16, bool) {
+	k := groupKey{cadenceMs: row.Cadence.Milliseconds(), source: row.Source, urgent: row.Urgent}
+	if g, ok := c.groupIdx[k]; ok {
+		return g, true
+	}
+	if len(c.groups) >= maxGroups {
+		return 0, false
+	}
+	g := uint16(len(c.groups))
+	c.groups = append(c.groups, &group{cadenceMs: k.cadenceMs, source: k.source, urgent: k.urgent})
+	c.groupIdx[k] = g
+	return g, true
+}
+
+func (c *Core) routeOf(route string) (uint16, bool) {
+	if r, ok := c.routeIdx[route]; ok {
+		return r, true
+	}
+	if len(c.routes) >= maxRoutes {
+		return 0, false
+	}
+	r := uint16(len(c.routes))
+	c.routes = append(c.routes, route)
+	c.routeIdx[route] = r
+	return r, true
+}
+
+// maybeCompact rewrites the key arena when more than half of it is garbage.
+func (c *Core) maybeCompact() {
+	if c.keys.garbage < 1<<20 || c.keys.garbage < c.keys.live {
+		return
+	}
+	var fresh arena
+	c.forEachHeld(func(_ uint32, r *rec) {
+		r.keyOff = fresh.put(string(c.keys.get(r.keyOff)))
+	})
+	c.keys = fresh
+}

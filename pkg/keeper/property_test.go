@@ -1,0 +1,197 @@
+package keeper
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/renderqueue/renderqueue/pkg/schedule"
+	"pgregory.net/rapid"
+)
+
+// Test keys are "k<i>" (padded or not); key i lives in slot testSlots[i % len(testSlots)].
+var testSlots = [...]int{0, 1, 511, 1023}
+
+func testHash(key string) int64 {
+	i, err := strconv.Atoi(strings.TrimLeft(strings.TrimPrefix(key, "k"), "0"))
+	if err != nil {
+		i = 0
+	}
+	lo, _ := schedule.SlotRange(testSlots[i%len(testSlots)])
+	return lo + int64(i)
+}
+
+func slotOfKey(key string) int { return schedule.SlotOf(testHash(key)) }
+
+var base = time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
+
+func genRow(t *rapid.T, nowMs int64) schedule.Row {
+	i := rapid.IntRange(0, 24).Draw(t, "key")
+	key := fmt.Sprintf("k%d", i)
+	if rapid.IntRange(0, 3).Draw(t, "pad") == 0 {
+		key = fmt.Sprintf("k%03d", i) // different key, same hash: exercises index collisions
+	}
+	cadences := []time.Duration{time.Hour, 24 * time.Hour, 96 * time.Hour, 90 * time.Minute}
+	r := schedule.Row{
+		Key:     key,
+		KeyHash: testHash(key),
+		HasDue:  true,
+		// due on a minute grid within ±48 h so equal scores and equal dues happen
+		Due:     time.UnixMilli(nowMs + int64(rapid.IntRange(-48*60, 48*60).Draw(t, "dueMin"))*60_000).UTC(),
+		Cadence: cadences[rapid.IntRange(0, len(cadences)-1).Draw(t, "cadence")],
+		Route:   []string{"home", "product", "category"}[rapid.IntRange(0, 2).Draw(t, "route")],
+		Source:  schedule.Source(rapid.IntRange(0, 1).Draw(t, "source")),
+		Urgent:  rapid.IntRange(0, 5).Draw(t, "urgent") == 0,
+		Rev:     int64(rapid.IntRange(1, 40).Draw(t, "rev")),
+	}
+	switch rapid.IntRange(0, 19).Draw(t, "invalid") {
+	case 0:
+		r.HasDue = false
+	case 1:
+		r.Cadence = 0
+	case 2:
+		r.Due = time.Date(1960, 1, 1, 0, 0, 0, 0, time.UTC)
+	}
+	return r
+}
+
+// TestCoreMatchesReference drives the core and the naive reference with the same random
+// operations and compares every claim, lease operation, walk count and summary.
+func TestCoreMatchesReference(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		cfg := Config{
+			Window:         []time.Duration{0, 2 * time.Hour, 24 * time.Hour}[rapid.IntRange(0, 2).Draw(t, "window")],
+			SubmittedBoost: []float64{1, 2, 1.5}[rapid.IntRange(0, 2).Draw(t, "boost")],
+			UrgentMaxShare: []float64{0, 0.2, 0.5, 1}[rapid.IntRange(0, 3).Draw(t, "share")],
+			FirstLease:     1000,
+		}
+		core, err := New(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ref := newRef(cfg)
+		for _, s := range testSlots {
+			core.SetSlot(s, SlotOwned)
+			ref.setSlot(s, SlotOwned)
+		}
+		nowMs := base.UnixMilli()
+		var tokens []uint64
+		var edge Edge
+		steps := rapid.IntRange(1, 120).Draw(t, "steps")
+		for step := 0; step < steps; step++ {
+			nowMs += int64(rapid.IntRange(0, 90).Draw(t, "advanceMin")) * 60_000
+			now := time.UnixMilli(nowMs)
+			switch op := rapid.IntRange(0, 9).Draw(t, "op"); op {
+			case 0, 1, 2:
+				r := genRow(t, nowMs)
+				var got Outcome
+				if core.Walking() && rapid.Bool().Draw(t, "walked") {
+					got = core.WalkRow(now, r)
+					ref.walkRow(nowMs, r)
+				} else {
+					got = core.Apply(now, r)
+					if want := ref.apply(nowMs, r); got.Result != want {
+						t.Fatalf("step %d: Apply(%+v) = %v, reference %v", step, r, got.Result, want)
+					}
+				}
+			case 3:
+				r := genRow(t, nowMs)
+				got := core.Delete(now, r.Key, r.Slot(), r.Rev)
+				if want := ref.del(r.Key, r.Slot(), r.Rev); got.Result != want {
+					t.Fatalf("step %d: Delete(%s, %d) = %v, reference %v", step, r.Key, r.Rev, got.Result, want)
+				}
+			case 4, 5:
+				n := rapid.IntRange(0, 8).Draw(t, "n")
+				leaseFor := time.Duration(rapid.IntRange(1, 120).Draw(t, "leaseMin")) * time.Minute
+				got := core.Claim(now, n, leaseFor)
+				want := ref.claim(nowMs, n, leaseFor)
+				if len(got) != len(want) {
+					t.Fatalf("step %d: Claim(%d) got %d rows %v, reference %v", step, n, len(got), claimedKeys(got), want)
+				}
+				for i := range got {
+					if got[i].Key != want[i] {
+						t.Fatalf("step %d: Claim(%d) order %v, reference %v", step, n, claimedKeys(got), want)
+					}
+					if got[i].Lease != ref.held[want[i]].token {
+						t.Fatalf("step %d: lease token %d, reference %d", step, got[i].Lease, ref.held[want[i]].token)
+					}
+					tokens = append(tokens, got[i].Lease)
+				}
+			case 6:
+				if len(tokens) == 0 {
+					continue
+				}
+				key := fmt.Sprintf("k%d", rapid.IntRange(0, 24).Draw(t, "releaseKey"))
+				tok := tokens[rapid.IntRange(0, len(tokens)-1).Draw(t, "token")]
+				got := core.Release(now, key, tok)
+				if want := ref.release(nowMs, key, tok); got != want {
+					t.Fatalf("step %d: Release(%s, %d) = %v, reference %v", step, key, tok, got, want)
+				}
+			case 7:
+				s := testSlots[rapid.IntRange(0, len(testSlots)-1).Draw(t, "slot")]
+				st := SlotState(rapid.IntRange(0, 2).Draw(t, "state"))
+				if core.Walking() {
+					continue // the service never changes slots mid-walk
+				}
+				core.SetSlot(s, st)
+				ref.setSlot(s, st)
+			case 8:
+				if core.Walking() {
+					unread := []int{}
+					if rapid.Bool().Draw(t, "partial") {
+						unread = append(unread, testSlots[rapid.IntRange(0, len(testSlots)-1).Draw(t, "unread")])
+					}
+					got := core.EndWalk(unread)
+					want := ref.endWalk(unread)
+					if got != want {
+						t.Fatalf("step %d: EndWalk counts\n got %+v\nwant %+v", step, got, want)
+					}
+					edge = Edge{Known: true, Unbounded: cfg.Window == 0, At: time.UnixMilli(ref.startMs + cfg.Window.Milliseconds())}
+				} else {
+					var slots []int
+					for _, s := range testSlots {
+						if core.SlotState(s) != SlotNone {
+							slots = append(slots, s)
+						}
+					}
+					if err := core.BeginWalk(now, edge, slots); err != nil {
+						t.Fatal(err)
+					}
+					ref.beginWalk(nowMs, edge, slots)
+				}
+			case 9:
+				compareSummary(t, step, core.Summary(now), ref.summary(nowMs))
+			}
+			if core.Held() != len(ref.held) {
+				t.Fatalf("step %d: held %d, reference %d", step, core.Held(), len(ref.held))
+			}
+		}
+		compareSummary(t, steps, core.Summary(time.UnixMilli(nowMs)), ref.summary(nowMs))
+	})
+}
+
+func claimedKeys(c []Claimed) []string {
+	out := make([]string, len(c))
+	for i := range c {
+		out[i] = c[i].Key
+	}
+	return out
+}
+
+func compareSummary(t *rapid.T, step int, got, want Summary) {
+	t.Helper()
+	if g, w := summaryString(got), summaryString(want); g != w {
+		t.Fatalf("step %d: summary\n got %s\nwant %s", step, g, w)
+	}
+}
+
+func summaryString(s Summary) string {
+	o := "nil"
+	if s.Oldest != nil {
+		o = fmt.Sprintf("%s@%s", s.Oldest.Key, s.Oldest.Due.Format(time.RFC3339))
+	}
+	return fmt.Sprintf("held=%d incoming=%d invalid=%d due=%d leased=%d perSlot=%v lateness=%+v oldest=%s byRoute=%v classes=%+v coming=%+v",
+		s.Held, s.HeldIncoming, s.Invalid, s.Due, s.Leased, s.DuePerSlot, s.Lateness, o, s.ByRoute, s.Classes, s.Coming)
+}

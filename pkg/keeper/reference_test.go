@@ -1,0 +1,354 @@
+package keeper
+
+import (
+	"math"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/renderqueue/renderqueue/pkg/schedule"
+)
+
+// refModel is a naive reference implementation of the core's semantics: maps and sorting, no
+// heaps, no arena, no index. Property tests check the core against it.
+type refModel struct {
+	cfg       Config
+	slots     [schedule.NumSlots]SlotState
+	walked    [schedule.NumSlots]bool
+	held      map[string]*refRow
+	invalid   map[string]int64
+	tomb      map[string]int64 // only while walking
+	walking   bool
+	walkSlots map[int]bool
+	seen      map[string]bool
+	prevEdge  Edge
+	startMs   int64
+	counts    WalkCounts
+	nextLease uint64
+}
+
+type refRow struct {
+	row     schedule.Row
+	dueMs   int64
+	leased  bool
+	token   uint64
+	expires int64
+}
+
+func newRef(cfg Config) *refModel {
+	return &refModel{cfg: cfg, held: map[string]*refRow{}, invalid: map[string]int64{}, nextLease: cfg.FirstLease}
+}
+
+func (m *refModel) knownRev(key string) (int64, bool) {
+	if r, ok := m.held[key]; ok {
+		return r.row.Rev, true
+	}
+	if v, ok := m.invalid[key]; ok {
+		return v, true
+	}
+	if v, ok := m.tomb[key]; ok && m.walking {
+		return v, true
+	}
+	return 0, false
+}
+
+func (m *refModel) valid(r schedule.Row) bool {
+	if r.Key == "" || len(r.Key) > schedule.MaxKeyBytes || !r.HasDue || r.Cadence < time.Millisecond || r.Cadence > MaxCadence {
+		return false
+	}
+	if r.Source > schedule.SourceSubmitted {
+		return false
+	}
+	ms := r.Due.UnixMilli()
+	return ms >= 0 && ms < int64(math.MaxUint32)*1000
+}
+
+func (m *refModel) apply(nowMs int64, r schedule.Row) Result {
+	if m.slots[r.Slot()] == SlotNone {
+		return NotOwned
+	}
+	if rev, ok := m.knownRev(r.Key); ok && r.Rev <= rev {
+		if m.walking && m.held[r.Key] != nil {
+			m.seen[r.Key] = true
+		}
+		return Ignored
+	}
+	old := m.held[r.Key]
+	delete(m.tomb, r.Key)
+	delete(m.invalid, r.Key)
+	if !m.valid(r) {
+		delete(m.held, r.Key)
+		m.invalid[r.Key] = r.Rev
+		return Invalid
+	}
+	dueMs := r.Due.UnixMilli()
+	if m.cfg.Window > 0 && dueMs >= nowMs+m.cfg.Window.Milliseconds() {
+		delete(m.held, r.Key)
+		if m.walking {
+			m.tomb[r.Key] = r.Rev
+		}
+		if old != nil {
+			return Dropped
+		}
+		return NotHeld
+	}
+	nr := &refRow{row: r, dueMs: dueMs}
+	if old != nil && old.leased {
+		nr.leased, nr.token, nr.expires = true, old.token, old.expires
+	}
+	m.held[r.Key] = nr
+	if m.walking {
+		m.seen[r.Key] = true
+	}
+	return Held
+}
+
+func (m *refModel) del(key string, slot int, rev int64) Result {
+	if m.slots[slot] == SlotNone {
+		return NotOwned
+	}
+	if k, ok := m.knownRev(key); ok && rev <= k {
+		return Ignored
+	}
+	delete(m.held, key)
+	delete(m.invalid, key)
+	if m.walking {
+		m.tomb[key] = rev
+	}
+	return Removed
+}
+
+func (m *refModel) setSlot(s int, st SlotState) {
+	m.slots[s] = st
+	if st == SlotNone {
+		m.walked[s] = false
+		for k, r := range m.held {
+			if r.row.Slot() == s {
+				delete(m.held, k)
+			}
+		}
+		for k := range m.invalid {
+			if slotOfKey(k) == s {
+				delete(m.invalid, k)
+			}
+		}
+		for k := range m.tomb {
+			if slotOfKey(k) == s {
+				delete(m.tomb, k)
+			}
+		}
+	}
+}
+
+func (m *refModel) expire(nowMs int64) {
+	for _, r := range m.held {
+		if r.leased && r.expires <= nowMs {
+			r.leased = false
+		}
+	}
+}
+
+func (m *refModel) score(nowMs int64, r *refRow) float64 {
+	return Score(nowMs, r.dueMs, r.row.Cadence.Milliseconds(), r.row.Source == schedule.SourceSubmitted, m.cfg.SubmittedBoost)
+}
+
+func (m *refModel) claim(nowMs int64, n int, leaseFor time.Duration) []string {
+	m.expire(nowMs)
+	if n <= 0 {
+		return nil
+	}
+	var urgent, other []*refRow
+	for _, r := range m.held {
+		if m.slots[r.row.Slot()] != SlotOwned || r.leased || r.dueMs > nowMs {
+			continue
+		}
+		if r.row.Urgent {
+			urgent = append(urgent, r)
+		} else {
+			other = append(other, r)
+		}
+	}
+	order := func(a, b *refRow) int {
+		sa, sb := m.score(nowMs, a), m.score(nowMs, b)
+		switch {
+		case sa > sb:
+			return -1
+		case sa < sb:
+			return 1
+		case a.dueMs != b.dueMs:
+			if a.dueMs < b.dueMs {
+				return -1
+			}
+			return 1
+		}
+		return strings.Compare(a.row.Key, b.row.Key)
+	}
+	slices.SortFunc(urgent, order)
+	slices.SortFunc(other, order)
+	capU := int(math.Floor(m.cfg.UrgentMaxShare * float64(n)))
+	var picked []*refRow
+	u := min(capU, len(urgent), n)
+	picked = append(picked, urgent[:u]...)
+	o := min(n-len(picked), len(other))
+	picked = append(picked, other[:o]...)
+	if rest := min(n-len(picked), len(urgent)-u); rest > 0 {
+		picked = append(picked, urgent[u:u+rest]...)
+	}
+	keys := make([]string, len(picked))
+	for i, r := range picked {
+		m.nextLease++
+		r.leased, r.token, r.expires = true, m.nextLease, nowMs+leaseFor.Milliseconds()
+		keys[i] = r.row.Key
+	}
+	return keys
+}
+
+func (m *refModel) release(nowMs int64, key string, token uint64) error {
+	m.expire(nowMs)
+	r := m.held[key]
+	if r == nil {
+		return ErrNotHeld
+	}
+	if !r.leased || r.token != token {
+		return ErrLeaseLost
+	}
+	r.leased = false
+	return nil
+}
+
+func (m *refModel) beginWalk(nowMs int64, prev Edge, slots []int) {
+	m.walking = true
+	m.tomb = map[string]int64{}
+	m.seen = map[string]bool{}
+	m.walkSlots = map[int]bool{}
+	for _, s := range slots {
+		m.walkSlots[s] = true
+	}
+	m.prevEdge = prev
+	m.startMs = nowMs
+	m.counts = WalkCounts{}
+}
+
+func (m *refModel) walkRow(nowMs int64, r schedule.Row) {
+	m.counts.Scanned++
+	wasHeld := m.held[r.Key] != nil
+	res := m.apply(nowMs, r)
+	dueMs := r.Due.UnixMilli()
+	notHeld := func() {
+		m.counts.OwnedNotHeld++
+		if d := dueMs - m.startMs; d >= 0 && d < 24*hourMs {
+			m.counts.OwnedNotHeldByHour[d/hourMs]++
+		}
+	}
+	switch res {
+	case Invalid:
+		m.counts.Invalid++
+	case Held:
+		if wasHeld || (m.walked[r.Slot()] && m.prevEdge.Known && (m.prevEdge.Unbounded || dueMs < m.prevEdge.At.UnixMilli())) {
+			m.counts.Repaired++
+		} else {
+			m.counts.Admitted++
+		}
+	case Dropped:
+		m.counts.Repaired++
+		notHeld()
+	case NotHeld:
+		notHeld()
+	}
+}
+
+func (m *refModel) endWalk(unread []int) WalkCounts {
+	read := map[int]bool{}
+	for s := range m.walkSlots {
+		read[s] = !slices.Contains(unread, s)
+	}
+	for k, r := range m.held {
+		if read[r.row.Slot()] && !m.seen[k] {
+			delete(m.held, k)
+			m.counts.Repaired++
+			m.counts.Deleted++
+		}
+	}
+	for s, ok := range read {
+		if ok {
+			m.walked[s] = true
+		}
+	}
+	m.walking = false
+	m.tomb = nil
+	return m.counts
+}
+
+func (m *refModel) summary(nowMs int64) Summary {
+	m.expire(nowMs)
+	s := Summary{Held: len(m.held), Invalid: len(m.invalid), DuePerSlot: map[int]int{}, ByRoute: map[string]int{}}
+	var abs []int64
+	var rel []float64
+	classes := map[[2]int64]*Class{}
+	var oldest *refRow
+	for _, r := range m.held {
+		if r.leased {
+			s.Leased++
+		}
+		if m.slots[r.row.Slot()] != SlotOwned {
+			s.HeldIncoming++
+			continue
+		}
+		ck := [2]int64{r.row.Cadence.Milliseconds(), int64(r.row.Source)}
+		cl := classes[ck]
+		if cl == nil {
+			cl = &Class{Cadence: time.Duration(ck[0]) * time.Millisecond, Source: r.row.Source}
+			classes[ck] = cl
+		}
+		cl.Held++
+		if d := r.dueMs - nowMs; d > 0 {
+			for h := 0; h < 24; h++ {
+				if d > int64(h)*hourMs && d <= int64(h+1)*hourMs {
+					s.Coming.ByHour[h]++
+				}
+			}
+			if d <= 15*60_000 {
+				s.Coming.Next15m++
+			}
+			if d <= hourMs {
+				s.Coming.Next60m++
+			}
+			if d <= 24*hourMs {
+				s.Coming.Next24h++
+			}
+			continue
+		}
+		s.Due++
+		cl.Due++
+		s.DuePerSlot[r.row.Slot()]++
+		s.ByRoute[r.row.Route]++
+		abs = append(abs, nowMs-r.dueMs)
+		rel = append(rel, float64(nowMs-r.dueMs)/float64(r.row.Cadence.Milliseconds()))
+		if oldest == nil || r.dueMs < oldest.dueMs || (r.dueMs == oldest.dueMs && r.row.Key < oldest.row.Key) {
+			oldest = r
+		}
+	}
+	for _, cl := range classes {
+		s.Classes = append(s.Classes, *cl)
+	}
+	slices.SortFunc(s.Classes, func(a, b Class) int {
+		if a.Cadence != b.Cadence {
+			return int(a.Cadence - b.Cadence)
+		}
+		return int(a.Source) - int(b.Source)
+	})
+	if oldest != nil {
+		s.Oldest = &OldestRow{Key: oldest.row.Key, Due: time.UnixMilli(oldest.dueMs).UTC()}
+	}
+	if len(abs) > 0 {
+		slices.Sort(abs)
+		slices.Sort(rel)
+		rank := func(q float64, n int) int { return max(0, int(math.Ceil(q*float64(n)))-1) }
+		s.Lateness = Lateness{
+			MaxSeconds: float64(abs[len(abs)-1]) / 1000, P50Seconds: float64(abs[rank(0.5, len(abs))]) / 1000,
+			P99Seconds: float64(abs[rank(0.99, len(abs))]) / 1000, MaxRelative: rel[len(rel)-1],
+			P50Relative: rel[rank(0.5, len(rel))], P99Relative: rel[rank(0.99, len(rel))],
+		}
+	}
+	return s
+}
