@@ -204,4 +204,3 @@ func quickselect[T cmp.Ordered](v []T, k int) T {
 	}
 	return v[k]
 }
-
