@@ -34,6 +34,7 @@ type rec struct {
 	group   uint16 // index into Core.groups
 	slot    uint16
 	flags   uint8
+	fp      uint8 // the top byte of the key's index hash: most probes of other keys stop here
 }
 
 // rows is chunked record storage with a free list; ids are stable while a row is held.
@@ -136,24 +137,29 @@ func (ix *index) find(rs *rows, ar *arena, key string) (uint32, bool) {
 		return 0, false
 	}
 	m := ix.mask()
-	for i := maphash.String(ix.seed, key) & m; ; i = (i + 1) & m {
+	h := maphash.String(ix.seed, key)
+	fp := uint8(h >> 56)
+	for i := h & m; ; i = (i + 1) & m {
 		s := ix.slots[i]
 		if s == 0 {
 			return 0, false
 		}
-		if string(ar.get(rs.at(s-1).keyOff)) == key {
+		if r := rs.at(s - 1); r.fp == fp && string(ar.get(r.keyOff)) == key {
 			return s - 1, true
 		}
 	}
 }
 
-// insert adds id under key; key must not be present.
+// insert adds id under key, whose record must be in rs with its key in ar, and sets the
+// record's fingerprint; key must not be present.
 func (ix *index) insert(rs *rows, ar *arena, key string, id uint32) {
 	if (ix.n+1)*4 > len(ix.slots)*3 {
 		ix.grow(rs, ar)
 	}
 	m := ix.mask()
-	i := maphash.String(ix.seed, key) & m
+	h := maphash.String(ix.seed, key)
+	rs.at(id).fp = uint8(h >> 56)
+	i := h & m
 	for ix.slots[i] != 0 {
 		i = (i + 1) & m
 	}
@@ -164,8 +170,10 @@ func (ix *index) insert(rs *rows, ar *arena, key string, id uint32) {
 // remove deletes key's entry; key must be present.
 func (ix *index) remove(rs *rows, ar *arena, key string) {
 	m := ix.mask()
-	i := maphash.String(ix.seed, key) & m
-	for string(ar.get(rs.at(ix.slots[i]-1).keyOff)) != key {
+	h := maphash.String(ix.seed, key)
+	fp := uint8(h >> 56)
+	i := h & m
+	for r := rs.at(ix.slots[i] - 1); r.fp != fp || string(ar.get(r.keyOff)) != key; r = rs.at(ix.slots[i] - 1) {
 		i = (i + 1) & m
 	}
 	// backward-shift: move later entries of the probe run into the hole when their home allows.

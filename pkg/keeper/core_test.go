@@ -1,0 +1,435 @@
+package keeper
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/renderqueue/renderqueue/pkg/schedule"
+)
+
+var t0 = time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
+
+// row builds a valid row in slot 0 (test keys map to testSlots via testHash).
+func row(key string, due time.Time, cadence time.Duration, rev int64) schedule.Row {
+	return schedule.Row{Key: key, KeyHash: testHash(key), Due: due, HasDue: true, Cadence: cadence, Route: "product", Rev: rev}
+}
+
+func newCore(t *testing.T, cfg Config) *Core {
+	t.Helper()
+	if cfg.SubmittedBoost == 0 {
+		cfg.SubmittedBoost = 1
+	}
+	c, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range testSlots {
+		c.SetSlot(s, SlotOwned)
+	}
+	return c
+}
+
+func keysOf(c []Claimed) string { return strings.Join(claimedKeys(c), ",") }
+
+func TestConfigValidate(t *testing.T) {
+	cases := []struct {
+		name string
+		cfg  Config
+		want string // substring of the error; "" = valid
+	}{
+		{"defaults", Config{SubmittedBoost: 1}, ""},
+		{"negative window", Config{Window: -time.Second, SubmittedBoost: 1}, "window"},
+		{"zero boost", Config{}, "submittedBoost"},
+		{"share above 1", Config{SubmittedBoost: 1, UrgentMaxShare: 1.5}, "urgentMaxShare"},
+	}
+	for _, tc := range cases {
+		err := tc.cfg.Validate()
+		if (tc.want == "") != (err == nil) || (err != nil && !strings.Contains(err.Error(), tc.want)) {
+			t.Errorf("%s: Validate() = %v, want error containing %q", tc.name, err, tc.want)
+		}
+	}
+}
+
+func TestApplyRevOrder(t *testing.T) {
+	c := newCore(t, Config{})
+	c.Apply(t0, row("k1", t0.Add(-time.Hour), time.Hour, 5))
+	cases := []struct {
+		name string
+		row  schedule.Row
+		want Result
+	}{
+		// an older rev never overwrites a newer one
+		{"older rev", row("k1", t0.Add(-2*time.Hour), time.Hour, 4), Ignored},
+		// an equal rev is not newer
+		{"same rev", row("k1", t0.Add(-2*time.Hour), time.Hour, 5), Ignored},
+		// a newer rev replaces it
+		{"newer rev", row("k1", t0.Add(-3*time.Hour), time.Hour, 6), Held},
+	}
+	for _, tc := range cases {
+		if got := c.Apply(t0, tc.row).Result; got != tc.want {
+			t.Errorf("%s: %v, want %v", tc.name, got, tc.want)
+		}
+	}
+	if s := c.Summary(t0); s.Oldest == nil || !s.Oldest.Due.Equal(t0.Add(-3*time.Hour)) {
+		t.Fatalf("oldest = %+v, want due 3h ago", s.Oldest)
+	}
+	// a delete with an older rev is ignored, a newer one removes
+	if got := c.Delete(t0, "k1", slotOfKey("k1"), 6).Result; got != Ignored {
+		t.Fatalf("delete rev 6 = %v", got)
+	}
+	if got := c.Delete(t0, "k1", slotOfKey("k1"), 7).Result; got != Removed || c.Held() != 0 {
+		t.Fatalf("delete rev 7 = %v, held %d", got, c.Held())
+	}
+}
+
+func TestTombstoneOnlyWhileWalking(t *testing.T) {
+	c := newCore(t, Config{})
+	c.Apply(t0, row("k1", t0, time.Hour, 5))
+	if err := c.BeginWalk(t0, Edge{}, testSlots[:]); err != nil {
+		t.Fatal(err)
+	}
+	c.Delete(t0, "k1", slotOfKey("k1"), 8)
+	// the walk read the row before the delete committed: its older copy must not come back
+	if got := c.WalkRow(t0, row("k1", t0, time.Hour, 5)).Result; got != Ignored {
+		t.Fatalf("older walked copy after delete = %v, want ignored", got)
+	}
+	c.EndWalk(nil)
+	if c.Held() != 0 {
+		t.Fatalf("held %d after walk", c.Held())
+	}
+	// outside a walk no tombstone is kept: a newer insert is held as usual
+	if got := c.Apply(t0, row("k1", t0, time.Hour, 9)).Result; got != Held {
+		t.Fatalf("re-insert = %v", got)
+	}
+}
+
+func TestAdmissionWindow(t *testing.T) {
+	c := newCore(t, Config{Window: 2 * time.Hour})
+	cases := []struct {
+		name string
+		row  schedule.Row
+		want Result
+	}{
+		// due before now + window: held
+		{"inside", row("k1", t0.Add(time.Hour), 96*time.Hour, 1), Held},
+		// due exactly at now + window: not held (strict <)
+		{"at edge", row("k2", t0.Add(2*time.Hour), 96*time.Hour, 1), NotHeld},
+		// an event moving a held row beyond the window drops it
+		{"moved out", row("k1", t0.Add(3*time.Hour), 96*time.Hour, 2), Dropped},
+		// long overdue rows are always inside
+		{"overdue", row("k3", t0.Add(-72*time.Hour), 96*time.Hour, 1), Held},
+	}
+	for _, tc := range cases {
+		if got := c.Apply(t0, tc.row).Result; got != tc.want {
+			t.Errorf("%s: %v, want %v", tc.name, got, tc.want)
+		}
+	}
+	if c.Held() != 1 {
+		t.Fatalf("held %d, want 1", c.Held())
+	}
+	// window 0 holds everything, however far ahead
+	c0 := newCore(t, Config{})
+	if got := c0.Apply(t0, row("k1", t0.Add(1000*time.Hour), 96*time.Hour, 1)).Result; got != Held {
+		t.Fatalf("window 0: %v", got)
+	}
+}
+
+func TestInvalidRowsAreCountedNotCoerced(t *testing.T) {
+	c := newCore(t, Config{})
+	absent := row("k1", time.Time{}, time.Hour, 1)
+	absent.HasDue = false
+	zeroCad := row("k2", t0, 0, 1)
+	negCad := row("k3", t0, -time.Hour, 1)
+	ancient := row("k4", time.Date(1969, 12, 31, 0, 0, 0, 0, time.UTC), time.Hour, 1)
+	long := row(strings.Repeat("x", schedule.MaxKeyBytes+1), t0, time.Hour, 1)
+	badSource := row("k5", t0, time.Hour, 1)
+	badSource.Source = 7
+	for _, r := range []schedule.Row{absent, zeroCad, negCad, ancient, long, badSource} {
+		if o := c.Apply(t0, r); o.Result != Invalid || o.Reason == "" {
+			t.Errorf("%.10s: %+v, want invalid with a reason", r.Key, o)
+		}
+	}
+	s := c.Summary(t0)
+	if s.Held != 0 || s.Due != 0 || s.Invalid != 6 || s.Oldest != nil {
+		t.Fatalf("summary %s", summaryString(s))
+	}
+	if got := c.Claim(t0, 10, time.Minute); len(got) != 0 {
+		t.Fatalf("claimed invalid rows: %v", keysOf(got))
+	}
+	// a valid newer version replaces the invalid one and the count drops
+	if got := c.Apply(t0, row("k1", t0, time.Hour, 2)).Result; got != Held || c.InvalidCount() != 5 {
+		t.Fatalf("valid after invalid: %v, invalid %d", got, c.InvalidCount())
+	}
+	// an older version of an invalid key cannot undo it
+	if got := c.Apply(t0, row("k2", t0, time.Hour, 0)).Result; got != Ignored {
+		t.Fatalf("older valid copy of an invalid key: %v", got)
+	}
+}
+
+func TestClaimOrder(t *testing.T) {
+	cases := []struct {
+		name  string
+		cfg   Config
+		rows  []schedule.Row
+		n     int
+		want  string // claimed keys in order
+		setup func(r []schedule.Row)
+	}{
+		{
+			// relative lateness, not oldest-due: a 1 h homepage 2 h late (2.0) beats a 96 h
+			// product page 2 days late (0.5)
+			name: "relative lateness",
+			rows: []schedule.Row{row("k1", t0.Add(-48*time.Hour), 96*time.Hour, 1), row("k2", t0.Add(-2*time.Hour), time.Hour, 1)},
+			n:    2, want: "k2,k1",
+		},
+		{
+			// the submitted boost: 0.5 × 3 beats 1.0
+			name: "submitted boost",
+			cfg:  Config{SubmittedBoost: 3},
+			rows: []schedule.Row{row("k1", t0.Add(-time.Hour), time.Hour, 1), {Key: "k2", KeyHash: testHash("k2"), Due: t0.Add(-30 * time.Minute), HasDue: true, Cadence: time.Hour, Source: schedule.SourceSubmitted, Rev: 1}},
+			n:    2, want: "k2,k1",
+		},
+		{
+			// equal scores: earlier due first (2 h late on 2 h cadence vs 1 h late on 1 h cadence)
+			name: "tie by due",
+			rows: []schedule.Row{row("k1", t0.Add(-time.Hour), time.Hour, 1), row("k2", t0.Add(-2*time.Hour), 2*time.Hour, 1)},
+			n:    2, want: "k2,k1",
+		},
+		{
+			// equal scores and due: smaller key first
+			name: "tie by key",
+			rows: []schedule.Row{row("k3", t0.Add(-time.Hour), time.Hour, 1), row("k2", t0.Add(-time.Hour), time.Hour, 1)},
+			n:    2, want: "k2,k3",
+		},
+		{
+			// rows not yet due are never claimed
+			name: "only due",
+			rows: []schedule.Row{row("k1", t0.Add(time.Minute), time.Hour, 1), row("k2", t0, time.Hour, 1)},
+			n:    5, want: "k2",
+		},
+	}
+	for _, tc := range cases {
+		c := newCore(t, tc.cfg)
+		for _, r := range tc.rows {
+			c.Apply(t0, r)
+		}
+		if got := keysOf(c.Claim(t0, tc.n, time.Minute)); got != tc.want {
+			t.Errorf("%s: claimed %s, want %s", tc.name, got, tc.want)
+		}
+	}
+}
+
+func TestUrgentShare(t *testing.T) {
+	mk := func() *Core {
+		c := newCore(t, Config{UrgentMaxShare: 0.25})
+		for i, k := range []string{"k1", "k2", "k3", "k4", "k5", "k6"} {
+			r := row(k, t0.Add(-time.Duration(i+1)*time.Minute), time.Hour, 1)
+			r.Urgent = i < 3 // k1..k3 urgent, k4..k6 not
+			c.Apply(t0, r)
+		}
+		return c
+	}
+	// batch of 4: at most floor(0.25 × 4) = 1 urgent row while other rows are due, first
+	if got := keysOf(mk().Claim(t0, 4, time.Minute)); got != "k3,k6,k5,k4" {
+		t.Fatalf("batch 4: %s", got)
+	}
+	// batch of 8: 2 urgent first, 3 others, then the last urgent row since nothing else is due
+	if got := keysOf(mk().Claim(t0, 8, time.Minute)); got != "k3,k2,k6,k5,k4,k1" {
+		t.Fatalf("batch 8: %s", got)
+	}
+}
+
+func TestLeases(t *testing.T) {
+	c := newCore(t, Config{})
+	c.Apply(t0, row("k1", t0.Add(-time.Hour), time.Hour, 1))
+	got := c.Claim(t0, 1, 5*time.Minute)
+	if len(got) != 1 {
+		t.Fatal("nothing claimed")
+	}
+	tok := got[0].Lease
+	if again := c.Claim(t0, 1, time.Minute); len(again) != 0 {
+		t.Fatalf("leased row claimed again: %s", keysOf(again))
+	}
+	if s := c.Summary(t0); s.Leased != 1 || s.Due != 1 {
+		t.Fatalf("leased %d due %d", s.Leased, s.Due)
+	}
+	if err := c.Release(t0, "k1", tok+1); !errors.Is(err, ErrLeaseLost) {
+		t.Fatalf("wrong token: %v", err)
+	}
+	if err := c.Release(t0, "nope", tok); !errors.Is(err, ErrNotHeld) {
+		t.Fatalf("unknown key: %v", err)
+	}
+	// the lease expires: claimable again, the old token is dead
+	later := t0.Add(5 * time.Minute)
+	if err := c.CheckLease(later, "k1", tok); !errors.Is(err, ErrLeaseLost) {
+		t.Fatalf("expired lease: %v", err)
+	}
+	again := c.Claim(later, 1, time.Minute)
+	if len(again) != 1 || again[0].Lease == tok {
+		t.Fatalf("after expiry: %+v", again)
+	}
+	if err := c.Release(later, "k1", again[0].Lease); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(c.Claim(later, 1, time.Minute)); n != 1 {
+		t.Fatalf("after release claimed %d", n)
+	}
+	// an event moving a leased row keeps the lease; completion = apply the new version, release
+	c2 := newCore(t, Config{})
+	c2.Apply(t0, row("k1", t0.Add(-time.Hour), time.Hour, 1))
+	tok = c2.Claim(t0, 1, time.Minute)[0].Lease
+	c2.Apply(t0, row("k1", t0.Add(time.Hour), time.Hour, 2)) // the completion's write
+	if err := c2.Release(t0, "k1", tok); err != nil {
+		t.Fatal(err)
+	}
+	if s := c2.Summary(t0); s.Due != 0 || s.Coming.Next60m != 1 || s.Leased != 0 {
+		t.Fatalf("after completion: %s", summaryString(s))
+	}
+}
+
+func TestSlotsIncomingAndDrop(t *testing.T) {
+	c := newCore(t, Config{})
+	// k1 → slot testSlots[1]
+	c.SetSlot(testSlots[1], SlotIncoming)
+	c.Apply(t0, row("k1", t0.Add(-time.Hour), time.Hour, 1))
+	c.Apply(t0, row("k4", t0.Add(-time.Hour), time.Hour, 1)) // slot testSlots[0]
+	s := c.Summary(t0)
+	if s.Held != 2 || s.HeldIncoming != 1 || s.Due != 1 {
+		t.Fatalf("incoming counted: %s", summaryString(s))
+	}
+	if got := keysOf(c.Claim(t0, 5, time.Minute)); got != "k4" {
+		t.Fatalf("claimed %s, want only the owned row", got)
+	}
+	c.SetSlot(testSlots[1], SlotOwned)
+	if got := keysOf(c.Claim(t0, 5, time.Minute)); got != "k1" {
+		t.Fatalf("after commit claimed %s", got)
+	}
+	c.SetSlot(testSlots[1], SlotNone)
+	if c.Held() != 1 {
+		t.Fatalf("held %d after slot left", c.Held())
+	}
+	if got := c.Apply(t0, row("k1", t0, time.Hour, 5)).Result; got != NotOwned {
+		t.Fatalf("row of a foreign slot: %v", got)
+	}
+}
+
+func TestWalkAccounting(t *testing.T) {
+	c := newCore(t, Config{Window: 2 * time.Hour})
+	slots := testSlots[:]
+	// load: everything is an admission
+	if err := c.BeginWalk(t0, Edge{}, slots); err != nil {
+		t.Fatal(err)
+	}
+	c.WalkRow(t0, row("k1", t0.Add(-time.Hour), time.Hour, 1))
+	c.WalkRow(t0, row("k2", t0.Add(time.Hour), time.Hour, 1))
+	c.WalkRow(t0, row("k3", t0.Add(5*time.Hour), time.Hour, 1)) // beyond the window
+	bad := row("k5", t0, time.Hour, 1)
+	bad.HasDue = false
+	c.WalkRow(t0, bad)
+	got := c.EndWalk(nil)
+	want := WalkCounts{Scanned: 4, Admitted: 2, Invalid: 1, OwnedNotHeld: 1}
+	want.OwnedNotHeldByHour[5] = 1
+	if got != want {
+		t.Fatalf("load counts %+v, want %+v", got, want)
+	}
+	edge := Edge{Known: true, At: t0.Add(2 * time.Hour)}
+
+	// the next walk, an hour later: k3 (due t0+5h) is still out; k6, due t0+2h30m, is now
+	// inside the window and after the previous edge: an admission, not a repair. k7 due before
+	// the previous edge and not held: a true miss. k2 held and unseen: proven deleted. k1 stale.
+	t1 := t0.Add(time.Hour)
+	if err := c.BeginWalk(t1, edge, slots); err != nil {
+		t.Fatal(err)
+	}
+	c.WalkRow(t1, row("k1", t0.Add(-time.Hour), time.Hour, 2))
+	c.WalkRow(t1, row("k3", t0.Add(5*time.Hour), time.Hour, 1))
+	c.WalkRow(t1, row("k6", t0.Add(150*time.Minute), time.Hour, 1))
+	c.WalkRow(t1, row("k7", t0.Add(30*time.Minute), time.Hour, 1))
+	got = c.EndWalk(nil)
+	want = WalkCounts{Scanned: 4, Admitted: 1, Repaired: 3, Deleted: 1, OwnedNotHeld: 1}
+	want.OwnedNotHeldByHour[4] = 1
+	if got != want {
+		t.Fatalf("verify counts %+v, want %+v", got, want)
+	}
+
+	// a partial walk proves nothing deleted in its unread slot, and events during a walk mark
+	// rows as seen
+	if err := c.BeginWalk(t1, edge, slots); err != nil {
+		t.Fatal(err)
+	}
+	c.Apply(t1, row("k8", t1, time.Hour, 1)) // an event during the walk
+	got = c.EndWalk([]int{slotOfKey("k1"), slotOfKey("k6"), slotOfKey("k7")})
+	if got.Deleted != 0 || c.Held() != 4 {
+		t.Fatalf("partial walk: %+v, held %d", got, c.Held())
+	}
+}
+
+func TestSummaryFigures(t *testing.T) {
+	c := newCore(t, Config{})
+	rows := []schedule.Row{
+		row("k1", t0.Add(-2*time.Hour), time.Hour, 1),      // late 7200 s, rel 2
+		row("k2", t0.Add(-30*time.Minute), time.Hour, 1),   // late 1800 s, rel 0.5
+		row("k3", t0.Add(-48*time.Hour), 96*time.Hour, 1),  // late 172800 s, rel 0.5
+		row("k4", t0.Add(10*time.Minute), time.Hour, 1),    // coming in 15 m
+		row("k5", t0.Add(90*time.Minute), 24*time.Hour, 1), // coming in hour bin 1
+		row("k6", t0.Add(30*time.Hour), 96*time.Hour, 1),   // beyond 24 h
+	}
+	rows[1].Route = "home"
+	for _, r := range rows {
+		c.Apply(t0, r)
+	}
+	s := c.Summary(t0)
+	if s.Due != 3 || s.Held != 6 {
+		t.Fatalf("due %d held %d", s.Due, s.Held)
+	}
+	wantLate := Lateness{MaxSeconds: 172800, P50Seconds: 7200, P99Seconds: 172800, MaxRelative: 2, P50Relative: 0.5, P99Relative: 2}
+	if s.Lateness != wantLate {
+		t.Fatalf("lateness %+v, want %+v", s.Lateness, wantLate)
+	}
+	if s.Oldest == nil || s.Oldest.Key != "k3" {
+		t.Fatalf("oldest %+v", s.Oldest)
+	}
+	if s.ByRoute["product"] != 2 || s.ByRoute["home"] != 1 {
+		t.Fatalf("byRoute %v", s.ByRoute)
+	}
+	if s.Coming.Next15m != 1 || s.Coming.Next60m != 1 || s.Coming.Next24h != 2 || s.Coming.ByHour[0] != 1 || s.Coming.ByHour[1] != 1 {
+		t.Fatalf("coming %+v", s.Coming)
+	}
+	if len(s.Classes) != 3 || s.Classes[0].Cadence != time.Hour || s.Classes[0].Due != 2 || s.Classes[0].Held != 3 {
+		t.Fatalf("classes %+v", s.Classes)
+	}
+	var perSlot int
+	for _, n := range s.DuePerSlot {
+		perSlot += n
+	}
+	if perSlot != s.Due {
+		t.Fatalf("due per slot sums to %d, due %d", perSlot, s.Due)
+	}
+}
+
+func TestArenaCompactionKeepsKeys(t *testing.T) {
+	c := newCore(t, Config{})
+	long := strings.Repeat("p", 1000)
+	// churn well over a MiB of keys through the arena so it compacts, then check every
+	// remaining key is still found and claimable by its exact key
+	for round := 0; round < 6; round++ {
+		for i := 0; i < 800; i++ {
+			k := long + string(rune('a'+round)) + strings.Repeat("z", i%7) + string(rune('A'+i%26)) + string(rune('0'+i%10)) + strings.Repeat("q", i/260)
+			r := row(k, t0.Add(-time.Minute), time.Hour, int64(round+1))
+			c.Apply(t0, r)
+			if round > 0 {
+				c.Delete(t0, k[:1000]+string(rune('a'+round-1))+k[1001:], r.Slot(), 100)
+			}
+		}
+	}
+	for _, cl := range c.Claim(t0, 10000, time.Minute) {
+		if err := c.CheckLease(t0, cl.Key, cl.Lease); err != nil {
+			t.Fatalf("key %.20s...: %v", cl.Key[1000:], err)
+		}
+	}
+	if c.keys.garbage > c.keys.live+(1<<20) {
+		t.Fatalf("arena never compacted: live %d garbage %d", c.keys.live, c.keys.garbage)
+	}
+}
