@@ -1,6 +1,7 @@
 package membership
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"sort"
@@ -219,6 +220,25 @@ func ParseAssignment(spec AssignmentSpec) (Assignment, error) {
 		return Assignment{}, err
 	}
 	return a, nil
+}
+
+// MarshalJSON encodes a as its AssignmentSpec.
+func (a Assignment) MarshalJSON() ([]byte, error) {
+	return json.Marshal(a.Spec())
+}
+
+// UnmarshalJSON decodes an AssignmentSpec with ParseAssignment's checks; on error a is unchanged.
+func (a *Assignment) UnmarshalJSON(data []byte) error {
+	var spec AssignmentSpec
+	if err := json.Unmarshal(data, &spec); err != nil {
+		return fmt.Errorf("decode assignment: %w", err)
+	}
+	parsed, err := ParseAssignment(spec)
+	if err != nil {
+		return err
+	}
+	*a = parsed
+	return nil
 }
 
 func sortedKeys[V any](m map[string]V) []string {

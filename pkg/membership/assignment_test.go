@@ -182,6 +182,28 @@ func TestAssignmentSpecRoundTrip(t *testing.T) {
 	}
 }
 
+func TestAssignmentJSON(t *testing.T) {
+	a := twoShards(t)
+	raw, err := json.Marshal(a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := `{"epoch":4,"shards":[{"name":"a","owned":"0-511"},{"name":"b","owned":"512-1023"}]}`; string(raw) != want {
+		t.Errorf("json %s, want %s", raw, want)
+	}
+	var back Assignment
+	if err := json.Unmarshal(raw, &back); err != nil || back != a {
+		t.Errorf("unmarshal: %v, equal %v", err, back == a)
+	}
+	bad := []byte(`{"epoch":4,"shards":[{"name":"a","owned":"0-511"}]}`)
+	if err := json.Unmarshal(bad, &back); err == nil || !strings.Contains(err.Error(), "no owner") {
+		t.Errorf("unmarshal of a partial assignment: error %v", err)
+	}
+	if back != a {
+		t.Errorf("failed unmarshal changed the assignment")
+	}
+}
+
 func TestParseAssignmentRejects(t *testing.T) {
 	tests := []struct {
 		// name describes the case.

@@ -149,3 +149,23 @@ func equalRuns(a, b []Run) bool {
 	}
 	return true
 }
+
+// FuzzParseSlots checks that any text is either rejected with an empty set or is exactly the
+// canonical form of the set returned. `go test` runs the seeds; `go test -fuzz` explores.
+func FuzzParseSlots(f *testing.F) {
+	for _, seed := range []string{"", "0", "0-1023", "0-255,512-600", "1,3-5,1023", "5-5", "0-5,6-9", "01", "1,", "1024", " 1"} {
+		f.Add(seed)
+	}
+	f.Fuzz(func(t *testing.T, text string) {
+		got, err := ParseSlots(text)
+		if err != nil {
+			if !got.IsEmpty() {
+				t.Fatalf("ParseSlots(%q) returned %s with error %v", text, got, err)
+			}
+			return
+		}
+		if canon := FormatSlots(got); canon != text {
+			t.Fatalf("ParseSlots(%q) accepted non-canonical text (canonical %q)", text, canon)
+		}
+	})
+}
