@@ -23,6 +23,7 @@ type command struct {
 // commands lists the subcommands. New subcommands add themselves here.
 func commands() map[string]command {
 	return map[string]command{
+		"schema":  {summary: "migrate the database schema (schema migrate --dsn ...)", run: runSchema},
 		"version": {summary: "print the version", run: runVersion},
 	}
 }

@@ -1,0 +1,49 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/renderqueue/renderqueue/pkg/store/postgres"
+)
+
+// runSchema is `renderqueue schema migrate --dsn ...`: apply the embedded schema migrations.
+func runSchema(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if len(args) == 0 || args[0] != "migrate" {
+		fmt.Fprintln(stderr, "usage: renderqueue schema migrate --dsn DSN [--timeout 5m]")
+		return errors.New("unknown or missing schema subcommand (want: migrate)")
+	}
+	fs := flag.NewFlagSet("schema migrate", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	dsn := fs.String("dsn", os.Getenv("RENDERQUEUE_DSN"), "PostgreSQL connection string (default $RENDERQUEUE_DSN)")
+	timeout := fs.Duration("timeout", 5*time.Minute, "give up after this long")
+	if err := fs.Parse(args[1:]); err != nil {
+		return err
+	}
+	if strings.TrimSpace(*dsn) == "" {
+		return errors.New("--dsn (or RENDERQUEUE_DSN) is required")
+	}
+	ctx, cancel := context.WithTimeout(ctx, *timeout)
+	defer cancel()
+	st, err := postgres.Open(ctx, *dsn, postgres.Options{})
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	res, err := postgres.MigratePool(ctx, st.Pool())
+	if err != nil {
+		return err
+	}
+	if len(res.Applied) == 0 {
+		_, err = fmt.Fprintf(stdout, "schema is up to date (version %d)\n", res.To)
+		return err
+	}
+	_, err = fmt.Fprintf(stdout, "schema migrated from version %d to %d (%s)\n", res.From, res.To, strings.Join(res.Applied, ", "))
+	return err
+}

@@ -1,0 +1,90 @@
+// Package pgtest gives tests and benchmarks their own PostgreSQL database on the throwaway server
+// named by RENDERQUEUE_TEST_DSN (hack/test.sh and hack/bench.sh start one with hack/postgres.sh
+// and set it). Without the variable, tests that need the database are skipped with a message
+// saying how to run them.
+package pgtest
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"net/url"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// EnvDSN names the environment variable holding the test server's DSN.
+const EnvDSN = "RENDERQUEUE_TEST_DSN"
+
+// DSN returns the test server's DSN, or skips the test when none is set.
+func DSN(tb testing.TB) string {
+	tb.Helper()
+	dsn := os.Getenv(EnvDSN)
+	if dsn == "" {
+		tb.Skipf("%s is not set: this needs PostgreSQL. Run it through `make test` / hack/test.sh "+
+			"(or hack/bench.sh for benchmarks), which start a throwaway server with hack/postgres.sh, "+
+			"or set %s=$(hack/postgres.sh start | tail -n 1)", EnvDSN, EnvDSN)
+	}
+	return dsn
+}
+
+// NewDatabase creates an empty database for the calling test on the test server and returns a
+// DSN for it. The database is dropped when the test ends (connections still open are ended).
+func NewDatabase(tb testing.TB) string {
+	tb.Helper()
+	dsn := DSN(tb)
+	var b [6]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		tb.Fatalf("pgtest: %v", err)
+	}
+	name := "rqtest_" + hex.EncodeToString(b[:])
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		tb.Fatalf("pgtest: connecting to the test server (%s): %v", EnvDSN, err)
+	}
+	defer conn.Close(context.Background())
+	if _, err := conn.Exec(ctx, "CREATE DATABASE "+name+" TEMPLATE template0 ENCODING 'UTF8'"); err != nil {
+		tb.Fatalf("pgtest: creating database %s: %v", name, err)
+	}
+	tb.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		conn, err := pgx.Connect(ctx, dsn)
+		if err != nil {
+			tb.Errorf("pgtest: dropping database %s: %v", name, err)
+			return
+		}
+		defer conn.Close(context.Background())
+		if _, err := conn.Exec(ctx, "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)"); err != nil {
+			tb.Errorf("pgtest: dropping database %s: %v", name, err)
+		}
+	})
+	out, err := WithDatabase(dsn, name)
+	if err != nil {
+		tb.Fatalf("pgtest: %v", err)
+	}
+	return out
+}
+
+// WithDatabase returns dsn (a URL or a keyword/value string) pointing at database name.
+func WithDatabase(dsn, name string) (string, error) {
+	if strings.HasPrefix(dsn, "postgres://") || strings.HasPrefix(dsn, "postgresql://") {
+		u, err := url.Parse(dsn)
+		if err != nil {
+			return "", fmt.Errorf("parsing %s: %w", EnvDSN, err)
+		}
+		u.Path = "/" + name
+		q := u.Query()
+		q.Del("dbname")
+		u.RawQuery = q.Encode()
+		return u.String(), nil
+	}
+	return dsn + " dbname=" + name, nil
+}

@@ -1,0 +1,189 @@
+// Package postgres is the schedule store on PostgreSQL (14 or newer), with
+// github.com/jackc/pgx/v5.
+//
+// The schema (embedded migrations, applied by Migrate and `renderqueue schema migrate`) is the
+// render_schedule table of ARCHITECTURE section 3: the database computes key_hash
+// (hashtextextended(key, 0)), a trigger gives every insert and update a fresh rev from a sequence,
+// and statement-level triggers with transition tables send each changed row's scheduling fields
+// with pg_notify on its slot's channel, rq_slot_<slot>, in payloads under 8000 bytes (see
+// migrations/0001_render_schedule.sql for the format). Deletes get a fresh rev in their event.
+//
+//   - Walks are keyset-paginated over (key_hash, key) within the hash range of a segment (a run of
+//     adjacent slots), read with the binary protocol on Options.WalkConns connections in parallel,
+//     and handed to the caller's function from one goroutine.
+//   - Subscriptions hold one dedicated connection that LISTENs on exactly the subscribed slots'
+//     channels; when it is lost they signal a gap at once, reconnect with backoff and signal
+//     resumed once LISTEN is active again. A TRUNCATE of the table is signalled as a gap too.
+//   - Completions are group-committed: concurrent Complete calls are merged into one UPDATE
+//     (one transaction, so one notifying commit), flushed when Options.FlushRows items are waiting
+//     or Options.FlushDelay after the first one arrived.
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/renderqueue/renderqueue/pkg/store"
+)
+
+// Options tunes a Store. The zero value gives the defaults.
+type Options struct {
+	// Logger receives reconnects and other operational messages. Default: discard.
+	Logger logr.Logger
+	// MaxConns caps the connection pool (walks, writes). Default: WalkConns + 4.
+	MaxConns int32
+	// WalkConns is how many connections one walk reads with in parallel. Default 2.
+	WalkConns int
+	// WalkPageRows is the page size of walk queries. Default 10000.
+	WalkPageRows int
+	// SegmentSlots caps the number of adjacent slots read as one segment. Default 16.
+	SegmentSlots int
+	// WalkRetries is how many times a failed page query is retried (resuming after the last row
+	// delivered) before its segment is reported failed. Default 1; negative means 0.
+	WalkRetries int
+	// FlushDelay is how long a group commit waits for more completions after the first arrives.
+	// Default 2ms.
+	FlushDelay time.Duration
+	// FlushRows flushes a group commit at once when this many completions are waiting. Default 5000.
+	FlushRows int
+	// ReconnectMin and ReconnectMax bound the backoff of a subscription's reconnects. Defaults
+	// 50ms and 5s.
+	ReconnectMin, ReconnectMax time.Duration
+	// HealthInterval is how long an idle subscription connection waits before checking it is alive
+	// with a round trip. Default 15s.
+	HealthInterval time.Duration
+
+	// failSegment, when set, makes the page queries of the segments it returns true for fail in
+	// the database (a test hook).
+	failSegment func(store.Segment) bool
+}
+
+func (o *Options) setDefaults() {
+	if o.Logger.GetSink() == nil {
+		o.Logger = logr.Discard()
+	}
+	if o.WalkConns <= 0 {
+		o.WalkConns = 2
+	}
+	if o.MaxConns <= 0 {
+		o.MaxConns = int32(o.WalkConns) + 4
+	}
+	if o.WalkPageRows <= 0 {
+		o.WalkPageRows = 10000
+	}
+	if o.SegmentSlots <= 0 {
+		o.SegmentSlots = 16
+	}
+	if o.WalkRetries == 0 {
+		o.WalkRetries = 1
+	} else if o.WalkRetries < 0 {
+		o.WalkRetries = 0
+	}
+	if o.FlushDelay <= 0 {
+		o.FlushDelay = 2 * time.Millisecond
+	}
+	if o.FlushRows <= 0 {
+		o.FlushRows = 5000
+	}
+	if o.ReconnectMin <= 0 {
+		o.ReconnectMin = 50 * time.Millisecond
+	}
+	if o.ReconnectMax < o.ReconnectMin {
+		o.ReconnectMax = 5 * time.Second
+		if o.ReconnectMax < o.ReconnectMin {
+			o.ReconnectMax = o.ReconnectMin
+		}
+	}
+	if o.HealthInterval <= 0 {
+		o.HealthInterval = 15 * time.Second
+	}
+}
+
+// Store is the PostgreSQL schedule store. Create it with Open; it implements store.Store.
+type Store struct {
+	opts     Options
+	pool     *pgxpool.Pool
+	connCfg  *pgconn.Config // for subscription connections
+	log      logr.Logger
+	commits  chan *completeReq
+	stop     chan struct{}
+	done     chan struct{}
+	closeMu  sync.Mutex
+	isClosed bool
+}
+
+var _ store.Store = (*Store)(nil)
+
+// Open connects to the database named by dsn (a libpq connection string or URL). It does not
+// migrate the schema; call Migrate (or run `renderqueue schema migrate`) first.
+func Open(ctx context.Context, dsn string, opts Options) (*Store, error) {
+	opts.setDefaults()
+	poolCfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		return nil, fmt.Errorf("parsing the database DSN: %w", err)
+	}
+	poolCfg.MaxConns = opts.MaxConns
+	connCfg := poolCfg.ConnConfig.Config.Copy()
+	pool, err := pgxpool.NewWithConfig(ctx, poolCfg)
+	if err != nil {
+		return nil, fmt.Errorf("connecting to the database: %w", err)
+	}
+	if err := pool.Ping(ctx); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("connecting to the database: %w", err)
+	}
+	s := &Store{
+		opts:    opts,
+		pool:    pool,
+		connCfg: connCfg,
+		log:     opts.Logger,
+		commits: make(chan *completeReq, 1024),
+		stop:    make(chan struct{}),
+		done:    make(chan struct{}),
+	}
+	go s.committer()
+	return s, nil
+}
+
+// Pool returns the store's connection pool (for tools and tests that need plain SQL).
+func (s *Store) Pool() *pgxpool.Pool { return s.pool }
+
+// Close stops the group committer (waiting for the batch in flight) and closes the pool.
+func (s *Store) Close() error {
+	s.closeMu.Lock()
+	if s.isClosed {
+		s.closeMu.Unlock()
+		return nil
+	}
+	s.isClosed = true
+	close(s.stop)
+	s.closeMu.Unlock()
+	<-s.done
+	s.pool.Close()
+	return nil
+}
+
+func (s *Store) closed() bool {
+	select {
+	case <-s.stop:
+		return true
+	default:
+		return false
+	}
+}
+
+// isConnError reports whether err means the connection (rather than the statement) failed.
+func isConnError(err error) bool {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return pgErr.Severity == "FATAL" || pgErr.Severity == "PANIC"
+	}
+	return err != nil
+}

@@ -1,0 +1,338 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/renderqueue/renderqueue/pkg/schedule"
+	"github.com/renderqueue/renderqueue/pkg/store"
+	"github.com/renderqueue/renderqueue/pkg/store/postgres/pgtest"
+	"github.com/renderqueue/renderqueue/pkg/store/storetest"
+)
+
+// openTestStore opens a migrated store on a fresh database.
+func openTestStore(tb testing.TB, opts Options) (*Store, string) {
+	tb.Helper()
+	dsn := pgtest.NewDatabase(tb)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	st, err := Open(ctx, dsn, opts)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { _ = st.Close() })
+	if err := st.Migrate(ctx); err != nil {
+		tb.Fatal(err)
+	}
+	return st, dsn
+}
+
+// breakListeners ends every subscription connection of the store's database.
+func breakListeners(tb testing.TB, st *Store) {
+	tb.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var n int
+	err := st.pool.QueryRow(ctx, `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+		WHERE datname = current_database() AND application_name = $1`, ListenerApplicationName).Scan(&n)
+	if err != nil {
+		tb.Fatalf("terminating the listeners: %v", err)
+	}
+	if n == 0 {
+		tb.Fatalf("no listener backend to terminate")
+	}
+}
+
+func TestConformance(t *testing.T) {
+	pgtest.DSN(t)
+	storetest.Run(t, storetest.Harness{
+		New: func(t *testing.T, o storetest.Options) store.Store {
+			st, _ := openTestStore(t, Options{WalkPageRows: o.PageRows, SegmentSlots: o.SegmentSlots, failSegment: o.FailSegment})
+			return st
+		},
+		BreakSubscriptions: func(t *testing.T, st store.Store) { breakListeners(t, st.(*Store)) },
+	})
+}
+
+// TestSlotFormula checks that the database's slot expression, its hash and the hash ranges used
+// by walks agree with schedule.SlotOf and schedule.SlotRange.
+func TestSlotFormula(t *testing.T) {
+	st, _ := openTestStore(t, Options{})
+	ctx := context.Background()
+	hashes := []int64{math.MinInt64, math.MinInt64 + 1, -1, 0, 1, math.MaxInt64 - 1, math.MaxInt64}
+	for s := range schedule.NumSlots {
+		lo, hi := schedule.SlotRange(s)
+		hashes = append(hashes, lo, hi)
+	}
+	rng := rand.New(rand.NewPCG(7, 8))
+	for range 5000 {
+		hashes = append(hashes, int64(rng.Uint64()))
+	}
+	rows, err := st.pool.Query(ctx, "SELECT h, (h >> 54) + 512 FROM unnest($1::bigint[]) AS h", hashes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	n := 0
+	for rows.Next() {
+		var h, slot int64
+		if err := rows.Scan(&h, &slot); err != nil {
+			t.Fatal(err)
+		}
+		if int(slot) != schedule.SlotOf(h) {
+			t.Errorf("hash %d: SQL slot %d, SlotOf %d", h, slot, schedule.SlotOf(h))
+		}
+		n++
+	}
+	if err := rows.Err(); err != nil || n != len(hashes) {
+		t.Fatalf("%d of %d rows, err %v", n, len(hashes), err)
+	}
+	// The stored key_hash is hashtextextended(key, 0).
+	out, err := st.Upsert(ctx, []schedule.Row{storetest.Row("slot/a", time.Now())})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var h int64
+	if err := st.pool.QueryRow(ctx, "SELECT hashtextextended($1, 0)", out[0].Key).Scan(&h); err != nil || h != out[0].KeyHash {
+		t.Errorf("key_hash %d, hashtextextended %d (%v)", out[0].KeyHash, h, err)
+	}
+}
+
+// listenAll opens a raw connection LISTENing on every slot channel and collects payloads.
+func listenAll(t *testing.T, dsn string) (*pgconn.PgConn, *[]*pgconn.Notification) {
+	t.Helper()
+	cfg, err := pgconn.ParseConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []*pgconn.Notification
+	cfg.OnNotification = func(_ *pgconn.PgConn, n *pgconn.Notification) { got = append(got, n) }
+	conn, err := pgconn.ConnectConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close(context.Background()) })
+	var b strings.Builder
+	for s := range schedule.NumSlots {
+		b.WriteString("LISTEN " + channelName(s) + ";")
+	}
+	if _, err := conn.Exec(context.Background(), b.String()).ReadAll(); err != nil {
+		t.Fatal(err)
+	}
+	return conn, &got
+}
+
+// TestBulkPayloads writes 100,000 rows in one statement, some with the longest key and route, and
+// checks the raw notifications: every payload under the limit, on the right channel, and every
+// row's event present exactly once.
+func TestBulkPayloads(t *testing.T) {
+	st, dsn := openTestStore(t, Options{})
+	conn, got := listenAll(t, dsn)
+	const n = 100000
+	rows := make([]schedule.Row, n)
+	for i := range rows {
+		r := storetest.Row(fmt.Sprintf("payload/%d", i), time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC).Add(time.Duration(i)*time.Second))
+		if i%100 == 0 { // the largest entries: longest key and route
+			r.Key = fmt.Sprintf("https://example.com/long/%07d/", i)
+			r.Key += strings.Repeat("k", schedule.MaxKeyBytes-len(r.Key))
+			r.Route = strings.Repeat("r", store.MaxRouteBytes)
+		}
+		rows[i] = r
+	}
+	ctx := context.Background()
+	if _, err := st.Upsert(ctx, rows); err != nil {
+		t.Fatal(err)
+	}
+	seen := make(map[string]int, n)
+	var maxLen, payloads int
+	deadline := time.Now().Add(time.Minute)
+	for len(seen) < n && time.Now().Before(deadline) {
+		wctx, cancel := context.WithDeadline(ctx, deadline)
+		err := conn.WaitForNotification(wctx)
+		cancel()
+		if err != nil {
+			t.Fatalf("waiting for notifications (%d rows seen): %v", len(seen), err)
+		}
+		for _, nt := range *got {
+			payloads++
+			maxLen = max(maxLen, len(nt.Payload))
+			if len(nt.Payload) >= maxPayloadBytes {
+				t.Errorf("payload of %d bytes on %s", len(nt.Payload), nt.Channel)
+			}
+			evs, err := parsePayload(nt.Payload, interner{}, nil)
+			if err != nil {
+				t.Fatalf("parsing a payload: %v", err)
+			}
+			for _, e := range evs {
+				if want := channelName(e.Row.Slot()); nt.Channel != want {
+					t.Errorf("event of slot %d on channel %s", e.Row.Slot(), nt.Channel)
+				}
+				seen[e.Row.Key]++
+			}
+		}
+		*got = (*got)[:0]
+	}
+	if len(seen) != n {
+		t.Fatalf("events for %d of %d rows", len(seen), n)
+	}
+	for k, c := range seen {
+		if c != 1 {
+			t.Errorf("key %q: %d events", k, c)
+		}
+	}
+	t.Logf("%d rows in %d notifications, largest payload %d bytes", n, payloads, maxLen)
+}
+
+// TestForeignWriters: rows written with plain SQL (an application's own importer) get their hash,
+// rev and events from the database; changing a key is refused; TRUNCATE is a gap.
+func TestForeignWriters(t *testing.T) {
+	st, _ := openTestStore(t, Options{})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	sub, err := st.Subscribe(ctx, store.AllSlots())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Close()
+	if _, err := st.pool.Exec(ctx, `INSERT INTO render_schedule (key, due_at, cadence_ms, source)
+		VALUES ('https://example.com/sql', '2026-11-29T12:00:00Z', 3600000, 'submitted')`); err != nil {
+		t.Fatal(err)
+	}
+	b, err := sub.Next(ctx)
+	if err != nil || b.Kind != store.KindEvents || len(b.Events) != 1 {
+		t.Fatalf("after a plain INSERT: %+v, %v", b, err)
+	}
+	e := b.Events[0].Row
+	if e.Key != "https://example.com/sql" || e.KeyHash == 0 || e.Rev <= 0 || e.Cadence != time.Hour ||
+		!e.Due.Equal(time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)) || e.Source != schedule.SourceSubmitted || e.Route != "" {
+		t.Errorf("event %+v", e)
+	}
+	_, err = st.pool.Exec(ctx, `UPDATE render_schedule SET key = 'https://example.com/other'`)
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || !strings.Contains(pgErr.Message, "cannot be changed") {
+		t.Errorf("changing a key: %v, want a refusal", err)
+	}
+	for _, bad := range []string{
+		`INSERT INTO render_schedule (key, cadence_ms) VALUES ('x', 0)`,
+		`INSERT INTO render_schedule (key, cadence_ms) VALUES (repeat('x', 2049), 1)`,
+		`INSERT INTO render_schedule (key, cadence_ms, source) VALUES ('x', 1, 'other')`,
+		`INSERT INTO render_schedule (key, cadence_ms, due_at) VALUES ('x', 1, 'infinity')`,
+	} {
+		if _, err := st.pool.Exec(ctx, bad); err == nil {
+			t.Errorf("%s: accepted", bad)
+		}
+	}
+	if _, err := st.pool.Exec(ctx, `TRUNCATE render_schedule`); err != nil {
+		t.Fatal(err)
+	}
+	var kinds []store.BatchKind
+	for len(kinds) < 2 {
+		b, err := sub.Next(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if b.Kind != store.KindEvents {
+			kinds = append(kinds, b.Kind)
+		}
+	}
+	if kinds[0] != store.KindGap || kinds[1] != store.KindResumed {
+		t.Errorf("after TRUNCATE: %v, want [gap resumed]", kinds)
+	}
+}
+
+// TestSchemaVersion: migrations are recorded, and rerunning applies nothing.
+func TestSchemaVersion(t *testing.T) {
+	st, _ := openTestStore(t, Options{})
+	res, err := MigratePool(context.Background(), st.pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.From != SchemaVersion() || res.To != SchemaVersion() || len(res.Applied) != 0 {
+		t.Errorf("second migration: %+v, want a no-op at version %d", res, SchemaVersion())
+	}
+}
+
+// TestCompletionsAreHOT measures that completions are heap-only-tuple updates: 20,000 rows,
+// completed in group commits of random keys (as render workers do) for five rounds.
+func TestCompletionsAreHOT(t *testing.T) {
+	st, _ := openTestStore(t, Options{})
+	upd, hot := measureHOT(t, st, 20000, 5, 500)
+	ratio := float64(hot) / float64(upd)
+	t.Logf("completions: %d updates, %d HOT (%.1f%%)", upd, hot, 100*ratio)
+	// Not a speed assertion: with fillfactor 80 and no index on the updated columns nearly every
+	// completion must be HOT; a schema change that indexes due_at would drop this to 0.
+	if ratio < 0.9 {
+		t.Errorf("only %.1f%% of completions were HOT updates", 100*ratio)
+	}
+}
+
+// measureHOT inserts n rows and completes each rounds times in batches of batch random keys, and
+// returns the table's update and HOT update counts.
+func measureHOT(tb testing.TB, st *Store, n, rounds, batch int) (upd, hot int64) {
+	tb.Helper()
+	ctx := context.Background()
+	rows := make([]schedule.Row, n)
+	for i := range rows {
+		rows[i] = storetest.Row(fmt.Sprintf("hot/%d/%s", i, strings.Repeat("p", i%60)), time.Now())
+		rows[i].Urgent = i%3 == 0
+	}
+	for i := 0; i < n; i += 10000 {
+		if _, err := st.Upsert(ctx, rows[i:min(i+10000, n)]); err != nil {
+			tb.Fatal(err)
+		}
+	}
+	before := tableStats(tb, st, 0)
+	rng := rand.New(rand.NewPCG(9, 10))
+	total := 0
+	for r := range rounds {
+		perm := rng.Perm(n)
+		for i := 0; i < n; i += batch {
+			items := make([]store.Completion, 0, batch)
+			for _, j := range perm[i:min(i+batch, n)] {
+				items = append(items, store.Completion{Key: rows[j].Key, Due: time.Now().Add(time.Duration(r+1) * time.Hour)})
+			}
+			if _, err := st.Complete(ctx, items); err != nil {
+				tb.Fatal(err)
+			}
+			total += len(items)
+		}
+	}
+	after := tableStats(tb, st, before[0]+int64(total))
+	return after[0] - before[0], after[1] - before[1]
+}
+
+// tableStats returns render_schedule's n_tup_upd and n_tup_hot_upd once n_tup_upd reaches
+// atLeast (backends report statistics asynchronously; the idle pool connections are asked to
+// flush theirs).
+func tableStats(tb testing.TB, st *Store, atLeast int64) [2]int64 {
+	tb.Helper()
+	ctx := context.Background()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		for _, c := range st.pool.AcquireAllIdle(ctx) {
+			_, _ = c.Exec(ctx, "SELECT pg_stat_force_next_flush()")
+			c.Release()
+		}
+		var s [2]int64
+		if err := st.pool.QueryRow(ctx, `SELECT pg_stat_clear_snapshot() IS NULL, n_tup_upd, n_tup_hot_upd
+			FROM pg_stat_user_tables WHERE relname = 'render_schedule'`).Scan(new(bool), &s[0], &s[1]); err != nil {
+			tb.Fatal(err)
+		}
+		if s[0] >= atLeast {
+			return s
+		}
+		if time.Now().After(deadline) {
+			tb.Fatalf("table statistics stuck at %d updates, want %d", s[0], atLeast)
+		}
+		poll := time.NewTimer(50 * time.Millisecond)
+		<-poll.C
+	}
+}

@@ -1,0 +1,468 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/renderqueue/renderqueue/pkg/schedule"
+	"github.com/renderqueue/renderqueue/pkg/store"
+)
+
+// ListenerApplicationName is the application_name of subscription connections (unless the DSN
+// sets one), so operators can find them in pg_stat_activity.
+const ListenerApplicationName = "renderqueue-listener"
+
+// maxBatchEvents caps the events one Next returns.
+const maxBatchEvents = 8192
+
+// errTruncated is the gap cause reported when the table was truncated.
+var errTruncated = errors.New("render_schedule was truncated: rows were removed without change events")
+
+// qitem is one queued subscription item: an event, or a gap or resumed signal.
+type qitem struct {
+	kind store.BatchKind
+	ev   store.Event
+	err  error
+}
+
+// setReq is a SetSlots call waiting for the reader goroutine.
+type setReq struct {
+	slots [schedule.NumSlots]bool
+	reply chan error
+}
+
+// subscription implements store.Subscription with one dedicated connection, owned by the
+// reader goroutine (run).
+type subscription struct {
+	s   *Store
+	cfg *pgconn.Config
+
+	// pending collects notifications as pgconn reads them (OnNotification runs on the reader
+	// goroutine, inside whatever call is reading the connection).
+	pending []*pgconn.Notification
+	routes  interner
+	// listening is the set of channels LISTEN is active on (reader goroutine only).
+	listening [schedule.NumSlots]bool
+
+	ctrl chan *setReq
+	// carried is a SetSlots request whose LISTEN failed with the connection; reconnect applies it
+	// (reader goroutine only).
+	carried *setReq
+
+	mu         sync.Mutex
+	queue      []qitem
+	head       int
+	slots      [schedule.NumSlots]bool // the current set; Next drops events of other slots
+	waitCancel context.CancelFunc      // interrupts the reader's wait (SetSlots)
+	closed     bool
+
+	wake   chan struct{}
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+// Subscribe implements store.Store.
+func (s *Store) Subscribe(ctx context.Context, slots []int) (store.Subscription, error) {
+	norm, err := store.NormalizeSlots(slots)
+	if err != nil {
+		return nil, fmt.Errorf("subscribe: %w", err)
+	}
+	if s.closed() {
+		return nil, store.ErrClosed
+	}
+	sub := &subscription{
+		s:      s,
+		routes: interner{},
+		ctrl:   make(chan *setReq, 16),
+		wake:   make(chan struct{}, 1),
+		done:   make(chan struct{}),
+	}
+	sub.cfg = s.connCfg.Copy()
+	if sub.cfg.RuntimeParams["application_name"] == "" {
+		sub.cfg.RuntimeParams["application_name"] = ListenerApplicationName
+	}
+	sub.cfg.OnNotification = func(_ *pgconn.PgConn, n *pgconn.Notification) {
+		sub.pending = append(sub.pending, n)
+	}
+	var want [schedule.NumSlots]bool
+	for _, sl := range norm {
+		want[sl] = true
+	}
+	conn, err := sub.connect(ctx, want)
+	if err != nil {
+		return nil, fmt.Errorf("subscribe: %w", err)
+	}
+	sub.slots = want
+	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	sub.cancel = cancel
+	stopAfter := context.AfterFunc(ctx, func() { _ = sub.Close() })
+	go func() {
+		defer stopAfter()
+		sub.run(runCtx, conn)
+	}()
+	return sub, nil
+}
+
+// connect opens the subscription's connection and LISTENs on the wanted slots' channels.
+func (sub *subscription) connect(ctx context.Context, want [schedule.NumSlots]bool) (*pgconn.PgConn, error) {
+	conn, err := pgconn.ConnectConfig(ctx, sub.cfg)
+	if err != nil {
+		return nil, fmt.Errorf("connecting the listener: %w", err)
+	}
+	sub.listening = [schedule.NumSlots]bool{}
+	if err := sub.relisten(ctx, conn, want); err != nil {
+		_ = conn.Close(context.Background())
+		return nil, err
+	}
+	return conn, nil
+}
+
+// relisten changes the LISTENed channels to want, in one round trip.
+func (sub *subscription) relisten(ctx context.Context, conn *pgconn.PgConn, want [schedule.NumSlots]bool) error {
+	var b strings.Builder
+	for sl := range schedule.NumSlots {
+		switch {
+		case want[sl] && !sub.listening[sl]:
+			b.WriteString("LISTEN " + channelName(sl) + ";")
+		case !want[sl] && sub.listening[sl]:
+			b.WriteString("UNLISTEN " + channelName(sl) + ";")
+		}
+	}
+	if b.Len() == 0 {
+		return nil
+	}
+	if _, err := conn.Exec(ctx, b.String()).ReadAll(); err != nil {
+		return fmt.Errorf("changing LISTEN channels: %w", err)
+	}
+	sub.listening = want
+	return nil
+}
+
+// run is the reader goroutine: serve the connection until it fails, signal a gap, reconnect,
+// signal resumed, and so on until the subscription is closed.
+func (sub *subscription) run(ctx context.Context, conn *pgconn.PgConn) {
+	defer close(sub.done)
+	defer sub.markClosed()
+	for {
+		err := sub.serve(ctx, conn)
+		_ = conn.Close(context.Background())
+		sub.deliverPending()
+		if ctx.Err() != nil {
+			sub.failWaiting(store.ErrClosed)
+			return
+		}
+		sub.s.log.Info("change event subscription lost its connection; reconnecting", "error", err.Error())
+		sub.push(qitem{kind: store.KindGap, err: fmt.Errorf("listener connection lost: %w", err)})
+		conn = sub.reconnect(ctx)
+		if conn == nil {
+			sub.failWaiting(store.ErrClosed)
+			return
+		}
+		sub.s.log.Info("change event subscription resumed")
+		sub.push(qitem{kind: store.KindResumed})
+	}
+}
+
+// serve waits for notifications, handles SetSlots requests and checks the connection when idle.
+// It returns the error that ended the connection.
+func (sub *subscription) serve(ctx context.Context, conn *pgconn.PgConn) error {
+	for {
+		if err := sub.handleSetSlots(ctx, conn); err != nil {
+			return err
+		}
+		waitCtx, cancel := context.WithTimeout(ctx, sub.s.opts.HealthInterval)
+		sub.mu.Lock()
+		sub.waitCancel = cancel
+		if len(sub.ctrl) > 0 {
+			cancel()
+		}
+		sub.mu.Unlock()
+		err := conn.WaitForNotification(waitCtx)
+		sub.mu.Lock()
+		sub.waitCancel = nil
+		sub.mu.Unlock()
+		timedOut := errors.Is(waitCtx.Err(), context.DeadlineExceeded)
+		cancel()
+		sub.deliverPending()
+		if err == nil {
+			continue
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if conn.IsClosed() || waitCtx.Err() == nil {
+			return err
+		}
+		if timedOut {
+			pctx, pcancel := context.WithTimeout(ctx, 10*time.Second)
+			_, perr := conn.Exec(pctx, "SELECT 1").ReadAll()
+			pcancel()
+			sub.deliverPending()
+			if perr != nil {
+				return fmt.Errorf("health check: %w", perr)
+			}
+		}
+	}
+}
+
+// handleSetSlots applies queued SetSlots requests on a live connection.
+func (sub *subscription) handleSetSlots(ctx context.Context, conn *pgconn.PgConn) error {
+	for {
+		var req *setReq
+		select {
+		case req = <-sub.ctrl:
+		default:
+			return nil
+		}
+		err := sub.relisten(ctx, conn, req.slots)
+		if err != nil {
+			// The desired set is kept for the reconnect; the caller is answered once it is active.
+			sub.carried = req
+			return err
+		}
+		sub.mu.Lock()
+		sub.slots = req.slots
+		sub.mu.Unlock()
+		req.reply <- nil
+	}
+}
+
+// reconnect reconnects with backoff, taking SetSlots requests into account, and returns the new
+// connection (LISTENing on the current set) or nil when the subscription is closed.
+func (sub *subscription) reconnect(ctx context.Context) *pgconn.PgConn {
+	backoff := sub.s.opts.ReconnectMin
+	var waiting []*setReq
+	sub.mu.Lock()
+	want := sub.slots
+	sub.mu.Unlock()
+	take := func(req *setReq) {
+		want = req.slots
+		waiting = append(waiting, req)
+	}
+	if sub.carried != nil {
+		take(sub.carried)
+		sub.carried = nil
+	}
+	for attempt := 0; ; attempt++ {
+		if attempt > 0 {
+			d := backoff/2 + rand.N(backoff/2+1)
+			t := time.NewTimer(d)
+		wait:
+			for {
+				select {
+				case <-ctx.Done():
+					t.Stop()
+					for _, r := range waiting {
+						r.reply <- store.ErrClosed
+					}
+					return nil
+				case req := <-sub.ctrl:
+					take(req)
+				case <-t.C:
+					break wait
+				}
+			}
+			backoff = min(2*backoff, sub.s.opts.ReconnectMax)
+		}
+		for drained := false; !drained; {
+			select {
+			case req := <-sub.ctrl:
+				take(req)
+			default:
+				drained = true
+			}
+		}
+		cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		conn, err := sub.connect(cctx, want)
+		cancel()
+		if err != nil {
+			if ctx.Err() != nil {
+				continue // the wait above returns
+			}
+			sub.s.log.Info("change event subscription: reconnect failed", "attempt", attempt+1, "error", err.Error())
+			continue
+		}
+		sub.mu.Lock()
+		sub.slots = want
+		sub.mu.Unlock()
+		for _, r := range waiting {
+			r.reply <- nil
+		}
+		return conn
+	}
+}
+
+// failWaiting answers SetSlots requests still queued when the subscription ends.
+func (sub *subscription) failWaiting(err error) {
+	if sub.carried != nil {
+		sub.carried.reply <- err
+		sub.carried = nil
+	}
+	for {
+		select {
+		case req := <-sub.ctrl:
+			req.reply <- err
+		default:
+			return
+		}
+	}
+}
+
+// deliverPending parses the notifications read so far and queues their events.
+func (sub *subscription) deliverPending() {
+	if len(sub.pending) == 0 {
+		return
+	}
+	var items []qitem
+	var evs []store.Event
+	for i, n := range sub.pending {
+		sub.pending[i] = nil
+		if n.Payload == truncatePayload {
+			items = append(items, qitem{kind: store.KindGap, err: errTruncated}, qitem{kind: store.KindResumed})
+			continue
+		}
+		var err error
+		evs, err = parsePayload(n.Payload, sub.routes, evs[:0])
+		for _, ev := range evs {
+			items = append(items, qitem{kind: store.KindEvents, ev: ev})
+		}
+		if err != nil {
+			sub.s.log.Error(err, "dropping a malformed change event payload; signalling a gap", "channel", n.Channel)
+			items = append(items, qitem{kind: store.KindGap, err: fmt.Errorf("channel %s: %w", n.Channel, err)},
+				qitem{kind: store.KindResumed})
+		}
+	}
+	sub.pending = sub.pending[:0]
+	sub.push(items...)
+}
+
+func (sub *subscription) push(items ...qitem) {
+	if len(items) == 0 {
+		return
+	}
+	sub.mu.Lock()
+	if sub.head > 0 && sub.head >= len(sub.queue)/2 {
+		n := copy(sub.queue, sub.queue[sub.head:])
+		clear(sub.queue[n:])
+		sub.queue = sub.queue[:n]
+		sub.head = 0
+	}
+	sub.queue = append(sub.queue, items...)
+	sub.mu.Unlock()
+	select {
+	case sub.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (sub *subscription) markClosed() {
+	sub.mu.Lock()
+	sub.closed = true
+	sub.mu.Unlock()
+	select {
+	case sub.wake <- struct{}{}:
+	default:
+	}
+}
+
+// take removes the next batch from the queue (caller holds mu).
+func (sub *subscription) take() (store.Batch, bool) {
+	var evs []store.Event
+	for sub.head < len(sub.queue) {
+		it := &sub.queue[sub.head]
+		if it.kind != store.KindEvents {
+			if len(evs) > 0 {
+				break
+			}
+			b := store.Batch{Kind: it.kind, Err: it.err}
+			*it = qitem{}
+			sub.head++
+			return b, true
+		}
+		if sub.slots[schedule.SlotOf(it.ev.Row.KeyHash)] {
+			if evs == nil {
+				evs = make([]store.Event, 0, min(maxBatchEvents, len(sub.queue)-sub.head))
+			}
+			evs = append(evs, it.ev)
+		}
+		*it = qitem{}
+		sub.head++
+		if len(evs) == maxBatchEvents {
+			break
+		}
+	}
+	if len(evs) == 0 {
+		return store.Batch{}, false
+	}
+	return store.Batch{Kind: store.KindEvents, Events: evs}, true
+}
+
+// Next implements store.Subscription.
+func (sub *subscription) Next(ctx context.Context) (store.Batch, error) {
+	for {
+		sub.mu.Lock()
+		if sub.closed {
+			sub.mu.Unlock()
+			return store.Batch{}, store.ErrClosed
+		}
+		b, ok := sub.take()
+		sub.mu.Unlock()
+		if ok {
+			return b, nil
+		}
+		select {
+		case <-sub.wake:
+		case <-ctx.Done():
+			return store.Batch{}, ctx.Err()
+		}
+	}
+}
+
+// SetSlots implements store.Subscription.
+func (sub *subscription) SetSlots(ctx context.Context, slots []int) error {
+	norm, err := store.NormalizeSlots(slots)
+	if err != nil {
+		return fmt.Errorf("set slots: %w", err)
+	}
+	req := &setReq{reply: make(chan error, 1)}
+	for _, sl := range norm {
+		req.slots[sl] = true
+	}
+	select {
+	case sub.ctrl <- req:
+	case <-sub.done:
+		return store.ErrClosed
+	case <-ctx.Done():
+		return fmt.Errorf("set slots: %w", ctx.Err())
+	}
+	sub.mu.Lock()
+	if sub.waitCancel != nil {
+		sub.waitCancel()
+	}
+	sub.mu.Unlock()
+	select {
+	case err := <-req.reply:
+		if err != nil {
+			return fmt.Errorf("set slots: %w", err)
+		}
+		return nil
+	case <-sub.done:
+		return store.ErrClosed
+	case <-ctx.Done():
+		return fmt.Errorf("set slots (the new set still takes effect): %w", ctx.Err())
+	}
+}
+
+// Close implements store.Subscription.
+func (sub *subscription) Close() error {
+	sub.cancel()
+	<-sub.done
+	return nil
+}

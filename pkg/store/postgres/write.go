@@ -1,0 +1,334 @@
+package postgres
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
+
+	"github.com/renderqueue/renderqueue/pkg/schedule"
+	"github.com/renderqueue/renderqueue/pkg/store"
+)
+
+const upsertSQL = `INSERT INTO render_schedule AS r (key, due_at, cadence_ms, route, source, urgent)
+SELECT * FROM unnest($1::text[], $2::timestamptz[], $3::bigint[], $4::text[], $5::text[], $6::boolean[])
+ON CONFLICT (key) DO UPDATE SET
+    due_at = EXCLUDED.due_at, cadence_ms = EXCLUDED.cadence_ms, route = EXCLUDED.route,
+    source = EXCLUDED.source, urgent = EXCLUDED.urgent
+RETURNING ` + rowColumns
+
+// completeSQL completes a batch of distinct keys. The ordinality column maps results back.
+const completeSQL = `UPDATE render_schedule AS r SET due_at = c.due, urgent = false
+FROM unnest($1::text[], $2::timestamptz[]) WITH ORDINALITY AS c(key, due, i)
+WHERE r.key = c.key
+RETURNING c.i, r.key, r.key_hash, r.due_at, r.cadence_ms, r.route, r.source, r.urgent, r.rev`
+
+const deleteSQL = `DELETE FROM render_schedule WHERE key = ANY($1::text[])
+RETURNING key, key_hash, nextval('render_schedule_rev_seq')`
+
+// scanRow scans rowColumns from a pgx result (used by writes, whose results are small).
+func scanRow(rows pgx.Rows, extra ...any) (schedule.Row, error) {
+	var (
+		r      schedule.Row
+		due    pgtype.Timestamptz
+		ms     int64
+		source string
+	)
+	dest := append(extra, &r.Key, &r.KeyHash, &due, &ms, &r.Route, &source, &r.Urgent, &r.Rev)
+	if err := rows.Scan(dest...); err != nil {
+		return r, err
+	}
+	if due.Valid {
+		r.HasDue = true
+		switch due.InfinityModifier {
+		case pgtype.Infinity:
+			r.Due = pgMicrosToTime(1<<63 - 1)
+		case pgtype.NegativeInfinity:
+			r.Due = pgMicrosToTime(-1 << 63)
+		default:
+			r.Due = due.Time.UTC()
+		}
+	}
+	r.Cadence = cadenceFromMillis(ms)
+	src, err := schedule.ParseSource(source)
+	if err != nil {
+		return r, fmt.Errorf("key %q: %w", r.Key, err)
+	}
+	r.Source = src
+	return r, nil
+}
+
+func timestamptz(t time.Time, valid bool) pgtype.Timestamptz {
+	if !valid {
+		return pgtype.Timestamptz{}
+	}
+	return pgtype.Timestamptz{Time: t, Valid: true}
+}
+
+// Upsert implements store.Store.
+func (s *Store) Upsert(ctx context.Context, in []schedule.Row) ([]schedule.Row, error) {
+	if err := store.ValidateRows(in); err != nil {
+		return nil, fmt.Errorf("upsert: %w", err)
+	}
+	if s.closed() {
+		return nil, store.ErrClosed
+	}
+	if len(in) == 0 {
+		return nil, nil
+	}
+	n := len(in)
+	keys := make([]string, n)
+	dues := make([]pgtype.Timestamptz, n)
+	cadences := make([]int64, n)
+	routes := make([]string, n)
+	sources := make([]string, n)
+	urgent := make([]bool, n)
+	index := make(map[string]int, n)
+	for i, r := range in {
+		keys[i] = r.Key
+		dues[i] = timestamptz(r.Due, r.HasDue)
+		cadences[i] = r.Cadence.Milliseconds()
+		routes[i] = r.Route
+		sources[i] = sourceName(r.Source)
+		urgent[i] = r.Urgent
+		index[r.Key] = i
+	}
+	rows, err := s.pool.Query(ctx, upsertSQL, keys, dues, cadences, routes, sources, urgent)
+	if err != nil {
+		return nil, fmt.Errorf("upserting %d rows: %w", n, err)
+	}
+	defer rows.Close()
+	out := make([]schedule.Row, n)
+	for rows.Next() {
+		r, err := scanRow(rows)
+		if err != nil {
+			return nil, fmt.Errorf("upserting %d rows: reading the result: %w", n, err)
+		}
+		i, ok := index[r.Key]
+		if !ok {
+			return nil, fmt.Errorf("upserting %d rows: the database returned unknown key %q", n, r.Key)
+		}
+		out[i] = r
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("upserting %d rows: %w", n, err)
+	}
+	return out, nil
+}
+
+// Delete implements store.Store.
+func (s *Store) Delete(ctx context.Context, keys []string) ([]store.DeleteResult, error) {
+	if s.closed() {
+		return nil, store.ErrClosed
+	}
+	out := make([]store.DeleteResult, len(keys))
+	if len(keys) == 0 {
+		return out, nil
+	}
+	for i, k := range keys {
+		out[i].Key = k
+	}
+	rows, err := s.pool.Query(ctx, deleteSQL, keys)
+	if err != nil {
+		return nil, fmt.Errorf("deleting %d keys: %w", len(keys), err)
+	}
+	defer rows.Close()
+	found := make(map[string]store.DeleteResult, len(keys))
+	for rows.Next() {
+		var d store.DeleteResult
+		if err := rows.Scan(&d.Key, &d.KeyHash, &d.Rev); err != nil {
+			return nil, fmt.Errorf("deleting %d keys: reading the result: %w", len(keys), err)
+		}
+		d.Found = true
+		found[d.Key] = d
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("deleting %d keys: %w", len(keys), err)
+	}
+	for i, k := range keys {
+		if d, ok := found[k]; ok {
+			out[i] = d
+		}
+	}
+	return out, nil
+}
+
+// completeReq is one Complete call waiting for its group commit.
+type completeReq struct {
+	items []store.Completion
+	res   []store.CompleteResult
+	err   error
+	done  chan struct{}
+}
+
+// Complete implements store.Store: the items join the next group commit and the call returns
+// when it committed.
+func (s *Store) Complete(ctx context.Context, items []store.Completion) ([]store.CompleteResult, error) {
+	if err := store.ValidateCompletions(items); err != nil {
+		return nil, fmt.Errorf("complete: %w", err)
+	}
+	if len(items) == 0 {
+		return nil, nil
+	}
+	req := &completeReq{items: items, done: make(chan struct{})}
+	select {
+	case s.commits <- req:
+	case <-s.stop:
+		return nil, store.ErrClosed
+	case <-ctx.Done():
+		return nil, fmt.Errorf("complete: %w", ctx.Err())
+	}
+	// Once queued, the request is committed or failed as part of its group even if ctx ends:
+	// wait for the outcome so the caller learns what was written.
+	<-req.done
+	if req.err != nil {
+		return nil, fmt.Errorf("complete %d item(s): %w", len(items), req.err)
+	}
+	return req.res, nil
+}
+
+// committer is the group-commit loop: it gathers requests until FlushRows items wait or
+// FlushDelay passed since the first, then commits them in one transaction.
+func (s *Store) committer() {
+	defer close(s.done)
+	var (
+		batch []*completeReq
+		n     int
+		timer = time.NewTimer(time.Hour)
+	)
+	timer.Stop()
+	flush := func() {
+		if len(batch) == 0 {
+			return
+		}
+		s.commitGroup(batch)
+		batch, n = nil, 0
+	}
+	for {
+		if len(batch) == 0 {
+			select {
+			case req := <-s.commits:
+				batch, n = append(batch, req), len(req.items)
+				timer.Reset(s.opts.FlushDelay)
+			case <-s.stop:
+				s.drainCommits()
+				return
+			}
+			continue
+		}
+		if n >= s.opts.FlushRows {
+			timer.Stop()
+			flush()
+			// Requests that queued up while that group committed have waited long enough:
+			// they form the next group at once.
+			for more := true; more && n < s.opts.FlushRows; {
+				select {
+				case req := <-s.commits:
+					batch = append(batch, req)
+					n += len(req.items)
+				default:
+					more = false
+				}
+			}
+			if len(batch) > 0 {
+				n = s.opts.FlushRows // flush on the next iteration
+			}
+			continue
+		}
+		select {
+		case req := <-s.commits:
+			batch = append(batch, req)
+			n += len(req.items)
+		case <-timer.C:
+			n = s.opts.FlushRows // flush now, then take what queued meanwhile
+		case <-s.stop:
+			timer.Stop()
+			flush()
+			s.drainCommits()
+			return
+		}
+	}
+}
+
+// drainCommits fails requests still queued when the store closes.
+func (s *Store) drainCommits() {
+	for {
+		select {
+		case req := <-s.commits:
+			req.err = store.ErrClosed
+			close(req.done)
+		default:
+			return
+		}
+	}
+}
+
+// commitGroup writes a group of completions in one transaction. Keys completed more than once in
+// the group are written in rounds (one UPDATE per round, each key at most once per round), in
+// arrival order, so each write gets its own rev and the last one wins.
+func (s *Store) commitGroup(batch []*completeReq) {
+	type ref struct{ req, item int }
+	var rounds [][]ref
+	round := make(map[string]int)
+	for ri, req := range batch {
+		req.res = make([]store.CompleteResult, len(req.items))
+		for ii, it := range req.items {
+			req.res[ii].Row.Key = it.Key
+			k := round[it.Key]
+			round[it.Key] = k + 1
+			if k == len(rounds) {
+				rounds = append(rounds, nil)
+			}
+			rounds[k] = append(rounds[k], ref{ri, ii})
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	run := func(q interface {
+		Query(context.Context, string, ...any) (pgx.Rows, error)
+	}) error {
+		for _, rd := range rounds {
+			keys := make([]string, len(rd))
+			dues := make([]pgtype.Timestamptz, len(rd))
+			for j, rf := range rd {
+				it := batch[rf.req].items[rf.item]
+				keys[j] = it.Key
+				dues[j] = timestamptz(it.Due, true)
+			}
+			rows, err := q.Query(ctx, completeSQL, keys, dues)
+			if err != nil {
+				return err
+			}
+			for rows.Next() {
+				var i int64
+				r, err := scanRow(rows, &i)
+				if err != nil {
+					rows.Close()
+					return err
+				}
+				rf := rd[i-1]
+				batch[rf.req].res[rf.item] = store.CompleteResult{Row: r, Found: true}
+			}
+			rows.Close()
+			if err := rows.Err(); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	var err error
+	if len(rounds) == 1 {
+		err = run(s.pool) // one statement: its own transaction
+	} else {
+		err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error { return run(tx) })
+	}
+	for _, req := range batch {
+		if err != nil {
+			req.err = fmt.Errorf("group commit of %d request(s): %w", len(batch), err)
+			req.res = nil
+		}
+		close(req.done)
+	}
+}
