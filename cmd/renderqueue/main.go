@@ -24,6 +24,7 @@ type command struct {
 func commands() map[string]command {
 	return map[string]command{
 		"schema":  {summary: "migrate the database schema (schema migrate --dsn ...)", run: runSchema},
+		"seed":    {summary: "write synthetic schedule rows (seed --dsn ... --rows N)", run: runSeed},
 		"version": {summary: "print the version", run: runVersion},
 	}
 }
