@@ -23,6 +23,7 @@ type command struct {
 // commands lists the subcommands. New subcommands add themselves here.
 func commands() map[string]command {
 	return map[string]command{
+		"keeper":  {summary: "run one keeper shard (standalone: all slots, flags)", run: runKeeper},
 		"schema":  {summary: "migrate the database schema (schema migrate --dsn ...)", run: runSchema},
 		"seed":    {summary: "write synthetic schedule rows (seed --dsn ... --rows N)", run: runSeed},
 		"version": {summary: "print the version", run: runVersion},

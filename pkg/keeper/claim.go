@@ -211,3 +211,13 @@ func (c *Core) Leased(now time.Time) int {
 	c.expireLeases(now.UnixMilli())
 	return len(c.leases)
 }
+
+// HeldRow returns what the core holds of key: its due time, cadence and rev.
+func (c *Core) HeldRow(key string) (due time.Time, cadence time.Duration, rev int64, ok bool) {
+	id, ok := c.index.find(&c.rows, &c.keys, key)
+	if !ok {
+		return time.Time{}, 0, 0, false
+	}
+	r := c.rows.at(id)
+	return time.UnixMilli(r.due).UTC(), time.Duration(c.groups[r.group].cadenceMs) * time.Millisecond, r.rev, true
+}

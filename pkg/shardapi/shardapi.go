@@ -174,7 +174,18 @@ type Completion struct {
 
 // CompleteResponse is the reply to POST /v1/complete.
 type CompleteResponse struct {
+	// Completed is the number of items written.
 	Completed int `json:"completed"`
+	// Results has one entry per item, in request order.
+	Results []ItemResult `json:"results"`
+}
+
+// ItemResult is the outcome of one item of a complete or release request.
+type ItemResult struct {
+	Key string `json:"key"`
+	// Error is empty when the item succeeded; otherwise it says why nothing was done for it
+	// (the lease expired or was never current, the row is no longer held, ...).
+	Error string `json:"error,omitempty"`
 }
 
 // ReleaseRequest is the body of POST /v1/release: hand leased rows back unrendered.
@@ -190,7 +201,8 @@ type Lease struct {
 
 // ReleaseResponse is the reply to POST /v1/release.
 type ReleaseResponse struct {
-	Released int `json:"released"`
+	Released int          `json:"released"`
+	Results  []ItemResult `json:"results"`
 }
 
 // Error is the body of every 4xx and 5xx reply.

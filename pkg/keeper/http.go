@@ -1,0 +1,267 @@
+package keeper
+
+import (
+	"bytes"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/renderqueue/renderqueue/pkg/schedule"
+	"github.com/renderqueue/renderqueue/pkg/shardapi"
+)
+
+// MaxRequestBytes bounds the body of every API request.
+const MaxRequestBytes = 1 << 20
+
+// MaxLease is the longest lease a claim may ask for.
+const MaxLease = 24 * time.Hour
+
+// HandlerOptions configure the shard's HTTP API.
+type HandlerOptions struct {
+	// Token is the bearer token required on the mutating endpoints (/v1/claim, /v1/complete,
+	// /v1/release). Empty means no authentication (only with --insecure-no-auth).
+	Token string
+	// Gatherer serves /metrics; nil serves no metrics.
+	Gatherer prometheus.Gatherer
+}
+
+// Handler returns the shard's HTTP API: POST /v1/claim, /v1/complete, /v1/release,
+// GET /v1/status, /metrics, /healthz, /readyz.
+func (s *Shard) Handler(opts HandlerOptions) http.Handler {
+	mux := http.NewServeMux()
+	auth := func(h http.HandlerFunc) http.HandlerFunc {
+		if opts.Token == "" {
+			return h
+		}
+		want := []byte("Bearer " + opts.Token)
+		return func(w http.ResponseWriter, r *http.Request) {
+			got := []byte(r.Header.Get("Authorization"))
+			if subtle.ConstantTimeCompare(got, want) != 1 {
+				w.Header().Set("WWW-Authenticate", `Bearer realm="renderqueue"`)
+				writeError(w, http.StatusUnauthorized, "missing or wrong bearer token")
+				return
+			}
+			h(w, r)
+		}
+	}
+	mux.HandleFunc("POST /v1/claim", auth(s.serveClaim))
+	mux.HandleFunc("POST /v1/complete", auth(s.serveComplete))
+	mux.HandleFunc("POST /v1/release", auth(s.serveRelease))
+	mux.HandleFunc("GET /v1/status", func(w http.ResponseWriter, _ *http.Request) {
+		writeJSON(w, http.StatusOK, s.Status(s.clock()))
+	})
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if !s.Ready() {
+			writeError(w, http.StatusServiceUnavailable, "loading: the first walk has not finished")
+			return
+		}
+		writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
+	})
+	if opts.Gatherer != nil {
+		mux.Handle("GET /metrics", promhttp.HandlerFor(opts.Gatherer, promhttp.HandlerOpts{}))
+	}
+	return mux
+}
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(v); err != nil {
+		http.Error(w, `{"error":"encoding the reply failed"}`, http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	_, _ = w.Write(buf.Bytes())
+}
+
+func writeError(w http.ResponseWriter, code int, msg string) {
+	writeJSON(w, code, shardapi.Error{Error: msg})
+}
+
+// decode reads a JSON body strictly: size-limited, no unknown fields, one value.
+func decode(w http.ResponseWriter, r *http.Request, v any) bool {
+	body := http.MaxBytesReader(w, r.Body, MaxRequestBytes)
+	dec := json.NewDecoder(body)
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		var tooBig *http.MaxBytesError
+		switch {
+		case errors.As(err, &tooBig):
+			writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("request body over %d bytes", MaxRequestBytes))
+		case errors.Is(err, io.EOF):
+			writeError(w, http.StatusBadRequest, "empty request body: want a JSON object")
+		default:
+			writeError(w, http.StatusBadRequest, "malformed JSON body: "+err.Error())
+		}
+		return false
+	}
+	if dec.More() {
+		writeError(w, http.StatusBadRequest, "malformed JSON body: more than one JSON value")
+		return false
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		writeError(w, http.StatusBadRequest, "malformed JSON body: trailing data after the JSON object")
+		return false
+	}
+	return true
+}
+
+func (s *Shard) serveClaim(w http.ResponseWriter, r *http.Request) {
+	var req shardapi.ClaimRequest
+	if !decode(w, r, &req) {
+		return
+	}
+	if req.N < 1 || req.N > shardapi.MaxClaim {
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("n must be within 1..%d, got %d", shardapi.MaxClaim, req.N))
+		return
+	}
+	if math.IsNaN(req.LeaseSeconds) || req.LeaseSeconds < 0 || req.LeaseSeconds > MaxLease.Seconds() {
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("leaseSeconds must be within 0..%v (0 = the default), got %v", MaxLease.Seconds(), req.LeaseSeconds))
+		return
+	}
+	leaseFor := time.Duration(req.LeaseSeconds * float64(time.Second))
+	if req.LeaseSeconds > 0 && leaseFor < time.Millisecond {
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("leaseSeconds %v is below one millisecond", req.LeaseSeconds))
+		return
+	}
+	rows, err := s.Claim(s.clock(), req.N, leaseFor)
+	if err != nil {
+		writeError(w, http.StatusServiceUnavailable, err.Error())
+		return
+	}
+	resp := shardapi.ClaimResponse{Items: make([]shardapi.ClaimedRow, len(rows))}
+	for i, c := range rows {
+		resp.Items[i] = shardapi.ClaimedRow{
+			Key: c.Key, Due: c.Due, Cadence: c.Cadence.Seconds(), Route: c.Route, Source: c.Source.String(),
+			Urgent: c.Urgent, Lease: FormatLease(c.Lease), LeaseExpires: c.LeaseExpires,
+		}
+	}
+	writeJSON(w, http.StatusOK, resp)
+}
+
+// FormatLease and ParseLease convert lease tokens to and from their wire form.
+func FormatLease(token uint64) string { return fmt.Sprintf("%016x", token) }
+
+// ParseLease parses a lease token's wire form.
+func ParseLease(s string) (uint64, error) {
+	if len(s) != 16 {
+		return 0, fmt.Errorf("lease %q is not 16 hex digits", s)
+	}
+	v, err := strconv.ParseUint(s, 16, 64)
+	if err != nil {
+		return 0, fmt.Errorf("lease %q is not 16 hex digits", s)
+	}
+	return v, nil
+}
+
+// parseItems validates the items of a complete or release request.
+func parseItems(keys []string, leases []string, nextDue []*time.Time) ([]CompleteItem, error) {
+	if len(keys) == 0 {
+		return nil, errors.New("items is empty")
+	}
+	if len(keys) > shardapi.MaxClaim {
+		return nil, fmt.Errorf("%d items, over the limit of %d", len(keys), shardapi.MaxClaim)
+	}
+	seen := make(map[string]int, len(keys))
+	items := make([]CompleteItem, len(keys))
+	var problems []string
+	for i, k := range keys {
+		switch {
+		case k == "":
+			problems = append(problems, fmt.Sprintf("item %d: key is empty", i))
+		case len(k) > schedule.MaxKeyBytes:
+			problems = append(problems, fmt.Sprintf("item %d: key is %d bytes, over %d", i, len(k), schedule.MaxKeyBytes))
+		}
+		if j, dup := seen[k]; dup {
+			problems = append(problems, fmt.Sprintf("item %d: same key as item %d", i, j))
+		}
+		seen[k] = i
+		tok, err := ParseLease(leases[i])
+		if err != nil {
+			problems = append(problems, fmt.Sprintf("item %d: %v", i, err))
+		}
+		items[i] = CompleteItem{Key: k, Lease: tok}
+		if nextDue != nil && nextDue[i] != nil {
+			d := *nextDue[i]
+			if ms := d.UnixMilli(); ms < 0 || ms >= maxDueMs {
+				problems = append(problems, fmt.Sprintf("item %d: nextDue %s is outside [1970, 2106)", i, d.Format(time.RFC3339)))
+			}
+			items[i].NextDue = &d
+		}
+	}
+	if len(problems) > 0 {
+		if len(problems) > 10 {
+			problems = append(problems[:10], fmt.Sprintf("and %d more", len(problems)-10))
+		}
+		return nil, errors.New(strings.Join(problems, "; "))
+	}
+	return items, nil
+}
+
+func itemResults(items []CompleteItem, errs []error) ([]shardapi.ItemResult, int) {
+	out := make([]shardapi.ItemResult, len(items))
+	ok := 0
+	for i := range items {
+		out[i].Key = items[i].Key
+		if errs[i] != nil {
+			out[i].Error = errs[i].Error()
+		} else {
+			ok++
+		}
+	}
+	return out, ok
+}
+
+func (s *Shard) serveComplete(w http.ResponseWriter, r *http.Request) {
+	var req shardapi.CompleteRequest
+	if !decode(w, r, &req) {
+		return
+	}
+	keys, leases, dues := make([]string, len(req.Items)), make([]string, len(req.Items)), make([]*time.Time, len(req.Items))
+	for i, it := range req.Items {
+		keys[i], leases[i], dues[i] = it.Key, it.Lease, it.NextDue
+	}
+	items, err := parseItems(keys, leases, dues)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, "nothing completed: "+err.Error())
+		return
+	}
+	errs, err := s.Complete(r.Context(), items)
+	if err != nil {
+		writeError(w, http.StatusServiceUnavailable, err.Error())
+		return
+	}
+	res, ok := itemResults(items, errs)
+	writeJSON(w, http.StatusOK, shardapi.CompleteResponse{Completed: ok, Results: res})
+}
+
+func (s *Shard) serveRelease(w http.ResponseWriter, r *http.Request) {
+	var req shardapi.ReleaseRequest
+	if !decode(w, r, &req) {
+		return
+	}
+	keys, leases := make([]string, len(req.Items)), make([]string, len(req.Items))
+	for i, it := range req.Items {
+		keys[i], leases[i] = it.Key, it.Lease
+	}
+	items, err := parseItems(keys, leases, nil)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, "nothing released: "+err.Error())
+		return
+	}
+	res, ok := itemResults(items, s.Release(s.clock(), items))
+	writeJSON(w, http.StatusOK, shardapi.ReleaseResponse{Released: ok, Results: res})
+}

@@ -1,0 +1,119 @@
+package keeper
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/renderqueue/renderqueue/pkg/store"
+)
+
+// ErrLoading is returned by Claim until the shard has loaded.
+var ErrLoading = errors.New("shard is loading: claims are served once the first walk has finished")
+
+// Claim leases up to n due rows for leaseFor (the default lease when 0).
+func (s *Shard) Claim(now time.Time, n int, leaseFor time.Duration) ([]Claimed, error) {
+	start := time.Now()
+	s.mu.Lock()
+	if !s.loaded {
+		s.mu.Unlock()
+		return nil, ErrLoading
+	}
+	if leaseFor == 0 {
+		leaseFor = s.settings.LeaseDuration
+	}
+	rows := s.core.Claim(now, n, leaseFor)
+	s.mu.Unlock()
+	s.m.claimed(rows, time.Since(start))
+	return rows, nil
+}
+
+// CompleteItem is one finished render.
+type CompleteItem struct {
+	Key   string
+	Lease uint64
+	// NextDue is the next render time; nil means now + the row's cadence.
+	NextDue *time.Time
+}
+
+// Complete records finished renders: it checks every item's lease, writes the next due times
+// through the store's group-committed path, applies the written rows and ends the leases.
+// Items whose lease is not current get an error and write nothing. It returns one error (or
+// nil) per item, and an error when the write itself failed (then nothing was written and the
+// leases stand).
+func (s *Shard) Complete(ctx context.Context, items []CompleteItem) ([]error, error) {
+	start := time.Now()
+	results := make([]error, len(items))
+	var writes []store.Completion
+	var idx []int
+	s.mu.Lock()
+	now := s.clock()
+	for i, it := range items {
+		if err := s.core.CheckLease(now, it.Key, it.Lease); err != nil {
+			results[i] = err
+			continue
+		}
+		_, cadence, _, _ := s.core.HeldRow(it.Key)
+		due := now.Add(cadence)
+		if it.NextDue != nil {
+			due = *it.NextDue
+		}
+		writes = append(writes, store.Completion{Key: it.Key, Due: due})
+		idx = append(idx, i)
+	}
+	s.mu.Unlock()
+	if len(writes) == 0 {
+		s.countCompletions(results, 0)
+		return results, nil
+	}
+	written, err := s.st.Complete(ctx, writes)
+	if err != nil {
+		return nil, fmt.Errorf("writing %d completions: %w", len(writes), err)
+	}
+	s.mu.Lock()
+	now = s.clock()
+	for j, res := range written {
+		i := idx[j]
+		if !res.Found {
+			results[i] = ErrNotHeld
+			continue
+		}
+		s.core.Apply(now, res.Row)
+		// the new version may have left the window (lease gone with it) or stay held
+		if err := s.core.Release(now, items[i].Key, items[i].Lease); err != nil && !errors.Is(err, ErrNotHeld) && !errors.Is(err, ErrLeaseLost) {
+			results[i] = err
+		}
+	}
+	s.mu.Unlock()
+	s.countCompletions(results, time.Since(start))
+	return results, nil
+}
+
+func (s *Shard) countCompletions(results []error, took time.Duration) {
+	var ok, lost, missing int
+	for _, err := range results {
+		switch {
+		case err == nil:
+			ok++
+		case errors.Is(err, ErrNotHeld):
+			missing++
+		default:
+			lost++
+		}
+	}
+	s.m.completed("ok", ok, took)
+	s.m.completed("lease_lost", lost, 0)
+	s.m.completed("not_found", missing, 0)
+}
+
+// Release hands leased rows back unrendered: they are claimable again at once.
+func (s *Shard) Release(now time.Time, items []CompleteItem) []error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]error, len(items))
+	for i, it := range items {
+		out[i] = s.core.Release(now, it.Key, it.Lease)
+	}
+	return out
+}

@@ -1,0 +1,585 @@
+package keeper
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+
+	"github.com/renderqueue/renderqueue/pkg/membership"
+	"github.com/renderqueue/renderqueue/pkg/schedule"
+	"github.com/renderqueue/renderqueue/pkg/store"
+)
+
+// Settings is what a shard runs by: its policy and its slots. A settings source (standalone
+// flags, or the shard's RenderQueue object) hands the shard a new Settings whenever either
+// changes.
+type Settings struct {
+	// Window: hold rows due before now + Window; 0 holds every row.
+	Window time.Duration
+	// VerifyInterval is the time between verification walks; with a window the walk runs every
+	// min(VerifyInterval, Window/3), and VerifyInterval 0 means Window/3. With neither, no
+	// periodic walks run (gaps and membership changes still walk).
+	VerifyInterval time.Duration
+	// LeaseDuration is the default lease of a claim.
+	LeaseDuration time.Duration
+	// SubmittedBoost and UrgentMaxShare are the claim policy (see Config).
+	SubmittedBoost float64
+	UrgentMaxShare float64
+	// Epoch, Owned and Incoming are the shard's membership.
+	Epoch    int64
+	Owned    membership.SlotSet
+	Incoming membership.SlotSet
+}
+
+// Validate says what is wrong with the settings.
+func (s Settings) Validate() error {
+	var errs []error
+	if err := (Config{Window: s.Window, SubmittedBoost: s.SubmittedBoost, UrgentMaxShare: s.UrgentMaxShare}).Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if s.VerifyInterval < 0 {
+		errs = append(errs, fmt.Errorf("verifyInterval %v is negative", s.VerifyInterval))
+	}
+	if s.LeaseDuration <= 0 {
+		errs = append(errs, fmt.Errorf("leaseDuration %v must be positive", s.LeaseDuration))
+	}
+	for _, sl := range s.Owned.Slots() {
+		if s.Incoming.Has(sl) {
+			errs = append(errs, fmt.Errorf("slot %d is both owned and incoming", sl))
+			break
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// WalkInterval is the time between verification walks: min(VerifyInterval, Window/3) with a
+// window (VerifyInterval 0 counts as unset), VerifyInterval without; 0 means no periodic walks.
+func (s Settings) WalkInterval() time.Duration {
+	if s.Window > 0 {
+		if s.VerifyInterval > 0 && s.VerifyInterval < s.Window/3 {
+			return s.VerifyInterval
+		}
+		return s.Window / 3
+	}
+	return s.VerifyInterval
+}
+
+func (s Settings) coreConfig() Config {
+	return Config{Window: s.Window, SubmittedBoost: s.SubmittedBoost, UrgentMaxShare: s.UrgentMaxShare}
+}
+
+// Options are a shard's fixed parts.
+type Options struct {
+	// Name is the shard's name, reported in status.
+	Name string
+	// Store is the schedule store.
+	Store store.Store
+	// Clock returns the current time; time.Now when nil.
+	Clock func() time.Time
+	// Log receives the shard's log lines.
+	Log logr.Logger
+	// Metrics, when set, receives the shard's Prometheus metrics.
+	Metrics *Metrics
+}
+
+// WalkReport is the record of one walk.
+type WalkReport struct {
+	StartedAt  time.Time
+	FinishedAt time.Time
+	// Full walks cover every owned and incoming slot and move the edge; others read only slots
+	// that just arrived.
+	Full    bool
+	Partial bool
+	Failed  bool
+	Counts  WalkCounts
+	// UnreadSegments is the number of segments that could not be read completely.
+	UnreadSegments int
+	Err            string
+}
+
+// gapState is the last loss of continuity of the subscription.
+type gapState struct {
+	since   time.Time
+	resumed time.Time // zero while the gap lasts
+	reason  string
+	seq     int // number of gaps so far
+}
+
+// Shard runs one keeper shard: load, subscribe, verify, serve. Its exported methods are safe for
+// concurrent use.
+type Shard struct {
+	name  string
+	st    store.Store
+	clock func() time.Time
+	log   logr.Logger
+	m     *Metrics
+
+	walkMu sync.Mutex // one walk at a time
+
+	mu       sync.Mutex
+	core     *Core
+	settings Settings
+	loaded   bool
+	// edge is the edge of the last finished full walk (lowered when slots arrive that were
+	// walked earlier).
+	edge Edge
+	// coveredGapSeq is the gap count when the last finished full walk started.
+	coveredGapSeq int
+	gap           gapState
+	gapActive     bool
+	lastWalk      *WalkReport
+	walkingSince  time.Time
+	prepared      int64 // highest epoch whose incoming slots are fully walked
+	ownedNotHeld  WalkCounts
+	ownedAsOf     time.Time
+	pastEdge      bool // an edge-lag episode is in progress (logged once)
+	lastErr       string
+	sub           store.Subscription
+	wake          chan struct{} // asks Run to walk soon
+}
+
+// NewShard returns a shard that has loaded nothing yet.
+func NewShard(opts Options, s Settings) (*Shard, error) {
+	if err := s.Validate(); err != nil {
+		return nil, fmt.Errorf("shard settings: %w", err)
+	}
+	if opts.Store == nil {
+		return nil, errors.New("shard: no store")
+	}
+	cfg := s.coreConfig()
+	cfg.FirstLease = rand.Uint64() >> 1 // tokens of an earlier process are not accepted
+	core, err := New(cfg)
+	if err != nil {
+		return nil, err
+	}
+	if opts.Clock == nil {
+		opts.Clock = time.Now
+	}
+	sh := &Shard{
+		name: opts.Name, st: opts.Store, clock: opts.Clock, log: opts.Log, m: opts.Metrics,
+		core: core, settings: s, wake: make(chan struct{}, 1),
+	}
+	for _, sl := range s.Owned.Slots() {
+		core.SetSlot(sl, SlotOwned)
+	}
+	for _, sl := range s.Incoming.Slots() {
+		core.SetSlot(sl, SlotIncoming)
+	}
+	return sh, nil
+}
+
+// held returns the slots the shard holds rows of: owned and incoming.
+func (s *Settings) held() []int {
+	all := s.Owned
+	for _, sl := range s.Incoming.Slots() {
+		all.Add(sl)
+	}
+	return all.Slots()
+}
+
+// Subscribe starts the change-event subscription of the shard's slots. It returns once the
+// subscription is active; call it before the first walk.
+func (s *Shard) Subscribe(ctx context.Context) error {
+	s.mu.Lock()
+	slots := s.settings.held()
+	s.mu.Unlock()
+	sub, err := s.st.Subscribe(ctx, slots)
+	if err != nil {
+		return fmt.Errorf("subscribing to %d slots: %w", len(slots), err)
+	}
+	s.mu.Lock()
+	s.sub = sub
+	s.mu.Unlock()
+	return nil
+}
+
+// HandleBatch applies what the subscription delivered: events, a gap or a resumption.
+func (s *Shard) HandleBatch(b store.Batch) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.clock()
+	switch b.Kind {
+	case store.KindEvents:
+		for i := range b.Events {
+			e := &b.Events[i]
+			if e.Deleted {
+				s.core.Delete(now, e.Row.Key, e.Row.Slot(), e.Row.Rev)
+			} else {
+				s.core.Apply(now, e.Row)
+			}
+		}
+		s.m.eventsApplied(len(b.Events))
+	case store.KindGap:
+		if !s.gapActive {
+			s.gapActive = true
+			s.gap = gapState{since: now, reason: errString(b.Err), seq: s.gap.seq + 1}
+			s.m.gap()
+			s.log.Error(b.Err, "Subscription lost continuity; the shard is inexact until a walk after it resumes", "shard", s.name)
+		}
+	case store.KindResumed:
+		if s.gapActive {
+			s.gapActive = false
+			s.gap.resumed = now
+			s.log.Info("Subscription resumed; walking to repair missed writes", "shard", s.name, "gapSeconds", now.Sub(s.gap.since).Seconds())
+		}
+		s.requestWalk()
+	}
+}
+
+func errString(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
+}
+
+// requestWalk asks Run to walk as soon as it can.
+func (s *Shard) requestWalk() {
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Walk runs one walk of every owned and incoming slot, or, when full is false, only of the
+// incoming slots not yet prepared. It returns the walk's report.
+func (s *Shard) Walk(ctx context.Context, full bool) WalkReport {
+	s.walkMu.Lock()
+	defer s.walkMu.Unlock()
+
+	s.mu.Lock()
+	start := s.clock()
+	epoch := s.settings.Epoch
+	var slots []int
+	if full {
+		slots = s.settings.held()
+	} else {
+		slots = s.settings.Incoming.Slots()
+	}
+	gapSeq, gapActive := s.gap.seq, s.gapActive
+	if err := s.core.BeginWalk(start, s.edge, slots); err != nil {
+		s.mu.Unlock()
+		return WalkReport{StartedAt: start, Failed: true, Err: err.Error()}
+	}
+	s.walkingSince = start
+	s.mu.Unlock()
+
+	var unread []int
+	res, err := s.st.Walk(ctx, slots, func(item store.WalkItem) error {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if item.End {
+			if item.Err != nil {
+				for sl := item.Segment.First; sl <= item.Segment.Last; sl++ {
+					unread = append(unread, sl)
+				}
+			}
+			return nil
+		}
+		now := s.clock()
+		for i := range item.Rows {
+			s.core.WalkRow(now, item.Rows[i])
+		}
+		return nil
+	})
+
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	rep := WalkReport{StartedAt: start, Full: full, UnreadSegments: res.Failed()}
+	s.walkingSince = time.Time{}
+	switch {
+	case err != nil:
+		s.core.AbortWalk()
+		rep.Failed, rep.Err = true, err.Error()
+	case len(slots) > 0 && len(res.Segments) > 0 && res.Failed() == len(res.Segments):
+		s.core.AbortWalk()
+		rep.Failed = true
+		rep.Err = fmt.Sprintf("every segment failed, the first: %v", firstSegmentErr(res))
+	default:
+		rep.Counts = s.core.EndWalk(unread)
+		rep.Partial = res.Failed() > 0
+		if rep.Partial {
+			rep.Err = fmt.Sprintf("%d of %d segments unread, the first: %v", res.Failed(), len(res.Segments), firstSegmentErr(res))
+		}
+	}
+	rep.FinishedAt = s.clock()
+	if !rep.Failed {
+		if full {
+			s.edge = Edge{Known: true, Unbounded: s.settings.Window == 0, At: start.Add(s.settings.Window)}
+			s.loaded = true
+			s.ownedNotHeld, s.ownedAsOf = rep.Counts, start
+			if !gapActive {
+				s.coveredGapSeq = gapSeq
+			}
+		}
+		// the incoming slots this walk read completely are prepared for this epoch
+		if epoch == s.settings.Epoch && s.allIncomingWalked() {
+			s.prepared = epoch
+		}
+	}
+	s.lastWalk = &rep
+	s.lastErr = rep.Err
+	s.m.walk(rep)
+	switch {
+	case rep.Failed:
+		s.log.Error(errors.New(rep.Err), "Walk failed", "shard", s.name, "full", full, "slots", len(slots))
+	case rep.Partial:
+		s.log.Error(errors.New(rep.Err), "Walk was partial", "shard", s.name, "unreadSegments", rep.UnreadSegments)
+	default:
+		s.log.V(1).Info("Walk finished", "shard", s.name, "full", full, "scanned", rep.Counts.Scanned,
+			"admitted", rep.Counts.Admitted, "repaired", rep.Counts.Repaired, "seconds", rep.FinishedAt.Sub(start).Seconds())
+	}
+	return rep
+}
+
+func firstSegmentErr(res store.WalkResult) error {
+	for _, sg := range res.Segments {
+		if sg.Err != nil {
+			return fmt.Errorf("slots %s: %w", sg.Segment, sg.Err)
+		}
+	}
+	return nil
+}
+
+// allIncomingWalked says whether every incoming slot has been read by a finished walk.
+func (s *Shard) allIncomingWalked() bool {
+	for _, sl := range s.settings.Incoming.Slots() {
+		if !s.core.walkedBefore(sl) {
+			return false
+		}
+	}
+	return true
+}
+
+// settled says whether every owned slot has been read by a finished walk since it joined.
+func (s *Shard) settled() bool {
+	for _, sl := range s.settings.Owned.Slots() {
+		if !s.core.walkedBefore(sl) {
+			return false
+		}
+	}
+	return true
+}
+
+// complete: loaded, now before the edge, and no gap since the last full walk started.
+func (s *Shard) complete(now time.Time) bool {
+	if !s.loaded || s.gapActive || s.coveredGapSeq != s.gap.seq {
+		return false
+	}
+	return s.edge.Unbounded || now.Before(s.edge.At)
+}
+
+// exact: complete, the last walk not partial, and every owned slot walked.
+func (s *Shard) exact(now time.Time) bool {
+	return s.complete(now) && (s.lastWalk == nil || !s.lastWalk.Partial) && s.settled()
+}
+
+// UpdateSettings adopts new settings: policy at once; slots that left are dropped, slots that
+// arrive are held (incoming) or served (owned), and the subscription follows the slot set. A
+// walk is requested when slots arrived or the window changed.
+func (s *Shard) UpdateSettings(ctx context.Context, ns Settings) error {
+	if err := ns.Validate(); err != nil {
+		return fmt.Errorf("shard settings: %w", err)
+	}
+	s.mu.Lock()
+	old := s.settings
+	if ns.Epoch < old.Epoch {
+		s.mu.Unlock()
+		return fmt.Errorf("settings epoch %d is older than the current %d", ns.Epoch, old.Epoch)
+	}
+	if err := s.core.SetConfig(ns.coreConfig()); err != nil {
+		s.mu.Unlock()
+		return err
+	}
+	arrived := false
+	for sl := 0; sl < schedule.NumSlots; sl++ {
+		var st SlotState
+		switch {
+		case ns.Owned.Has(sl):
+			st = SlotOwned
+		case ns.Incoming.Has(sl):
+			st = SlotIncoming
+		}
+		prev := s.core.SlotState(sl)
+		if prev == SlotNone && st != SlotNone {
+			arrived = true
+		}
+		s.core.SetSlot(sl, st)
+	}
+	windowChanged := ns.Window != old.Window
+	if windowChanged {
+		// the old edge says nothing about the new window
+		s.edge = Edge{}
+		s.loaded = s.loaded && ns.Window == 0 && old.Window != 0
+	}
+	s.settings = ns
+	if ns.Epoch != old.Epoch && s.allIncomingWalked() && !arrived {
+		s.prepared = max(s.prepared, ns.Epoch)
+	}
+	sub := s.sub
+	slots := ns.held()
+	s.mu.Unlock()
+
+	if sub != nil {
+		if err := sub.SetSlots(ctx, slots); err != nil {
+			return fmt.Errorf("re-subscribing to %d slots: %w", len(slots), err)
+		}
+	}
+	if arrived || windowChanged {
+		s.requestWalk()
+	}
+	return nil
+}
+
+// Run loads the shard, then keeps it verified: it subscribes, walks, applies events, walks again
+// every WalkInterval (earlier with backoff after a failed walk, at once after a gap resumes or
+// slots arrive), and adopts settings from updates. It returns when ctx ends.
+func (s *Shard) Run(ctx context.Context, updates <-chan Settings) error {
+	backoff := newBackoff(time.Second, time.Minute)
+	for {
+		err := s.Subscribe(ctx)
+		if err == nil {
+			break
+		}
+		s.setErr(err)
+		s.log.Error(err, "Cannot subscribe; retrying", "shard", s.name)
+		if !sleepCtx(ctx, backoff.next()) {
+			return ctx.Err()
+		}
+	}
+	defer s.sub.Close()
+
+	events := make(chan error, 1)
+	go func() { events <- s.consume(ctx) }()
+
+	backoff.reset()
+	nextFull := s.clock() // the load
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	for {
+		now := s.clock()
+		if !now.Before(nextFull) {
+			rep := s.Walk(ctx, true)
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			s.mu.Lock()
+			interval := s.settings.WalkInterval()
+			s.mu.Unlock()
+			switch {
+			case rep.Failed:
+				nextFull = s.clock().Add(backoff.next())
+			case interval > 0:
+				backoff.reset()
+				nextFull = rep.StartedAt.Add(interval)
+			default:
+				backoff.reset()
+				nextFull = farFuture
+			}
+			continue
+		}
+		s.CheckEdge(now)
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case err := <-events:
+			return err
+		case ns := <-updates:
+			if err := s.UpdateSettings(ctx, ns); err != nil {
+				s.setErr(err)
+				s.log.Error(err, "Rejected new settings", "shard", s.name)
+			}
+		case <-s.wake:
+			s.mu.Lock()
+			full := s.gap.resumed.After(s.ownedAsOf) || !s.loaded
+			s.mu.Unlock()
+			if full {
+				nextFull = s.clock()
+			} else {
+				s.Walk(ctx, false)
+			}
+		case <-tick.C:
+		}
+	}
+}
+
+var farFuture = time.Date(9999, 1, 1, 0, 0, 0, 0, time.UTC)
+
+// consume applies the subscription's batches until ctx ends.
+func (s *Shard) consume(ctx context.Context) error {
+	for {
+		b, err := s.sub.Next(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			return fmt.Errorf("reading change events: %w", err)
+		}
+		s.HandleBatch(b)
+	}
+}
+
+// CheckEdge logs once per episode when the clock passes the edge, and updates the edge metrics.
+func (s *Shard) CheckEdge(now time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.edge.Known || s.edge.Unbounded {
+		return
+	}
+	ahead := s.edge.At.Sub(now)
+	s.m.edgeAhead(ahead)
+	if ahead <= 0 && !s.pastEdge {
+		s.pastEdge = true
+		s.log.Error(errors.New("clock passed the edge"), "Edge lagging: rows due after the edge may be unseen; the shard is incomplete until a walk finishes",
+			"shard", s.name, "edge", s.edge.At, "behindSeconds", -ahead.Seconds())
+	} else if ahead > 0 && s.pastEdge {
+		s.pastEdge = false
+		s.log.Info("Edge ahead of the clock again", "shard", s.name, "aheadSeconds", ahead.Seconds())
+	}
+}
+
+func (s *Shard) setErr(err error) {
+	s.mu.Lock()
+	s.lastErr = err.Error()
+	s.mu.Unlock()
+}
+
+// Ready says whether the shard has loaded (finished its first full walk).
+func (s *Shard) Ready() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.loaded
+}
+
+type backoff struct {
+	min, max, cur time.Duration
+}
+
+func newBackoff(lo, hi time.Duration) *backoff { return &backoff{min: lo, max: hi} }
+
+func (b *backoff) next() time.Duration {
+	if b.cur == 0 {
+		b.cur = b.min
+	} else {
+		b.cur = min(b.cur*2, b.max)
+	}
+	return b.cur
+}
+
+func (b *backoff) reset() { b.cur = 0 }
+
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}

@@ -1,0 +1,154 @@
+package keeper
+
+import (
+	"strconv"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/renderqueue/renderqueue/pkg/membership"
+	"github.com/renderqueue/renderqueue/pkg/shardapi"
+)
+
+// Status returns the shard's whole state at now, in the /v1/status contract.
+func (s *Shard) Status(now time.Time) shardapi.Status {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	sum := s.core.Summary(now)
+	complete := s.complete(now)
+	st := shardapi.Status{
+		Shard:          s.name,
+		AsOf:           now.UTC(),
+		Complete:       complete,
+		Exact:          s.exact(now),
+		Window:         s.settings.Window.Seconds(),
+		VerifyInterval: s.settings.VerifyInterval.Seconds(),
+		Membership: shardapi.Membership{
+			Epoch:         s.settings.Epoch,
+			Owned:         membership.FormatSlots(s.settings.Owned),
+			Incoming:      membership.FormatSlots(s.settings.Incoming),
+			PreparedEpoch: s.prepared,
+		},
+		Rows: shardapi.Rows{
+			Held:    sum.Held,
+			Invalid: sum.Invalid,
+		},
+		Due:        sum.Due,
+		Leased:     sum.Leased,
+		DuePerSlot: make(map[string]int, len(sum.DuePerSlot)),
+		Lateness:   shardapi.Lateness(sum.Lateness),
+		ByRoute:    sum.ByRoute,
+		Classes:    make([]shardapi.Class, 0, len(sum.Classes)),
+		Coming: shardapi.Coming{
+			Next15m: sum.Coming.Next15m, Next60m: sum.Coming.Next60m, Next24h: sum.Coming.Next24h,
+			ByHour:      sum.Coming.ByHour[:],
+			CutAtWindow: s.settings.Window > 0 && s.settings.Window < 24*time.Hour,
+		},
+		Error: s.lastErr,
+	}
+	switch {
+	case sum.Due > 0:
+		st.Status = shardapi.StatusQueued
+	case complete:
+		st.Status = shardapi.StatusEmpty
+	default:
+		st.Status = shardapi.StatusUnready
+	}
+	if s.edge.Known && !s.edge.Unbounded {
+		edge := s.edge.At.UTC()
+		ahead := edge.Sub(now).Seconds()
+		st.Edge, st.EdgeAheadSeconds = &edge, &ahead
+	}
+	if s.gap.seq > 0 && (s.gapActive || s.coveredGapSeq != s.gap.seq) {
+		g := &shardapi.Gap{Since: s.gap.since.UTC(), Reason: s.gap.reason}
+		if !s.gap.resumed.IsZero() {
+			r := s.gap.resumed.UTC()
+			g.Resumed = &r
+		}
+		st.Gap = g
+	}
+	if !s.ownedAsOf.IsZero() {
+		asOf := s.ownedAsOf.UTC()
+		st.Rows.OwnedNotHeld = s.ownedNotHeld.OwnedNotHeld
+		st.Rows.OwnedNotHeldAsOf = &asOf
+		st.Rows.OwnedNotHeldByHour = s.ownedNotHeld.OwnedNotHeldByHour[:]
+	}
+	for slot, n := range sum.DuePerSlot {
+		st.DuePerSlot[strconv.Itoa(slot)] = n
+	}
+	for _, c := range sum.Classes {
+		st.Classes = append(st.Classes, shardapi.Class{Cadence: c.Cadence.Seconds(), Source: c.Source.String(), Due: c.Due, Held: c.Held})
+	}
+	if sum.Oldest != nil {
+		st.Oldest = &shardapi.Oldest{Key: sum.Oldest.Key, Due: sum.Oldest.Due}
+	}
+	if w := s.lastWalk; w != nil {
+		st.LastWalk = &shardapi.Walk{
+			StartedAt: w.StartedAt.UTC(), Partial: w.Partial, Failed: w.Failed,
+			Scanned: w.Counts.Scanned, Admitted: w.Counts.Admitted, Repaired: w.Counts.Repaired,
+			Invalid: w.Counts.Invalid, UnreadSegments: w.UnreadSegments, Error: w.Err,
+		}
+		if !w.FinishedAt.IsZero() {
+			f := w.FinishedAt.UTC()
+			st.LastWalk.FinishedAt = &f
+		}
+	}
+	if !s.walkingSince.IsZero() {
+		w := s.walkingSince.UTC()
+		st.WalkingSince = &w
+	}
+	return st
+}
+
+// StatusCollector exports the shard's state gauges (rows held, due, leased, exact, complete, ...)
+// computed from its status at scrape time.
+type StatusCollector struct {
+	shard *Shard
+	descs map[string]*prometheus.Desc
+}
+
+// NewStatusCollector returns a collector of s's state gauges.
+func NewStatusCollector(s *Shard) *StatusCollector {
+	d := func(name, help string) *prometheus.Desc { return prometheus.NewDesc(name, help, nil, nil) }
+	return &StatusCollector{shard: s, descs: map[string]*prometheus.Desc{
+		"held":         d("renderqueue_rows_held", "Rows held in memory (owned and incoming slots)."),
+		"ownedNotHeld": d("renderqueue_rows_owned_not_held", "Owned rows beyond the window at the last walk (approximate)."),
+		"invalid":      d("renderqueue_rows_invalid", "Keys whose latest version is invalid (never held)."),
+		"due":          d("renderqueue_due", "Held rows of owned slots with due <= now."),
+		"leased":       d("renderqueue_leased", "Rows under lease."),
+		"exact":        d("renderqueue_exact", "1 when the due count is exact."),
+		"complete":     d("renderqueue_complete", "1 when every owned row due before the edge is held and no gap is open."),
+		"lateMax":      d("renderqueue_lateness_max_seconds", "Lateness of the most overdue row."),
+		"lateP99":      d("renderqueue_lateness_p99_seconds", "p99 lateness of the due rows."),
+	}}
+}
+
+// Describe implements prometheus.Collector.
+func (c *StatusCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range c.descs {
+		ch <- d
+	}
+}
+
+// Collect implements prometheus.Collector.
+func (c *StatusCollector) Collect(ch chan<- prometheus.Metric) {
+	st := c.shard.Status(c.shard.clock())
+	b := func(v bool) float64 {
+		if v {
+			return 1
+		}
+		return 0
+	}
+	g := func(name string, v float64) {
+		ch <- prometheus.MustNewConstMetric(c.descs[name], prometheus.GaugeValue, v)
+	}
+	g("held", float64(st.Rows.Held))
+	g("ownedNotHeld", float64(st.Rows.OwnedNotHeld))
+	g("invalid", float64(st.Rows.Invalid))
+	g("due", float64(st.Due))
+	g("leased", float64(st.Leased))
+	g("exact", b(st.Exact))
+	g("complete", b(st.Complete))
+	g("lateMax", st.Lateness.MaxSeconds)
+	g("lateP99", st.Lateness.P99Seconds)
+}
