@@ -23,10 +23,11 @@ type command struct {
 // commands lists the subcommands. New subcommands add themselves here.
 func commands() map[string]command {
 	return map[string]command{
-		"keeper":  {summary: "run one keeper shard (standalone: all slots, flags)", run: runKeeper},
-		"schema":  {summary: "migrate the database schema (schema migrate --dsn ...)", run: runSchema},
-		"seed":    {summary: "write synthetic schedule rows (seed --dsn ... --rows N)", run: runSeed},
-		"version": {summary: "print the version", run: runVersion},
+		"keeper":     {summary: "run one keeper shard (standalone: all slots, flags)", run: runKeeper},
+		"schema":     {summary: "migrate the database schema (schema migrate --dsn ...)", run: runSchema},
+		"seed":       {summary: "write synthetic schedule rows (seed --dsn ... --rows N)", run: runSeed},
+		"worker-sim": {summary: "simulated render workers claiming from keeper shards (worker-sim --shard URL)", run: runWorkerSim},
+		"version":    {summary: "print the version", run: runVersion},
 	}
 }
 
