@@ -276,11 +276,11 @@ func TestWalkInterval(t *testing.T) {
 	cases := []struct {
 		window, verify, want time.Duration
 	}{
-		{0, time.Hour, time.Hour},                           // no window: the verify interval
-		{0, 0, 0},                                           // neither: no periodic walks
-		{24 * time.Hour, time.Hour, time.Hour},              // verify shorter than window/3
-		{3 * time.Hour, 2 * time.Hour, time.Hour},           // clamped to window/3
-		{6 * time.Hour, 0, 2 * time.Hour},                   // verify 0 does not disable walks
+		{0, time.Hour, time.Hour},                            // no window: the verify interval
+		{0, 0, 0},                                            // neither: no periodic walks
+		{24 * time.Hour, time.Hour, time.Hour},               // verify shorter than window/3
+		{3 * time.Hour, 2 * time.Hour, time.Hour},            // clamped to window/3
+		{6 * time.Hour, 0, 2 * time.Hour},                    // verify 0 does not disable walks
 		{90 * time.Minute, 24 * time.Hour, 30 * time.Minute}, // clamped
 	}
 	for _, c := range cases {
