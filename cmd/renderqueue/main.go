@@ -27,6 +27,7 @@ func commands() map[string]command {
 		"schema":     {summary: "migrate the database schema (schema migrate --dsn ...)", run: runSchema},
 		"seed":       {summary: "write synthetic schedule rows (seed --dsn ... --rows N)", run: runSeed},
 		"worker-sim": {summary: "simulated render workers claiming from keeper shards (worker-sim --shard URL)", run: runWorkerSim},
+		"status":     {summary: "print keeper shards' /v1/status for people (status --url URL)", run: runStatus},
 		"version":    {summary: "print the version", run: runVersion},
 	}
 }

@@ -1,0 +1,278 @@
+// Package statusview fetches a keeper shard's GET /v1/status (shardapi.Status) and prints it for
+// people: queue state, due and exactness, the edge, rows held, lateness, due by class and route,
+// what is coming, and the last verification walk (`renderqueue status`).
+package statusview
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math"
+	"net/http"
+	"sort"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/renderqueue/renderqueue/pkg/shardapi"
+)
+
+// maxStatusBytes bounds the status body read (per-slot due makes it a few tens of kilobytes).
+const maxStatusBytes = 32 << 20
+
+// Fetch reads GET <baseURL>/v1/status.
+func Fetch(ctx context.Context, client *http.Client, baseURL string) (shardapi.Status, error) {
+	var st shardapi.Status
+	u := strings.TrimRight(baseURL, "/") + "/v1/status"
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+	if err != nil {
+		return st, fmt.Errorf("building the status request: %w", err)
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return st, fmt.Errorf("GET %s: %w", u, err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, maxStatusBytes))
+	if err != nil {
+		return st, fmt.Errorf("GET %s: reading the reply: %w", u, err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		return st, fmt.Errorf("GET %s: %s: %s", u, resp.Status, strings.TrimSpace(string(body)))
+	}
+	if err := json.Unmarshal(body, &st); err != nil {
+		return st, fmt.Errorf("GET %s: decoding the status: %w", u, err)
+	}
+	return st, nil
+}
+
+// Write prints st for people.
+func Write(w io.Writer, st shardapi.Status) error {
+	p := &printer{w: w}
+	p.f("shard %s — status %s, exact %s, complete %s (as of %s)\n", orDash(st.Shard), strings.ToUpper(orDash(st.Status)),
+		yesNo(st.Exact), yesNo(st.Complete), stamp(st.AsOf))
+	if st.Error != "" {
+		p.f("  ERROR: %s\n", st.Error)
+	}
+	window := "0 (holds every row)"
+	if st.Window > 0 {
+		window = Seconds(st.Window)
+	}
+	p.f("  window %s, verify interval %s; membership epoch %d, owned %s", window, Seconds(st.VerifyInterval),
+		st.Membership.Epoch, orDash(st.Membership.Owned))
+	if st.Membership.Incoming != "" {
+		p.f(", incoming %s", st.Membership.Incoming)
+	}
+	p.f("\n")
+	switch {
+	case st.Edge == nil && st.Window == 0 && st.LastWalk != nil && st.LastWalk.FinishedAt != nil:
+		p.f("  edge      unbounded (window 0)\n")
+	case st.Edge == nil:
+		p.f("  edge      none yet (no walk finished)\n")
+	default:
+		p.f("  edge      %s", stamp(*st.Edge))
+		if st.EdgeAheadSeconds != nil {
+			if a := *st.EdgeAheadSeconds; a >= 0 {
+				p.f(" (%s ahead)", Seconds(a))
+			} else {
+				p.f(" (LAGGING: %s behind now)", Seconds(-a))
+			}
+		}
+		p.f("\n")
+	}
+	if g := st.Gap; g != nil {
+		p.f("  gap       since %s", stamp(g.Since))
+		if g.Resumed != nil {
+			p.f(", resumed %s", stamp(*g.Resumed))
+		} else {
+			p.f(", not resumed")
+		}
+		if g.Reason != "" {
+			p.f(": %s", g.Reason)
+		}
+		p.f("\n")
+	}
+	p.f("  rows      held %s, owned not held %s", num(st.Rows.Held), num(st.Rows.OwnedNotHeld))
+	if st.Rows.OwnedNotHeldAsOf != nil {
+		p.f(" (as of %s)", stamp(*st.Rows.OwnedNotHeldAsOf))
+	}
+	p.f(", invalid %s\n", num(st.Rows.Invalid))
+	p.f("  due       %s (leased %s)\n", num(st.Due), num(st.Leased))
+	l := st.Lateness
+	p.f("  lateness  p50 %s, p99 %s, max %s (relative to cadence: p50 %.2f, p99 %.2f, max %.2f)\n",
+		Seconds(l.P50Seconds), Seconds(l.P99Seconds), Seconds(l.MaxSeconds), l.P50Relative, l.P99Relative, l.MaxRelative)
+	if o := st.Oldest; o != nil {
+		p.f("  oldest    %s, due %s (%s ago)\n", o.Key, stamp(o.Due), Seconds(st.AsOf.Sub(o.Due).Seconds()))
+	}
+	if len(st.Classes) > 0 {
+		classes := append([]shardapi.Class(nil), st.Classes...)
+		sort.Slice(classes, func(i, j int) bool {
+			if classes[i].Cadence != classes[j].Cadence {
+				return classes[i].Cadence < classes[j].Cadence
+			}
+			return classes[i].Source < classes[j].Source
+		})
+		p.f("  due by class:\n")
+		var tb strings.Builder
+		tw := tabwriter.NewWriter(&tb, 0, 0, 2, ' ', tabwriter.AlignRight)
+		fmt.Fprintf(tw, "cadence\tsource\tdue\theld\t\n")
+		for _, c := range classes {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t\n", Seconds(c.Cadence), c.Source, num(c.Due), num(c.Held))
+		}
+		_ = tw.Flush() // a strings.Builder does not fail
+		for _, line := range strings.SplitAfter(tb.String(), "\n") {
+			if line != "" {
+				p.f("  %s", line)
+			}
+		}
+	}
+	if len(st.ByRoute) > 0 {
+		routes := make([]string, 0, len(st.ByRoute))
+		for r := range st.ByRoute {
+			routes = append(routes, r)
+		}
+		sort.Slice(routes, func(i, j int) bool {
+			if a, b := st.ByRoute[routes[i]], st.ByRoute[routes[j]]; a != b {
+				return a > b
+			}
+			return routes[i] < routes[j]
+		})
+		parts := make([]string, len(routes))
+		for i, r := range routes {
+			name := r
+			if name == "" {
+				name = `""`
+			}
+			parts[i] = name + " " + num(st.ByRoute[r])
+		}
+		p.f("  due by route: %s\n", strings.Join(parts, ", "))
+	}
+	c := st.Coming
+	p.f("  coming    next 15m %s, next 60m %s, next 24h %s", num(c.Next15m), num(c.Next60m), num(c.Next24h))
+	if c.CutAtWindow {
+		p.f(" (cut at the window)")
+	}
+	p.f("\n")
+	if wk := st.LastWalk; wk != nil {
+		state := "finished"
+		switch {
+		case wk.Failed:
+			state = "FAILED"
+		case wk.Partial:
+			state = "PARTIAL"
+		case wk.FinishedAt == nil:
+			state = "unfinished"
+		}
+		p.f("  last walk %s, started %s", state, stamp(wk.StartedAt))
+		if wk.FinishedAt != nil {
+			p.f(", took %s", Seconds(wk.FinishedAt.Sub(wk.StartedAt).Seconds()))
+		}
+		p.f(": scanned %s, admitted %s, repaired %s, invalid %s, unread segments %d\n",
+			num(wk.Scanned), num(wk.Admitted), num(wk.Repaired), num(wk.Invalid), wk.UnreadSegments)
+		if wk.Error != "" {
+			p.f("            error: %s\n", wk.Error)
+		}
+	} else {
+		p.f("  last walk none yet\n")
+	}
+	if st.WalkingSince != nil {
+		p.f("  walking   since %s\n", stamp(*st.WalkingSince))
+	}
+	return p.err
+}
+
+type printer struct {
+	w   io.Writer
+	err error
+}
+
+func (p *printer) Write(b []byte) (int, error) {
+	if p.err != nil {
+		return 0, p.err
+	}
+	n, err := p.w.Write(b)
+	p.err = err
+	return n, err
+}
+
+func (p *printer) f(format string, args ...any) { fmt.Fprintf(p, format, args...) }
+
+func yesNo(b bool) string {
+	if b {
+		return "yes"
+	}
+	return "NO"
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+func stamp(t time.Time) string {
+	if t.IsZero() {
+		return "-"
+	}
+	return t.UTC().Format("2006-01-02 15:04:05.000Z")
+}
+
+// Seconds formats a duration in seconds compactly: 0s, 850ms, 42s, 12m5s, 10m, 3h20m, 1h, 4d, 4d6h.
+func Seconds(s float64) string {
+	if math.IsNaN(s) || math.IsInf(s, 0) {
+		return fmt.Sprint(s)
+	}
+	neg := s < 0
+	s = math.Abs(s)
+	var out string
+	switch {
+	case s == 0:
+		out = "0s"
+	case s < 1:
+		out = strconv.FormatFloat(s*1000, 'f', 0, 64) + "ms"
+	case s < 60:
+		out = strconv.FormatFloat(s, 'f', 1, 64) + "s"
+		out = strings.Replace(out, ".0s", "s", 1)
+	case s < 3600:
+		m := int64(s) / 60
+		out = fmt.Sprintf("%dm%ds", m, int64(s)%60)
+	case s < 48*3600:
+		m := int64(math.Round(s / 60))
+		out = fmt.Sprintf("%dh%dm", m/60, m%60)
+	default:
+		h := int64(math.Round(s / 3600))
+		out = fmt.Sprintf("%dd%dh", h/24, h%24)
+	}
+	for _, zero := range []string{"m0s", "h0m", "d0h"} {
+		if strings.HasSuffix(out, zero) {
+			out = out[:len(out)-2]
+		}
+	}
+	if neg {
+		return "-" + out
+	}
+	return out
+}
+
+// num formats an integer with thousands separators.
+func num(n int) string {
+	s := strconv.Itoa(n)
+	neg := strings.HasPrefix(s, "-")
+	if neg {
+		s = s[1:]
+	}
+	var b strings.Builder
+	for i, c := range s {
+		if i > 0 && (len(s)-i)%3 == 0 {
+			b.WriteByte(',')
+		}
+		b.WriteRune(c)
+	}
+	if neg {
+		return "-" + b.String()
+	}
+	return b.String()
+}
