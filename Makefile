@@ -27,6 +27,9 @@ vet: ## go vet and a gofmt check.
 lint: ## golangci-lint, pinned, through the Go module proxy.
 	$(GO) run github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$(GOLANGCI_LINT_VERSION) run ./...
 
+run: ## Local end-to-end run: throwaway PostgreSQL, seed 200k rows, standalone keeper, worker-sim, status.
+	hack/run.sh
+
 tidy:
 	$(GO) mod tidy
 
