@@ -65,9 +65,33 @@ func (p Priority) UrgentMaxShareValue() (float64, error) {
 // window/3 when a window is set (a verifyInterval of 0 then means window/3). With window 0 and
 // verifyInterval 0 it is 0: no periodic walks.
 func (s *RenderQueueSpec) WalkInterval() time.Duration {
-	v, w := s.VerifyInterval.Duration, s.Window.Duration
+	v, w := s.VerifyIntervalDuration(), s.WindowDuration()
 	if w > 0 && (v <= 0 || v > w/3) {
 		return w / 3
 	}
 	return v
+}
+
+// WindowDuration is spec.window; 0 (hold every owned row) when unset.
+func (s *RenderQueueSpec) WindowDuration() time.Duration {
+	if s.Window == nil {
+		return 0
+	}
+	return s.Window.Duration
+}
+
+// VerifyIntervalDuration is spec.verifyInterval; DefaultVerifyInterval when unset.
+func (s *RenderQueueSpec) VerifyIntervalDuration() time.Duration {
+	if s.VerifyInterval == nil {
+		return DefaultVerifyInterval
+	}
+	return s.VerifyInterval.Duration
+}
+
+// LeaseDurationValue is spec.leaseDuration; DefaultLeaseDuration when unset.
+func (s *RenderQueueSpec) LeaseDurationValue() time.Duration {
+	if s.LeaseDuration == nil {
+		return DefaultLeaseDuration
+	}
+	return s.LeaseDuration.Duration
 }

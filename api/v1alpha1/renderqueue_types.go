@@ -8,7 +8,9 @@ import (
 // RenderQueueSpec is the desired state of a RenderQueue: how many keeper shards, what they hold,
 // how they prioritise, where the schedule lives, and how their Pods are scheduled.
 //
-// Durations are Go duration strings ("90s", "60m", "24h", "1h30m").
+// Durations are Go duration strings ("90s", "60m", "24h", "1h30m"). They are pointers so that Go
+// clients leave them unset (and the API server applies the default) rather than sending "0s";
+// read them with the WindowDuration, VerifyIntervalDuration and LeaseDurationValue methods.
 type RenderQueueSpec struct {
 	// Shards is the number of keeper shards (Pods named <name>-shard-<i>), 1..256. The 1024 hash
 	// slots are spread evenly over them; changing it rebalances slots with a two-phase handoff.
@@ -26,7 +28,7 @@ type RenderQueueSpec struct {
 	// +kubebuilder:validation:Pattern=`^-?(0|(([0-9]+(\.[0-9]*)?|\.[0-9]+)(ns|us|µs|μs|ms|s|m|h))+)$`
 	// +kubebuilder:validation:XValidation:rule="!self.startsWith('-')",message="window must not be negative"
 	// +optional
-	Window metav1.Duration `json:"window,omitempty"`
+	Window *metav1.Duration `json:"window,omitempty"`
 
 	// VerifyInterval is how often a shard re-walks its slots to verify what it holds. With a
 	// window set, a shard walks at least every window/3 whatever this says: a larger value is
@@ -39,7 +41,7 @@ type RenderQueueSpec struct {
 	// +kubebuilder:validation:Pattern=`^-?(0|(([0-9]+(\.[0-9]*)?|\.[0-9]+)(ns|us|µs|μs|ms|s|m|h))+)$`
 	// +kubebuilder:validation:XValidation:rule="!self.startsWith('-')",message="verifyInterval must not be negative"
 	// +optional
-	VerifyInterval metav1.Duration `json:"verifyInterval,omitempty"`
+	VerifyInterval *metav1.Duration `json:"verifyInterval,omitempty"`
 
 	// Priority tunes the claim order.
 	// +kubebuilder:default={}
@@ -54,7 +56,7 @@ type RenderQueueSpec struct {
 	// +kubebuilder:validation:Pattern=`^-?(0|(([0-9]+(\.[0-9]*)?|\.[0-9]+)(ns|us|µs|μs|ms|s|m|h))+)$`
 	// +kubebuilder:validation:XValidation:rule="!self.startsWith('-') && duration(self) > duration('0s')",message="leaseDuration must be positive"
 	// +optional
-	LeaseDuration metav1.Duration `json:"leaseDuration,omitempty"`
+	LeaseDuration *metav1.Duration `json:"leaseDuration,omitempty"`
 
 	// Store says where the schedule table lives.
 	Store Store `json:"store"`

@@ -1,0 +1,244 @@
+package v1alpha1_test
+
+import (
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	autoscalingv1 "k8s.io/api/autoscaling/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+	"sigs.k8s.io/yaml"
+
+	rqv1 "github.com/renderqueue/renderqueue/api/v1alpha1"
+)
+
+const ns = "default"
+
+// remove, as a value in a field edit, deletes the field instead of setting it.
+type removeField struct{}
+
+var remove = removeField{}
+
+// minimal is the smallest valid RenderQueue, as the API server receives it (unstructured, so that
+// values the Go types cannot hold, such as malformed durations, can be sent too).
+func minimal() *unstructured.Unstructured {
+	return &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "renderqueue.dev/v1alpha1",
+		"kind":       "RenderQueue",
+		"metadata":   map[string]any{"generateName": "rq-", "namespace": ns},
+		"spec": map[string]any{
+			"store": map[string]any{"secretRef": map[string]any{"name": "renderqueue-db"}},
+		},
+	}}
+}
+
+// withField is minimal() with one field (a dotted path under spec) set or removed.
+func withField(path string, value any) *unstructured.Unstructured {
+	u := minimal()
+	fields := append([]string{"spec"}, strings.Split(path, ".")...)
+	if value == remove {
+		unstructured.RemoveNestedField(u.Object, fields...)
+	} else {
+		Expect(unstructured.SetNestedField(u.Object, value, fields...)).To(Succeed())
+	}
+	return u
+}
+
+var _ = Describe("RenderQueue validation", func() {
+	DescribeTable("rejects an invalid spec with a clear message",
+		func(path string, value any, message string) {
+			err := k8sClient.Create(ctx, withField(path, value))
+			Expect(err).To(HaveOccurred(), "spec.%s = %v was accepted", path, value)
+			Expect(apierrors.IsInvalid(err)).To(BeTrue(), "not an Invalid error: %v", err)
+			Expect(err.Error()).To(ContainSubstring(message))
+		},
+		Entry("no shards", "shards", int64(0), "shards must be between 1 and 256"),
+		Entry("negative shards", "shards", int64(-3), "shards must be between 1 and 256"),
+		Entry("too many shards", "shards", int64(257), "shards must be between 1 and 256"),
+		Entry("negative window", "window", "-1h", "window must not be negative"),
+		Entry("malformed window", "window", "3 days", "spec.window in body should match"),
+		Entry("window in days", "window", "1d", "spec.window in body should match"),
+		Entry("negative verifyInterval", "verifyInterval", "-5m", "verifyInterval must not be negative"),
+		Entry("zero leaseDuration", "leaseDuration", "0s", "leaseDuration must be positive"),
+		Entry("negative leaseDuration", "leaseDuration", "-30s", "leaseDuration must be positive"),
+		Entry("malformed leaseDuration", "leaseDuration", "five minutes", "spec.leaseDuration in body should match"),
+		Entry("zero submittedBoost", "priority.submittedBoost", "0", "submittedBoost must be a decimal number greater than 0 and at most 1000"),
+		Entry("negative submittedBoost", "priority.submittedBoost", "-2", "submittedBoost must be a decimal number greater than 0 and at most 1000"),
+		Entry("huge submittedBoost", "priority.submittedBoost", "1000.5", "submittedBoost must be a decimal number greater than 0 and at most 1000"),
+		Entry("non-decimal submittedBoost", "priority.submittedBoost", "1e3", "submittedBoost must be a decimal number greater than 0 and at most 1000"),
+		Entry("urgentMaxShare above 1", "priority.urgentMaxShare", "1.5", "urgentMaxShare must be a decimal number from 0 to 1"),
+		Entry("negative urgentMaxShare", "priority.urgentMaxShare", "-0.1", "urgentMaxShare must be a decimal number from 0 to 1"),
+		Entry("percent urgentMaxShare", "priority.urgentMaxShare", "20%", "urgentMaxShare must be a decimal number from 0 to 1"),
+		Entry("no store", "store", remove, "spec.store: Required value"),
+		Entry("no store secret", "store.secretRef", remove, "spec.store.secretRef: Required value"),
+		Entry("no store secret name", "store.secretRef.name", remove, "spec.store.secretRef.name: Required value"),
+		Entry("empty store secret name", "store.secretRef.name", "", "store.secretRef.name must name the Secret holding the PostgreSQL DSN"),
+		Entry("bad store secret key", "store.secretRef.key", "a/b", "spec.store.secretRef.key in body should match"),
+		Entry("bad imagePullPolicy", "imagePullPolicy", "Sometimes", "spec.imagePullPolicy: Unsupported value"),
+	)
+
+	DescribeTable("accepts valid edge cases",
+		func(path string, value any) {
+			Expect(k8sClient.Create(ctx, withField(path, value))).To(Succeed())
+		},
+		Entry("one shard", "shards", int64(1)),
+		Entry("256 shards", "shards", int64(256)),
+		Entry("window 0", "window", "0"),
+		Entry("fractional window", "window", "1.5h"),
+		Entry("compound window", "window", "36h30m"),
+		Entry("verifyInterval 0", "verifyInterval", "0s"),
+		Entry("urgentMaxShare 0", "priority.urgentMaxShare", "0"),
+		Entry("urgentMaxShare 1", "priority.urgentMaxShare", "1"),
+		Entry("submittedBoost below 1", "priority.submittedBoost", "0.5"),
+		Entry("sub-second lease", "leaseDuration", "500ms"),
+	)
+
+	It("accepts verifyInterval larger than window/3 (the keeper clamps it)", func() {
+		u := withField("window", "3h")
+		Expect(unstructured.SetNestedField(u.Object, "2h", "spec", "verifyInterval")).To(Succeed())
+		Expect(k8sClient.Create(ctx, u)).To(Succeed())
+		var rq rqv1.RenderQueue
+		Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(u), &rq)).To(Succeed())
+		Expect(rq.Spec.WalkInterval()).To(Equal(time.Hour))
+	})
+
+	It("applies the defaults", func() {
+		u := minimal()
+		Expect(k8sClient.Create(ctx, u)).To(Succeed())
+		var rq rqv1.RenderQueue
+		Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(u), &rq)).To(Succeed())
+		Expect(rq.Spec.Shards).To(Equal(int32(rqv1.DefaultShards)))
+		Expect(rq.Spec.Window).NotTo(BeNil())
+		Expect(rq.Spec.Window.Duration).To(BeZero())
+		Expect(rq.Spec.VerifyInterval).NotTo(BeNil())
+		Expect(rq.Spec.VerifyInterval.Duration).To(Equal(rqv1.DefaultVerifyInterval))
+		Expect(rq.Spec.LeaseDuration).NotTo(BeNil())
+		Expect(rq.Spec.LeaseDuration.Duration).To(Equal(rqv1.DefaultLeaseDuration))
+		Expect(rq.Spec.Priority.SubmittedBoost).To(Equal(rqv1.DefaultSubmittedBoost))
+		Expect(rq.Spec.Priority.UrgentMaxShare).To(Equal(rqv1.DefaultUrgentMaxShare))
+		Expect(rq.Spec.Store.SecretRef.Key).To(Equal(rqv1.DefaultSecretKey))
+		Expect(rq.Spec.Image).To(BeEmpty(), "the image defaults at run time to the operator's own")
+		Expect(rq.Spec.Priority.SubmittedBoostValue()).To(Equal(2.0))
+		Expect(rq.Spec.Priority.UrgentMaxShareValue()).To(Equal(0.2))
+	})
+
+	It("keeps the defaults of a partly given priority", func() {
+		u := withField("priority.submittedBoost", "3")
+		Expect(k8sClient.Create(ctx, u)).To(Succeed())
+		var rq rqv1.RenderQueue
+		Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(u), &rq)).To(Succeed())
+		Expect(rq.Spec.Priority.SubmittedBoost).To(Equal("3"))
+		Expect(rq.Spec.Priority.UrgentMaxShare).To(Equal(rqv1.DefaultUrgentMaxShare))
+	})
+
+	It("accepts the sample", func() {
+		data, err := os.ReadFile(filepath.Join("..", "..", "config", "samples", "renderqueue_v1alpha1_renderqueue.yaml"))
+		Expect(err).NotTo(HaveOccurred())
+		var rq rqv1.RenderQueue
+		Expect(yaml.UnmarshalStrict(data, &rq)).To(Succeed())
+		rq.Namespace = ns
+		Expect(k8sClient.Create(ctx, &rq)).To(Succeed())
+		Expect(rq.Spec.Shards).To(Equal(int32(3)))
+		Expect(rq.Spec.WindowDuration()).To(Equal(24 * time.Hour))
+	})
+})
+
+var _ = Describe("RenderQueue subresources", func() {
+	var rq *rqv1.RenderQueue
+
+	BeforeEach(func() {
+		rq = &rqv1.RenderQueue{
+			ObjectMeta: metav1.ObjectMeta{GenerateName: "scaled-", Namespace: ns},
+			Spec: rqv1.RenderQueueSpec{
+				Shards: 3,
+				Window: &metav1.Duration{Duration: 24 * time.Hour},
+				Store:  rqv1.Store{SecretRef: rqv1.SecretKeyRef{Name: "renderqueue-db"}},
+			},
+		}
+		Expect(k8sClient.Create(ctx, rq)).To(Succeed())
+		DeferCleanup(func() { Expect(client.IgnoreNotFound(k8sClient.Delete(ctx, rq))).To(Succeed()) })
+
+		rq.Status = rqv1.RenderQueueStatus{
+			ObservedGeneration: rq.Generation,
+			CurrentShards:      3,
+			ReadyShards:        2,
+			Due:                4211,
+			DueExact:           false,
+			Selector:           rqv1.LabelQueue + "=" + rq.Name,
+		}
+		meta.SetStatusCondition(&rq.Status.Conditions, metav1.Condition{
+			Type: rqv1.ConditionEdgeHealthy, Status: metav1.ConditionFalse, Reason: rqv1.ReasonEdgeLagging,
+			Message: rq.ShardName(1) + " edge is 90s behind now", ObservedGeneration: rq.Generation,
+		})
+		Expect(k8sClient.Status().Update(ctx, rq)).To(Succeed())
+	})
+
+	It("keeps status out of spec updates and spec out of status updates", func() {
+		var got rqv1.RenderQueue
+		Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(rq), &got)).To(Succeed())
+		Expect(got.Status.Due).To(Equal(int64(4211)))
+		Expect(got.Spec.Shards).To(Equal(int32(3)))
+		Expect(got.Spec.LeaseDuration).NotTo(BeNil(), "a Go client leaving leaseDuration unset gets the default")
+		Expect(got.Spec.LeaseDuration.Duration).To(Equal(rqv1.DefaultLeaseDuration))
+
+		got.Status.Due = 1
+		got.Spec.Shards = 5
+		Expect(k8sClient.Update(ctx, &got)).To(Succeed())
+		Expect(got.Status.Due).To(Equal(int64(4211)), "a spec update must not write status")
+		Expect(got.Spec.Shards).To(Equal(int32(5)))
+	})
+
+	It("serves the scale subresource over spec.shards, status.currentShards and status.selector", func() {
+		scale := &autoscalingv1.Scale{}
+		Expect(k8sClient.SubResource("scale").Get(ctx, rq, scale)).To(Succeed())
+		Expect(scale.Spec.Replicas).To(Equal(int32(3)))
+		Expect(scale.Status.Replicas).To(Equal(int32(3)))
+		Expect(scale.Status.Selector).To(Equal(rqv1.LabelQueue + "=" + rq.Name))
+
+		scale.Spec.Replicas = 4
+		Expect(k8sClient.SubResource("scale").Update(ctx, rq, client.WithSubResourceBody(scale))).To(Succeed())
+		var got rqv1.RenderQueue
+		Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(rq), &got)).To(Succeed())
+		Expect(got.Spec.Shards).To(Equal(int32(4)))
+		Expect(got.Generation).To(BeNumerically(">", rq.Generation))
+	})
+
+	It("validates shards set through the scale subresource", func() {
+		for _, replicas := range []int32{0, 257} {
+			scale := &autoscalingv1.Scale{}
+			Expect(k8sClient.SubResource("scale").Get(ctx, rq, scale)).To(Succeed())
+			scale.Spec.Replicas = replicas
+			err := k8sClient.SubResource("scale").Update(ctx, rq, client.WithSubResourceBody(scale))
+			Expect(err).To(HaveOccurred(), "scaling to %d was accepted", replicas)
+			Expect(err.Error()).To(ContainSubstring("shards must be between 1 and 256"))
+		}
+		var got rqv1.RenderQueue
+		Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(rq), &got)).To(Succeed())
+		Expect(got.Spec.Shards).To(Equal(int32(3)))
+	})
+
+	It("shows shards, ready, due, exact and edge health in kubectl get", func() {
+		user, err := testEnv.AddUser(envtest.User{Name: "viewer", Groups: []string{"system:masters"}}, nil)
+		Expect(err).NotTo(HaveOccurred())
+		kubectl, err := user.Kubectl()
+		Expect(err).NotTo(HaveOccurred())
+		stdout, stderr, err := kubectl.Run("get", "rq", rq.Name, "--namespace", ns)
+		errText, _ := io.ReadAll(stderr)
+		Expect(err).NotTo(HaveOccurred(), "kubectl get: %s", errText)
+		out, _ := io.ReadAll(stdout)
+		lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+		Expect(lines).To(HaveLen(2), "kubectl get printed:\n%s", out)
+		Expect(strings.Fields(lines[0])).To(Equal([]string{"NAME", "SHARDS", "READY", "DUE", "EXACT", "EDGE", "AGE"}))
+		Expect(strings.Fields(lines[1])[:6]).To(Equal([]string{rq.Name, "3", "2", "4211", "false", "False"}))
+		GinkgoWriter.Printf("kubectl get rq:\n%s", out)
+	})
+})
