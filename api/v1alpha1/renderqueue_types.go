@@ -175,6 +175,10 @@ type RenderQueueStatus struct {
 	// +optional
 	DueExact bool `json:"dueExact"`
 
+	// DueAsOf is when Due was computed (the time of the shard poll it sums).
+	// +optional
+	DueAsOf *metav1.Time `json:"dueAsOf,omitempty"`
+
 	// Membership is the slot assignment and the state of any handoff in progress.
 	// +optional
 	Membership MembershipStatus `json:"membership,omitempty"`

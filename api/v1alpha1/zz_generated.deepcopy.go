@@ -182,6 +182,10 @@ func (in *RenderQueueStatus) DeepCopyInto(out *RenderQueueStatus) {
 			(*in)[i].DeepCopyInto(&(*out)[i])
 		}
 	}
+	if in.DueAsOf != nil {
+		in, out := &in.DueAsOf, &out.DueAsOf
+		*out = (*in).DeepCopy()
+	}
 	in.Membership.DeepCopyInto(&out.Membership)
 }
 

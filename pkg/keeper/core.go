@@ -358,6 +358,10 @@ func (c *Core) apply(nowMs int64, row *schedule.Row) Outcome {
 			c.heapRemove(c.groups[r.group], id)
 		}
 	} else {
+		if c.rows.n >= MaxRows {
+			c.remember(row.Key, row.Rev, slot)
+			return Outcome{Result: Invalid, Reason: fmt.Sprintf("the shard holds the most rows one keeper can (%d); add shards", MaxRows)}
+		}
 		c.forget(row.Key)
 		id = c.rows.alloc()
 		r := c.rows.at(id)

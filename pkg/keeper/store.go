@@ -34,7 +34,6 @@ type rec struct {
 	group   uint16 // index into Core.groups
 	slot    uint16
 	flags   uint8
-	fp      uint8 // the top byte of the key's index hash: most probes of other keys stop here
 }
 
 // rows is chunked record storage with a free list; ids are stable while a row is held.
@@ -120,14 +119,24 @@ func uvarintLen(n int) int {
 	return l
 }
 
-// index maps keys to record ids: open addressing, linear probing, backward-shift deletion.
-// Slots hold id+1; 0 is empty. The key hash is this process's own (maphash), unrelated to the
-// ownership hash the database computes.
+// index maps keys to record ids: open addressing, linear probing, backward-shift deletion. An
+// entry holds a 6-bit fingerprint of the key's hash above id+1 (0 is empty), so probing past
+// other keys reads only the index; only a fingerprint match reads the record and its key. The
+// key hash is this process's own (maphash), unrelated to the ownership hash of the database.
 type index struct {
 	seed  maphash.Seed
 	slots []uint32
 	n     int
 }
+
+const (
+	idBits = 26
+	idMask = 1<<idBits - 1
+	// MaxRows is the most rows one core can hold (ids must fit beside the fingerprint).
+	MaxRows = idMask - 1
+)
+
+func entry(h uint64, id uint32) uint32 { return uint32(h>>(64-(32-idBits)))<<idBits | (id + 1) }
 
 func (ix *index) mask() uint64 { return uint64(len(ix.slots) - 1) }
 
@@ -138,32 +147,33 @@ func (ix *index) find(rs *rows, ar *arena, key string) (uint32, bool) {
 	}
 	m := ix.mask()
 	h := maphash.String(ix.seed, key)
-	fp := uint8(h >> 56)
+	fp := entry(h, 0) &^ idMask
 	for i := h & m; ; i = (i + 1) & m {
 		s := ix.slots[i]
 		if s == 0 {
 			return 0, false
 		}
-		if r := rs.at(s - 1); r.fp == fp && string(ar.get(r.keyOff)) == key {
-			return s - 1, true
+		if s&^idMask == fp {
+			id := s&idMask - 1
+			if string(ar.get(rs.at(id).keyOff)) == key {
+				return id, true
+			}
 		}
 	}
 }
 
-// insert adds id under key, whose record must be in rs with its key in ar, and sets the
-// record's fingerprint; key must not be present.
+// insert adds id under key; key must not be present, and id must be below MaxRows.
 func (ix *index) insert(rs *rows, ar *arena, key string, id uint32) {
 	if (ix.n+1)*4 > len(ix.slots)*3 {
 		ix.grow(rs, ar)
 	}
 	m := ix.mask()
 	h := maphash.String(ix.seed, key)
-	rs.at(id).fp = uint8(h >> 56)
 	i := h & m
 	for ix.slots[i] != 0 {
 		i = (i + 1) & m
 	}
-	ix.slots[i] = id + 1
+	ix.slots[i] = entry(h, id)
 	ix.n++
 }
 
@@ -171,9 +181,13 @@ func (ix *index) insert(rs *rows, ar *arena, key string, id uint32) {
 func (ix *index) remove(rs *rows, ar *arena, key string) {
 	m := ix.mask()
 	h := maphash.String(ix.seed, key)
-	fp := uint8(h >> 56)
+	fp := entry(h, 0) &^ idMask
 	i := h & m
-	for r := rs.at(ix.slots[i] - 1); r.fp != fp || string(ar.get(r.keyOff)) != key; r = rs.at(ix.slots[i] - 1) {
+	for {
+		s := ix.slots[i]
+		if s&^idMask == fp && string(ar.get(rs.at(s&idMask-1).keyOff)) == key {
+			break
+		}
 		i = (i + 1) & m
 	}
 	// backward-shift: move later entries of the probe run into the hole when their home allows.
@@ -184,7 +198,7 @@ func (ix *index) remove(rs *rows, ar *arena, key string) {
 		if s == 0 {
 			break
 		}
-		home := maphash.Bytes(ix.seed, ar.get(rs.at(s-1).keyOff)) & m
+		home := maphash.Bytes(ix.seed, ar.get(rs.at(s&idMask-1).keyOff)) & m
 		// the entry at j may move to i iff its home is not in the cyclic range (i, j].
 		if (j > i && (home <= i || home > j)) || (j < i && home <= i && home > j) {
 			ix.slots[i] = s
@@ -210,7 +224,7 @@ func (ix *index) grow(rs *rows, ar *arena) {
 		if s == 0 {
 			continue
 		}
-		i := maphash.Bytes(ix.seed, ar.get(rs.at(s-1).keyOff)) & m
+		i := maphash.Bytes(ix.seed, ar.get(rs.at(s&idMask-1).keyOff)) & m
 		for ix.slots[i] != 0 {
 			i = (i + 1) & m
 		}
