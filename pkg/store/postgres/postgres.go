@@ -41,7 +41,9 @@ type Options struct {
 	MaxConns int32
 	// WalkConns is how many connections one walk reads with in parallel. Default 2.
 	WalkConns int
-	// WalkPageRows is the page size of walk queries. Default 10000.
+	// WalkPageRows is the page size of walk queries. Default 50000: large enough that a segment
+	// of a table of a few million rows is one query (PostgreSQL then reads it with one bitmap
+	// scan instead of re-scanning per page), small enough to bound each query's duration.
 	WalkPageRows int
 	// SegmentSlots caps the number of adjacent slots read as one segment. Default 16.
 	SegmentSlots int
@@ -76,7 +78,7 @@ func (o *Options) setDefaults() {
 		o.MaxConns = int32(o.WalkConns) + 4
 	}
 	if o.WalkPageRows <= 0 {
-		o.WalkPageRows = 10000
+		o.WalkPageRows = 50000
 	}
 	if o.SegmentSlots <= 0 {
 		o.SegmentSlots = 16

@@ -61,8 +61,8 @@ func (s *Store) Walk(ctx context.Context, slots []int, fn store.WalkFunc) (store
 	}
 	close(jobs)
 	nw := min(s.opts.WalkConns, len(segs))
-	out := make(chan walkMsg, 2*nw)
-	free := make(chan []schedule.Row, 4*nw)
+	out := make(chan walkMsg, 4*nw)
+	free := make(chan []schedule.Row, 8*nw)
 	var wg sync.WaitGroup
 	for range nw {
 		wg.Add(1)
@@ -194,36 +194,24 @@ func (w *walker) buffer() []schedule.Row {
 	case b := <-w.free:
 		return b
 	default:
-		return make([]schedule.Row, 0, w.s.opts.WalkPageRows)
+		return make([]schedule.Row, 0, walkChunkRows)
 	}
 }
 
-// segment reads segment i page by page, sending each page to the dispatcher, and returns nil when
-// the whole segment was read.
+// walkChunkRows is how many rows a worker hands the dispatcher at a time (pages are streamed in
+// chunks, so applying rows overlaps with reading the rest of the page).
+const walkChunkRows = 4096
+
+// segment reads segment i page by page, sending rows to the dispatcher in chunks as they are
+// decoded, and returns nil when the whole segment was read.
 func (w *walker) segment(ctx context.Context, i int) error {
 	seg := w.segs[i]
 	lo, hi := seg.HashRange()
-	pageRows := w.s.opts.WalkPageRows
-	var (
-		started  bool
-		lastHash int64
-		lastKey  string
-		failures int
-	)
-	be := func(v int64) []byte { return binary.BigEndian.AppendUint64(nil, uint64(v)) }
+	c := cursor{lo: lo, hi: hi}
+	failures := 0
 	for {
-		rows, err := w.page(ctx, seg, started, lo, hi, lastHash, lastKey, pageRows, be)
-		if len(rows) > 0 {
-			last := rows[len(rows)-1]
-			started, lastHash, lastKey = true, last.KeyHash, last.Key
-			n := len(rows)
-			if !w.send(ctx, walkMsg{seg: i, rows: rows}) {
-				return ctx.Err()
-			}
-			if err == nil && n < pageRows {
-				return nil
-			}
-		} else if err == nil {
+		n, err := w.page(ctx, i, &c)
+		if err == nil && n < w.s.opts.WalkPageRows {
 			return nil
 		}
 		if err != nil {
@@ -239,43 +227,78 @@ func (w *walker) segment(ctx context.Context, i int) error {
 	}
 }
 
-// page runs one page query and decodes its rows. On error it returns the rows decoded before it.
-func (w *walker) page(ctx context.Context, seg store.Segment, started bool, lo, hi, lastHash int64, lastKey string,
-	pageRows int, be func(int64) []byte) ([]schedule.Row, error) {
+// cursor is a segment's keyset position: the hash range and the last row delivered.
+type cursor struct {
+	lo, hi   int64
+	started  bool
+	lastHash int64
+	lastKey  string
+}
+
+func be64(v int64) []byte { return binary.BigEndian.AppendUint64(make([]byte, 0, 8), uint64(v)) }
+
+// page runs one page query after c, streaming its rows to the dispatcher in chunks and advancing
+// c past every row sent. It returns how many rows the page had (up to an error).
+func (w *walker) page(ctx context.Context, i int, c *cursor) (int, error) {
 	pc, err := w.acquire(ctx)
 	if err != nil {
-		return nil, err
+		return 0, err
 	}
+	seg := w.segs[i]
+	pageRows := w.s.opts.WalkPageRows
 	var rr *pgconn.ResultReader
 	switch {
 	case w.s.opts.failSegment != nil && w.s.opts.failSegment(seg):
 		rr = pc.ExecParams(ctx, failSQL, nil, nil, nil, nil)
-	case !started:
+	case !c.started:
 		rr = pc.ExecPrepared(ctx, walkFirstStmt,
-			[][]byte{be(lo), be(hi), be(int64(pageRows))}, []int16{1, 1, 1}, []int16{1})
+			[][]byte{be64(c.lo), be64(c.hi), be64(int64(pageRows))}, []int16{1, 1, 1}, []int16{1})
 	default:
 		rr = pc.ExecPrepared(ctx, walkNextStmt,
-			[][]byte{be(lo), be(hi), be(lastHash), []byte(lastKey), be(int64(pageRows))}, []int16{1, 1, 1, 1, 1}, []int16{1})
+			[][]byte{be64(c.lo), be64(c.hi), be64(c.lastHash), []byte(c.lastKey), be64(int64(pageRows))},
+			[]int16{1, 1, 1, 1, 1}, []int16{1})
 	}
-	rows := w.buffer()
+	n := 0
+	var rows []schedule.Row
+	flush := func() bool {
+		if len(rows) == 0 {
+			return true
+		}
+		last := &rows[len(rows)-1]
+		c.started, c.lastHash, c.lastKey = true, last.KeyHash, last.Key
+		ok := w.send(ctx, walkMsg{seg: i, rows: rows})
+		rows = nil
+		return ok
+	}
 	var decodeErr error
 	for rr.NextRow() {
 		if decodeErr != nil {
 			continue
 		}
+		if rows == nil {
+			rows = w.buffer()
+		}
 		rows = append(rows, schedule.Row{})
 		if err := decodeRow(rr.Values(), w.routes, &rows[len(rows)-1]); err != nil {
 			rows = rows[:len(rows)-1]
 			decodeErr = err
+			continue
+		}
+		n++
+		if len(rows) == walkChunkRows && !flush() {
+			decodeErr = ctx.Err()
 		}
 	}
 	_, err = rr.Close()
 	if err == nil {
 		err = decodeErr
 	}
+	if err == nil || ctx.Err() == nil {
+		flush()
+	}
 	if err != nil {
 		var pgErr *pgconn.PgError
 		w.release(!errors.As(err, &pgErr) || isConnError(err))
 	}
-	return rows, err
+	return n, err
 }

@@ -1,0 +1,253 @@
+package postgres
+
+import (
+	"context"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/renderqueue/renderqueue/pkg/schedule"
+	"github.com/renderqueue/renderqueue/pkg/store"
+	"github.com/renderqueue/renderqueue/pkg/store/postgres/pgtest"
+)
+
+// benchDB is a benchmark database holding n generated rows, made once per test binary.
+type benchDB struct {
+	once sync.Once
+	st   *Store
+	keys []string
+	err  error
+}
+
+var (
+	walkDB     benchDB // 1,000,000 rows
+	completeDB benchDB // 100,000 rows
+)
+
+// fill creates (once) a store whose table holds n rows with realistic keys, routes and sources,
+// vacuumed and analysed as a table in steady state would be.
+func (d *benchDB) fill(b *testing.B, n int) (*Store, []string) {
+	b.Helper()
+	pgtest.DSN(b) // skips without a server, before the fixture is made
+	d.once.Do(func() {
+		// The database outlives the first benchmark function that asks for it, so it is not tied
+		// to a b.Cleanup; hack/bench.sh removes the whole cluster afterwards.
+		st, _ := openTestStore(&noCleanupTB{B: b}, Options{})
+		ctx := context.Background()
+		_, err := st.pool.Exec(ctx, `INSERT INTO render_schedule (key, due_at, cadence_ms, route, source, urgent)
+			SELECT format('https://shop%s.example.com/%s/%s-%s', i % 7, r.route, i, md5(i::text)),
+			       now() + ((i::bigint * 7919) % 345600) * interval '1 second' - interval '1 day',
+			       CASE WHEN r.route = 'product' THEN 345600000 WHEN r.route = 'category' THEN 86400000 ELSE 3600000 END,
+			       r.route,
+			       CASE WHEN i % 3 = 0 THEN 'submitted' ELSE 'discovered' END,
+			       i % 1000 = 0
+			FROM generate_series(1, $1::int) AS i,
+			     LATERAL (SELECT (ARRAY['product','product','product','category','home'])[1 + i % 5] AS route) r`, n)
+		if err == nil {
+			_, err = st.pool.Exec(ctx, "VACUUM ANALYZE render_schedule")
+		}
+		if err == nil {
+			rows, qerr := st.pool.Query(ctx, "SELECT key FROM render_schedule")
+			if qerr != nil {
+				err = qerr
+			} else {
+				for rows.Next() {
+					var k string
+					_ = rows.Scan(&k)
+					d.keys = append(d.keys, k)
+				}
+				rows.Close()
+				err = rows.Err()
+			}
+		}
+		d.st, d.err = st, err
+	})
+	if d.err != nil {
+		b.Fatal(d.err)
+	}
+	return d.st, d.keys
+}
+
+// noCleanupTB keeps a fixture alive beyond one benchmark function.
+type noCleanupTB struct{ *testing.B }
+
+func (noCleanupTB) Cleanup(func()) {}
+
+// BenchmarkWalk walks 1,000,000 rows (all slots) into memory, as a keeper's load does.
+func BenchmarkWalk(b *testing.B) {
+	const n = 1000000
+	st, _ := walkDB.fill(b, n)
+	ctx := context.Background()
+	held := make([]schedule.Row, 0, n)
+	b.ResetTimer()
+	start := time.Now()
+	total := 0
+	for range b.N {
+		held = held[:0]
+		res, err := st.Walk(ctx, store.AllSlots(), func(it store.WalkItem) error {
+			held = append(held, it.Rows...)
+			return nil
+		})
+		if err != nil || res.Partial() || res.Rows != n || len(held) != n {
+			b.Fatalf("walk: %d rows (held %d), partial %v, err %v", res.Rows, len(held), res.Partial(), err)
+		}
+		total += res.Rows
+	}
+	el := time.Since(start)
+	b.ReportMetric(float64(total)/el.Seconds(), "rows/s")
+}
+
+// BenchmarkComplete: each op, 256 concurrent callers complete 100 rows each, one row per call (as
+// a keeper's HTTP handlers do), through the group commit, on a 100,000-row table.
+func BenchmarkComplete(b *testing.B) {
+	const (
+		callers = 256
+		calls   = 100
+	)
+	st, keys := completeDB.fill(b, 100000)
+	ctx := context.Background()
+	var next atomic.Int64
+	b.ResetTimer()
+	start := time.Now()
+	for range b.N {
+		var wg sync.WaitGroup
+		for range callers {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for range calls {
+					i := next.Add(1)
+					k := keys[int(i*7919)%len(keys)]
+					res, err := st.Complete(ctx, []store.Completion{{Key: k, Due: time.Now().Add(96 * time.Hour)}})
+					if err != nil || !res[0].Found {
+						b.Errorf("complete %q: %v %+v", k, err, res)
+						return
+					}
+				}
+			}()
+		}
+		wg.Wait()
+	}
+	el := time.Since(start)
+	b.ReportMetric(float64(b.N*callers*calls)/el.Seconds(), "completions/s")
+}
+
+// BenchmarkEventLatency: completions at a steady 2,000 per second (one per call, through the group
+// commit) for 5 s per op, with a subscription on all slots; reports the delay from the start of
+// each write call to the delivery of its event (an upper bound on commit-to-delivery: it includes
+// the group commit's wait and the commit itself).
+func BenchmarkEventLatency(b *testing.B) {
+	const (
+		rate     = 2000
+		duration = 5 * time.Second
+	)
+	st, keys := completeDB.fill(b, 100000)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	sub, err := st.Subscribe(ctx, store.AllSlots())
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer sub.Close()
+
+	var mu sync.Mutex
+	sent := map[string]time.Time{} // key -> write start, for writes not yet delivered
+	var lat []time.Duration
+	delivered := make(chan struct{}, 1)
+	go func() {
+		for {
+			batch, err := sub.Next(ctx)
+			if err != nil {
+				return
+			}
+			now := time.Now()
+			mu.Lock()
+			for _, e := range batch.Events {
+				if t0, ok := sent[e.Row.Key]; ok {
+					lat = append(lat, now.Sub(t0))
+					delete(sent, e.Row.Key)
+				}
+			}
+			left := len(sent)
+			mu.Unlock()
+			if left == 0 {
+				select {
+				case delivered <- struct{}{}:
+				default:
+				}
+			}
+		}
+	}()
+
+	rng := rand.New(rand.NewPCG(11, 12))
+	b.ResetTimer()
+	for range b.N {
+		jobs := make(chan string, rate)
+		var wg sync.WaitGroup
+		for range 64 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for k := range jobs {
+					mu.Lock()
+					sent[k] = time.Now()
+					mu.Unlock()
+					if _, err := st.Complete(ctx, []store.Completion{{Key: k, Due: time.Now().Add(time.Hour)}}); err != nil {
+						b.Errorf("complete: %v", err)
+					}
+				}
+			}()
+		}
+		perm := rng.Perm(len(keys))
+		total := int(duration.Seconds() * rate)
+		start := time.Now()
+		for i := range total {
+			// Pace the writes: the i-th starts i/rate seconds in.
+			if d := time.Until(start.Add(time.Duration(i) * time.Second / rate)); d > 0 {
+				time.Sleep(d)
+			}
+			jobs <- keys[perm[i%len(perm)]]
+		}
+		close(jobs)
+		wg.Wait()
+		deadline := time.NewTimer(30 * time.Second)
+		for {
+			mu.Lock()
+			left := len(sent)
+			mu.Unlock()
+			if left == 0 {
+				break
+			}
+			select {
+			case <-delivered:
+			case <-deadline.C:
+				b.Fatalf("%d events not delivered within 30s", left)
+			}
+		}
+		deadline.Stop()
+	}
+	b.StopTimer()
+	mu.Lock()
+	defer mu.Unlock()
+	slices.Sort(lat)
+	q := func(p float64) float64 {
+		return float64(lat[min(len(lat)-1, int(p*float64(len(lat))))]) / float64(time.Millisecond)
+	}
+	b.ReportMetric(q(0.50), "p50-ms")
+	b.ReportMetric(q(0.99), "p99-ms")
+	b.ReportMetric(q(1), "max-ms")
+	b.Logf("%d writes at %d/s: p50 %.2f ms, p99 %.2f ms, max %.2f ms", len(lat), rate, q(0.5), q(0.99), q(1))
+}
+
+// BenchmarkHOT reports the share of completions that are HOT updates (see TestCompletionsAreHOT).
+func BenchmarkHOT(b *testing.B) {
+	for range b.N {
+		st, _ := openTestStore(b, Options{})
+		upd, hot := measureHOT(b, st, 100000, 3, 1000)
+		b.ReportMetric(100*float64(hot)/float64(upd), "hot-%")
+		b.ReportMetric(float64(upd), "updates")
+	}
+}
