@@ -19,9 +19,9 @@ func runSeed(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fs := flag.NewFlagSet("seed", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: renderqueue seed --dsn DSN [--rows N] [flags]")
-		fmt.Fprintln(stderr, "\nWrites N synthetic schedule rows: ~97% 96 h product pages, ~3% 24 h categories, a few")
-		fmt.Fprintln(stderr, "hundred 1 h homepages, half submitted, due times spread over each cadence around now.")
+		_, _ = fmt.Fprintln(stderr, "usage: renderqueue seed --dsn DSN [--rows N] [flags]")
+		_, _ = fmt.Fprintln(stderr, "\nWrites N synthetic schedule rows: ~97% 96 h product pages, ~3% 24 h categories, a few")
+		_, _ = fmt.Fprintln(stderr, "hundred 1 h homepages, half submitted, due times spread over each cadence around now.")
 		fs.PrintDefaults()
 	}
 	dsn := fs.String("dsn", os.Getenv("RENDERQUEUE_DSN"), "PostgreSQL connection string (default $RENDERQUEUE_DSN)")
@@ -75,7 +75,7 @@ func runSeed(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if err != nil {
 		return err
 	}
-	defer st.Close()
+	defer func() { _ = st.Close() }()
 	if *migrate {
 		if err := st.Migrate(ctx); err != nil {
 			return fmt.Errorf("migrating the schema: %w", err)
@@ -88,7 +88,7 @@ func runSeed(ctx context.Context, args []string, stdout, stderr io.Writer) error
 			return
 		}
 		last = time.Now()
-		fmt.Fprintf(stderr, "seed: %d/%d rows (%.0f%%), %.0f rows/s\n", p.Written, p.Total,
+		_, _ = fmt.Fprintf(stderr, "seed: %d/%d rows (%.0f%%), %.0f rows/s\n", p.Written, p.Total,
 			100*float64(p.Written)/float64(max(p.Total, 1)), p.RowsPerSecond())
 	}
 	now := time.Now()

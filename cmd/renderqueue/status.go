@@ -21,8 +21,8 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	fs := flag.NewFlagSet("status", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: renderqueue status --url URL[,URL...] [--json]")
-		fmt.Fprintln(stderr, "\nPrints a readable summary of each keeper shard's GET /v1/status.")
+		_, _ = fmt.Fprintln(stderr, "usage: renderqueue status --url URL[,URL...] [--json]")
+		_, _ = fmt.Fprintln(stderr, "\nPrints a readable summary of each keeper shard's GET /v1/status.")
 		fs.PrintDefaults()
 	}
 	urls := fs.String("url", os.Getenv("RENDERQUEUE_SHARDS"), "keeper shard base URL(s), comma-separated (default $RENDERQUEUE_SHARDS)")
@@ -52,7 +52,7 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 			continue
 		}
 		if i > 0 {
-			fmt.Fprintln(stdout)
+			_, _ = fmt.Fprintln(stdout)
 		}
 		if *asJSON {
 			enc := json.NewEncoder(stdout)

@@ -19,8 +19,8 @@ func runWorkerSim(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	fs := flag.NewFlagSet("worker-sim", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: renderqueue worker-sim --shard URL[,URL...] [flags]")
-		fmt.Fprintln(stderr, "\nClaims due rows from keeper shards, sleeps a simulated render time, completes them.")
+		_, _ = fmt.Fprintln(stderr, "usage: renderqueue worker-sim --shard URL[,URL...] [flags]")
+		_, _ = fmt.Fprintln(stderr, "\nClaims due rows from keeper shards, sleeps a simulated render time, completes them.")
 		fs.PrintDefaults()
 	}
 	shards := fs.String("shard", os.Getenv("RENDERQUEUE_SHARDS"), "keeper shard base URL(s), comma-separated, taken round robin (default $RENDERQUEUE_SHARDS)")
@@ -86,7 +86,7 @@ func runWorkerSim(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		}
 		return s
 	}
-	fmt.Fprintf(stderr, "worker-sim: %d workers, batch %d, render %v ±%.0f%%, shards %s\n", *concurrency, *batch, *renderTime, *jitter*100, strings.Join(urls, ", "))
+	_, _ = fmt.Fprintf(stderr, "worker-sim: %d workers, batch %d, render %v ±%.0f%%, shards %s\n", *concurrency, *batch, *renderTime, *jitter*100, strings.Join(urls, ", "))
 	runErr := make(chan error, 1)
 	go func() { runErr <- sim.Run(ctx) }()
 	var tick <-chan time.Time
@@ -98,7 +98,7 @@ func runWorkerSim(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	for {
 		select {
 		case <-tick:
-			fmt.Fprintln(stderr, "worker-sim:", line(sim.Stats()))
+			_, _ = fmt.Fprintln(stderr, "worker-sim:", line(sim.Stats()))
 		case err := <-runErr:
 			if _, werr := fmt.Fprintln(stdout, "worker-sim done:", line(sim.Stats())); werr != nil && err == nil {
 				err = werr

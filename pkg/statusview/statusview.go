@@ -34,7 +34,7 @@ func Fetch(ctx context.Context, client *http.Client, baseURL string) (shardapi.S
 	if err != nil {
 		return st, fmt.Errorf("GET %s: %w", u, err)
 	}
-	defer resp.Body.Close()
+	defer func() { _ = resp.Body.Close() }()
 	body, err := io.ReadAll(io.LimitReader(resp.Body, maxStatusBytes))
 	if err != nil {
 		return st, fmt.Errorf("GET %s: reading the reply: %w", u, err)
@@ -117,9 +117,9 @@ func Write(w io.Writer, st shardapi.Status) error {
 		p.f("  due by class:\n")
 		var tb strings.Builder
 		tw := tabwriter.NewWriter(&tb, 0, 0, 2, ' ', tabwriter.AlignRight)
-		fmt.Fprintf(tw, "cadence\tsource\tdue\theld\t\n")
+		_, _ = fmt.Fprintf(tw, "cadence\tsource\tdue\theld\t\n")
 		for _, c := range classes {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t\n", Seconds(c.Cadence), c.Source, num(c.Due), num(c.Held))
+			_, _ = fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t\n", Seconds(c.Cadence), c.Source, num(c.Due), num(c.Held))
 		}
 		_ = tw.Flush() // a strings.Builder does not fail
 		for _, line := range strings.SplitAfter(tb.String(), "\n") {
@@ -197,7 +197,7 @@ func (p *printer) Write(b []byte) (int, error) {
 	return n, err
 }
 
-func (p *printer) f(format string, args ...any) { fmt.Fprintf(p, format, args...) }
+func (p *printer) f(format string, args ...any) { _, _ = fmt.Fprintf(p, format, args...) }
 
 func yesNo(b bool) string {
 	if b {

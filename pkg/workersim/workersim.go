@@ -340,7 +340,7 @@ func (s *Sim) post(ctx context.Context, shard, path string, body, out any) error
 	if err != nil {
 		return fmt.Errorf("POST %s: %w", u, err)
 	}
-	defer resp.Body.Close()
+	defer func() { _ = resp.Body.Close() }()
 	data, err := io.ReadAll(io.LimitReader(resp.Body, maxReply))
 	if err != nil {
 		return fmt.Errorf("POST %s: reading the reply: %w", u, err)
