@@ -16,14 +16,17 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	ctrlconfig "sigs.k8s.io/controller-runtime/pkg/client/config"
 
 	"github.com/renderqueue/renderqueue/pkg/keeper"
 	"github.com/renderqueue/renderqueue/pkg/membership"
+	"github.com/renderqueue/renderqueue/pkg/rqwatch"
 	"github.com/renderqueue/renderqueue/pkg/store/postgres"
 )
 
 // runKeeper is `renderqueue keeper`: run one keeper shard. Standalone (the default) it owns all
-// slots and takes its policy from flags.
+// slots and takes its policy from flags; with --renderqueue it takes both from its RenderQueue
+// object and follows its changes (the operator starts shards that way).
 func runKeeper(ctx context.Context, args []string, _, stderr io.Writer) error {
 	fs := flag.NewFlagSet("keeper", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -38,6 +41,8 @@ func runKeeper(ctx context.Context, args []string, _, stderr io.Writer) error {
 	tokenFile := fs.String("token-file", "", "file holding the API bearer token (default $RENDERQUEUE_TOKEN)")
 	insecure := fs.Bool("insecure-no-auth", false, "serve the mutating API without authentication")
 	verbose := fs.Bool("v", false, "log walks and other details")
+	rqName := fs.String("renderqueue", "", "take settings and slots from this RenderQueue (in Kubernetes; default: standalone, all slots)")
+	namespace := fs.String("namespace", os.Getenv("POD_NAMESPACE"), "namespace of --renderqueue (default $POD_NAMESPACE)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -57,12 +62,28 @@ func runKeeper(ctx context.Context, args []string, _, stderr io.Writer) error {
 	}
 	log := logr.FromSlogHandler(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
 
-	settings := keeper.Settings{
-		Window: *window, VerifyInterval: *verify, LeaseDuration: *lease,
-		SubmittedBoost: *boost, UrgentMaxShare: *urgentShare,
-		Owned: membership.AllSlots(),
+	var src keeper.SettingsSource
+	if *rqName != "" {
+		if *namespace == "" {
+			return errors.New("--renderqueue needs --namespace (or POD_NAMESPACE)")
+		}
+		cfg, err := ctrlconfig.GetConfig()
+		if err != nil {
+			return fmt.Errorf("kubernetes client config: %w", err)
+		}
+		w, err := rqwatch.New(cfg, *namespace, *rqName, *name, log.WithName("rqwatch"))
+		if err != nil {
+			return err
+		}
+		src = w
+	} else {
+		src = keeper.StaticSource{Settings: keeper.Settings{
+			Window: *window, VerifyInterval: *verify, LeaseDuration: *lease,
+			SubmittedBoost: *boost, UrgentMaxShare: *urgentShare,
+			Owned: membership.AllSlots(),
+		}}
 	}
-	return serveShard(ctx, log, *dsn, *name, *listen, token, keeper.StaticSource{Settings: settings})
+	return serveShard(ctx, log, *dsn, *name, *listen, token, src)
 }
 
 // serveShard runs a shard with its HTTP API until ctx ends.

@@ -1,0 +1,183 @@
+// Package rqwatch is the keeper shard's settings source inside Kubernetes: it watches the
+// shard's own RenderQueue object (and nothing else — its RBAC allows just that object) and turns
+// its spec (window, verifyInterval, leaseDuration, priority) and status.membership (the shard's
+// owned and incoming slots and the epoch) into keeper.Settings, as CloudNativePG's instance
+// manager watches its own Cluster.
+package rqwatch
+
+import (
+	"context"
+	"fmt"
+	"sync"
+
+	"github.com/go-logr/logr"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/rest"
+	toolscache "k8s.io/client-go/tools/cache"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	rqv1 "github.com/renderqueue/renderqueue/api/v1alpha1"
+	"github.com/renderqueue/renderqueue/pkg/keeper"
+	"github.com/renderqueue/renderqueue/pkg/membership"
+)
+
+// SettingsFor derives shard's settings from its RenderQueue. Malformed slot text is an error,
+// never a partial membership.
+func SettingsFor(rq *rqv1.RenderQueue, shard string) (keeper.Settings, error) {
+	boost, err := rq.Spec.Priority.SubmittedBoostValue()
+	if err != nil {
+		return keeper.Settings{}, fmt.Errorf("renderqueue %s/%s: %w", rq.Namespace, rq.Name, err)
+	}
+	share, err := rq.Spec.Priority.UrgentMaxShareValue()
+	if err != nil {
+		return keeper.Settings{}, fmt.Errorf("renderqueue %s/%s: %w", rq.Namespace, rq.Name, err)
+	}
+	s := keeper.Settings{
+		Window:         rq.Spec.WindowDuration(),
+		VerifyInterval: rq.Spec.VerifyIntervalDuration(),
+		LeaseDuration:  rq.Spec.LeaseDurationValue(),
+		SubmittedBoost: boost,
+		UrgentMaxShare: share,
+		Epoch:          rq.Status.Membership.Epoch,
+	}
+	find := func(list []rqv1.ShardSlots, what string) (membership.SlotSet, error) {
+		for _, e := range list {
+			if e.Shard == shard {
+				set, err := membership.ParseSlots(e.Slots)
+				if err != nil {
+					return membership.SlotSet{}, fmt.Errorf("renderqueue %s/%s: %s slots of %s: %w", rq.Namespace, rq.Name, what, shard, err)
+				}
+				return set, nil
+			}
+		}
+		return membership.SlotSet{}, nil
+	}
+	if s.Owned, err = find(rq.Status.Membership.Assignment, "owned"); err != nil {
+		return keeper.Settings{}, err
+	}
+	if s.Incoming, err = find(rq.Status.Membership.Incoming, "incoming"); err != nil {
+		return keeper.Settings{}, err
+	}
+	if err := s.Validate(); err != nil {
+		return keeper.Settings{}, fmt.Errorf("renderqueue %s/%s: settings of %s: %w", rq.Namespace, rq.Name, shard, err)
+	}
+	return s, nil
+}
+
+// Source watches one RenderQueue for one shard.
+type Source struct {
+	cache     cache.Cache
+	namespace string
+	name      string
+	shard     string
+	log       logr.Logger
+
+	mu      sync.Mutex
+	started bool
+}
+
+// New returns a source for shard, watching the RenderQueue namespace/name through cfg.
+func New(cfg *rest.Config, namespace, name, shard string, log logr.Logger) (*Source, error) {
+	scheme := runtime.NewScheme()
+	if err := rqv1.AddToScheme(scheme); err != nil {
+		return nil, err
+	}
+	c, err := cache.New(cfg, cache.Options{
+		Scheme: scheme,
+		ByObject: map[client.Object]cache.ByObject{
+			&rqv1.RenderQueue{}: {
+				Namespaces: map[string]cache.Config{namespace: {}},
+				Field:      fields.OneTermEqualSelector("metadata.name", name),
+			},
+		},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("watching renderqueue %s/%s: %w", namespace, name, err)
+	}
+	return &Source{cache: c, namespace: namespace, name: name, shard: shard, log: log}, nil
+}
+
+func (s *Source) start(ctx context.Context) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.started {
+		return nil
+	}
+	go func() {
+		if err := s.cache.Start(ctx); err != nil {
+			s.log.Error(err, "RenderQueue watch stopped")
+		}
+	}()
+	if !s.cache.WaitForCacheSync(ctx) {
+		return fmt.Errorf("watching renderqueue %s/%s: cache did not sync", s.namespace, s.name)
+	}
+	s.started = true
+	return nil
+}
+
+func (s *Source) current(ctx context.Context) (keeper.Settings, error) {
+	var rq rqv1.RenderQueue
+	if err := s.cache.Get(ctx, client.ObjectKey{Namespace: s.namespace, Name: s.name}, &rq); err != nil {
+		return keeper.Settings{}, fmt.Errorf("reading renderqueue %s/%s: %w", s.namespace, s.name, err)
+	}
+	return SettingsFor(&rq, s.shard)
+}
+
+// Initial waits for the RenderQueue and returns the shard's settings from it.
+func (s *Source) Initial(ctx context.Context) (keeper.Settings, error) {
+	if err := s.start(ctx); err != nil {
+		return keeper.Settings{}, err
+	}
+	return s.current(ctx)
+}
+
+// Watch sends the shard's settings on ch every time the RenderQueue changes them, until ctx
+// ends. Settings that do not parse are logged and skipped: the shard keeps its last good ones.
+func (s *Source) Watch(ctx context.Context, ch chan<- keeper.Settings) error {
+	if err := s.start(ctx); err != nil {
+		return err
+	}
+	inf, err := s.cache.GetInformer(ctx, &rqv1.RenderQueue{})
+	if err != nil {
+		return fmt.Errorf("watching renderqueue %s/%s: %w", s.namespace, s.name, err)
+	}
+	changed := make(chan struct{}, 1)
+	poke := func() {
+		select {
+		case changed <- struct{}{}:
+		default:
+		}
+	}
+	reg, err := inf.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
+		AddFunc:    func(any) { poke() },
+		UpdateFunc: func(any, any) { poke() },
+	})
+	if err != nil {
+		return fmt.Errorf("watching renderqueue %s/%s: %w", s.namespace, s.name, err)
+	}
+	defer func() { _ = inf.RemoveEventHandler(reg) }()
+	var last *keeper.Settings
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-changed:
+		}
+		st, err := s.current(ctx)
+		if err != nil {
+			s.log.Error(err, "Ignoring RenderQueue change; keeping the last good settings", "renderqueue", s.name)
+			continue
+		}
+		if last != nil && *last == st {
+			continue
+		}
+		last = &st
+		select {
+		case ch <- st:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}

@@ -1,0 +1,149 @@
+package rqwatch
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+
+	rqv1 "github.com/renderqueue/renderqueue/api/v1alpha1"
+	"github.com/renderqueue/renderqueue/pkg/keeper"
+	"github.com/renderqueue/renderqueue/pkg/membership"
+)
+
+func dur(d time.Duration) *metav1.Duration { return &metav1.Duration{Duration: d} }
+
+func testRQ() *rqv1.RenderQueue {
+	return &rqv1.RenderQueue{
+		ObjectMeta: metav1.ObjectMeta{Name: "web", Namespace: "default"},
+		Spec: rqv1.RenderQueueSpec{
+			Shards: 2, Window: dur(24 * time.Hour), VerifyInterval: dur(time.Hour), LeaseDuration: dur(5 * time.Minute),
+			Priority: rqv1.Priority{SubmittedBoost: "2", UrgentMaxShare: "0.2"},
+			Store:    rqv1.Store{SecretRef: rqv1.SecretKeyRef{Name: "pg", Key: "dsn"}},
+		},
+	}
+}
+
+func TestSettingsFor(t *testing.T) {
+	cases := []struct {
+		name     string
+		mutate   func(rq *rqv1.RenderQueue)
+		owned    string // want owned slots of web-shard-1
+		incoming string // want incoming slots
+		err      string // substring of the error; "" = none
+	}{
+		{"no membership yet", func(*rqv1.RenderQueue) {}, "", "", ""},
+		{"owned and incoming", func(rq *rqv1.RenderQueue) {
+			rq.Status.Membership = rqv1.MembershipStatus{Epoch: 5,
+				Assignment: []rqv1.ShardSlots{{Shard: "web-shard-0", Slots: "0-511"}, {Shard: "web-shard-1", Slots: "512-1023"}},
+				Incoming:   []rqv1.ShardSlots{{Shard: "web-shard-1", Slots: "0-9"}}}
+		}, "512-1023", "0-9", ""},
+		{"malformed slots refuse the whole membership", func(rq *rqv1.RenderQueue) {
+			rq.Status.Membership.Assignment = []rqv1.ShardSlots{{Shard: "web-shard-1", Slots: "5-3"}}
+		}, "", "", "owned slots of web-shard-1"},
+		{"bad decimal", func(rq *rqv1.RenderQueue) { rq.Spec.Priority.SubmittedBoost = "x" }, "", "", "submittedBoost"},
+	}
+	for _, tc := range cases {
+		rq := testRQ()
+		tc.mutate(rq)
+		s, err := SettingsFor(rq, "web-shard-1")
+		if tc.err != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.err) {
+				t.Errorf("%s: err %v, want %q", tc.name, err, tc.err)
+			}
+			continue
+		}
+		if err != nil {
+			t.Errorf("%s: %v", tc.name, err)
+			continue
+		}
+		if got := membership.FormatSlots(s.Owned); got != tc.owned {
+			t.Errorf("%s: owned %q, want %q", tc.name, got, tc.owned)
+		}
+		if got := membership.FormatSlots(s.Incoming); got != tc.incoming {
+			t.Errorf("%s: incoming %q, want %q", tc.name, got, tc.incoming)
+		}
+		if s.Window != 24*time.Hour || s.SubmittedBoost != 2 || s.UrgentMaxShare != 0.2 || s.LeaseDuration != 5*time.Minute {
+			t.Errorf("%s: policy %+v", tc.name, s)
+		}
+	}
+}
+
+// TestSourceFollowsItsRenderQueue runs against a real kube-apiserver (envtest).
+func TestSourceFollowsItsRenderQueue(t *testing.T) {
+	if os.Getenv("KUBEBUILDER_ASSETS") == "" {
+		t.Skip("KUBEBUILDER_ASSETS is unset: run `make test` (it builds or reuses the envtest binaries)")
+	}
+	env := &envtest.Environment{CRDDirectoryPaths: []string{filepath.Join("..", "..", "config", "crd", "bases")}, ErrorIfCRDPathMissing: true}
+	cfg, err := env.Start()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = env.Stop() }()
+	scheme := runtime.NewScheme()
+	_ = rqv1.AddToScheme(scheme)
+	_ = corev1.AddToScheme(scheme)
+	c, err := client.New(cfg, client.Options{Scheme: scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	rq := testRQ()
+	if err := c.Create(ctx, rq); err != nil {
+		t.Fatal(err)
+	}
+	other := testRQ()
+	other.Name = "other"
+	if err := c.Create(ctx, other); err != nil {
+		t.Fatal(err)
+	}
+	src, err := New(cfg, "default", "web", "web-shard-1", logr.Discard())
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := src.Initial(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Window != 24*time.Hour || !s.Owned.IsEmpty() {
+		t.Fatalf("initial %+v", s)
+	}
+	ch := make(chan keeper.Settings, 4)
+	go func() { _ = src.Watch(ctx, ch) }()
+
+	rq.Status.Membership = rqv1.MembershipStatus{Epoch: 3, Assignment: []rqv1.ShardSlots{{Shard: "web-shard-0", Slots: "0-511"}, {Shard: "web-shard-1", Slots: "512-1023"}}}
+	if err := c.Status().Update(ctx, rq); err != nil {
+		t.Fatal(err)
+	}
+	// a change to another RenderQueue is not seen at all
+	other.Status.Membership = rqv1.MembershipStatus{Epoch: 9}
+	if err := c.Status().Update(ctx, other); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		select {
+		case s := <-ch:
+			if s.Epoch == 9 {
+				t.Fatal("settings from another RenderQueue")
+			}
+			if s.Epoch == 3 {
+				if got := membership.FormatSlots(s.Owned); got != "512-1023" {
+					t.Fatalf("owned %q", got)
+				}
+				return
+			}
+		case <-ctx.Done():
+			t.Fatal("no settings with epoch 3")
+		}
+	}
+}
