@@ -1,0 +1,23 @@
+// Package metricsapi serves RenderQueue figures through the Kubernetes external metrics API
+// (external.metrics.k8s.io/v1beta1), so that a HorizontalPodAutoscaler can scale render workers
+// on the number of due rows.
+//
+// Two namespaced external metrics are served, one value per selected RenderQueue:
+//
+//   - renderqueue_due: status.due, but only while status.dueExact is true. While any selected
+//     RenderQueue's count is inexact (an unreachable shard, a gap, a partial walk, a handoff) the
+//     request fails with an error naming it, so the HPA holds its replica count rather than
+//     scale on a lower bound.
+//   - renderqueue_due_lower_bound: status.due whatever status.dueExact says.
+//
+// The metric selector of the HPA selects RenderQueues by label: each RenderQueue carries its own
+// labels plus the synthetic label renderqueue.dev/name=<name> (which wins over an own label of the
+// same key). An empty selector selects every RenderQueue in the namespace. Selecting none is an
+// error, never a silent 0. Every value carries status.dueAsOf as its timestamp; a RenderQueue
+// without status.dueAsOf has never had its status computed, and both metrics fail for it.
+//
+// The pure core is [Values]; [Provider] reads RenderQueues through a controller-runtime
+// client.Reader and implements the custom-metrics-apiserver ExternalMetricsProvider; [Server]
+// runs the aggregated API server (delegated authentication and authorization, TLS with a
+// self-signed certificate when none is given) and is a controller-runtime manager.Runnable.
+package metricsapi
