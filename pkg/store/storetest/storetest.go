@@ -418,7 +418,7 @@ func testWalkConcurrentWrites(t *testing.T, h Harness) {
 	wg.Add(1)
 	go func() { // a concurrent writer: completes stable rows, re-upserts churn rows, inserts new ones
 		defer wg.Done()
-		for i := 0; ; i++ {
+		for i := 0; i < 1000; i++ {
 			select {
 			case <-stop:
 				return

@@ -1,0 +1,68 @@
+package memstore
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/renderqueue/renderqueue/pkg/schedule"
+	"github.com/renderqueue/renderqueue/pkg/store"
+	"github.com/renderqueue/renderqueue/pkg/store/storetest"
+)
+
+func TestConformance(t *testing.T) {
+	storetest.Run(t, storetest.Harness{
+		New: func(t *testing.T, o storetest.Options) store.Store {
+			return New(Options{PageRows: o.PageRows, SegmentSlots: o.SegmentSlots, FailSegment: o.FailSegment})
+		},
+		BreakSubscriptions: func(t *testing.T, st store.Store) { st.(*Store).BreakSubscriptions() },
+	})
+}
+
+// TestDisconnectLosesWrites: writes between DisconnectSubscriptions and ReconnectSubscriptions
+// are not delivered, as with a real connection loss.
+func TestDisconnectLosesWrites(t *testing.T) {
+	st := New(Options{})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	sub, err := st.Subscribe(ctx, store.AllSlots())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Close()
+	st.DisconnectSubscriptions()
+	if _, err := st.Upsert(ctx, []schedule.Row{storetest.Row("lost", time.Now())}); err != nil {
+		t.Fatal(err)
+	}
+	st.ReconnectSubscriptions()
+	if _, err := st.Upsert(ctx, []schedule.Row{storetest.Row("kept", time.Now())}); err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for len(got) < 3 {
+		b, err := sub.Next(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if b.Kind != store.KindEvents {
+			got = append(got, b.Kind.String())
+			continue
+		}
+		for _, e := range b.Events {
+			got = append(got, e.Row.Key)
+		}
+	}
+	if want := []string{"gap", "resumed", "https://example.com/kept"}; len(got) != 3 || got[0] != want[0] || got[1] != want[1] || got[2] != want[2] {
+		t.Errorf("got %v, want %v", got, want)
+	}
+}
+
+// TestHashOption: a custom hash places rows in chosen slots.
+func TestHashOption(t *testing.T) {
+	lo, _ := schedule.SlotRange(5)
+	st := New(Options{Hash: func(string) int64 { return lo + 1 }})
+	out, err := st.Upsert(context.Background(), []schedule.Row{storetest.Row("x", time.Now())})
+	if err != nil || out[0].Slot() != 5 {
+		t.Fatalf("slot %d, err %v", out[0].Slot(), err)
+	}
+}
