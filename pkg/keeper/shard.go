@@ -308,6 +308,7 @@ func (s *Shard) Walk(ctx context.Context, full bool) WalkReport {
 		}
 	}
 	rep.FinishedAt = s.clock()
+	firstLoad := full && !rep.Failed && !s.loaded
 	if !rep.Failed {
 		if full {
 			s.edge = Edge{Known: true, Unbounded: s.settings.Window == 0, At: start.Add(s.settings.Window)}
@@ -330,6 +331,9 @@ func (s *Shard) Walk(ctx context.Context, full bool) WalkReport {
 		s.log.Error(errors.New(rep.Err), "Walk failed", "shard", s.name, "full", full, "slots", len(slots))
 	case rep.Partial:
 		s.log.Error(errors.New(rep.Err), "Walk was partial", "shard", s.name, "unreadSegments", rep.UnreadSegments)
+	case firstLoad:
+		s.log.Info("Loaded: serving claims", "shard", s.name, "scanned", rep.Counts.Scanned, "held", s.core.Held(),
+			"invalid", rep.Counts.Invalid, "seconds", rep.FinishedAt.Sub(start).Seconds())
 	default:
 		s.log.V(1).Info("Walk finished", "shard", s.name, "full", full, "scanned", rep.Counts.Scanned,
 			"admitted", rep.Counts.Admitted, "repaired", rep.Counts.Repaired, "seconds", rep.FinishedAt.Sub(start).Seconds())
