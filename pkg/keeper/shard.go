@@ -141,6 +141,7 @@ type Shard struct {
 	lastErr       string
 	sub           store.Subscription
 	wake          chan struct{} // asks Run to walk soon
+	fullWanted    bool          // the walk Run does on wake must be full (gap resumed, window changed)
 }
 
 // NewShard returns a shard that has loaded nothing yet.
@@ -227,6 +228,7 @@ func (s *Shard) HandleBatch(b store.Batch) {
 			s.gap.resumed = now
 			s.log.Info("Subscription resumed; walking to repair missed writes", "shard", s.name, "gapSeconds", now.Sub(s.gap.since).Seconds())
 		}
+		s.fullWanted = true
 		s.requestWalk()
 	}
 }
@@ -417,9 +419,9 @@ func (s *Shard) UpdateSettings(ctx context.Context, ns Settings) error {
 	}
 	windowChanged := ns.Window != old.Window
 	if windowChanged {
-		// the old edge says nothing about the new window
+		// the old edge says nothing about the new window: incomplete until a full walk
 		s.edge = Edge{}
-		s.loaded = s.loaded && ns.Window == 0 && old.Window != 0
+		s.fullWanted = true
 	}
 	s.settings = ns
 	if ns.Epoch != old.Epoch && s.allIncomingWalked() && !arrived {
@@ -500,7 +502,8 @@ func (s *Shard) Run(ctx context.Context, updates <-chan Settings) error {
 			}
 		case <-s.wake:
 			s.mu.Lock()
-			full := s.gap.resumed.After(s.ownedAsOf) || !s.loaded
+			full := s.fullWanted || !s.loaded
+			s.fullWanted = false
 			s.mu.Unlock()
 			if full {
 				nextFull = s.clock()
