@@ -72,6 +72,7 @@ func (s *Shard) Status(now time.Time) shardapi.Status {
 		st.Rows.OwnedNotHeld = s.ownedNotHeld.OwnedNotHeld
 		st.Rows.OwnedNotHeldAsOf = &asOf
 		st.Rows.OwnedNotHeldByHour = s.ownedNotHeld.OwnedNotHeldByHour[:]
+		st.Rows.OwnedNotHeldApproximate = true
 	}
 	for slot, n := range sum.DuePerSlot {
 		st.DuePerSlot[strconv.Itoa(slot)] = n

@@ -78,6 +78,9 @@ type Rows struct {
 	OwnedNotHeld       int        `json:"ownedNotHeld"`
 	OwnedNotHeldAsOf   *time.Time `json:"ownedNotHeldAsOf"`
 	OwnedNotHeldByHour []int      `json:"ownedNotHeldByHour,omitempty"`
+	// OwnedNotHeldApproximate is true whenever the owned-not-held figures are given: they are
+	// counted by the last full walk and not kept up to date by events.
+	OwnedNotHeldApproximate bool `json:"ownedNotHeldApproximate"`
 }
 
 // Lateness summarises how late the due rows are, absolute (seconds) and relative (÷ cadence).
