@@ -354,6 +354,15 @@ func (c *Core) apply(nowMs int64, row *schedule.Row) Outcome {
 	}
 	if held {
 		r := c.rows.at(id)
+		if r.heapIdx >= 0 && r.group == gi {
+			// same group: move the entry in place (one sift instead of a removal and a push)
+			r.due, r.rev, r.route = due, row.Rev, ri
+			if c.walk != nil {
+				r.flags |= flagSeen
+			}
+			c.heapFix(c.groups[gi], id)
+			return Outcome{Result: Held, WasHeld: true}
+		}
 		if r.heapIdx >= 0 {
 			c.heapRemove(c.groups[r.group], id)
 		}

@@ -99,3 +99,15 @@ func (g *group) heapPeek() (uint32, bool) {
 	}
 	return entryID(g.heap[0]), true
 }
+
+// heapFix restores the heap order after the due time of the record id (in g's heap) changed.
+func (c *Core) heapFix(g *group, id uint32) {
+	r := c.rows.at(id)
+	i := int(r.heapIdx)
+	e := heapEntry(id, r.due)
+	if i > 0 && c.less(e, g.heap[(i-1)/heapArity]) {
+		c.heapUp(g, i, e)
+	} else {
+		c.heapDown(g, i, e)
+	}
+}
