@@ -12,7 +12,7 @@ const (
 	// unread.
 	ConditionWalksComplete = "WalksComplete"
 	// ConditionProgressing is True while the operator is changing the shards (Rebalancing,
-	// Loading, RollingUpdate, ScalingDown).
+	// Loading, RollingUpdate), False (Settled) otherwise.
 	ConditionProgressing = "Progressing"
 )
 
@@ -37,24 +37,36 @@ const (
 	// ReasonPartialWalk: WalksComplete is False; the message names the shard and the unread
 	// segments.
 	ReasonPartialWalk = "PartialWalk"
-	// ReasonStable: Progressing is False, nothing is changing.
-	ReasonStable = "Stable"
+	// ReasonMembershipChanging: the owners of some slots have not adopted the committed
+	// assignment yet, so the per-slot sum misses their counts.
+	ReasonMembershipChanging = "MembershipChanging"
+	// ReasonWalkFailed: WalksComplete is False because a shard's last walk failed as a whole.
+	ReasonWalkFailed = "WalkFailed"
+	// ReasonNoShardReports: no shard could be asked, so the condition cannot be judged.
+	ReasonNoShardReports = "NoShardReports"
+	// ReasonSettled: Progressing is False, nothing is changing.
+	ReasonSettled = "Settled"
 	// ReasonRebalancing: slots are being handed off between shards.
 	ReasonRebalancing = "Rebalancing"
 	// ReasonLoading: shards are running their first walk.
 	ReasonLoading = "Loading"
 	// ReasonRollingUpdate: shard Pods are being replaced one at a time.
 	ReasonRollingUpdate = "RollingUpdate"
-	// ReasonScalingDown: slots are moving off shards about to be removed.
-	ReasonScalingDown = "ScalingDown"
 )
 
 // Labels set on every child object of a RenderQueue.
 const (
 	// LabelQueue holds the name of the owning RenderQueue.
 	LabelQueue = Group + "/queue"
-	// LabelShard holds the shard index on a shard Pod.
+	// LabelShard holds the shard's name (the Pod's name, <rq>-shard-<i>) on a shard Pod.
 	LabelShard = Group + "/shard"
 	// LabelComponent says what the object is for ("keeper" on shard Pods).
 	LabelComponent = "app.kubernetes.io/component"
+)
+
+// Annotations set by the operator.
+const (
+	// AnnotationPodTemplateHash on a shard Pod is the hash of the pod template it was built from;
+	// a Pod whose hash differs from the current template's is replaced (one shard at a time).
+	AnnotationPodTemplateHash = Group + "/pod-template-hash"
 )

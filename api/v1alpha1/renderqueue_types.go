@@ -236,6 +236,14 @@ type ShardStatus struct {
 	// +optional
 	LastWalk *WalkSummary `json:"lastWalk,omitempty"`
 
+	// Epoch is the membership epoch the shard reports having adopted.
+	// +optional
+	Epoch int64 `json:"epoch,omitempty"`
+
+	// PreparedEpoch is the highest epoch whose incoming slots the shard reports fully walked.
+	// +optional
+	PreparedEpoch int64 `json:"preparedEpoch,omitempty"`
+
 	// Error is the last error seen for this shard (unreachable, failed walk, ...), empty if none.
 	// +optional
 	Error string `json:"error,omitempty"`
@@ -320,6 +328,68 @@ type MembershipStatus struct {
 	// SlotsMoving is the number of slots in Incoming.
 	// +optional
 	SlotsMoving int32 `json:"slotsMoving,omitempty"`
+
+	// Handoff is the two-phase handoff in progress (state Preparing) or the last one that
+	// finished (Committed or RolledBack): everything the operator needs to resume it.
+	// +optional
+	Handoff *HandoffStatus `json:"handoff,omitempty"`
+}
+
+// HandoffState is the state of a two-phase slot handoff.
+// +kubebuilder:validation:Enum=Preparing;Committed;RolledBack
+type HandoffState string
+
+// Handoff states (the same values as pkg/membership's).
+const (
+	// HandoffPreparing: the prepare assignment is published; receivers are walking their
+	// incoming slots.
+	HandoffPreparing HandoffState = "Preparing"
+	// HandoffCommitted: ownership of the moving slots was moved to their receivers.
+	HandoffCommitted HandoffState = "Committed"
+	// HandoffRolledBack: a receiver did not report in time; the previous ownership was
+	// published again.
+	HandoffRolledBack HandoffState = "RolledBack"
+)
+
+// HandoffStatus is the persisted state of one rebalance (pkg/membership's Handoff).
+type HandoffStatus struct {
+	// State of the handoff.
+	State HandoffState `json:"state"`
+	// FromEpoch is the epoch of the settled assignment the handoff started from.
+	FromEpoch int64 `json:"fromEpoch"`
+	// PrepareEpoch is the epoch of the prepare assignment; 0 for the first assignment, which is
+	// committed directly.
+	// +optional
+	PrepareEpoch int64 `json:"prepareEpoch,omitempty"`
+	// FinalEpoch is the epoch of the commit or rollback assignment.
+	FinalEpoch int64 `json:"finalEpoch"`
+	// Moves lists the slots being handed over.
+	// +listType=atomic
+	// +optional
+	Moves []SlotMove `json:"moves,omitempty"`
+	// StartedAt is when the handoff started.
+	StartedAt metav1.Time `json:"startedAt"`
+	// Deadline is when a handoff still Preparing is rolled back.
+	Deadline metav1.Time `json:"deadline"`
+	// FinishedAt is when the handoff was committed or rolled back.
+	// +optional
+	FinishedAt *metav1.Time `json:"finishedAt,omitempty"`
+	// Waiting lists the receivers that had not reported the prepare epoch walked at the last
+	// step.
+	// +listType=atomic
+	// +optional
+	Waiting []string `json:"waiting,omitempty"`
+}
+
+// SlotMove is a set of slots handed from one shard to another.
+type SlotMove struct {
+	// From is the giving shard; empty for slots without owner (the first assignment).
+	// +optional
+	From string `json:"from,omitempty"`
+	// To is the receiving shard.
+	To string `json:"to"`
+	// Slots moving, in compact text form.
+	Slots string `json:"slots"`
 }
 
 // ShardSlots is a set of slots of one shard.

@@ -24,6 +24,7 @@ type command struct {
 func commands() map[string]command {
 	return map[string]command{
 		"keeper":     {summary: "run one keeper shard (standalone: all slots, flags)", run: runKeeper},
+		"operator":   {summary: "run the RenderQueue operator (controller-runtime manager)", run: runOperator},
 		"schema":     {summary: "migrate the database schema (schema migrate --dsn ...)", run: runSchema},
 		"seed":       {summary: "write synthetic schedule rows (seed --dsn ... --rows N)", run: runSeed},
 		"worker-sim": {summary: "simulated render workers claiming from keeper shards (worker-sim --shard URL)", run: runWorkerSim},

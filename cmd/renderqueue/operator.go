@@ -1,0 +1,173 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"time"
+
+	"github.com/go-logr/logr"
+	"k8s.io/apimachinery/pkg/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	rqv1 "github.com/renderqueue/renderqueue/api/v1alpha1"
+	"github.com/renderqueue/renderqueue/controllers"
+)
+
+// operatorExtension is an optional part of the operator with its own flags, started with the
+// manager (as manager Runnables) when its flags turn it on.
+type operatorExtension interface {
+	// Flags registers the extension's flags (its on/off switch among them).
+	Flags(fs *flag.FlagSet)
+	// Setup adds the extension's Runnables to mgr, or nothing when it is turned off.
+	Setup(mgr ctrl.Manager, log logr.Logger) error
+}
+
+// operatorExtensions lists the optional parts of `renderqueue operator`.
+//
+// EXTERNAL METRICS API: the external.metrics.k8s.io server (pkg/metricsapi, renderqueue_due)
+// plugs in here — return an operatorExtension whose Flags registers its switch (e.g.
+// --external-metrics-bind-address, empty = off) and whose Setup adds its server to the manager.
+func operatorExtensions() []operatorExtension {
+	return nil
+}
+
+// operatorOptions are the flags of `renderqueue operator`.
+type operatorOptions struct {
+	kubeconfig          string
+	keeperImage         string
+	metricsAddr         string
+	probeAddr           string
+	leaderElect         bool
+	leaderElectionNS    string
+	pollInterval        time.Duration
+	pollTimeout         time.Duration
+	rebalanceTimeout    time.Duration
+	rebalanceRetryAfter time.Duration
+	verbose             bool
+}
+
+// runOperator is `renderqueue operator`: the controller-runtime manager running the RenderQueue
+// reconciler, with leader election, Prometheus metrics and health probes.
+func runOperator(ctx context.Context, args []string, _, stderr io.Writer) error {
+	fs := flag.NewFlagSet("operator", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var o operatorOptions
+	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig file (default: $KUBECONFIG, then in-cluster)")
+	fs.StringVar(&o.keeperImage, "keeper-image", os.Getenv("RENDERQUEUE_IMAGE"),
+		"image of shard Pods whose RenderQueue sets no spec.image (default $RENDERQUEUE_IMAGE: the operator's own)")
+	fs.StringVar(&o.metricsAddr, "metrics-bind-address", ":8080", "Prometheus metrics address (0 = off)")
+	fs.StringVar(&o.probeAddr, "health-probe-bind-address", ":8081", "address of /healthz and /readyz")
+	fs.BoolVar(&o.leaderElect, "leader-elect", false, "elect a leader, so that only one replica reconciles")
+	fs.StringVar(&o.leaderElectionNS, "leader-election-namespace", "", "namespace of the leader election Lease (default: the operator's own)")
+	fs.DurationVar(&o.pollInterval, "shard-poll-interval", controllers.DefaultPollInterval, "how often every shard's /v1/status is polled")
+	fs.DurationVar(&o.pollTimeout, "shard-poll-timeout", controllers.DefaultShardPollTimeout, "timeout of one shard's /v1/status")
+	fs.DurationVar(&o.rebalanceTimeout, "rebalance-timeout", controllers.DefaultRebalanceTimeout,
+		"how long receivers have to report their incoming slots walked before a rebalance rolls back")
+	fs.DurationVar(&o.rebalanceRetryAfter, "rebalance-retry-after", controllers.DefaultRebalanceRetryAfter,
+		"pause after a rolled back rebalance before it is tried again")
+	fs.BoolVar(&o.verbose, "v", false, "log reconcile details")
+	exts := operatorExtensions()
+	for _, e := range exts {
+		e.Flags(fs)
+	}
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	if o.keeperImage == "" {
+		return errors.New("--keeper-image (or RENDERQUEUE_IMAGE) is required: the image shard Pods run by default")
+	}
+	if o.pollInterval <= 0 || o.pollTimeout <= 0 || o.rebalanceTimeout <= 0 || o.rebalanceRetryAfter <= 0 {
+		return errors.New("--shard-poll-interval, --shard-poll-timeout, --rebalance-timeout and --rebalance-retry-after must be positive")
+	}
+
+	level := slog.LevelInfo
+	if o.verbose {
+		level = slog.LevelDebug - 1 // logr V(1)
+	}
+	log := logr.FromSlogHandler(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+	ctrl.SetLogger(log)
+
+	cfg, err := restConfig(o.kubeconfig)
+	if err != nil {
+		return err
+	}
+	scheme := runtime.NewScheme()
+	if err := clientgoscheme.AddToScheme(scheme); err != nil {
+		return fmt.Errorf("building the scheme: %w", err)
+	}
+	if err := rqv1.AddToScheme(scheme); err != nil {
+		return fmt.Errorf("building the scheme: %w", err)
+	}
+	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
+		Scheme:                  scheme,
+		Metrics:                 metricsserver.Options{BindAddress: o.metricsAddr},
+		HealthProbeBindAddress:  o.probeAddr,
+		LeaderElection:          o.leaderElect,
+		LeaderElectionID:        "renderqueue-operator.renderqueue.dev",
+		LeaderElectionNamespace: o.leaderElectionNS,
+		Logger:                  log,
+	})
+	if err != nil {
+		return fmt.Errorf("creating the manager: %w", err)
+	}
+	rec := &controllers.RenderQueueReconciler{
+		Client:              mgr.GetClient(),
+		Scheme:              mgr.GetScheme(),
+		Recorder:            mgr.GetEventRecorder("renderqueue-operator"),
+		KeeperImage:         o.keeperImage,
+		PollInterval:        o.pollInterval,
+		PollTimeout:         o.pollTimeout,
+		RebalanceTimeout:    o.rebalanceTimeout,
+		RebalanceRetryAfter: o.rebalanceRetryAfter,
+	}
+	if err := rec.SetupWithManager(mgr); err != nil {
+		return fmt.Errorf("setting up the RenderQueue controller: %w", err)
+	}
+	for _, e := range exts {
+		if err := e.Setup(mgr, log); err != nil {
+			return err
+		}
+	}
+	if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {
+		return fmt.Errorf("adding the health check: %w", err)
+	}
+	if err := mgr.AddReadyzCheck("readyz", healthz.Ping); err != nil {
+		return fmt.Errorf("adding the readiness check: %w", err)
+	}
+	log.Info("Operator starting", "keeperImage", o.keeperImage, "leaderElect", o.leaderElect,
+		"shardPollInterval", o.pollInterval, "rebalanceTimeout", o.rebalanceTimeout)
+	if err := mgr.Start(ctx); err != nil {
+		return fmt.Errorf("running the manager: %w", err)
+	}
+	return nil
+}
+
+// restConfig loads the Kubernetes client configuration: the kubeconfig file when given, else
+// controller-runtime's usual order ($KUBECONFIG, in-cluster, ~/.kube/config).
+func restConfig(kubeconfig string) (*rest.Config, error) {
+	if kubeconfig != "" {
+		cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+		if err != nil {
+			return nil, fmt.Errorf("loading kubeconfig %s: %w", kubeconfig, err)
+		}
+		return cfg, nil
+	}
+	cfg, err := ctrl.GetConfig()
+	if err != nil {
+		return nil, fmt.Errorf("loading the Kubernetes client configuration: %w", err)
+	}
+	return cfg, nil
+}

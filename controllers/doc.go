@@ -1,0 +1,18 @@
+// Package controllers holds the RenderQueue reconciler: it turns a RenderQueue into keeper shard
+// Pods and their companions, moves hash slots between shards with the two-phase handoff of
+// pkg/membership, replaces outdated shard Pods one at a time, and polls every shard's
+// GET /v1/status into the RenderQueue's status and conditions.
+//
+// The reconciler is split by concern, each step a reconcileX method of RenderQueueReconciler:
+//
+//   - children.go: the token Secret, shard ServiceAccount/Role/RoleBinding, headless Service,
+//     PodDisruptionBudget, and the shard Pod template (podtemplate.go);
+//   - pods.go: creating missing shard Pods (and recreating deleted ones), deleting surplus ones
+//     after their slots moved off, rolling replacement of outdated Pods;
+//   - membership.go: the first assignment, rebalances on scale up and down, resuming a handoff
+//     persisted in status.membership;
+//   - poll.go: reading every shard's /v1/status in parallel;
+//   - status.go and policy.go: the status figures and the conditions, the latter as small pure
+//     functions returning (status, reason, message);
+//   - patch.go: writing the status only when it changed.
+package controllers

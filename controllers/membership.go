@@ -1,0 +1,380 @@
+package controllers
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sort"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+
+	rqv1 "github.com/renderqueue/renderqueue/api/v1alpha1"
+	"github.com/renderqueue/renderqueue/pkg/membership"
+)
+
+// Event reasons of the membership step.
+const (
+	// EventSlotsAssigned: the first assignment was published.
+	EventSlotsAssigned = "SlotsAssigned"
+	// EventRebalanceStarted: a prepare was published.
+	EventRebalanceStarted = "RebalanceStarted"
+	// EventRebalanceCommitted: every receiver was prepared and ownership moved.
+	EventRebalanceCommitted = "RebalanceCommitted"
+	// EventRebalanceRolledBack: a receiver did not report in time; ownership stayed.
+	EventRebalanceRolledBack = "RebalanceRolledBack"
+)
+
+// progress is what the operator is changing, for the Progressing condition; nil when nothing.
+type progress struct {
+	Reason  string
+	Message string
+}
+
+// pendingEvent is an event to emit once the status write that makes it true succeeded.
+type pendingEvent struct {
+	Type, Reason, Action, Message string
+}
+
+// targetShards is the shard list spec.shards asks for: <rq>-shard-0 .. <rq>-shard-(n-1).
+func targetShards(rq *rqv1.RenderQueue) []string {
+	n := int(rq.Spec.Shards)
+	if n < 1 {
+		n = rqv1.DefaultShards
+	}
+	if n > rqv1.MaxShards {
+		n = rqv1.MaxShards
+	}
+	out := make([]string, n)
+	for i := range out {
+		out[i] = rq.ShardName(i)
+	}
+	return out
+}
+
+// sortShards sorts shard names of rq by index (<rq>-shard-2 before <rq>-shard-10); names that are
+// not rq's shard names go last, by name.
+func sortShards(rq *rqv1.RenderQueue, names []string) {
+	sort.SliceStable(names, func(i, j int) bool {
+		a, aok := shardIndex(rq, names[i])
+		b, bok := shardIndex(rq, names[j])
+		switch {
+		case aok && bok:
+			return a < b
+		case aok != bok:
+			return aok
+		default:
+			return names[i] < names[j]
+		}
+	})
+}
+
+// assignmentFromStatus parses the assignment published in status.membership.
+func assignmentFromStatus(ms rqv1.MembershipStatus) (membership.Assignment, error) {
+	byName := map[string]*membership.ShardSlots{}
+	var names []string
+	get := func(name string) *membership.ShardSlots {
+		if s, ok := byName[name]; ok {
+			return s
+		}
+		s := &membership.ShardSlots{Name: name}
+		byName[name] = s
+		names = append(names, name)
+		return s
+	}
+	for _, s := range ms.Assignment {
+		get(s.Shard).Owned = s.Slots
+	}
+	for _, s := range ms.Incoming {
+		get(s.Shard).Incoming = s.Slots
+	}
+	spec := membership.AssignmentSpec{Epoch: ms.Epoch}
+	for _, n := range names {
+		spec.Shards = append(spec.Shards, *byName[n])
+	}
+	a, err := membership.ParseAssignment(spec)
+	if err != nil {
+		return membership.Assignment{}, fmt.Errorf("status.membership: %w", err)
+	}
+	return a, nil
+}
+
+// setAssignment publishes a in status.membership (assignment, incoming, epoch, slotsMoving).
+func setAssignment(rq *rqv1.RenderQueue, ms *rqv1.MembershipStatus, a membership.Assignment) {
+	ms.Epoch = a.Epoch
+	ms.Assignment, ms.Incoming = nil, nil
+	moving := 0
+	names := a.Shards()
+	sortShards(rq, names)
+	for _, n := range names {
+		if owned := a.Owned(n); !owned.IsEmpty() {
+			ms.Assignment = append(ms.Assignment, rqv1.ShardSlots{Shard: n, Slots: membership.FormatSlots(owned)})
+		}
+		if in := a.Incoming(n); !in.IsEmpty() {
+			ms.Incoming = append(ms.Incoming, rqv1.ShardSlots{Shard: n, Slots: membership.FormatSlots(in)})
+			moving += in.Len()
+		}
+	}
+	ms.SlotsMoving = int32(moving)
+	if a.Settled() {
+		ms.Phase = rqv1.MembershipSettled
+	} else {
+		ms.Phase = rqv1.MembershipPreparing
+	}
+}
+
+// handoffToStatus converts the coordinator's state for status.
+func handoffToStatus(h membership.Handoff) *rqv1.HandoffStatus {
+	out := &rqv1.HandoffStatus{
+		State:        rqv1.HandoffState(h.State),
+		FromEpoch:    h.FromEpoch,
+		PrepareEpoch: h.PrepareEpoch,
+		FinalEpoch:   h.FinalEpoch,
+		StartedAt:    metav1.NewTime(h.StartedAt),
+		Deadline:     metav1.NewTime(h.Deadline),
+		Waiting:      slices.Clone(h.Waiting),
+	}
+	for _, m := range h.Moves {
+		out.Moves = append(out.Moves, rqv1.SlotMove{From: m.From, To: m.To, Slots: m.Slots})
+	}
+	return out
+}
+
+// handoffFromStatus converts status.membership.handoff back for the coordinator.
+func handoffFromStatus(s *rqv1.HandoffStatus) membership.Handoff {
+	h := membership.Handoff{
+		State:        membership.HandoffState(s.State),
+		FromEpoch:    s.FromEpoch,
+		PrepareEpoch: s.PrepareEpoch,
+		FinalEpoch:   s.FinalEpoch,
+		StartedAt:    s.StartedAt.Time,
+		Deadline:     s.Deadline.Time,
+		Waiting:      slices.Clone(s.Waiting),
+	}
+	for _, m := range s.Moves {
+		h.Moves = append(h.Moves, membership.MoveText{From: m.From, To: m.To, Slots: m.Slots})
+	}
+	return h
+}
+
+// membershipStep is the outcome of reconcileMembership.
+type membershipStep struct {
+	// Progress is set while a rebalance is pending or running.
+	Progress *progress
+	// Events to emit once the status is written.
+	Events []pendingEvent
+	// RequeueAfter, when positive, asks to look again no later than this.
+	RequeueAfter time.Duration
+}
+
+// reconcileMembership drives the slot assignment towards spec.shards, writing every change into
+// next.Membership (the caller persists it in one status write, which is when it takes effect):
+//
+//   - no assignment yet: the first one is planned and committed at once (nothing is counted
+//     before it, so there is nothing to prepare; shards can load while their Pods start);
+//   - a handoff Preparing: stepped with the receivers' reported preparedEpoch; it commits when
+//     all are prepared and rolls back at its deadline;
+//   - settled but not balanced over the target shards: once every receiving shard's Pod is Ready,
+//     a rebalance starts with its prepare phase. After a rollback it is retried after
+//     RebalanceRetryAfter.
+func (r *RenderQueueReconciler) reconcileMembership(ctx context.Context, rq *rqv1.RenderQueue,
+	next *rqv1.RenderQueueStatus, reports []shardReport, pods map[string]*corev1.Pod, now time.Time) (membershipStep, error) {
+	logger := log.FromContext(ctx)
+	ms := &next.Membership
+	cur, err := assignmentFromStatus(*ms)
+	if err != nil {
+		return membershipStep{}, err
+	}
+	if ms.Handoff != nil && ms.Handoff.State == rqv1.HandoffPreparing {
+		return r.stepHandoff(ctx, rq, ms, cur, reports, now)
+	}
+	targets := targetShards(rq)
+	plan, err := membership.PlanRebalance(cur, targets)
+	if err != nil {
+		return membershipStep{}, fmt.Errorf("planning the slots of %d shards from epoch %d: %w", len(targets), cur.Epoch, err)
+	}
+	if plan.IsEmpty() {
+		if ms.Phase == "" {
+			ms.Phase = rqv1.MembershipSettled
+		}
+		return membershipStep{}, nil
+	}
+
+	if cur.IsEmpty() {
+		h, act, err := membership.StartHandoff(cur, plan, now, r.rebalanceTimeout())
+		if err != nil {
+			return membershipStep{}, fmt.Errorf("starting the first assignment: %w", err)
+		}
+		a, err := membership.Apply(cur, act.Phase)
+		if err != nil {
+			return membershipStep{}, fmt.Errorf("applying the first assignment: %w", err)
+		}
+		setAssignment(rq, ms, a)
+		ms.Handoff = handoffToStatus(h)
+		ms.Handoff.FinishedAt = ptrTime(now)
+		logger.Info("Assigned slots", "epoch", a.Epoch, "shards", len(targets))
+		return membershipStep{Events: []pendingEvent{{
+			Type: corev1.EventTypeNormal, Reason: EventSlotsAssigned, Action: "Assign",
+			Message: fmt.Sprintf("assigned %d slots to %d shards at epoch %d", membership.NumSlots, len(targets), a.Epoch),
+		}}}, nil
+	}
+
+	if last := ms.Handoff; last != nil && last.State == rqv1.HandoffRolledBack && last.FinishedAt != nil {
+		if retry := last.FinishedAt.Add(r.rebalanceRetryAfter()); now.Before(retry) {
+			return membershipStep{
+				Progress: &progress{Reason: rqv1.ReasonRebalancing, Message: fmt.Sprintf(
+					"the rebalance from epoch %d rolled back (%s did not report prepared); retrying at %s",
+					last.FromEpoch, strings.Join(last.Waiting, ", "), retry.UTC().Format(time.RFC3339))},
+				RequeueAfter: retry.Sub(now),
+			}, nil
+		}
+	}
+
+	receivers := map[string]bool{}
+	for _, m := range plan.Moves() {
+		receivers[m.To] = true
+	}
+	var notReady []string
+	for _, name := range targets {
+		if receivers[name] && !podReady(pods[name]) {
+			notReady = append(notReady, name)
+		}
+	}
+	if len(notReady) > 0 {
+		return membershipStep{Progress: &progress{Reason: rqv1.ReasonRebalancing, Message: fmt.Sprintf(
+			"waiting for %s to become ready before moving %d slots to %d shards",
+			strings.Join(notReady, ", "), plan.Moved(), len(targets))}}, nil
+	}
+
+	h, act, err := membership.StartHandoff(cur, plan, now, r.rebalanceTimeout())
+	if err != nil {
+		return membershipStep{}, fmt.Errorf("starting a rebalance from epoch %d: %w", cur.Epoch, err)
+	}
+	a, err := membership.Apply(cur, act.Phase)
+	if err != nil {
+		return membershipStep{}, fmt.Errorf("applying the prepare phase at epoch %d: %w", act.Phase.Epoch, err)
+	}
+	setAssignment(rq, ms, a)
+	ms.Handoff = handoffToStatus(h)
+	ms.PreparedEpoch = h.PrepareEpoch
+	ms.PreparedAt = ptrTime(now)
+	msg := fmt.Sprintf("moving %d slots to %d shards (%s): prepare at epoch %d, waiting for %s to report prepared by %s",
+		plan.Moved(), len(targets), describeMoves(h.Moves), h.PrepareEpoch, strings.Join(h.Waiting, ", "),
+		h.Deadline.UTC().Format(time.RFC3339))
+	logger.Info("Rebalance started", "fromEpoch", h.FromEpoch, "prepareEpoch", h.PrepareEpoch,
+		"slotsMoving", plan.Moved(), "receivers", h.Receivers())
+	return membershipStep{
+		Progress:     &progress{Reason: rqv1.ReasonRebalancing, Message: msg},
+		Events:       []pendingEvent{{Type: corev1.EventTypeNormal, Reason: EventRebalanceStarted, Action: "Prepare", Message: msg}},
+		RequeueAfter: act.RequeueAfter,
+	}, nil
+}
+
+// stepHandoff advances the handoff persisted in ms with the shards' reports.
+func (r *RenderQueueReconciler) stepHandoff(ctx context.Context, rq *rqv1.RenderQueue, ms *rqv1.MembershipStatus,
+	cur membership.Assignment, reports []shardReport, now time.Time) (membershipStep, error) {
+	logger := log.FromContext(ctx)
+	h := handoffFromStatus(ms.Handoff)
+	prepared := map[string]int64{}
+	for _, rep := range reports {
+		if rep.Reachable() {
+			prepared[rep.Name] = rep.Status.Membership.PreparedEpoch
+		}
+	}
+	nextH, act, err := h.Step(now, prepared)
+	if err != nil {
+		return membershipStep{}, fmt.Errorf("stepping the handoff from epoch %d: %w", h.FromEpoch, err)
+	}
+	switch act.Kind {
+	case membership.ActionWait:
+		ms.Handoff.Waiting = slices.Clone(nextH.Waiting)
+		return membershipStep{
+			Progress: &progress{Reason: rqv1.ReasonRebalancing, Message: fmt.Sprintf(
+				"moving %d slots (%s) at prepare epoch %d: waiting for %s to report prepared, rollback at %s",
+				movedSlots(h.Moves), describeMoves(h.Moves), h.PrepareEpoch, strings.Join(nextH.Waiting, ", "),
+				h.Deadline.UTC().Format(time.RFC3339))},
+			RequeueAfter: act.RequeueAfter,
+		}, nil
+	case membership.ActionCommit, membership.ActionRollback:
+		a, err := membership.Apply(cur, act.Phase)
+		if err != nil {
+			return membershipStep{}, fmt.Errorf("applying the %s phase at epoch %d: %w", act.Phase.Kind, act.Phase.Epoch, err)
+		}
+		setAssignment(rq, ms, a)
+		ms.Handoff = handoffToStatus(nextH)
+		ms.Handoff.FinishedAt = ptrTime(now)
+		if act.Kind == membership.ActionCommit {
+			msg := fmt.Sprintf("committed the move of %d slots (%s) at epoch %d",
+				movedSlots(h.Moves), describeMoves(h.Moves), a.Epoch)
+			logger.Info("Rebalance committed", "epoch", a.Epoch, "slotsMoved", movedSlots(h.Moves))
+			return membershipStep{Events: []pendingEvent{{
+				Type: corev1.EventTypeNormal, Reason: EventRebalanceCommitted, Action: "Commit", Message: msg,
+			}}}, nil
+		}
+		msg := fmt.Sprintf("rolled back the move of %d slots at epoch %d: %s did not report prepare epoch %d walked by %s",
+			movedSlots(h.Moves), a.Epoch, strings.Join(nextH.Waiting, ", "), h.PrepareEpoch,
+			h.Deadline.UTC().Format(time.RFC3339))
+		logger.Info("Rebalance rolled back", "epoch", a.Epoch, "waiting", nextH.Waiting)
+		return membershipStep{
+			Progress:     &progress{Reason: rqv1.ReasonRebalancing, Message: msg},
+			Events:       []pendingEvent{{Type: corev1.EventTypeWarning, Reason: EventRebalanceRolledBack, Action: "Rollback", Message: msg}},
+			RequeueAfter: r.rebalanceRetryAfter(),
+		}, nil
+	default:
+		return membershipStep{}, nil
+	}
+}
+
+// describeMoves summarises moves per receiver: "web-shard-3 receives 256".
+func describeMoves(moves []membership.MoveText) string {
+	per := map[string]int{}
+	var order []string
+	for _, m := range moves {
+		s, err := membership.ParseSlots(m.Slots)
+		if err != nil {
+			continue
+		}
+		if _, ok := per[m.To]; !ok {
+			order = append(order, m.To)
+		}
+		per[m.To] += s.Len()
+	}
+	sort.Strings(order)
+	parts := make([]string, 0, len(order))
+	for _, to := range order {
+		parts = append(parts, fmt.Sprintf("%s receives %d", to, per[to]))
+	}
+	return strings.Join(parts, ", ")
+}
+
+// movedSlots counts the slots of moves.
+func movedSlots(moves []membership.MoveText) int {
+	n := 0
+	for _, m := range moves {
+		if s, err := membership.ParseSlots(m.Slots); err == nil {
+			n += s.Len()
+		}
+	}
+	return n
+}
+
+// podReady reports whether pod exists, is not being deleted and its Ready condition is True.
+func podReady(pod *corev1.Pod) bool {
+	if pod == nil || pod.DeletionTimestamp != nil {
+		return false
+	}
+	for _, c := range pod.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
+func ptrTime(t time.Time) *metav1.Time {
+	mt := metav1.NewTime(t)
+	return &mt
+}

@@ -1,0 +1,199 @@
+package controllers
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+
+	rqv1 "github.com/renderqueue/renderqueue/api/v1alpha1"
+	"github.com/renderqueue/renderqueue/pkg/membership"
+)
+
+// Event reasons of the Pod steps.
+const (
+	// EventShardCreated: a missing shard Pod was created (or recreated).
+	EventShardCreated = "ShardCreated"
+	// EventShardRemoved: a shard Pod without slots beyond spec.shards was deleted.
+	EventShardRemoved = "ShardRemoved"
+	// EventShardReplacing: an outdated shard Pod was deleted to be recreated from the current
+	// template.
+	EventShardReplacing = "ShardReplacing"
+)
+
+// listShardPods returns rq's shard Pods by name (Pods labelled with rq's name and controlled by it).
+func (r *RenderQueueReconciler) listShardPods(ctx context.Context, rq *rqv1.RenderQueue) (map[string]*corev1.Pod, error) {
+	var list corev1.PodList
+	if err := r.List(ctx, &list, client.InNamespace(rq.Namespace), client.MatchingLabels(selectorLabels(rq))); err != nil {
+		return nil, fmt.Errorf("listing the shard Pods: %w", err)
+	}
+	pods := map[string]*corev1.Pod{}
+	for i := range list.Items {
+		p := &list.Items[i]
+		if metaOwnedBy(p, rq) {
+			pods[p.Name] = p
+		}
+	}
+	return pods, nil
+}
+
+func metaOwnedBy(obj client.Object, rq *rqv1.RenderQueue) bool {
+	for _, ref := range obj.GetOwnerReferences() {
+		if ref.UID == rq.UID && ref.Controller != nil && *ref.Controller {
+			return true
+		}
+	}
+	return false
+}
+
+// shardsToKeep is every shard that must have a Pod: the target shards and every shard the
+// persisted assignment gives slots to (owned or incoming), in index order. A shard beyond
+// spec.shards keeps its Pod until its slots have moved off.
+func shardsToKeep(rq *rqv1.RenderQueue, persisted membership.Assignment) []string {
+	seen := map[string]bool{}
+	var out []string
+	for _, n := range append(targetShards(rq), persisted.Shards()...) {
+		if !seen[n] {
+			seen[n] = true
+			out = append(out, n)
+		}
+	}
+	sortShards(rq, out)
+	return out
+}
+
+// reconcilePods creates the missing shard Pods of keep (recreating deleted ones under the same
+// name) and deletes shard Pods not in keep (surplus shards whose slots have moved off). It
+// updates pods to match.
+func (r *RenderQueueReconciler) reconcilePods(ctx context.Context, rq *rqv1.RenderQueue, keep []string,
+	pods map[string]*corev1.Pod, hash string) ([]pendingEvent, error) {
+	logger := log.FromContext(ctx)
+	var events []pendingEvent
+	wanted := map[string]bool{}
+	for _, name := range keep {
+		wanted[name] = true
+		if pods[name] != nil {
+			continue
+		}
+		pod := desiredShardPod(rq, r.KeeperImage, name, hash)
+		if err := controllerutil.SetControllerReference(rq, pod, r.Scheme); err != nil {
+			return events, fmt.Errorf("owning the shard Pod %s: %w", name, err)
+		}
+		if err := r.Create(ctx, pod); err != nil {
+			if apierrors.IsAlreadyExists(err) {
+				continue // the cache has not seen it yet
+			}
+			return events, fmt.Errorf("creating the shard Pod %s: %w", name, err)
+		}
+		logger.Info("Created shard Pod", "pod", name)
+		pods[name] = pod
+		events = append(events, pendingEvent{Type: corev1.EventTypeNormal, Reason: EventShardCreated, Action: "Create",
+			Message: fmt.Sprintf("created shard Pod %s", name)})
+	}
+	for name, pod := range pods {
+		if wanted[name] || pod.DeletionTimestamp != nil {
+			continue
+		}
+		if err := r.deletePod(ctx, pod); err != nil {
+			return events, err
+		}
+		logger.Info("Deleted surplus shard Pod", "pod", name)
+		delete(pods, name)
+		events = append(events, pendingEvent{Type: corev1.EventTypeNormal, Reason: EventShardRemoved, Action: "Delete",
+			Message: fmt.Sprintf("deleted shard Pod %s: it is beyond spec.shards and owns no slots", name)})
+	}
+	return events, nil
+}
+
+// deletePod deletes pod, only if it is still the Pod the caller saw (UID precondition), so a stale
+// cache never deletes a freshly recreated Pod of the same name.
+func (r *RenderQueueReconciler) deletePod(ctx context.Context, pod *corev1.Pod) error {
+	uid := pod.UID
+	err := r.Delete(ctx, pod, client.Preconditions{UID: &uid})
+	if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+		return fmt.Errorf("deleting the shard Pod %s: %w", pod.Name, err)
+	}
+	return nil
+}
+
+// rollingStep is the outcome of reconcileRollingUpdate.
+type rollingStep struct {
+	Progress *progress
+	Events   []pendingEvent
+}
+
+// reconcileRollingUpdate replaces shard Pods built from an outdated template, one at a time:
+// it deletes one outdated Pod (the lowest index; reconcilePods recreates it from the current
+// template) only while every shard of keep has a Ready Pod that, when it can be asked, has
+// finished a walk. So at most one shard is ever down for replacement.
+func (r *RenderQueueReconciler) reconcileRollingUpdate(ctx context.Context, rq *rqv1.RenderQueue, keep []string,
+	pods map[string]*corev1.Pod, reports map[string]shardReport, hash string) (rollingStep, error) {
+	var outdated []string
+	for _, name := range keep {
+		if p := pods[name]; p != nil && p.Annotations[rqv1.AnnotationPodTemplateHash] != hash {
+			outdated = append(outdated, name)
+		}
+	}
+	var waiting []string
+	for _, name := range keep {
+		if !shardLoaded(pods[name], reports[name]) {
+			waiting = append(waiting, name)
+		}
+	}
+	// A replaced shard that has not come back yet is still part of the rolling update.
+	replacing := len(outdated) > 0 || (progressingReason(rq) == rqv1.ReasonRollingUpdate && len(waiting) > 0)
+	if !replacing {
+		return rollingStep{}, nil
+	}
+	updated := len(keep) - len(outdated)
+	if len(waiting) > 0 {
+		return rollingStep{Progress: &progress{Reason: rqv1.ReasonRollingUpdate, Message: fmt.Sprintf(
+			"%d of %d shards run the current template; waiting for %s to be ready and loaded",
+			updated, len(keep), strings.Join(waiting, ", "))}}, nil
+	}
+	victim := pods[outdated[0]]
+	if err := r.deletePod(ctx, victim); err != nil {
+		return rollingStep{}, err
+	}
+	log.FromContext(ctx).Info("Replacing outdated shard Pod", "pod", victim.Name,
+		"podTemplateHash", victim.Annotations[rqv1.AnnotationPodTemplateHash], "currentHash", hash)
+	msg := fmt.Sprintf("replacing shard Pod %s (template %s, current %s); %d of %d shards run the current template",
+		victim.Name, victim.Annotations[rqv1.AnnotationPodTemplateHash], hash, updated, len(keep))
+	return rollingStep{
+		Progress: &progress{Reason: rqv1.ReasonRollingUpdate, Message: msg},
+		Events:   []pendingEvent{{Type: corev1.EventTypeNormal, Reason: EventShardReplacing, Action: "Replace", Message: msg}},
+	}, nil
+}
+
+// shardLoaded reports whether a shard's Pod is Ready and, if the shard answered, it has finished
+// a walk. The Pod's readiness probe (/readyz: the first walk finished) is the authority; the
+// report only confirms it when the shard can be asked.
+func shardLoaded(pod *corev1.Pod, rep shardReport) bool {
+	if !podReady(pod) {
+		return false
+	}
+	if rep.Status == nil {
+		return true
+	}
+	return walked(rep)
+}
+
+// walked reports whether the shard answered and reports a finished walk.
+func walked(rep shardReport) bool {
+	return rep.Status != nil && rep.Status.LastWalk != nil && rep.Status.LastWalk.FinishedAt != nil
+}
+
+// progressingReason is the reason of rq's persisted Progressing condition, "" if none.
+func progressingReason(rq *rqv1.RenderQueue) string {
+	for _, c := range rq.Status.Conditions {
+		if c.Type == rqv1.ConditionProgressing {
+			return c.Reason
+		}
+	}
+	return ""
+}

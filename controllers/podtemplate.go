@@ -1,0 +1,207 @@
+package controllers
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/utils/ptr"
+
+	rqv1 "github.com/renderqueue/renderqueue/api/v1alpha1"
+)
+
+// Fixed parts of a shard Pod.
+const (
+	// KeeperContainerName is the name of the keeper container in a shard Pod.
+	KeeperContainerName = "keeper"
+	// KeeperPort is the port a keeper shard serves its HTTP API on.
+	KeeperPort = 8080
+	// TokenMountPath is where the API token Secret is mounted in a shard Pod.
+	TokenMountPath = "/var/run/renderqueue/token"
+	// TokenKey is the key of the API token in the token Secret.
+	TokenKey = "token"
+	// DSNEnv is the environment variable carrying the PostgreSQL DSN into the keeper.
+	DSNEnv = "RENDERQUEUE_DSN"
+	// ComponentKeeper is the app.kubernetes.io/component label value of shard Pods.
+	ComponentKeeper = "keeper"
+	// shardUID is the non-root user (and group) the keeper runs as.
+	shardUID = 65532
+)
+
+// Names of the children of a RenderQueue.
+
+// TokenSecretName is the name of the Secret holding the shards' API bearer token.
+func TokenSecretName(rq *rqv1.RenderQueue) string { return rq.Name + "-api-token" }
+
+// ServiceName is the name of the headless Service of the shards.
+func ServiceName(rq *rqv1.RenderQueue) string { return rq.Name + "-shards" }
+
+// ShardServiceAccountName is the name of the ServiceAccount (and Role, RoleBinding) of the shards.
+func ShardServiceAccountName(rq *rqv1.RenderQueue) string { return rq.Name + "-shard" }
+
+// PDBName is the name of the PodDisruptionBudget of the shards.
+func PDBName(rq *rqv1.RenderQueue) string { return rq.Name + "-shards" }
+
+// shardIndex returns i for a Pod named <rq>-shard-<i>, or false.
+func shardIndex(rq *rqv1.RenderQueue, podName string) (int, bool) {
+	rest, ok := strings.CutPrefix(podName, rq.Name+"-shard-")
+	if !ok {
+		return 0, false
+	}
+	i, err := strconv.Atoi(rest)
+	if err != nil || i < 0 || strconv.Itoa(i) != rest {
+		return 0, false
+	}
+	return i, true
+}
+
+// queueLabels are the labels of every child of rq; selectorLabels select its shard Pods.
+func queueLabels(rq *rqv1.RenderQueue) map[string]string {
+	return map[string]string{
+		rqv1.LabelQueue:                rq.Name,
+		"app.kubernetes.io/name":       "renderqueue",
+		"app.kubernetes.io/instance":   rq.Name,
+		"app.kubernetes.io/managed-by": "renderqueue-operator",
+	}
+}
+
+func selectorLabels(rq *rqv1.RenderQueue) map[string]string {
+	return map[string]string{rqv1.LabelQueue: rq.Name, rqv1.LabelComponent: ComponentKeeper}
+}
+
+// selectorString is the label selector of the shard Pods in string form (scale subresource).
+func selectorString(rq *rqv1.RenderQueue) string {
+	return metav1.FormatLabelSelector(&metav1.LabelSelector{MatchLabels: selectorLabels(rq)})
+}
+
+// keeperImage is the image shard Pods run: spec.image, or the operator's own.
+func keeperImage(rq *rqv1.RenderQueue, operatorImage string) string {
+	if rq.Spec.Image != "" {
+		return rq.Spec.Image
+	}
+	return operatorImage
+}
+
+// keeperArgs are the keeper's arguments in the Pod named podName.
+func keeperArgs(rq *rqv1.RenderQueue, podName string) []string {
+	return []string{
+		"keeper",
+		"--renderqueue", rq.Name,
+		"--namespace", rq.Namespace,
+		"--name", podName,
+		"--listen", fmt.Sprintf(":%d", KeeperPort),
+		"--token-file", TokenMountPath + "/" + TokenKey,
+	}
+}
+
+// shardPodSpec is the PodSpec of the shard Pod named podName.
+func shardPodSpec(rq *rqv1.RenderQueue, operatorImage, podName string) corev1.PodSpec {
+	dsnKey := rq.Spec.Store.SecretRef.Key
+	if dsnKey == "" {
+		dsnKey = rqv1.DefaultSecretKey
+	}
+	probe := func(path string, period int32) *corev1.Probe {
+		return &corev1.Probe{
+			ProbeHandler: corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{
+				Path: path, Port: intstr.FromString("http"), Scheme: corev1.URISchemeHTTP,
+			}},
+			PeriodSeconds:    period,
+			TimeoutSeconds:   2,
+			FailureThreshold: 3,
+		}
+	}
+	return corev1.PodSpec{
+		ServiceAccountName:            ShardServiceAccountName(rq),
+		AutomountServiceAccountToken:  ptr.To(true),
+		TerminationGracePeriodSeconds: ptr.To[int64](30),
+		NodeSelector:                  rq.Spec.NodeSelector,
+		Tolerations:                   rq.Spec.Tolerations,
+		Affinity:                      rq.Spec.Affinity,
+		SecurityContext: &corev1.PodSecurityContext{
+			RunAsNonRoot:   ptr.To(true),
+			RunAsUser:      ptr.To[int64](shardUID),
+			RunAsGroup:     ptr.To[int64](shardUID),
+			FSGroup:        ptr.To[int64](shardUID),
+			SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
+		},
+		Containers: []corev1.Container{{
+			Name:            KeeperContainerName,
+			Image:           keeperImage(rq, operatorImage),
+			ImagePullPolicy: rq.Spec.ImagePullPolicy,
+			Args:            keeperArgs(rq, podName),
+			Ports:           []corev1.ContainerPort{{Name: "http", ContainerPort: KeeperPort, Protocol: corev1.ProtocolTCP}},
+			Env: []corev1.EnvVar{{
+				Name: DSNEnv,
+				ValueFrom: &corev1.EnvVarSource{SecretKeyRef: &corev1.SecretKeySelector{
+					LocalObjectReference: corev1.LocalObjectReference{Name: rq.Spec.Store.SecretRef.Name},
+					Key:                  dsnKey,
+				}},
+			}},
+			Resources:      rq.Spec.Resources,
+			ReadinessProbe: probe("/readyz", 5),
+			LivenessProbe:  probe("/healthz", 10),
+			VolumeMounts: []corev1.VolumeMount{
+				{Name: "api-token", MountPath: TokenMountPath, ReadOnly: true},
+				{Name: "tmp", MountPath: "/tmp"},
+			},
+			SecurityContext: &corev1.SecurityContext{
+				RunAsNonRoot:             ptr.To(true),
+				RunAsUser:                ptr.To[int64](shardUID),
+				AllowPrivilegeEscalation: ptr.To(false),
+				ReadOnlyRootFilesystem:   ptr.To(true),
+				Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
+				SeccompProfile:           &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
+			},
+		}},
+		Volumes: []corev1.Volume{
+			{Name: "api-token", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{
+				SecretName:  TokenSecretName(rq),
+				DefaultMode: ptr.To[int32](0o440),
+			}}},
+			{Name: "tmp", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}},
+		},
+	}
+}
+
+// podTemplateHash is the hash of everything a shard Pod is built from except its name: when it
+// changes (image, resources, scheduling, the DSN Secret, ...) the shards are replaced one at a
+// time.
+func podTemplateHash(rq *rqv1.RenderQueue, operatorImage string) string {
+	spec := shardPodSpec(rq, operatorImage, "")
+	b, err := json.Marshal(spec)
+	if err != nil {
+		// A PodSpec always marshals; keep the hash total anyway.
+		b = []byte(err.Error())
+	}
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:])[:16]
+}
+
+// desiredShardPod is the shard Pod named podName, owner reference not yet set.
+func desiredShardPod(rq *rqv1.RenderQueue, operatorImage, podName, hash string) *corev1.Pod {
+	labels := queueLabels(rq)
+	for k, v := range selectorLabels(rq) {
+		labels[k] = v
+	}
+	labels[rqv1.LabelShard] = podName
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{
+			Name:        podName,
+			Namespace:   rq.Namespace,
+			Labels:      labels,
+			Annotations: map[string]string{rqv1.AnnotationPodTemplateHash: hash},
+		},
+		Spec: func() corev1.PodSpec {
+			s := shardPodSpec(rq, operatorImage, podName)
+			s.Hostname = podName
+			s.Subdomain = ServiceName(rq)
+			return s
+		}(),
+	}
+}

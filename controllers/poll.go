@@ -1,0 +1,124 @@
+package controllers
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/renderqueue/renderqueue/pkg/shardapi"
+)
+
+// DefaultShardPollTimeout bounds one GET /v1/status of a shard.
+const DefaultShardPollTimeout = 2 * time.Second
+
+// maxStatusBytes bounds the body of a shard's /v1/status read by the operator.
+const maxStatusBytes = 4 << 20
+
+// ShardURLResolver returns the base URL ("http://10.0.0.7:8080") of the shard served by pod.
+// It fails when the shard cannot be asked yet (no Pod IP).
+type ShardURLResolver func(pod *corev1.Pod) (string, error)
+
+// PodIPResolver is the default ShardURLResolver: http://<pod IP>:8080.
+func PodIPResolver(pod *corev1.Pod) (string, error) {
+	if pod.Status.PodIP == "" {
+		return "", errors.New("the Pod has no IP yet")
+	}
+	return fmt.Sprintf("http://%s:%d", pod.Status.PodIP, KeeperPort), nil
+}
+
+// shardReport is what the operator learnt about one shard in one poll.
+type shardReport struct {
+	// Name of the shard.
+	Name string
+	// Pod is the shard's Pod; nil when it does not exist.
+	Pod *corev1.Pod
+	// Status is the shard's /v1/status; nil when it could not be read.
+	Status *shardapi.Status
+	// Err says why Status is nil (or that it was rejected).
+	Err error
+	// Asked is false when the shard was not asked at all (no Pod, no IP).
+	Asked bool
+}
+
+// Reachable reports whether the shard answered with a valid status.
+func (r shardReport) Reachable() bool { return r.Status != nil }
+
+// pollShards reads every shard's /v1/status in parallel, each bounded by timeout. names lists the
+// shards in order; pods maps a shard name to its Pod (absent: no Pod). The result is in the order
+// of names.
+func pollShards(ctx context.Context, hc *http.Client, resolve ShardURLResolver, timeout time.Duration,
+	names []string, pods map[string]*corev1.Pod) []shardReport {
+	out := make([]shardReport, len(names))
+	var wg sync.WaitGroup
+	for i, name := range names {
+		out[i] = shardReport{Name: name, Pod: pods[name]}
+		pod := pods[name]
+		if pod == nil {
+			out[i].Err = errors.New("no Pod")
+			continue
+		}
+		if pod.DeletionTimestamp != nil {
+			out[i].Err = errors.New("the Pod is being deleted")
+			continue
+		}
+		base, err := resolve(pod)
+		if err != nil {
+			out[i].Err = err
+			continue
+		}
+		out[i].Asked = true
+		wg.Go(func() {
+			st, err := fetchStatus(ctx, hc, base, timeout)
+			if err == nil && st.Shard != name {
+				err = fmt.Errorf("%s/v1/status reports shard %q, not %q", base, st.Shard, name)
+				st = nil
+			}
+			out[i].Status, out[i].Err = st, err
+		})
+	}
+	wg.Wait()
+	return out
+}
+
+// fetchStatus GETs base/v1/status and decodes it.
+func fetchStatus(ctx context.Context, hc *http.Client, base string, timeout time.Duration) (*shardapi.Status, error) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	url := base + "/v1/status"
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return nil, fmt.Errorf("building GET %s: %w", url, err)
+	}
+	req.Header.Set("Accept", "application/json")
+	resp, err := hc.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("unreachable: %w", err)
+	}
+	defer func() { _ = resp.Body.Close() }()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, maxStatusBytes))
+	if err != nil {
+		return nil, fmt.Errorf("unreachable: reading GET %s: %w", url, err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("GET %s: HTTP %d: %s", url, resp.StatusCode, truncate(string(body), 200))
+	}
+	var st shardapi.Status
+	if err := json.Unmarshal(body, &st); err != nil {
+		return nil, fmt.Errorf("GET %s: bad JSON: %w", url, err)
+	}
+	return &st, nil
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "..."
+}

@@ -1,0 +1,233 @@
+package controllers
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/tools/events"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+
+	rqv1 "github.com/renderqueue/renderqueue/api/v1alpha1"
+)
+
+// Defaults of RenderQueueReconciler's tunables.
+const (
+	// DefaultPollInterval is how often each RenderQueue's shards are polled.
+	DefaultPollInterval = 10 * time.Second
+	// DefaultRebalanceTimeout is how long receivers have to report a prepare walked before the
+	// handoff rolls back.
+	DefaultRebalanceTimeout = 5 * time.Minute
+	// DefaultRebalanceRetryAfter is how long after a rollback the rebalance is tried again.
+	DefaultRebalanceRetryAfter = time.Minute
+)
+
+// RenderQueueReconciler reconciles RenderQueue objects: children, shard Pods, membership,
+// rolling replacement and status (see the package documentation).
+type RenderQueueReconciler struct {
+	client.Client
+	// Scheme knows the RenderQueue and core types (for owner references).
+	Scheme *runtime.Scheme
+	// Recorder emits the events of RenderQueues.
+	Recorder events.EventRecorder
+	// KeeperImage is the image of shard Pods whose RenderQueue does not set spec.image (the
+	// operator's own image).
+	KeeperImage string
+	// PollInterval is how often the shards are polled; DefaultPollInterval when zero.
+	PollInterval time.Duration
+	// PollTimeout bounds each shard's GET /v1/status; DefaultShardPollTimeout when zero.
+	PollTimeout time.Duration
+	// RebalanceTimeout is how long a prepare may wait for its receivers; DefaultRebalanceTimeout
+	// when zero.
+	RebalanceTimeout time.Duration
+	// RebalanceRetryAfter is the pause after a rollback; DefaultRebalanceRetryAfter when zero.
+	RebalanceRetryAfter time.Duration
+	// ResolveShardURL gives the base URL of a shard's API; PodIPResolver when nil.
+	ResolveShardURL ShardURLResolver
+	// HTTPClient polls the shards; a plain client when nil.
+	HTTPClient *http.Client
+	// Now is the clock; time.Now when nil.
+	Now func() time.Time
+}
+
+func (r *RenderQueueReconciler) pollInterval() time.Duration {
+	if r.PollInterval > 0 {
+		return r.PollInterval
+	}
+	return DefaultPollInterval
+}
+
+func (r *RenderQueueReconciler) pollTimeout() time.Duration {
+	if r.PollTimeout > 0 {
+		return r.PollTimeout
+	}
+	return DefaultShardPollTimeout
+}
+
+func (r *RenderQueueReconciler) rebalanceTimeout() time.Duration {
+	if r.RebalanceTimeout > 0 {
+		return r.RebalanceTimeout
+	}
+	return DefaultRebalanceTimeout
+}
+
+func (r *RenderQueueReconciler) rebalanceRetryAfter() time.Duration {
+	if r.RebalanceRetryAfter > 0 {
+		return r.RebalanceRetryAfter
+	}
+	return DefaultRebalanceRetryAfter
+}
+
+func (r *RenderQueueReconciler) now() time.Time {
+	if r.Now != nil {
+		return r.Now()
+	}
+	return time.Now()
+}
+
+// +kubebuilder:rbac:groups=renderqueue.dev,resources=renderqueues,verbs=get;list;watch;update;patch
+// +kubebuilder:rbac:groups=renderqueue.dev,resources=renderqueues/status,verbs=get;update;patch
+// +kubebuilder:rbac:groups=renderqueue.dev,resources=renderqueues/finalizers,verbs=update
+// +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch;create;delete
+// +kubebuilder:rbac:groups="",resources=services;serviceaccounts;secrets,verbs=get;list;watch;create;update;patch
+// +kubebuilder:rbac:groups=policy,resources=poddisruptionbudgets,verbs=get;list;watch;create;update;patch
+// +kubebuilder:rbac:groups=rbac.authorization.k8s.io,resources=roles;rolebindings,verbs=get;list;watch;create;update;patch
+// +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
+// +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
+// +kubebuilder:rbac:groups=coordination.k8s.io,resources=leases,verbs=get;list;watch;create;update;patch;delete
+
+// Reconcile brings one RenderQueue's children, shard Pods and slot membership towards its spec
+// and writes what its shards report into its status. The steps, in order:
+//
+//  1. children: token Secret, ServiceAccount/Role/RoleBinding, headless Service, PDB;
+//  2. Pods: create missing shard Pods (the target shards and every shard the persisted
+//     assignment gives slots to), delete surplus ones that own no slots;
+//  3. poll every shard's /v1/status in parallel;
+//  4. membership: first assignment, handoff steps, new rebalances;
+//  5. rolling replacement of outdated Pods, one at a time, while the membership is settled;
+//  6. status and conditions, patched only when they changed; then the events.
+//
+// It requeues after the poll interval to poll again.
+func (r *RenderQueueReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	logger := log.FromContext(ctx)
+	var rq rqv1.RenderQueue
+	if err := r.Get(ctx, req.NamespacedName, &rq); err != nil {
+		if apierrors.IsNotFound(err) {
+			return ctrl.Result{}, nil
+		}
+		return ctrl.Result{}, fmt.Errorf("reading RenderQueue %s: %w", req.NamespacedName, err)
+	}
+	if rq.DeletionTimestamp != nil {
+		return ctrl.Result{}, nil // the garbage collector removes the children
+	}
+	now := r.now().Truncate(time.Second) // the API server stores times to the second
+
+	if err := r.reconcileChildren(ctx, &rq); err != nil {
+		return ctrl.Result{}, err
+	}
+	persisted, err := assignmentFromStatus(rq.Status.Membership)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	hash := podTemplateHash(&rq, r.KeeperImage)
+	pods, err := r.listShardPods(ctx, &rq)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	keep := shardsToKeep(&rq, persisted)
+	podEvents, err := r.reconcilePods(ctx, &rq, keep, pods, hash)
+	r.emit(&rq, podEvents)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+
+	hc := r.HTTPClient
+	if hc == nil {
+		hc = http.DefaultClient
+	}
+	resolve := r.ResolveShardURL
+	if resolve == nil {
+		resolve = PodIPResolver
+	}
+	reports := pollShards(ctx, hc, resolve, r.pollTimeout(), keep, pods)
+	byName := make(map[string]shardReport, len(reports))
+	for _, rep := range reports {
+		byName[rep.Name] = rep
+	}
+
+	next := rq.Status.DeepCopy()
+	mstep, err := r.reconcileMembership(ctx, &rq, next, reports, pods, now)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	prog := mstep.Progress
+	settled := next.Membership.Handoff == nil || next.Membership.Handoff.State != rqv1.HandoffPreparing
+	if prog == nil && settled && rq.Status.Membership.Phase == next.Membership.Phase {
+		rstep, err := r.reconcileRollingUpdate(ctx, &rq, keep, pods, byName, hash)
+		r.emit(&rq, rstep.Events)
+		if err != nil {
+			return ctrl.Result{}, err
+		}
+		prog = rstep.Progress
+	}
+
+	if err := computeStatus(&rq, next, statusInputs{reports: reports, progress: prog, now: now}); err != nil {
+		return ctrl.Result{}, err
+	}
+	prev := rq.Status.DeepCopy()
+	wrote, err := patchStatus(ctx, r.Client, &rq, next)
+	if err != nil {
+		if apierrors.IsConflict(err) {
+			logger.V(1).Info("Status write conflicted; retrying with a fresh read")
+			return ctrl.Result{RequeueAfter: time.Second}, nil
+		}
+		return ctrl.Result{}, err
+	}
+	if wrote {
+		logger.V(1).Info("Status updated", "due", next.Due, "dueExact", next.DueExact, "epoch", next.Membership.Epoch)
+		r.emit(&rq, mstep.Events)
+		r.emit(&rq, transitionEvents(prev, next))
+	}
+
+	after := r.pollInterval()
+	if mstep.RequeueAfter > 0 && mstep.RequeueAfter < after {
+		after = mstep.RequeueAfter
+	}
+	return ctrl.Result{RequeueAfter: after}, nil
+}
+
+// emit records evs on rq.
+func (r *RenderQueueReconciler) emit(rq *rqv1.RenderQueue, evs []pendingEvent) {
+	if r.Recorder == nil {
+		return
+	}
+	for _, e := range evs {
+		r.Recorder.Eventf(rq, nil, e.Type, e.Reason, e.Action, "%s", e.Message)
+	}
+}
+
+// SetupWithManager registers the reconciler with mgr: it watches RenderQueues (spec changes,
+// including the scale subresource) and every child kind it owns.
+func (r *RenderQueueReconciler) SetupWithManager(mgr ctrl.Manager) error {
+	return ctrl.NewControllerManagedBy(mgr).
+		For(&rqv1.RenderQueue{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
+		Owns(&corev1.Pod{}).
+		Owns(&corev1.Service{}).
+		Owns(&corev1.Secret{}).
+		Owns(&corev1.ServiceAccount{}).
+		Owns(&rbacv1.Role{}).
+		Owns(&rbacv1.RoleBinding{}).
+		Owns(&policyv1.PodDisruptionBudget{}).
+		Named("renderqueue").
+		Complete(r)
+}

@@ -1,0 +1,237 @@
+package controllers
+
+import (
+	"fmt"
+	"math"
+	"strconv"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	rqv1 "github.com/renderqueue/renderqueue/api/v1alpha1"
+	"github.com/renderqueue/renderqueue/pkg/membership"
+	"github.com/renderqueue/renderqueue/pkg/shardapi"
+)
+
+// Event reasons of the status step (besides the condition reasons EdgeLagging, PartialWalk, ...).
+const (
+	// EventShardUnreachable: a shard's /v1/status could not be read (emitted when it starts).
+	EventShardUnreachable = rqv1.ReasonShardUnreachable
+	// EventShardReachable: a shard that was unreachable answers again.
+	EventShardReachable = "ShardReachable"
+)
+
+// edgeAheadTolerance is how far a shard's edgeAheadSeconds may drift (it falls by a second every
+// second between walks) before the operator rewrites it: the larger of a minute and a tenth of
+// the value. The edge itself is exact; this only keeps a still queue from rewriting its status on
+// every poll.
+func edgeAheadTolerance(prev int64) int64 {
+	return max(60, abs64(prev)/10)
+}
+
+func abs64(v int64) int64 {
+	if v < 0 {
+		return -v
+	}
+	return v
+}
+
+// secTime is t truncated to the second (what the API server stores), nil for nil.
+func secTime(t *time.Time) *metav1.Time {
+	if t == nil {
+		return nil
+	}
+	mt := metav1.NewTime(t.Truncate(time.Second))
+	return &mt
+}
+
+// shardStatus builds one shard's status from its report. owned is its slots in the committed
+// assignment; prev its previous status (nil if none), for edgeAheadSeconds.
+func shardStatus(rep shardReport, owned string, prev *rqv1.ShardStatus) rqv1.ShardStatus {
+	s := rqv1.ShardStatus{Name: rep.Name, Slots: owned}
+	st := rep.Status
+	if st == nil {
+		s.Phase = PhaseUnreachable
+		if !rep.Asked {
+			s.Phase = PhasePending
+		}
+		if rep.Err != nil {
+			s.Error = rep.Err.Error()
+		}
+		return s
+	}
+	s.Phase = st.Status
+	s.Ready = podReady(rep.Pod) && walked(rep)
+	s.RowsHeld = int64(st.Rows.Held)
+	s.RowsOwned = int64(st.Rows.Held) + int64(st.Rows.OwnedNotHeld)
+	s.Due = int64(st.Due)
+	s.Exact = st.Exact
+	s.Edge = secTime(st.Edge)
+	s.Epoch = st.Membership.Epoch
+	s.PreparedEpoch = st.Membership.PreparedEpoch
+	s.Error = st.Error
+	if st.EdgeAheadSeconds != nil {
+		v := int64(math.Floor(*st.EdgeAheadSeconds))
+		if prev != nil && prev.EdgeAheadSeconds != nil && prev.Edge != nil && s.Edge != nil && prev.Edge.Equal(s.Edge) &&
+			(*prev.EdgeAheadSeconds < 0) == (v < 0) && abs64(v-*prev.EdgeAheadSeconds) < edgeAheadTolerance(*prev.EdgeAheadSeconds) {
+			v = *prev.EdgeAheadSeconds
+		}
+		s.EdgeAheadSeconds = &v
+	}
+	if w := st.LastWalk; w != nil {
+		startedAt := w.StartedAt
+		s.LastWalk = &rqv1.WalkSummary{
+			StartedAt:      secTime(&startedAt),
+			FinishedAt:     secTime(w.FinishedAt),
+			Partial:        w.Partial,
+			Failed:         w.Failed,
+			Scanned:        int64(w.Scanned),
+			Admitted:       int64(w.Admitted),
+			Repaired:       int64(w.Repaired),
+			Invalid:        int64(w.Invalid),
+			UnreadSegments: int64(w.UnreadSegments),
+		}
+		if w.Failed && s.Error == "" {
+			s.Error = w.Error
+		}
+	}
+	return s
+}
+
+// validateReport checks the parts of a shard's status the operator computes with; a report that
+// fails is treated like an unreachable shard.
+func validateReport(st *shardapi.Status) (membership.ShardDue, error) {
+	owned, err := membership.ParseSlots(st.Membership.Owned)
+	if err != nil {
+		return membership.ShardDue{}, fmt.Errorf("bad membership.owned: %w", err)
+	}
+	if _, err := membership.ParseSlots(st.Membership.Incoming); err != nil {
+		return membership.ShardDue{}, fmt.Errorf("bad membership.incoming: %w", err)
+	}
+	per := make(map[int]int, len(st.DuePerSlot))
+	for k, v := range st.DuePerSlot {
+		slot, err := strconv.Atoi(k)
+		if err != nil || slot < 0 || slot >= membership.NumSlots || v < 0 {
+			return membership.ShardDue{}, fmt.Errorf("bad duePerSlot entry %q: %d", k, v)
+		}
+		per[slot] = v
+	}
+	return membership.ShardDue{Owned: owned, DuePerSlot: per}, nil
+}
+
+// statusInputs is what computeStatus needs besides the RenderQueue.
+type statusInputs struct {
+	reports  []shardReport
+	progress *progress
+	now      time.Time
+}
+
+// computeStatus fills next (already carrying the membership step's result) with the shards,
+// the due sum and the conditions.
+func computeStatus(rq *rqv1.RenderQueue, next *rqv1.RenderQueueStatus, in statusInputs) error {
+	committed, err := assignmentFromStatus(next.Membership)
+	if err != nil {
+		return err
+	}
+	prev := map[string]*rqv1.ShardStatus{}
+	for i := range rq.Status.Shards {
+		prev[rq.Status.Shards[i].Name] = &rq.Status.Shards[i]
+	}
+	dues := map[string]membership.ShardDue{}
+	shards := make([]rqv1.ShardStatus, 0, len(in.reports))
+	allExact := true
+	var notAdopted []string
+	for _, rep := range in.reports {
+		if rep.Status != nil {
+			d, err := validateReport(rep.Status)
+			if err != nil {
+				rep.Status, rep.Err = nil, fmt.Errorf("bad status: %w", err)
+			} else {
+				dues[rep.Name] = d
+				if want := committed.Owned(rep.Name); d.Owned != want {
+					notAdopted = append(notAdopted, rep.Name)
+				}
+			}
+		}
+		s := shardStatus(rep, membership.FormatSlots(committed.Owned(rep.Name)), prev[rep.Name])
+		if !reachable(s) || !s.Exact {
+			allExact = false
+		}
+		shards = append(shards, s)
+	}
+	due, sumExact := membership.SumDue(committed, dues)
+	next.Shards = shards
+	next.ObservedGeneration = rq.Generation
+	next.Selector = selectorString(rq)
+	next.CurrentShards = int32(len(committed.Counts()))
+	var ready int32
+	for _, s := range shards {
+		if s.Ready {
+			ready++
+		}
+	}
+	next.ReadyShards = ready
+	dueExact := sumExact && allExact
+	if next.DueAsOf == nil || int64(due) != next.Due || dueExact != next.DueExact {
+		next.DueAsOf = ptrTime(in.now)
+	}
+	next.Due, next.DueExact = int64(due), dueExact
+
+	epoch := next.Membership.Epoch
+	setCondition(next, rq.Generation, in.now, rqv1.ConditionReady, readyCondition(shards))
+	setCondition(next, rq.Generation, in.now, rqv1.ConditionExact, exactCondition(shards, sumExact, notAdopted, epoch))
+	setCondition(next, rq.Generation, in.now, rqv1.ConditionEdgeHealthy, edgeCondition(shards))
+	setCondition(next, rq.Generation, in.now, rqv1.ConditionWalksComplete, walksCondition(shards))
+	setCondition(next, rq.Generation, in.now, rqv1.ConditionProgressing, progressingCondition(in.progress, shards, epoch))
+	return nil
+}
+
+func setCondition(st *rqv1.RenderQueueStatus, generation int64, now time.Time, typ string, c condition) {
+	meta.SetStatusCondition(&st.Conditions, metav1.Condition{
+		Type:               typ,
+		Status:             c.Status,
+		Reason:             c.Reason,
+		Message:            c.Message,
+		ObservedGeneration: generation,
+		LastTransitionTime: metav1.NewTime(now),
+	})
+}
+
+// transitionEvents returns the events an operator must notice in the change from prev to next:
+// a condition turning bad (EdgeLagging, PartialWalk, WalkFailed) or recovering, and a shard
+// becoming unreachable or reachable again. Nothing when nothing changed, so a steady state emits
+// nothing on later polls.
+func transitionEvents(prev, next *rqv1.RenderQueueStatus) []pendingEvent {
+	var out []pendingEvent
+	for _, typ := range []string{rqv1.ConditionEdgeHealthy, rqv1.ConditionWalksComplete} {
+		n := meta.FindStatusCondition(next.Conditions, typ)
+		if n == nil || n.Status == metav1.ConditionUnknown {
+			continue
+		}
+		p := meta.FindStatusCondition(prev.Conditions, typ)
+		switch {
+		case n.Status == metav1.ConditionFalse && (p == nil || p.Status != metav1.ConditionFalse || p.Reason != n.Reason):
+			out = append(out, pendingEvent{Type: corev1.EventTypeWarning, Reason: n.Reason, Action: "Observe", Message: n.Message})
+		case n.Status == metav1.ConditionTrue && p != nil && p.Status == metav1.ConditionFalse:
+			out = append(out, pendingEvent{Type: corev1.EventTypeNormal, Reason: n.Reason, Action: "Observe", Message: n.Message})
+		}
+	}
+	was := map[string]string{}
+	for _, s := range prev.Shards {
+		was[s.Name] = s.Phase
+	}
+	for _, s := range next.Shards {
+		p, known := was[s.Name]
+		switch {
+		case s.Phase == PhaseUnreachable && p != PhaseUnreachable:
+			out = append(out, pendingEvent{Type: corev1.EventTypeWarning, Reason: EventShardUnreachable, Action: "Poll",
+				Message: fmt.Sprintf("shard %s is unreachable: %s", s.Name, s.Error)})
+		case known && p == PhaseUnreachable && reachable(s):
+			out = append(out, pendingEvent{Type: corev1.EventTypeNormal, Reason: EventShardReachable, Action: "Poll",
+				Message: fmt.Sprintf("shard %s answers again (status %s)", s.Name, s.Phase)})
+		}
+	}
+	return out
+}
