@@ -14,7 +14,8 @@
 # `postgres` system user (runuser). Missing server binaries are installed with apt-get when running
 # as root on Debian; otherwise the script says what to install.
 #
-# The cluster is tuned for throwaway use: fsync, synchronous_commit and full_page_writes are OFF
+# The test role is a superuser of this throwaway cluster (tests create and force-drop their own
+# databases, which may mean ending an autovacuum worker). The cluster is tuned for throwaway use: fsync, synchronous_commit and full_page_writes are OFF
 # (a crash loses data, which is fine for a cluster deleted after the run; it also makes commit
 # latency figures from benchmarks optimistic compared with a durable server).
 set -euo pipefail
@@ -125,7 +126,7 @@ EOF
   echo "$dir" >"$base/last"
 
   as_pg "$bindir/psql" -h "$dir" -p "$port" -U postgres -d postgres -v ON_ERROR_STOP=1 -q \
-    -c "CREATE ROLE $pg_user LOGIN CREATEDB" \
+    -c "CREATE ROLE $pg_user LOGIN SUPERUSER" \
     -c "CREATE DATABASE $pg_db OWNER $pg_user" >&2 ||
     { cmd_stop_dir "$dir"; die "could not create the test role and database"; }
 

@@ -53,24 +53,41 @@ func NewDatabase(tb testing.TB) string {
 	if _, err := conn.Exec(ctx, "CREATE DATABASE "+name+" TEMPLATE template0 ENCODING 'UTF8'"); err != nil {
 		tb.Fatalf("pgtest: creating database %s: %v", name, err)
 	}
-	tb.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		conn, err := pgx.Connect(ctx, dsn)
-		if err != nil {
-			tb.Errorf("pgtest: dropping database %s: %v", name, err)
-			return
-		}
-		defer conn.Close(context.Background())
-		if _, err := conn.Exec(ctx, "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)"); err != nil {
-			tb.Errorf("pgtest: dropping database %s: %v", name, err)
-		}
-	})
+	tb.Cleanup(func() { dropDatabase(tb, dsn, name) })
 	out, err := WithDatabase(dsn, name)
 	if err != nil {
 		tb.Fatalf("pgtest: %v", err)
 	}
 	return out
+}
+
+// dropDatabase drops a test database, ending connections still open. A role that is not a
+// superuser cannot end an autovacuum worker busy in it, so the drop is retried for a while.
+func dropDatabase(tb testing.TB, dsn, name string) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		tb.Errorf("pgtest: dropping database %s: %v", name, err)
+		return
+	}
+	defer conn.Close(context.Background())
+	for {
+		_, err := conn.Exec(ctx, "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)")
+		if err == nil {
+			return
+		}
+		if ctx.Err() != nil {
+			tb.Errorf("pgtest: dropping database %s: %v", name, err)
+			return
+		}
+		retry := time.NewTimer(100 * time.Millisecond)
+		select {
+		case <-retry.C:
+		case <-ctx.Done():
+			retry.Stop()
+		}
+	}
 }
 
 // WithDatabase returns dsn (a URL or a keyword/value string) pointing at database name.
