@@ -1,0 +1,289 @@
+package metricsapi
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+
+	"github.com/go-logr/logr"
+	openapinamer "k8s.io/apiserver/pkg/endpoints/openapi"
+	genericapiserver "k8s.io/apiserver/pkg/server"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+	openapicommon "k8s.io/kube-openapi/pkg/common"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
+	cmapiserver "sigs.k8s.io/custom-metrics-apiserver/pkg/apiserver"
+	cmoptions "sigs.k8s.io/custom-metrics-apiserver/pkg/cmd/options"
+	generatedcore "sigs.k8s.io/custom-metrics-apiserver/pkg/generated/openapi/core"
+	generatedexternal "sigs.k8s.io/custom-metrics-apiserver/pkg/generated/openapi/externalmetrics"
+)
+
+// DefaultSecurePort is the port the metrics API serves HTTPS on unless told otherwise; the
+// Service of config/metrics-api targets it.
+const DefaultSecurePort = 6443
+
+// serverName names the API server in its logs and OpenAPI document.
+const serverName = "renderqueue-metrics-api"
+
+// Options configure the metrics API server. The zero value plus a Reader and a RESTConfig is a
+// working configuration: HTTPS on 0.0.0.0:6443 with an in-memory self-signed certificate.
+type Options struct {
+	// Enabled is set by the --metrics-api flag. NewServer and Run ignore it; AddToManager adds
+	// nothing when it is false.
+	Enabled bool
+
+	// Reader lists RenderQueues; its scheme must know api/v1alpha1. Required (AddToManager
+	// defaults it to the manager's client, which reads from the manager's cache).
+	Reader client.Reader
+
+	// RESTConfig reaches the Kubernetes API server that the metrics API delegates
+	// authentication (TokenReview, the client CA and request-header settings of the
+	// kube-system/extension-apiserver-authentication ConfigMap) and authorization
+	// (SubjectAccessReview) to. Required unless AuthKubeconfig is set (AddToManager defaults it
+	// to the manager's config).
+	RESTConfig *rest.Config
+
+	// AuthKubeconfig, if set, is a kubeconfig file used for the delegation instead of
+	// RESTConfig. RESTConfig is written to a private temporary kubeconfig that is removed as
+	// soon as the delegating clients are built, so this is only needed for credentials a
+	// kubeconfig cannot express from a rest.Config (exec and auth-provider plugins).
+	AuthKubeconfig string
+
+	// BindAddress is the IP to listen on; empty means all interfaces.
+	BindAddress string
+	// SecurePort is the HTTPS port; 0 means DefaultSecurePort.
+	SecurePort int
+	// Listener, if set, is used instead of BindAddress and SecurePort (tests and embedding).
+	Listener net.Listener
+
+	// TLSCertFile and TLSKeyFile are the serving certificate and key (PEM), e.g. from
+	// cert-manager. Both or neither. When neither is set a self-signed certificate is used:
+	// read from CertDir (apiserver.crt, apiserver.key) when there, generated and written there
+	// when not, and kept in memory when CertDir is empty. The APIService must then skip TLS
+	// verification (insecureSkipTLSVerify) since no CA vouches for it.
+	TLSCertFile, TLSKeyFile string
+	// CertDir is where the self-signed certificate is kept; see TLSCertFile.
+	CertDir string
+
+	// Logger receives the provider's request errors (V(1)) and the server's lifecycle. The
+	// generic API server underneath logs through klog.
+	Logger logr.Logger
+}
+
+// BindFlags registers the metrics API flags on fs, all named --metrics-api*, with o's current
+// values as defaults.
+func (o *Options) BindFlags(fs *flag.FlagSet) {
+	fs.BoolVar(&o.Enabled, "metrics-api", o.Enabled,
+		"serve the external metrics API (external.metrics.k8s.io: renderqueue_due, renderqueue_due_lower_bound) for HPAs; "+
+			"needs the config/metrics-api component (APIService, auth-delegator and authentication-reader bindings)")
+	fs.StringVar(&o.BindAddress, "metrics-api-bind-address", o.BindAddress, "IP address the metrics API listens on (empty: all interfaces)")
+	port := o.SecurePort
+	if port == 0 {
+		port = DefaultSecurePort
+	}
+	fs.IntVar(&o.SecurePort, "metrics-api-secure-port", port, "HTTPS port of the metrics API")
+	fs.StringVar(&o.TLSCertFile, "metrics-api-tls-cert-file", o.TLSCertFile, "serving certificate of the metrics API (PEM); self-signed when unset")
+	fs.StringVar(&o.TLSKeyFile, "metrics-api-tls-private-key-file", o.TLSKeyFile, "private key of --metrics-api-tls-cert-file (PEM)")
+	fs.StringVar(&o.CertDir, "metrics-api-cert-dir", o.CertDir,
+		"directory for the self-signed certificate (apiserver.crt/.key) when no --metrics-api-tls-cert-file is given; empty: in memory")
+	fs.StringVar(&o.AuthKubeconfig, "metrics-api-auth-kubeconfig", o.AuthKubeconfig,
+		"kubeconfig for delegated authentication/authorization (TokenReview, SubjectAccessReview); empty: the operator's own credentials")
+}
+
+// Server is the external metrics API server. It implements manager.Runnable and runs on every
+// replica of the operator, leader or not (each serves from its own cache).
+type Server struct {
+	server *cmapiserver.CustomMetricsAdapterServer
+	log    logr.Logger
+}
+
+var (
+	_ manager.Runnable               = (*Server)(nil)
+	_ manager.LeaderElectionRunnable = (*Server)(nil)
+)
+
+// NewServer builds the metrics API server: it binds the listening socket (unless a Listener is
+// given), loads or generates the serving certificate and builds the delegating authenticator and
+// authorizer, which reads the kube-system/extension-apiserver-authentication ConfigMap — so the
+// API server must be reachable and the authentication-reader RoleBinding in place.
+func NewServer(opts Options) (*Server, error) {
+	if opts.Reader == nil {
+		return nil, errors.New("metrics API: Options.Reader is required")
+	}
+	if opts.RESTConfig == nil {
+		return nil, errors.New("metrics API: Options.RESTConfig is required")
+	}
+	if (opts.TLSCertFile == "") != (opts.TLSKeyFile == "") {
+		return nil, fmt.Errorf("metrics API: give both the TLS certificate and its key, or neither (cert %q, key %q)", opts.TLSCertFile, opts.TLSKeyFile)
+	}
+
+	o := cmoptions.NewCustomMetricsAdapterServerOptions()
+	ss := o.SecureServing
+	if opts.Listener != nil {
+		ss.Listener = opts.Listener
+		ss.BindPort = 0
+	} else {
+		ss.BindPort = opts.SecurePort
+		if ss.BindPort == 0 {
+			ss.BindPort = DefaultSecurePort
+		}
+		if opts.BindAddress != "" {
+			ip := net.ParseIP(opts.BindAddress)
+			if ip == nil {
+				return nil, fmt.Errorf("metrics API: bind address %q is not an IP address", opts.BindAddress)
+			}
+			ss.BindAddress = ip
+		}
+	}
+	ss.ServerCert.CertKey.CertFile, ss.ServerCert.CertKey.KeyFile = opts.TLSCertFile, opts.TLSKeyFile
+	ss.ServerCert.CertDirectory = opts.CertDir // "" keeps a generated certificate in memory
+
+	authKubeconfig := opts.AuthKubeconfig
+	if authKubeconfig == "" {
+		path, cleanup, err := writeKubeconfig(opts.RESTConfig)
+		if err != nil {
+			return nil, fmt.Errorf("metrics API: delegated authentication: %w", err)
+		}
+		defer cleanup() // the delegating clients are built (and the file read) by ApplyTo below
+		authKubeconfig = path
+	}
+	o.Authentication.RemoteKubeConfigFile = authKubeconfig
+	o.Authorization.RemoteKubeConfigFile = authKubeconfig
+	getDefs := func(ref openapicommon.ReferenceCallback) map[string]openapicommon.OpenAPIDefinition {
+		defs := generatedcore.GetOpenAPIDefinitions(ref)
+		for k, v := range generatedexternal.GetOpenAPIDefinitions(ref) {
+			defs[k] = v
+		}
+		return defs
+	}
+	namer := openapinamer.NewDefinitionNamer(cmapiserver.Scheme)
+	o.OpenAPIConfig = genericapiserver.DefaultOpenAPIConfig(getDefs, namer)
+	o.OpenAPIConfig.Info.Title, o.OpenAPIConfig.Info.Version = serverName, "v1beta1"
+	o.OpenAPIV3Config = genericapiserver.DefaultOpenAPIV3Config(getDefs, namer)
+	o.OpenAPIV3Config.Info.Title, o.OpenAPIV3Config.Info.Version = serverName, "v1beta1"
+	if errs := o.Validate(); len(errs) > 0 {
+		return nil, fmt.Errorf("metrics API options: %w", errors.Join(errs...))
+	}
+
+	restConfig := rest.CopyConfig(opts.RESTConfig)
+	kube, err := kubernetes.NewForConfig(restConfig)
+	if err != nil {
+		return nil, fmt.Errorf("metrics API: kubernetes client: %w", err)
+	}
+	informerFactory := informers.NewSharedInformerFactory(kube, 0)
+	serverConfig := genericapiserver.NewRecommendedConfig(cmapiserver.Codecs)
+	serverConfig.ClientConfig = restConfig
+	serverConfig.SharedInformerFactory = informerFactory
+	if err := o.ApplyTo(serverConfig); err != nil {
+		return nil, fmt.Errorf("metrics API: configure server: %w", err)
+	}
+	config := &cmapiserver.Config{GenericConfig: &serverConfig.Config}
+	srv, err := config.Complete(informerFactory).New(serverName, nil, NewProvider(opts.Reader, opts.Logger))
+	if err != nil {
+		return nil, fmt.Errorf("metrics API: build server: %w", err)
+	}
+	return &Server{server: srv, log: opts.Logger}, nil
+}
+
+// Start serves until ctx is done, then shuts down gracefully. It implements manager.Runnable.
+func (s *Server) Start(ctx context.Context) error {
+	s.log.Info("serving the external metrics API", "metrics", Metrics())
+	if err := s.server.GenericAPIServer.PrepareRun().RunWithContext(ctx); err != nil {
+		return fmt.Errorf("metrics API server: %w", err)
+	}
+	return nil
+}
+
+// NeedLeaderElection implements manager.LeaderElectionRunnable: every replica serves.
+func (s *Server) NeedLeaderElection() bool { return false }
+
+// Run builds the server with NewServer and serves until ctx is done.
+func Run(ctx context.Context, opts Options) error {
+	s, err := NewServer(opts)
+	if err != nil {
+		return err
+	}
+	return s.Start(ctx)
+}
+
+// AddToManager adds the metrics API server to mgr when opts.Enabled, defaulting opts.Reader to
+// mgr.GetClient() and opts.RESTConfig to mgr.GetConfig(). The server is built now (so
+// misconfiguration fails the operator's start-up) and serves once mgr starts.
+func AddToManager(mgr manager.Manager, opts Options) error {
+	if !opts.Enabled {
+		return nil
+	}
+	if opts.Reader == nil {
+		opts.Reader = mgr.GetClient()
+	}
+	if opts.RESTConfig == nil {
+		opts.RESTConfig = mgr.GetConfig()
+	}
+	s, err := NewServer(opts)
+	if err != nil {
+		return err
+	}
+	if err := mgr.Add(s); err != nil {
+		return fmt.Errorf("metrics API: add to manager: %w", err)
+	}
+	return nil
+}
+
+// writeKubeconfig writes cfg as a kubeconfig file readable only by this user, for the
+// delegating authenticator and authorizer, which take a file. cleanup removes it.
+func writeKubeconfig(cfg *rest.Config) (path string, cleanup func(), err error) {
+	if cfg.ExecProvider != nil || cfg.AuthProvider != nil {
+		return "", nil, errors.New("the REST config uses an exec or auth-provider plugin, which cannot be passed on; set Options.AuthKubeconfig (--metrics-api-auth-kubeconfig)")
+	}
+	if cfg.Host == "" {
+		return "", nil, errors.New("the REST config has no host")
+	}
+	host := cfg.Host
+	if cfg.APIPath != "" && cfg.APIPath != "/api" {
+		return "", nil, fmt.Errorf("the REST config has API path %q, which a kubeconfig cannot express; set Options.AuthKubeconfig", cfg.APIPath)
+	}
+	kc := clientcmdapi.NewConfig()
+	kc.Clusters["cluster"] = &clientcmdapi.Cluster{
+		Server:                   host,
+		TLSServerName:            cfg.ServerName,
+		InsecureSkipTLSVerify:    cfg.Insecure,
+		CertificateAuthority:     cfg.CAFile,
+		CertificateAuthorityData: cfg.CAData,
+	}
+	kc.AuthInfos["user"] = &clientcmdapi.AuthInfo{
+		ClientCertificate:     cfg.CertFile,
+		ClientCertificateData: cfg.CertData,
+		ClientKey:             cfg.KeyFile,
+		ClientKeyData:         cfg.KeyData,
+		Token:                 cfg.BearerToken,
+		TokenFile:             cfg.BearerTokenFile,
+		Username:              cfg.Username,
+		Password:              cfg.Password,
+		Impersonate:           cfg.Impersonate.UserName,
+		ImpersonateUID:        cfg.Impersonate.UID,
+		ImpersonateGroups:     cfg.Impersonate.Groups,
+		ImpersonateUserExtra:  cfg.Impersonate.Extra,
+	}
+	kc.Contexts["context"] = &clientcmdapi.Context{Cluster: "cluster", AuthInfo: "user"}
+	kc.CurrentContext = "context"
+
+	dir, err := os.MkdirTemp("", "renderqueue-metrics-api-")
+	if err != nil {
+		return "", nil, fmt.Errorf("temporary kubeconfig: %w", err)
+	}
+	cleanup = func() { _ = os.RemoveAll(dir) }
+	path = filepath.Join(dir, "kubeconfig")
+	if err := clientcmd.WriteToFile(*kc, path); err != nil {
+		cleanup()
+		return "", nil, fmt.Errorf("write temporary kubeconfig: %w", err)
+	}
+	return path, cleanup, nil
+}
