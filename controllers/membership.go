@@ -10,6 +10,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	rqv1 "github.com/renderqueue/renderqueue/api/v1alpha1"
@@ -34,9 +35,14 @@ type progress struct {
 	Message string
 }
 
-// pendingEvent is an event to emit once the status write that makes it true succeeded.
+// pendingEvent is an event about a RenderQueue, emitted once the status write that makes it true
+// succeeded (or the change it reports was made).
 type pendingEvent struct {
 	Type, Reason, Action, Message string
+	// Related is the object the event is also about (a shard Pod), or nil. The events API counts
+	// repeats of one (regarding, related, reason, action) as a series, so events about different
+	// shards must name their Pod here to stay apart.
+	Related runtime.Object
 }
 
 // targetShards is the shard list spec.shards asks for: <rq>-shard-0 .. <rq>-shard-(n-1).

@@ -93,7 +93,7 @@ func (r *RenderQueueReconciler) reconcilePods(ctx context.Context, rq *rqv1.Rend
 		logger.Info("Created shard Pod", "pod", name)
 		pods[name] = pod
 		events = append(events, pendingEvent{Type: corev1.EventTypeNormal, Reason: EventShardCreated, Action: "Create",
-			Message: fmt.Sprintf("created shard Pod %s", name)})
+			Message: fmt.Sprintf("created shard Pod %s", name), Related: pod})
 	}
 	for name, pod := range pods {
 		if wanted[name] || pod.DeletionTimestamp != nil {
@@ -105,7 +105,7 @@ func (r *RenderQueueReconciler) reconcilePods(ctx context.Context, rq *rqv1.Rend
 		logger.Info("Deleted surplus shard Pod", "pod", name)
 		delete(pods, name)
 		events = append(events, pendingEvent{Type: corev1.EventTypeNormal, Reason: EventShardRemoved, Action: "Delete",
-			Message: fmt.Sprintf("deleted shard Pod %s: it is beyond spec.shards and owns no slots", name)})
+			Message: fmt.Sprintf("deleted shard Pod %s: it is beyond spec.shards and owns no slots", name), Related: pod})
 	}
 	return events, nil
 }
@@ -166,7 +166,7 @@ func (r *RenderQueueReconciler) reconcileRollingUpdate(ctx context.Context, rq *
 		victim.Name, victim.Annotations[rqv1.AnnotationPodTemplateHash], hash, updated, len(keep))
 	return rollingStep{
 		Progress: &progress{Reason: rqv1.ReasonRollingUpdate, Message: msg},
-		Events:   []pendingEvent{{Type: corev1.EventTypeNormal, Reason: EventShardReplacing, Action: "Replace", Message: msg}},
+		Events:   []pendingEvent{{Type: corev1.EventTypeNormal, Reason: EventShardReplacing, Action: "Replace", Message: msg, Related: victim}},
 	}, nil
 }
 

@@ -216,6 +216,7 @@ func formatLag(d time.Duration) string {
 	if d < 0 {
 		d = -d
 	}
+	d = d.Round(time.Second)
 	if d >= time.Hour {
 		d = d.Round(time.Minute)
 		h, m := d/time.Hour, (d%time.Hour)/time.Minute
@@ -224,7 +225,6 @@ func formatLag(d time.Duration) string {
 		}
 		return fmt.Sprintf("%dh%dm", h, m)
 	}
-	d = d.Round(time.Second)
 	m, sec := d/time.Minute, (d%time.Minute)/time.Second
 	switch {
 	case m == 0:

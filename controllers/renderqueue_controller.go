@@ -196,7 +196,7 @@ func (r *RenderQueueReconciler) Reconcile(ctx context.Context, req ctrl.Request)
 	if wrote {
 		logger.V(1).Info("Status updated", "due", next.Due, "dueExact", next.DueExact, "epoch", next.Membership.Epoch)
 		r.emit(&rq, mstep.Events)
-		r.emit(&rq, transitionEvents(prev, next))
+		r.emit(&rq, transitionEvents(prev, next, pods))
 	}
 
 	after := r.pollInterval()
@@ -212,7 +212,7 @@ func (r *RenderQueueReconciler) emit(rq *rqv1.RenderQueue, evs []pendingEvent) {
 		return
 	}
 	for _, e := range evs {
-		r.Recorder.Eventf(rq, nil, e.Type, e.Reason, e.Action, "%s", e.Message)
+		r.Recorder.Eventf(rq, e.Related, e.Type, e.Reason, e.Action, "%s", e.Message)
 	}
 }
 

@@ -9,6 +9,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 
 	rqv1 "github.com/renderqueue/renderqueue/api/v1alpha1"
 	"github.com/renderqueue/renderqueue/pkg/membership"
@@ -203,7 +204,7 @@ func setCondition(st *rqv1.RenderQueueStatus, generation int64, now time.Time, t
 // a condition turning bad (EdgeLagging, PartialWalk, WalkFailed) or recovering, and a shard
 // becoming unreachable or reachable again. Nothing when nothing changed, so a steady state emits
 // nothing on later polls.
-func transitionEvents(prev, next *rqv1.RenderQueueStatus) []pendingEvent {
+func transitionEvents(prev, next *rqv1.RenderQueueStatus, pods map[string]*corev1.Pod) []pendingEvent {
 	var out []pendingEvent
 	for _, typ := range []string{rqv1.ConditionEdgeHealthy, rqv1.ConditionWalksComplete} {
 		n := meta.FindStatusCondition(next.Conditions, typ)
@@ -227,11 +228,19 @@ func transitionEvents(prev, next *rqv1.RenderQueueStatus) []pendingEvent {
 		switch {
 		case s.Phase == PhaseUnreachable && p != PhaseUnreachable:
 			out = append(out, pendingEvent{Type: corev1.EventTypeWarning, Reason: EventShardUnreachable, Action: "Poll",
-				Message: fmt.Sprintf("shard %s is unreachable: %s", s.Name, s.Error)})
+				Message: fmt.Sprintf("shard %s is unreachable: %s", s.Name, s.Error), Related: relatedPod(pods, s.Name)})
 		case known && p == PhaseUnreachable && reachable(s):
 			out = append(out, pendingEvent{Type: corev1.EventTypeNormal, Reason: EventShardReachable, Action: "Poll",
-				Message: fmt.Sprintf("shard %s answers again (status %s)", s.Name, s.Phase)})
+				Message: fmt.Sprintf("shard %s answers again (status %s)", s.Name, s.Phase), Related: relatedPod(pods, s.Name)})
 		}
 	}
 	return out
+}
+
+// relatedPod is the shard's Pod as an event's related object, nil (not a typed nil) without one.
+func relatedPod(pods map[string]*corev1.Pod, name string) runtime.Object {
+	if p := pods[name]; p != nil {
+		return p
+	}
+	return nil
 }

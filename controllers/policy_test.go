@@ -1,0 +1,344 @@
+package controllers
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	rqv1 "github.com/renderqueue/renderqueue/api/v1alpha1"
+	"github.com/renderqueue/renderqueue/pkg/membership"
+	"github.com/renderqueue/renderqueue/pkg/shardapi"
+)
+
+func i64(v int64) *int64 { return &v }
+
+// healthy is a reachable, ready, exact shard with a finished complete walk and an edge ahead.
+func healthy(name string) rqv1.ShardStatus {
+	return rqv1.ShardStatus{Name: name, Phase: shardapi.StatusQueued, Ready: true, Exact: true, Due: 5,
+		EdgeAheadSeconds: i64(3600), LastWalk: &rqv1.WalkSummary{}}
+}
+
+func with(s rqv1.ShardStatus, change func(*rqv1.ShardStatus)) rqv1.ShardStatus {
+	change(&s)
+	return s
+}
+
+func checkCondition(t *testing.T, name string, got condition, status metav1.ConditionStatus, reason string, msgParts ...string) {
+	t.Helper()
+	if got.Status != status || got.Reason != reason {
+		t.Errorf("%s: got %s/%s (%q), want %s/%s", name, got.Status, got.Reason, got.Message, status, reason)
+	}
+	for _, part := range msgParts {
+		if !strings.Contains(got.Message, part) {
+			t.Errorf("%s: message %q does not contain %q", name, got.Message, part)
+		}
+	}
+}
+
+func TestReadyCondition(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		shards []rqv1.ShardStatus
+		status metav1.ConditionStatus
+		reason string
+		msg    []string
+	}{
+		{"no shards", nil, metav1.ConditionFalse, rqv1.ReasonShardsNotReady, []string{"no shards"}},
+		{"all ready", []rqv1.ShardStatus{healthy("a"), healthy("b")}, metav1.ConditionTrue, rqv1.ReasonAllShardsReady, []string{"2 of 2"}},
+		{"one pending", []rqv1.ShardStatus{healthy("a"), {Name: "b", Phase: PhasePending, Error: "the Pod has no IP yet"}},
+			metav1.ConditionFalse, rqv1.ReasonShardsNotReady, []string{"1 of 2", "shard b is Pending: the Pod has no IP yet"}},
+		{"one loading", []rqv1.ShardStatus{with(healthy("a"), func(s *rqv1.ShardStatus) { s.Ready, s.Phase = false, "unready" })},
+			metav1.ConditionFalse, rqv1.ReasonShardsNotReady, []string{"shard a is loading (unready)"}},
+	} {
+		got := readyCondition(tc.shards)
+		checkCondition(t, tc.name, got, tc.status, tc.reason, tc.msg...)
+	}
+}
+
+func TestExactCondition(t *testing.T) {
+	unreachable := rqv1.ShardStatus{Name: "web-shard-1", Phase: PhaseUnreachable, Error: "unreachable: connection refused"}
+	for _, tc := range []struct {
+		name       string
+		shards     []rqv1.ShardStatus
+		sumExact   bool
+		notAdopted []string
+		status     metav1.ConditionStatus
+		reason     string
+		msg        []string
+	}{
+		{"exact", []rqv1.ShardStatus{healthy("a"), healthy("b")}, true, nil,
+			metav1.ConditionTrue, rqv1.ReasonAllShardsExact, []string{"all 2 shards"}},
+		{"no shards", nil, true, nil, metav1.ConditionFalse, rqv1.ReasonNoShardReports, nil},
+		{"unreachable wins over inexact", []rqv1.ShardStatus{with(healthy("a"), func(s *rqv1.ShardStatus) { s.Exact = false }), unreachable}, true, nil,
+			metav1.ConditionFalse, rqv1.ReasonShardUnreachable, []string{"shard web-shard-1 is unreachable", "connection refused", "lower bound"}},
+		{"two unreachable", []rqv1.ShardStatus{unreachable, with(unreachable, func(s *rqv1.ShardStatus) { s.Name = "web-shard-2" })}, true, nil,
+			metav1.ConditionFalse, rqv1.ReasonShardUnreachable, []string{"web-shard-1", "and 1 more shard"}},
+		{"pending", []rqv1.ShardStatus{{Name: "p", Phase: PhasePending}}, true, nil,
+			metav1.ConditionFalse, rqv1.ReasonShardUnreachable, []string{"shard p is not serving yet"}},
+		{"inexact", []rqv1.ShardStatus{healthy("a"), with(healthy("b"), func(s *rqv1.ShardStatus) { s.Exact, s.Phase, s.Due = false, "unready", 42 })}, true, nil,
+			metav1.ConditionFalse, rqv1.ReasonShardInexact, []string{"shard b", "42", "unready"}},
+		{"owner not adopted", []rqv1.ShardStatus{healthy("a"), healthy("b")}, false, []string{"b"},
+			metav1.ConditionFalse, rqv1.ReasonMembershipChanging, []string{"shard b has not adopted the assignment at epoch 7"}},
+	} {
+		got := exactCondition(tc.shards, tc.sumExact, tc.notAdopted, 7)
+		checkCondition(t, tc.name, got, tc.status, tc.reason, tc.msg...)
+	}
+}
+
+func TestEdgeCondition(t *testing.T) {
+	lag := func(name string, seconds int64) rqv1.ShardStatus {
+		return with(healthy(name), func(s *rqv1.ShardStatus) { s.EdgeAheadSeconds = i64(seconds) })
+	}
+	for _, tc := range []struct {
+		name   string
+		shards []rqv1.ShardStatus
+		status metav1.ConditionStatus
+		reason string
+		msg    []string
+	}{
+		{"ahead", []rqv1.ShardStatus{healthy("a")}, metav1.ConditionTrue, rqv1.ReasonEdgeAhead, nil},
+		{"unbounded window (no edge)", []rqv1.ShardStatus{with(healthy("a"), func(s *rqv1.ShardStatus) { s.EdgeAheadSeconds = nil })},
+			metav1.ConditionTrue, rqv1.ReasonEdgeAhead, nil},
+		{"lagging", []rqv1.ShardStatus{healthy("web-shard-0"), lag("web-shard-1", -4800)},
+			metav1.ConditionFalse, rqv1.ReasonEdgeLagging, []string{"shard web-shard-1 edge is 1h20m behind now"}},
+		{"worst named", []rqv1.ShardStatus{lag("a", -90), lag("b", -7200), lag("c", -30)},
+			metav1.ConditionFalse, rqv1.ReasonEdgeLagging, []string{"shard b edge is 2h behind now", "and 2 more shards"}},
+		{"unreachable shards are not judged", []rqv1.ShardStatus{{Name: "a", Phase: PhaseUnreachable, EdgeAheadSeconds: i64(-100)}},
+			metav1.ConditionUnknown, rqv1.ReasonNoShardReports, nil},
+	} {
+		checkCondition(t, tc.name, edgeCondition(tc.shards), tc.status, tc.reason, tc.msg...)
+	}
+}
+
+func TestWalksCondition(t *testing.T) {
+	finished := metav1.NewTime(time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC))
+	partial := with(healthy("web-shard-2"), func(s *rqv1.ShardStatus) {
+		s.LastWalk = &rqv1.WalkSummary{Partial: true, UnreadSegments: 3, FinishedAt: &finished}
+	})
+	failed := with(healthy("web-shard-0"), func(s *rqv1.ShardStatus) {
+		s.LastWalk = &rqv1.WalkSummary{Failed: true}
+		s.Error = "store unreachable"
+	})
+	for _, tc := range []struct {
+		name   string
+		shards []rqv1.ShardStatus
+		status metav1.ConditionStatus
+		reason string
+		msg    []string
+	}{
+		{"complete", []rqv1.ShardStatus{healthy("a")}, metav1.ConditionTrue, rqv1.ReasonWalksComplete, nil},
+		{"no walks yet", []rqv1.ShardStatus{{Name: "a", Phase: PhasePending}}, metav1.ConditionUnknown, rqv1.ReasonNoShardReports, nil},
+		{"partial", []rqv1.ShardStatus{healthy("a"), partial}, metav1.ConditionFalse, rqv1.ReasonPartialWalk,
+			[]string{"shard web-shard-2's last walk left 3 segments unread", "2026-11-29T12:00:00Z"}},
+		{"partial named before failed", []rqv1.ShardStatus{failed, partial}, metav1.ConditionFalse, rqv1.ReasonPartialWalk, []string{"web-shard-2"}},
+		{"failed", []rqv1.ShardStatus{failed}, metav1.ConditionFalse, rqv1.ReasonWalkFailed, []string{"web-shard-0's last walk failed: store unreachable"}},
+	} {
+		checkCondition(t, tc.name, walksCondition(tc.shards), tc.status, tc.reason, tc.msg...)
+	}
+}
+
+func TestProgressingCondition(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		p      *progress
+		shards []rqv1.ShardStatus
+		status metav1.ConditionStatus
+		reason string
+		msg    []string
+	}{
+		{"settled", nil, []rqv1.ShardStatus{healthy("a")}, metav1.ConditionFalse, rqv1.ReasonSettled, []string{"1 shards settled at membership epoch 3"}},
+		{"rebalancing wins", &progress{Reason: rqv1.ReasonRebalancing, Message: "moving"}, []rqv1.ShardStatus{{Name: "a", Phase: PhasePending}},
+			metav1.ConditionTrue, rqv1.ReasonRebalancing, []string{"moving"}},
+		{"loading", nil, []rqv1.ShardStatus{healthy("a"), {Name: "b", Phase: PhasePending}}, metav1.ConditionTrue, rqv1.ReasonLoading,
+			[]string{"shard b is loading", "1 of 2"}},
+		{"an unreachable shard is not loading", nil, []rqv1.ShardStatus{healthy("a"), {Name: "b", Phase: PhaseUnreachable}},
+			metav1.ConditionFalse, rqv1.ReasonSettled, nil},
+	} {
+		checkCondition(t, tc.name, progressingCondition(tc.p, tc.shards, 3), tc.status, tc.reason, tc.msg...)
+	}
+}
+
+func TestFormatLag(t *testing.T) {
+	for d, want := range map[time.Duration]string{
+		0:                                "0s",
+		45 * time.Second:                 "45s",
+		4*time.Minute + 10*time.Second:   "4m10s",
+		10 * time.Minute:                 "10m",
+		80 * time.Minute:                 "1h20m",
+		2*time.Hour + 20*time.Second:     "2h",
+		-(26*time.Hour + 31*time.Minute): "26h31m",
+		59*time.Minute + 59*time.Second:  "59m59s",
+		59*time.Minute + 59*time.Second + 600*time.Millisecond: "1h",
+	} {
+		if got := formatLag(d); got != want {
+			t.Errorf("formatLag(%v) = %q, want %q", d, got, want)
+		}
+	}
+}
+
+func TestShardStatusEdgeAheadIsStable(t *testing.T) {
+	edge := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+	report := func(ahead float64, edge time.Time) shardReport {
+		return shardReport{Name: "s", Asked: true, Status: &shardapi.Status{
+			Shard: "s", Status: shardapi.StatusQueued, Edge: &edge, EdgeAheadSeconds: &ahead}}
+	}
+	first := shardStatus(report(3600.7, edge), "0-1023", nil)
+	if *first.EdgeAheadSeconds != 3600 {
+		t.Fatalf("edgeAheadSeconds = %d, want 3600", *first.EdgeAheadSeconds)
+	}
+	for _, tc := range []struct {
+		name  string
+		ahead float64
+		edge  time.Time
+		want  int64
+	}{
+		{"a poll later: kept", 3590, edge, 3600},
+		{"a minute later: kept (within a tenth)", 3540, edge, 3600},
+		{"over a tenth later: refreshed", 3239, edge, 3239},
+		{"new edge: refreshed", 3590, edge.Add(time.Second), 3590},
+		{"now lagging: refreshed at once", -1, edge, -1},
+	} {
+		got := shardStatus(report(tc.ahead, tc.edge), "0-1023", &first)
+		if *got.EdgeAheadSeconds != tc.want {
+			t.Errorf("%s: edgeAheadSeconds = %d, want %d", tc.name, *got.EdgeAheadSeconds, tc.want)
+		}
+	}
+}
+
+func TestShardStatusUnreachableAndPending(t *testing.T) {
+	got := shardStatus(shardReport{Name: "s", Asked: true, Err: errString("unreachable: refused")}, "0-9", nil)
+	if got.Phase != PhaseUnreachable || got.Error != "unreachable: refused" || got.Ready || got.Slots != "0-9" {
+		t.Errorf("unreachable: %+v", got)
+	}
+	got = shardStatus(shardReport{Name: "s", Err: errString("no Pod")}, "", nil)
+	if got.Phase != PhasePending || got.Error != "no Pod" {
+		t.Errorf("pending: %+v", got)
+	}
+}
+
+type errString string
+
+func (e errString) Error() string { return string(e) }
+
+func TestValidateReport(t *testing.T) {
+	ok := &shardapi.Status{Membership: shardapi.Membership{Owned: "0-9", Incoming: "10"}, DuePerSlot: map[string]int{"3": 4}}
+	d, err := validateReport(ok)
+	if err != nil || d.DuePerSlot[3] != 4 || d.Owned.Len() != 10 {
+		t.Fatalf("validateReport(ok) = %+v, %v", d, err)
+	}
+	for name, st := range map[string]*shardapi.Status{
+		"bad owned":     {Membership: shardapi.Membership{Owned: "9-0"}},
+		"bad incoming":  {Membership: shardapi.Membership{Incoming: "x"}},
+		"bad slot key":  {DuePerSlot: map[string]int{"x": 1}},
+		"slot too high": {DuePerSlot: map[string]int{"1024": 1}},
+		"negative due":  {DuePerSlot: map[string]int{"1": -1}},
+	} {
+		if _, err := validateReport(st); err == nil {
+			t.Errorf("%s: accepted", name)
+		}
+	}
+}
+
+func TestAssignmentStatusRoundTrip(t *testing.T) {
+	rq := &rqv1.RenderQueue{}
+	rq.Name = "web"
+	names := []string{"web-shard-0", "web-shard-1", "web-shard-2"}
+	plan, err := membership.PlanRebalance(membership.Assignment{}, names)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, err := membership.Apply(membership.Assignment{}, plan.Phases[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	plan, err = membership.PlanRebalance(first, append(names, "web-shard-3"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	prepared, err := membership.Apply(first, plan.Phases[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ms rqv1.MembershipStatus
+	setAssignment(rq, &ms, prepared)
+	if ms.Phase != rqv1.MembershipPreparing || ms.SlotsMoving != 256 || len(ms.Incoming) != 1 || ms.Incoming[0].Shard != "web-shard-3" {
+		t.Fatalf("prepared membership status: %+v", ms)
+	}
+	back, err := assignmentFromStatus(ms)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if back != prepared {
+		t.Errorf("round trip changed the assignment: %+v != %+v", back.Spec(), prepared.Spec())
+	}
+	if _, err := assignmentFromStatus(rqv1.MembershipStatus{Epoch: 2, Assignment: []rqv1.ShardSlots{{Shard: "a", Slots: "0-10"}}}); err == nil {
+		t.Error("an assignment leaving slots without owner was accepted")
+	}
+}
+
+func TestSortShards(t *testing.T) {
+	rq := &rqv1.RenderQueue{}
+	rq.Name = "web"
+	names := []string{"web-shard-10", "other", "web-shard-2", "web-shard-0"}
+	sortShards(rq, names)
+	if strings.Join(names, " ") != "web-shard-0 web-shard-2 web-shard-10 other" {
+		t.Errorf("sortShards = %v", names)
+	}
+	for name, want := range map[string]bool{"web-shard-3": true, "web-shard-03": false, "web-shard--1": false, "webx-shard-1": false} {
+		if _, ok := shardIndex(rq, name); ok != want {
+			t.Errorf("shardIndex(%q) ok = %v, want %v", name, ok, want)
+		}
+	}
+}
+
+func TestTransitionEventsOnlyOnChange(t *testing.T) {
+	lagging := rqv1.RenderQueueStatus{
+		Conditions: []metav1.Condition{{Type: rqv1.ConditionEdgeHealthy, Status: metav1.ConditionFalse, Reason: rqv1.ReasonEdgeLagging, Message: "lag"}},
+		Shards:     []rqv1.ShardStatus{{Name: "a", Phase: PhaseUnreachable, Error: "refused"}},
+	}
+	healthyStatus := rqv1.RenderQueueStatus{
+		Conditions: []metav1.Condition{{Type: rqv1.ConditionEdgeHealthy, Status: metav1.ConditionTrue, Reason: rqv1.ReasonEdgeAhead}},
+		Shards:     []rqv1.ShardStatus{{Name: "a", Phase: "queued"}},
+	}
+	reasons := func(evs []pendingEvent) string {
+		var out []string
+		for _, e := range evs {
+			out = append(out, e.Type+"/"+e.Reason)
+		}
+		return strings.Join(out, ",")
+	}
+	if got := reasons(transitionEvents(&healthyStatus, &lagging, nil)); got != "Warning/EdgeLagging,Warning/ShardUnreachable" {
+		t.Errorf("healthy → lagging: %s", got)
+	}
+	if got := reasons(transitionEvents(&lagging, &lagging, nil)); got != "" {
+		t.Errorf("lagging → lagging: %s", got)
+	}
+	if got := reasons(transitionEvents(&lagging, &healthyStatus, nil)); got != "Normal/EdgeAhead,Normal/ShardReachable" {
+		t.Errorf("lagging → healthy: %s", got)
+	}
+}
+
+func TestPodTemplateHash(t *testing.T) {
+	rq := &rqv1.RenderQueue{}
+	rq.Name, rq.Namespace = "web", "prod"
+	rq.Spec.Store.SecretRef.Name = "pg"
+	h := podTemplateHash(rq, "img:v1")
+	if h != podTemplateHash(rq.DeepCopy(), "img:v1") {
+		t.Error("hash is not deterministic")
+	}
+	if h == podTemplateHash(rq, "img:v2") {
+		t.Error("the operator image does not change the hash")
+	}
+	rq2 := rq.DeepCopy()
+	rq2.Spec.Image = "custom:v1"
+	if h == podTemplateHash(rq2, "img:v1") {
+		t.Error("spec.image does not change the hash")
+	}
+	rq3 := rq.DeepCopy()
+	rq3.Spec.Shards = 7
+	if h != podTemplateHash(rq3, "img:v1") {
+		t.Error("spec.shards changes the hash (it must not replace Pods)")
+	}
+}

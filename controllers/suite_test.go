@@ -1,0 +1,204 @@
+package controllers
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+	logf "sigs.k8s.io/controller-runtime/pkg/log"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	rqv1 "github.com/renderqueue/renderqueue/api/v1alpha1"
+)
+
+// The suite runs the reconciler in a manager against a real kube-apiserver and etcd (envtest).
+// No kubelet runs: a test-side stand-in marks shard Pods Running and Ready with an IP, and
+// fakeShards (httptest servers) answer each shard's /v1/status.
+const (
+	testPollInterval     = 250 * time.Millisecond
+	testRebalanceTimeout = 6 * time.Second
+	testRetryAfter       = time.Minute
+	testImage            = "registry.example/renderqueue:v1"
+)
+
+var (
+	testEnv   *envtest.Environment
+	cfg       *rest.Config
+	k8sClient client.Client
+	suiteCtx  context.Context
+	fakes     *fakeRegistry
+	kubelet   *fakeKubelet
+)
+
+func TestControllers(t *testing.T) {
+	if os.Getenv("KUBEBUILDER_ASSETS") == "" {
+		t.Skip("KUBEBUILDER_ASSETS is not set, so there is no kube-apiserver/etcd to run the reconciler " +
+			"against: run `make test` (hack/test.sh sets it) or " +
+			"`export KUBEBUILDER_ASSETS=$(hack/setup-envtest.sh | tail -n 1)`")
+	}
+	RegisterFailHandler(Fail)
+	RunSpecs(t, "controllers suite (envtest)")
+}
+
+// fakeRegistry maps shard Pods to their fake shards; it is the reconciler's ShardURLResolver.
+type fakeRegistry struct {
+	mu     sync.Mutex
+	shards map[string]*fakeShard // namespace/name
+}
+
+func (r *fakeRegistry) add(f *fakeShard) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.shards[f.namespace+"/"+f.name] = f
+}
+
+func (r *fakeRegistry) resolve(pod *corev1.Pod) (string, error) {
+	if pod.Status.PodIP == "" {
+		return "", fmt.Errorf("the Pod has no IP yet")
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	f, ok := r.shards[pod.Namespace+"/"+pod.Name]
+	if !ok {
+		return "", fmt.Errorf("no fake shard for %s/%s", pod.Namespace, pod.Name)
+	}
+	return f.srv.URL, nil
+}
+
+func (r *fakeRegistry) closeAll() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, f := range r.shards {
+		f.srv.Close()
+	}
+}
+
+// fakeKubelet marks shard Pods Running and Ready with an IP, as a kubelet would once their
+// readiness probe passes, except Pods the test holds back.
+type fakeKubelet struct {
+	c    client.Client
+	mu   sync.Mutex
+	hold map[string]bool // namespace/name
+}
+
+func (k *fakeKubelet) setHold(namespace, name string, hold bool) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.hold[namespace+"/"+name] = hold
+}
+
+func (k *fakeKubelet) held(pod *corev1.Pod) bool {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.hold[pod.Namespace+"/"+pod.Name]
+}
+
+func (k *fakeKubelet) run(ctx context.Context) {
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	n := 0
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		var pods corev1.PodList
+		if err := k.c.List(ctx, &pods, client.HasLabels{rqv1.LabelQueue}); err != nil {
+			continue
+		}
+		for i := range pods.Items {
+			p := &pods.Items[i]
+			if podReady(p) || p.DeletionTimestamp != nil || k.held(p) {
+				continue
+			}
+			n++
+			p.Status.Phase = corev1.PodRunning
+			p.Status.PodIP = fmt.Sprintf("10.0.%d.%d", n/250, n%250+1)
+			p.Status.Conditions = []corev1.PodCondition{{
+				Type: corev1.PodReady, Status: corev1.ConditionTrue, LastTransitionTime: metav1.Now(),
+			}}
+			_ = k.c.Status().Update(ctx, p) // a conflict is retried on the next tick
+		}
+	}
+}
+
+var _ = BeforeSuite(func() {
+	logf.SetLogger(logr.FromSlogHandler(slog.NewTextHandler(GinkgoWriter, nil)))
+	var cancel context.CancelFunc
+	suiteCtx, cancel = context.WithCancel(context.Background())
+
+	scheme := runtime.NewScheme()
+	Expect(clientgoscheme.AddToScheme(scheme)).To(Succeed())
+	Expect(rqv1.AddToScheme(scheme)).To(Succeed())
+
+	testEnv = &envtest.Environment{
+		CRDDirectoryPaths:     []string{filepath.Join("..", "config", "crd", "bases")},
+		ErrorIfCRDPathMissing: true,
+		Scheme:                scheme,
+	}
+	var err error
+	cfg, err = testEnv.Start()
+	Expect(err).NotTo(HaveOccurred())
+
+	k8sClient, err = client.New(cfg, client.Options{Scheme: scheme})
+	Expect(err).NotTo(HaveOccurred())
+
+	fakes = &fakeRegistry{shards: map[string]*fakeShard{}}
+	kubelet = &fakeKubelet{c: k8sClient, hold: map[string]bool{}}
+
+	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
+		Scheme:  scheme,
+		Metrics: metricsserver.Options{BindAddress: "0"},
+	})
+	Expect(err).NotTo(HaveOccurred())
+	rec := &RenderQueueReconciler{
+		Client:              mgr.GetClient(),
+		Scheme:              mgr.GetScheme(),
+		Recorder:            mgr.GetEventRecorder("renderqueue-operator"),
+		KeeperImage:         testImage,
+		PollInterval:        testPollInterval,
+		PollTimeout:         time.Second,
+		RebalanceTimeout:    testRebalanceTimeout,
+		RebalanceRetryAfter: testRetryAfter,
+		ResolveShardURL:     fakes.resolve,
+	}
+	Expect(rec.SetupWithManager(mgr)).To(Succeed())
+
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		defer GinkgoRecover()
+		Expect(mgr.Start(suiteCtx)).To(Succeed())
+	})
+	wg.Go(func() { kubelet.run(suiteCtx) })
+
+	DeferCleanup(func() {
+		cancel()
+		wg.Wait()
+		fakes.closeAll()
+		Expect(testEnv.Stop()).To(Succeed())
+	})
+})
+
+func readAll(r io.Reader) string {
+	b, err := io.ReadAll(r)
+	Expect(err).NotTo(HaveOccurred())
+	return string(b)
+}
