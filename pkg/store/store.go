@@ -74,7 +74,8 @@ type Store interface {
 	// every earlier rev of the key (its change event carries its own fresh rev).
 	Delete(ctx context.Context, keys []string) ([]DeleteResult, error)
 
-	// Close releases the store's resources. Subscriptions must be closed first.
+	// Close releases the store's resources and closes its subscriptions. Later calls fail with
+	// ErrClosed.
 	Close() error
 }
 

@@ -83,7 +83,14 @@ func (s *Store) Migrate(context.Context) error { return nil }
 func (s *Store) Close() error {
 	s.mu.Lock()
 	s.closed = true
+	subs := make([]*subscription, 0, len(s.subs))
+	for sub := range s.subs {
+		subs = append(subs, sub)
+	}
 	s.mu.Unlock()
+	for _, sub := range subs {
+		_ = sub.Close()
+	}
 	return nil
 }
 
@@ -257,6 +264,12 @@ func (s *Store) Walk(ctx context.Context, slots []int, fn store.WalkFunc) (store
 	norm, err := store.NormalizeSlots(slots)
 	if err != nil {
 		return store.WalkResult{}, fmt.Errorf("walk: %w", err)
+	}
+	s.mu.Lock()
+	closed := s.closed
+	s.mu.Unlock()
+	if closed {
+		return store.WalkResult{}, store.ErrClosed
 	}
 	segs := store.Segments(norm, s.opts.SegmentSlots)
 	res := store.WalkResult{Segments: make([]store.SegmentResult, len(segs))}

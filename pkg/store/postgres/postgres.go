@@ -119,6 +119,7 @@ type Store struct {
 	done     chan struct{}
 	closeMu  sync.Mutex
 	isClosed bool
+	subs     map[*subscription]struct{} // open subscriptions, closed with the store (closeMu)
 }
 
 var _ store.Store = (*Store)(nil)
@@ -149,6 +150,7 @@ func Open(ctx context.Context, dsn string, opts Options) (*Store, error) {
 		commits: make(chan *completeReq, 1024),
 		stop:    make(chan struct{}),
 		done:    make(chan struct{}),
+		subs:    map[*subscription]struct{}{},
 	}
 	go s.committer()
 	return s, nil
@@ -157,7 +159,8 @@ func Open(ctx context.Context, dsn string, opts Options) (*Store, error) {
 // Pool returns the store's connection pool (for tools and tests that need plain SQL).
 func (s *Store) Pool() *pgxpool.Pool { return s.pool }
 
-// Close stops the group committer (waiting for the batch in flight) and closes the pool.
+// Close closes the store's subscriptions, stops the group committer (waiting for the group in
+// flight) and closes the pool.
 func (s *Store) Close() error {
 	s.closeMu.Lock()
 	if s.isClosed {
@@ -166,7 +169,14 @@ func (s *Store) Close() error {
 	}
 	s.isClosed = true
 	close(s.stop)
+	subs := make([]*subscription, 0, len(s.subs))
+	for sub := range s.subs {
+		subs = append(subs, sub)
+	}
 	s.closeMu.Unlock()
+	for _, sub := range subs {
+		_ = sub.Close()
+	}
 	<-s.done
 	s.pool.Close()
 	return nil

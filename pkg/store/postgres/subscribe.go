@@ -102,6 +102,15 @@ func (s *Store) Subscribe(ctx context.Context, slots []int) (store.Subscription,
 	sub.slots = want
 	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	sub.cancel = cancel
+	s.closeMu.Lock()
+	if s.isClosed {
+		s.closeMu.Unlock()
+		cancel()
+		_ = conn.Close(context.Background())
+		return nil, store.ErrClosed
+	}
+	s.subs[sub] = struct{}{}
+	s.closeMu.Unlock()
 	stopAfter := context.AfterFunc(ctx, func() { _ = sub.Close() })
 	go func() {
 		defer stopAfter()
@@ -464,5 +473,8 @@ func (sub *subscription) SetSlots(ctx context.Context, slots []int) error {
 func (sub *subscription) Close() error {
 	sub.cancel()
 	<-sub.done
+	sub.s.closeMu.Lock()
+	delete(sub.s.subs, sub)
+	sub.s.closeMu.Unlock()
 	return nil
 }

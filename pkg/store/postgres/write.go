@@ -181,8 +181,18 @@ func (s *Store) Complete(ctx context.Context, items []store.Completion) ([]store
 		return nil, fmt.Errorf("complete: %w", ctx.Err())
 	}
 	// Once queued, the request is committed or failed as part of its group even if ctx ends:
-	// wait for the outcome so the caller learns what was written.
-	<-req.done
+	// wait for the outcome so the caller learns what was written. A request queued as the store
+	// closed may never be picked up; the committer has finished everything it took when done
+	// closes.
+	select {
+	case <-req.done:
+	case <-s.done:
+		select {
+		case <-req.done:
+		default:
+			return nil, store.ErrClosed
+		}
+	}
 	if req.err != nil {
 		return nil, fmt.Errorf("complete %d item(s): %w", len(items), req.err)
 	}

@@ -78,6 +78,7 @@ func Run(t *testing.T, h Harness) {
 		{"BulkStatementEvents", testBulkEvents},
 		{"GapThenResumed", testGap},
 		{"SubscriptionClose", testSubscriptionClose},
+		{"StoreClose", testStoreClose},
 		{"CompleteResults", testCompleteResults},
 		{"CompleteGroupCommitConcurrent", testCompleteConcurrent},
 		{"DeleteResults", testDelete},
@@ -1118,5 +1119,38 @@ func testRejectBadInput(t *testing.T, h Harness) {
 	// The longest valid key is accepted.
 	if got := upsert(t, st, []schedule.Row{maxKey}); len(got[0].Key) != schedule.MaxKeyBytes {
 		t.Errorf("max-length key came back with %d bytes", len(got[0].Key))
+	}
+}
+
+func testStoreClose(t *testing.T, h Harness) {
+	st := h.New(t, Options{})
+	sub, err := st.Subscribe(ctxT(t), store.AllSlots())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Close(); err != nil {
+		t.Fatalf("close: %v", err)
+	}
+	ctx := ctxT(t)
+	if _, err := sub.Next(ctx); !errors.Is(err, store.ErrClosed) {
+		t.Errorf("Next after the store closed: %v, want ErrClosed", err)
+	}
+	if _, err := st.Upsert(ctx, []schedule.Row{Row("closed", base)}); !errors.Is(err, store.ErrClosed) {
+		t.Errorf("Upsert after Close: %v, want ErrClosed", err)
+	}
+	if _, err := st.Complete(ctx, []store.Completion{{Key: "https://example.com/closed", Due: base}}); !errors.Is(err, store.ErrClosed) {
+		t.Errorf("Complete after Close: %v, want ErrClosed", err)
+	}
+	if _, err := st.Delete(ctx, []string{"https://example.com/closed"}); !errors.Is(err, store.ErrClosed) {
+		t.Errorf("Delete after Close: %v, want ErrClosed", err)
+	}
+	if _, err := st.Walk(ctx, store.AllSlots(), func(store.WalkItem) error { return nil }); !errors.Is(err, store.ErrClosed) {
+		t.Errorf("Walk after Close: %v, want ErrClosed", err)
+	}
+	if _, err := st.Subscribe(ctx, []int{0}); !errors.Is(err, store.ErrClosed) {
+		t.Errorf("Subscribe after Close: %v, want ErrClosed", err)
+	}
+	if err := st.Close(); err != nil {
+		t.Errorf("second Close: %v", err)
 	}
 }
