@@ -175,7 +175,9 @@ type RenderQueueStatus struct {
 	// +optional
 	DueExact bool `json:"dueExact"`
 
-	// DueAsOf is when Due was computed (the time of the shard poll it sums).
+	// DueAsOf is the time of the shard poll at which Due or DueExact last changed. The operator
+	// polls every few seconds but rewrites the status only when something in it changed, so a
+	// still queue keeps an older DueAsOf: Due has been the same since.
 	// +optional
 	DueAsOf *metav1.Time `json:"dueAsOf,omitempty"`
 
@@ -228,7 +230,10 @@ type ShardStatus struct {
 	Edge *metav1.Time `json:"edge,omitempty"`
 
 	// EdgeAheadSeconds is how far the edge is ahead of now, in whole seconds; negative when the
-	// edge lags.
+	// edge lags. Between walks it falls by a second every second; so that a still queue does not
+	// rewrite its status on every poll, the operator refreshes it when it has drifted by more
+	// than a minute or a tenth of its value, when the edge moves, and at once when its sign
+	// changes. Edge itself is exact.
 	// +optional
 	EdgeAheadSeconds *int64 `json:"edgeAheadSeconds,omitempty"`
 
