@@ -33,7 +33,7 @@ import (
 // fakeShards (httptest servers) answer each shard's /v1/status.
 const (
 	testPollInterval     = 250 * time.Millisecond
-	testRebalanceTimeout = 6 * time.Second
+	testRebalanceTimeout = 10 * time.Second
 	testRetryAfter       = time.Minute
 	testImage            = "registry.example/renderqueue:v1"
 )
