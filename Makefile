@@ -5,7 +5,7 @@ PKGS ?= ./...
 CONTROLLER_GEN_VERSION ?= v0.23.0
 CONTROLLER_GEN ?= $(GO) run sigs.k8s.io/controller-tools/cmd/controller-gen@$(CONTROLLER_GEN_VERSION)
 
-.PHONY: all build test bench fmt vet lint run tidy manifests generate verify-generated
+.PHONY: all build test bench fmt vet lint run tidy manifests generate verify-generated e2e demo docker-build
 all: build
 
 build: ## Build bin/renderqueue.
@@ -49,3 +49,14 @@ verify-generated: manifests generate ## Fail when the committed generated files 
 	  echo "generated files are not current; run 'make manifests generate' and commit:"; \
 	  echo "$$out"; git --no-pager diff --stat -- api config/crd config/rbac; exit 1; \
 	fi
+
+e2e: ## End-to-end test: local control plane, PostgreSQL, operator, real keeper processes, kubectl, HPA.
+	KUBEBUILDER_ASSETS=$${KUBEBUILDER_ASSETS:-$$(hack/setup-envtest.sh | tail -n 1)} \
+	  $(GO) test -tags e2e -count=1 -timeout 15m -v ./test/e2e/...
+
+demo: ## The whole system locally: control plane, 3-shard RenderQueue, 200k rows, workers, HPA metric (KEEP=1 keeps it).
+	hack/demo.sh
+
+IMG ?= ghcr.io/renderqueue/renderqueue:latest
+docker-build: ## Build the container image $(IMG) (Dockerfile).
+	docker build -t $(IMG) .

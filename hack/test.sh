@@ -24,5 +24,28 @@ if [ -z "${KUBEBUILDER_ASSETS:-}" ] && [ -x hack/setup-envtest.sh ]; then
   export KUBEBUILDER_ASSETS
 fi
 
+# The end-to-end test runs after the unit tests when the whole suite runs (no arguments, or just
+# ./...), or whenever E2E=1; E2E=0 leaves it out.
+run_e2e=${E2E:-}
 if [ $# -eq 0 ]; then set -- ./...; fi
+if [ $# -eq 1 ] && [ "$1" = ./... ]; then run_e2e=${run_e2e:-1}; fi
 go test -count=1 "$@"
+
+# --- end-to-end (test/e2e, build tag e2e) --------------------------------------------------------
+# A local control plane (etcd, kube-apiserver, kube-controller-manager from KUBEBUILDER_ASSETS), a
+# throwaway PostgreSQL of its own, the operator and real keeper processes (test/e2e/cluster's
+# runner plays kubelet), kubectl and an HPA. About a minute; see `make e2e`.
+if [ "${run_e2e:-0}" = 1 ]; then
+  e2e_bin=$(mktemp -d)
+  if ! go build -o "$e2e_bin/renderqueue" ./cmd/renderqueue; then
+    rm -rf "$e2e_bin"
+    echo "test: e2e skipped: bin/renderqueue does not build" >&2
+  elif ! "$e2e_bin/renderqueue" operator --help 2>&1 | grep -q -- -keeper-image; then
+    rm -rf "$e2e_bin"
+    echo "test: e2e skipped: \`renderqueue operator\` does not exist yet" >&2
+  else
+    rm -rf "$e2e_bin"
+    echo "test: running the end-to-end test (go test -tags e2e ./test/e2e/...)" >&2
+    go test -tags e2e -count=1 -timeout 15m ./test/e2e/...
+  fi
+fi

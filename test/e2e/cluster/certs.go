@@ -1,0 +1,184 @@
+package cluster
+
+import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"fmt"
+	"math/big"
+	"net"
+	"os"
+	"path/filepath"
+	"time"
+)
+
+// pki is the set of certificates and keys of the local control plane, written to files in dir.
+type pki struct {
+	dir string
+
+	CACert, CAKey                   string // cluster CA: signs the serving and client certificates
+	ServingCert, ServingKey         string // kube-apiserver serving certificate
+	AdminCert, AdminKey             string // client certificate of user "admin" in group system:masters
+	FrontProxyCACert                string // request-header CA of the aggregation layer
+	ProxyClientCert, ProxyClientKey string // the aggregator's client certificate (front-proxy-client)
+	SAKey, SAPub                    string // service account token signing key pair
+
+	caPEM []byte
+}
+
+type keyPair struct {
+	cert *x509.Certificate
+	key  *ecdsa.PrivateKey
+}
+
+var serialLimit = new(big.Int).Lsh(big.NewInt(1), 62)
+
+func newKey() (*ecdsa.PrivateKey, error) {
+	k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, fmt.Errorf("generating a key: %w", err)
+	}
+	return k, nil
+}
+
+// sign issues a certificate from tmpl, signed by parent (self-signed when parent is nil).
+func sign(tmpl *x509.Certificate, parent *keyPair) (*keyPair, []byte, error) {
+	key, err := newKey()
+	if err != nil {
+		return nil, nil, err
+	}
+	serial, err := rand.Int(rand.Reader, serialLimit)
+	if err != nil {
+		return nil, nil, fmt.Errorf("generating a serial number: %w", err)
+	}
+	tmpl.SerialNumber = serial
+	tmpl.NotBefore = time.Now().Add(-time.Hour)
+	tmpl.NotAfter = time.Now().Add(7 * 24 * time.Hour)
+	signerCert, signerKey := tmpl, key
+	if parent != nil {
+		signerCert, signerKey = parent.cert, parent.key
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, signerCert, &key.PublicKey, signerKey)
+	if err != nil {
+		return nil, nil, fmt.Errorf("signing certificate %q: %w", tmpl.Subject.CommonName, err)
+	}
+	cert, err := x509.ParseCertificate(der)
+	if err != nil {
+		return nil, nil, fmt.Errorf("parsing certificate %q: %w", tmpl.Subject.CommonName, err)
+	}
+	return &keyPair{cert: cert, key: key}, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), nil
+}
+
+func caTemplate(cn string) *x509.Certificate {
+	return &x509.Certificate{
+		Subject:               pkix.Name{CommonName: cn},
+		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature | x509.KeyUsageKeyEncipherment,
+		BasicConstraintsValid: true,
+		IsCA:                  true,
+	}
+}
+
+func leafTemplate(cn string, orgs []string, usage x509.ExtKeyUsage) *x509.Certificate {
+	return &x509.Certificate{
+		Subject:     pkix.Name{CommonName: cn, Organization: orgs},
+		KeyUsage:    x509.KeyUsageDigitalSignature | x509.KeyUsageKeyEncipherment,
+		ExtKeyUsage: []x509.ExtKeyUsage{usage},
+	}
+}
+
+func keyPEM(k *ecdsa.PrivateKey) ([]byte, error) {
+	der, err := x509.MarshalECPrivateKey(k)
+	if err != nil {
+		return nil, fmt.Errorf("encoding a key: %w", err)
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: der}), nil
+}
+
+// newPKI generates every certificate and key the control plane needs into dir.
+func newPKI(dir string) (*pki, error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("creating %s: %w", dir, err)
+	}
+	p := &pki{dir: dir}
+	files := map[string][]byte{}
+	put := func(name string, data []byte) string {
+		files[name] = data
+		return filepath.Join(dir, name)
+	}
+	putKey := func(name string, k *ecdsa.PrivateKey) (string, error) {
+		b, err := keyPEM(k)
+		if err != nil {
+			return "", err
+		}
+		return put(name, b), nil
+	}
+	var err error
+
+	ca, caPEM, err := sign(caTemplate("renderqueue-e2e-ca"), nil)
+	if err != nil {
+		return nil, err
+	}
+	p.caPEM = caPEM
+	p.CACert = put("ca.crt", caPEM)
+	if p.CAKey, err = putKey("ca.key", ca.key); err != nil {
+		return nil, err
+	}
+
+	serving := leafTemplate("kube-apiserver", nil, x509.ExtKeyUsageServerAuth)
+	serving.DNSNames = []string{"localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local"}
+	serving.IPAddresses = []net.IP{net.ParseIP("127.0.0.1"), net.ParseIP("10.0.0.1")}
+	sv, svPEM, err := sign(serving, ca)
+	if err != nil {
+		return nil, err
+	}
+	p.ServingCert = put("apiserver.crt", svPEM)
+	if p.ServingKey, err = putKey("apiserver.key", sv.key); err != nil {
+		return nil, err
+	}
+
+	admin, adminPEM, err := sign(leafTemplate("admin", []string{"system:masters"}, x509.ExtKeyUsageClientAuth), ca)
+	if err != nil {
+		return nil, err
+	}
+	p.AdminCert = put("admin.crt", adminPEM)
+	if p.AdminKey, err = putKey("admin.key", admin.key); err != nil {
+		return nil, err
+	}
+
+	fpCA, fpCAPEM, err := sign(caTemplate("renderqueue-e2e-front-proxy-ca"), nil)
+	if err != nil {
+		return nil, err
+	}
+	p.FrontProxyCACert = put("front-proxy-ca.crt", fpCAPEM)
+	proxy, proxyPEM, err := sign(leafTemplate("front-proxy-client", nil, x509.ExtKeyUsageClientAuth), fpCA)
+	if err != nil {
+		return nil, err
+	}
+	p.ProxyClientCert = put("front-proxy-client.crt", proxyPEM)
+	if p.ProxyClientKey, err = putKey("front-proxy-client.key", proxy.key); err != nil {
+		return nil, err
+	}
+
+	sa, err := newKey()
+	if err != nil {
+		return nil, err
+	}
+	if p.SAKey, err = putKey("sa.key", sa); err != nil {
+		return nil, err
+	}
+	pubDER, err := x509.MarshalPKIXPublicKey(&sa.PublicKey)
+	if err != nil {
+		return nil, fmt.Errorf("encoding the service account public key: %w", err)
+	}
+	p.SAPub = put("sa.pub", pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: pubDER}))
+
+	for name, data := range files {
+		if err := os.WriteFile(filepath.Join(dir, name), data, 0o600); err != nil {
+			return nil, fmt.Errorf("writing %s: %w", name, err)
+		}
+	}
+	return p, nil
+}
