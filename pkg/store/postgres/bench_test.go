@@ -2,23 +2,29 @@ package postgres
 
 import (
 	"context"
+	"fmt"
 	"math/rand/v2"
+	"os"
 	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/renderqueue/renderqueue/pkg/schedule"
 	"github.com/renderqueue/renderqueue/pkg/store"
 	"github.com/renderqueue/renderqueue/pkg/store/postgres/pgtest"
 )
 
-// benchDB is a benchmark database holding n generated rows, made once per test binary.
+// benchDB is a benchmark database holding generated rows, made once per test binary and dropped
+// by TestMain, so several benchmarks (and several runs of one) share it.
 type benchDB struct {
 	once sync.Once
 	st   *Store
 	keys []string
+	drop func() error
 	err  error
 }
 
@@ -27,17 +33,45 @@ var (
 	completeDB benchDB // 100,000 rows
 )
 
+func TestMain(m *testing.M) {
+	code := m.Run()
+	for _, d := range []*benchDB{&walkDB, &completeDB} {
+		if d.st != nil {
+			_ = d.st.Close()
+		}
+		if d.drop != nil {
+			if err := d.drop(); err != nil {
+				fmt.Fprintln(os.Stderr, "dropping a benchmark database:", err)
+			}
+		}
+	}
+	os.Exit(code)
+}
+
 // fill creates (once) a store whose table holds n rows with realistic keys, routes and sources,
 // vacuumed and analysed as a table in steady state would be.
 func (d *benchDB) fill(b *testing.B, n int) (*Store, []string) {
 	b.Helper()
-	pgtest.DSN(b) // skips without a server, before the fixture is made
-	d.once.Do(func() {
-		// The database outlives the first benchmark function that asks for it, so it is not tied
-		// to a b.Cleanup; hack/bench.sh removes the whole cluster afterwards.
-		st, _ := openTestStore(&noCleanupTB{B: b}, Options{})
-		ctx := context.Background()
-		_, err := st.pool.Exec(ctx, `INSERT INTO render_schedule (key, due_at, cadence_ms, route, source, urgent)
+	serverDSN := pgtest.DSN(b) // skips without a server, before the fixture is made
+	d.once.Do(func() { d.st, d.keys, d.drop, d.err = makeBenchDB(serverDSN, n) })
+	if d.err != nil {
+		b.Fatal(d.err)
+	}
+	return d.st, d.keys
+}
+
+func makeBenchDB(serverDSN string, n int) (*Store, []string, func() error, error) {
+	ctx := context.Background()
+	dsn, drop, err := pgtest.CreateDatabase(ctx, serverDSN)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	st, err := Open(ctx, dsn, Options{})
+	if err == nil {
+		err = st.Migrate(ctx)
+	}
+	if err == nil {
+		_, err = st.pool.Exec(ctx, `INSERT INTO render_schedule (key, due_at, cadence_ms, route, source, urgent)
 			SELECT format('https://shop%s.example.com/%s/%s-%s', i % 7, r.route, i, md5(i::text)),
 			       now() + ((i::bigint * 7919) % 345600) * interval '1 second' - interval '1 day',
 			       CASE WHEN r.route = 'product' THEN 345600000 WHEN r.route = 'category' THEN 86400000 ELSE 3600000 END,
@@ -46,35 +80,37 @@ func (d *benchDB) fill(b *testing.B, n int) (*Store, []string) {
 			       i % 1000 = 0
 			FROM generate_series(1, $1::int) AS i,
 			     LATERAL (SELECT (ARRAY['product','product','product','category','home'])[1 + i % 5] AS route) r`, n)
+	}
+	if err == nil {
+		_, err = st.pool.Exec(ctx, "VACUUM ANALYZE render_schedule")
+	}
+	var keys []string
+	if err == nil {
+		var rows pgx.Rows
+		rows, err = st.pool.Query(ctx, "SELECT key FROM render_schedule")
 		if err == nil {
-			_, err = st.pool.Exec(ctx, "VACUUM ANALYZE render_schedule")
-		}
-		if err == nil {
-			rows, qerr := st.pool.Query(ctx, "SELECT key FROM render_schedule")
-			if qerr != nil {
-				err = qerr
-			} else {
-				for rows.Next() {
-					var k string
-					_ = rows.Scan(&k)
-					d.keys = append(d.keys, k)
+			for rows.Next() {
+				var k string
+				if err = rows.Scan(&k); err != nil {
+					break
 				}
-				rows.Close()
+				keys = append(keys, k)
+			}
+			rows.Close()
+			if err == nil {
 				err = rows.Err()
 			}
 		}
-		d.st, d.err = st, err
-	})
-	if d.err != nil {
-		b.Fatal(d.err)
 	}
-	return d.st, d.keys
+	if err != nil {
+		if st != nil {
+			_ = st.Close()
+		}
+		_ = drop()
+		return nil, nil, nil, fmt.Errorf("making a benchmark table of %d rows: %w", n, err)
+	}
+	return st, keys, drop, nil
 }
-
-// noCleanupTB keeps a fixture alive beyond one benchmark function.
-type noCleanupTB struct{ *testing.B }
-
-func (noCleanupTB) Cleanup(func()) {}
 
 // BenchmarkWalk walks 1,000,000 rows (all slots) into memory, as a keeper's load does.
 func BenchmarkWalk(b *testing.B) {

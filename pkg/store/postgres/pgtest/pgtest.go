@@ -37,55 +37,67 @@ func DSN(tb testing.TB) string {
 // DSN for it. The database is dropped when the test ends (connections still open are ended).
 func NewDatabase(tb testing.TB) string {
 	tb.Helper()
-	dsn := DSN(tb)
-	var b [6]byte
-	if _, err := rand.Read(b[:]); err != nil {
+	dsn, drop, err := CreateDatabase(context.Background(), DSN(tb))
+	if err != nil {
 		tb.Fatalf("pgtest: %v", err)
 	}
+	tb.Cleanup(func() {
+		if err := drop(); err != nil {
+			tb.Errorf("pgtest: %v", err)
+		}
+	})
+	return dsn
+}
+
+// CreateDatabase creates an empty database on the server named by serverDSN and returns a DSN
+// for it and a function that drops it (ending connections still open). Use it for fixtures that
+// outlive one test, such as benchmark tables shared by several benchmarks (drop them in TestMain).
+func CreateDatabase(ctx context.Context, serverDSN string) (dsn string, drop func() error, err error) {
+	var b [6]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return "", nil, err
+	}
 	name := "rqtest_" + hex.EncodeToString(b[:])
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	conn, err := pgx.Connect(ctx, dsn)
+	conn, err := pgx.Connect(ctx, serverDSN)
 	if err != nil {
-		tb.Fatalf("pgtest: connecting to the test server (%s): %v", EnvDSN, err)
+		return "", nil, fmt.Errorf("connecting to the test server (%s): %w", EnvDSN, err)
 	}
 	defer conn.Close(context.Background())
 	if _, err := conn.Exec(ctx, "CREATE DATABASE "+name+" TEMPLATE template0 ENCODING 'UTF8'"); err != nil {
-		tb.Fatalf("pgtest: creating database %s: %v", name, err)
+		return "", nil, fmt.Errorf("creating database %s: %w", name, err)
 	}
-	tb.Cleanup(func() { dropDatabase(tb, dsn, name) })
-	out, err := WithDatabase(dsn, name)
+	drop = func() error { return dropDatabase(serverDSN, name) }
+	dsn, err = WithDatabase(serverDSN, name)
 	if err != nil {
-		tb.Fatalf("pgtest: %v", err)
+		_ = drop()
+		return "", nil, err
 	}
-	return out
+	return dsn, drop, nil
 }
 
 // dropDatabase drops a test database, ending connections still open. A role that is not a
 // superuser cannot end an autovacuum worker busy in it, so the drop is retried for a while.
-func dropDatabase(tb testing.TB, dsn, name string) {
+func dropDatabase(serverDSN, name string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	conn, err := pgx.Connect(ctx, dsn)
+	conn, err := pgx.Connect(ctx, serverDSN)
 	if err != nil {
-		tb.Errorf("pgtest: dropping database %s: %v", name, err)
-		return
+		return fmt.Errorf("dropping database %s: %w", name, err)
 	}
 	defer conn.Close(context.Background())
 	for {
 		_, err := conn.Exec(ctx, "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)")
 		if err == nil {
-			return
-		}
-		if ctx.Err() != nil {
-			tb.Errorf("pgtest: dropping database %s: %v", name, err)
-			return
+			return nil
 		}
 		retry := time.NewTimer(100 * time.Millisecond)
 		select {
 		case <-retry.C:
 		case <-ctx.Done():
 			retry.Stop()
+			return fmt.Errorf("dropping database %s: %w", name, err)
 		}
 	}
 }
