@@ -44,8 +44,9 @@ type Store interface {
 	// seen, but every row that exists from the start to the end of the walk is delivered exactly
 	// once (keys never change). Subscribe before walking to cover the writes the walk misses.
 	//
-	// Walk returns an error (and stops early) only when ctx is done, slots is invalid or fn
-	// returns an error; segment failures are reported in the result.
+	// Walk returns an error (and stops early) only when ctx is done, slots is invalid, the store
+	// is closed or fn returns an error (then Walk returns that error); segment failures are
+	// reported in the result, never as Walk's error.
 	Walk(ctx context.Context, slots []int, fn WalkFunc) (WalkResult, error)
 
 	// Subscribe starts delivering the change events of the given slots. It returns once the
@@ -65,8 +66,10 @@ type Store interface {
 	// Complete returns once the transaction holding its items committed, with one result per item
 	// in input order: the row as stored after the write (with its new rev), or Found false when no
 	// row has the key. When the same key is completed more than once in one group, the writes are
-	// applied in arrival order, each with its own rev. Bad input (empty or over-long key) refuses
-	// the whole call with a *ValidationError and writes nothing.
+	// applied in arrival order, each with its own rev. Bad input (empty or over-long key, due
+	// time outside years 1-9999) refuses the whole call with a *ValidationError and writes
+	// nothing. Once its items joined a group, Complete waits for that group's outcome even if
+	// ctx ends, so the caller always learns whether they were written.
 	Complete(ctx context.Context, items []Completion) ([]CompleteResult, error)
 
 	// Delete removes the rows with the given keys in one transaction and returns one result per
