@@ -7,9 +7,12 @@ import (
 	"math"
 	"math/rand/v2"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr/funcr"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/renderqueue/renderqueue/pkg/schedule"
@@ -334,5 +337,77 @@ func tableStats(tb testing.TB, st *Store, atLeast int64) [2]int64 {
 		}
 		poll := time.NewTimer(50 * time.Millisecond)
 		<-poll.C
+	}
+}
+
+// TestReconnectBackoff: while the database refuses connections the listener keeps retrying with
+// backoff; a SetSlots call made meanwhile returns once it is back, with the new set active.
+func TestReconnectBackoff(t *testing.T) {
+	var failed atomic.Int32
+	attempt := make(chan struct{}, 1)
+	logger := funcr.New(func(prefix, args string) {
+		if strings.Contains(args, "reconnect failed") {
+			failed.Add(1)
+			select {
+			case attempt <- struct{}{}:
+			default:
+			}
+		}
+	}, funcr.Options{})
+	st, _ := openTestStore(t, Options{Logger: logger, ReconnectMin: 10 * time.Millisecond, ReconnectMax: 50 * time.Millisecond})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var db string
+	if err := st.pool.QueryRow(ctx, "SELECT current_database()").Scan(&db); err != nil {
+		t.Fatal(err)
+	}
+	sub, err := st.Subscribe(ctx, []int{1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Close()
+	admin, err := pgx.Connect(ctx, pgtest.DSN(t)) // a database cannot refuse connections from itself
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close(context.Background())
+	if _, err := admin.Exec(ctx, "ALTER DATABASE "+db+" WITH ALLOW_CONNECTIONS false"); err != nil {
+		t.Fatal(err)
+	}
+	breakListeners(t, st)
+	b, err := sub.Next(ctx)
+	if err != nil || b.Kind != store.KindGap {
+		t.Fatalf("after the listener was ended: %+v, %v; want a gap", b, err)
+	}
+	setDone := make(chan error, 1)
+	go func() { setDone <- sub.SetSlots(ctx, store.AllSlots()) }()
+	// Let several reconnect attempts fail (the store logs each one).
+	deadline := time.After(30 * time.Second)
+	for failed.Load() < 3 {
+		select {
+		case err := <-setDone:
+			t.Fatalf("SetSlots returned (%v) while the database refused connections", err)
+		case <-attempt:
+		case <-deadline:
+			t.Fatalf("only %d failed reconnect attempts logged", failed.Load())
+		}
+	}
+	if _, err := admin.Exec(ctx, "ALTER DATABASE "+db+" WITH ALLOW_CONNECTIONS true"); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-setDone; err != nil {
+		t.Fatalf("SetSlots: %v", err)
+	}
+	b, err = sub.Next(ctx)
+	if err != nil || b.Kind != store.KindResumed {
+		t.Fatalf("after connections are allowed again: %+v, %v; want resumed", b, err)
+	}
+	out, err := st.Upsert(ctx, []schedule.Row{storetest.Row("backoff/after", time.Now())})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err = sub.Next(ctx)
+	if err != nil || b.Kind != store.KindEvents || b.Events[0].Row != out[0] {
+		t.Fatalf("event after resuming on all slots: %+v, %v", b, err)
 	}
 }
