@@ -40,7 +40,7 @@ if [ "${run_e2e:-0}" = 1 ]; then
   if ! go build -o "$e2e_bin/renderqueue" ./cmd/renderqueue; then
     rm -rf "$e2e_bin"
     echo "test: e2e skipped: bin/renderqueue does not build" >&2
-  elif ! "$e2e_bin/renderqueue" operator --help 2>&1 | grep -q -- -keeper-image; then
+  elif [[ $("$e2e_bin/renderqueue" operator --help 2>&1 || true) != *-keeper-image* ]]; then
     rm -rf "$e2e_bin"
     echo "test: e2e skipped: \`renderqueue operator\` does not exist yet" >&2
   else
