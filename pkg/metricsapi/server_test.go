@@ -359,7 +359,7 @@ func applyYAML(ctx context.Context, t *testing.T, k8s client.Client, path string
 	if err != nil {
 		t.Fatalf("open %s: %v", path, err)
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }()
 	dec := utilyaml.NewYAMLOrJSONDecoder(f, 4096)
 	for {
 		u := &unstructured.Unstructured{}
