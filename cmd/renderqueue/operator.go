@@ -21,6 +21,7 @@ import (
 
 	rqv1 "github.com/renderqueue/renderqueue/api/v1alpha1"
 	"github.com/renderqueue/renderqueue/controllers"
+	"github.com/renderqueue/renderqueue/pkg/metricsapi"
 )
 
 // operatorExtension is an optional part of the operator with its own flags, started with the
@@ -32,12 +33,26 @@ type operatorExtension interface {
 	Setup(mgr ctrl.Manager, log logr.Logger) error
 }
 
-// operatorExtensions lists the optional parts of `renderqueue operator`.
-//
-// EXTERNAL METRICS API: the external.metrics.k8s.io server (pkg/metricsapi, renderqueue_due)
-// plugs in here — return an operatorExtension whose Flags registers its switch (e.g.
-// --external-metrics-bind-address, empty = off) and whose Setup adds its server to the manager.
+// operatorExtensions lists the optional parts of `renderqueue operator`: the external metrics
+// API (renderqueue_due for the HorizontalPodAutoscaler), off unless --metrics-api is given.
 func operatorExtensions() []operatorExtension {
+	return []operatorExtension{&metricsAPIExtension{}}
+}
+
+// metricsAPIExtension serves external.metrics.k8s.io (pkg/metricsapi) from the operator.
+type metricsAPIExtension struct {
+	opts metricsapi.Options
+}
+
+// Flags registers --metrics-api and its serving options.
+func (e *metricsAPIExtension) Flags(fs *flag.FlagSet) { e.opts.BindFlags(fs) }
+
+// Setup adds the metrics API server to mgr when --metrics-api is set.
+func (e *metricsAPIExtension) Setup(mgr ctrl.Manager, log logr.Logger) error {
+	e.opts.Logger = log.WithName("metrics-api")
+	if err := metricsapi.AddToManager(mgr, e.opts); err != nil {
+		return fmt.Errorf("external metrics API: %w", err)
+	}
 	return nil
 }
 
