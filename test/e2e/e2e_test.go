@@ -432,6 +432,7 @@ func TestEndToEnd(t *testing.T) {
 		{"hpa", e.stepHPA, true},
 		{"scale-to-4", e.stepScale, false},
 		{"kill-keeper", e.stepKillKeeper, false},
+		{"delete-pod", e.stepDeletePod, false},
 		{"postgres-outage", e.stepPostgresOutage, false},
 	}
 	for _, s := range steps {
@@ -708,6 +709,40 @@ func (e *env) stepKillKeeper(t *testing.T) {
 	})
 	e.exactAndTrue(90*time.Second, 4)
 	t.Logf("kubectl get pods:\n%s", e.kubectl("get", "pods", "-l", "renderqueue.dev/queue="+queueName))
+}
+
+// stepDeletePod deletes a shard Pod: the runner stops its process, the operator creates the Pod
+// again (a new UID), the runner starts it, and the count is exact again.
+func (e *env) stepDeletePod(t *testing.T) {
+	pod := queueName + "-shard-2"
+	before, ok := e.c.Runner.Process(namespace, pod)
+	if !ok {
+		t.Fatalf("the runner does not run %s", pod)
+	}
+	e.kubectl("delete", "pod", pod, "--wait=true")
+	t.Logf("deleted pod %s (uid %s, pid %d)", pod, before.UID, before.Pid)
+	eventually(t, 90*time.Second, 250*time.Millisecond, pod+" recreated, running and Ready", func() (bool, string) {
+		p, ok := e.c.Runner.Process(namespace, pod)
+		if !ok || p.UID == before.UID || p.Pid == 0 {
+			return false, fmt.Sprintf("runner: %+v", p)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		got, err := e.c.Client.CoreV1().Pods(namespace).Get(ctx, pod, metav1.GetOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		for _, c := range got.Status.Conditions {
+			if c.Type == corev1.PodReady && c.Status == corev1.ConditionTrue {
+				return got.UID == p.UID, ""
+			}
+		}
+		return false, "not Ready yet"
+	})
+	if err := syscall.Kill(before.Pid, 0); err == nil {
+		t.Errorf("the process of the deleted Pod (pid %d) is still running", before.Pid)
+	}
+	e.exactAndTrue(90*time.Second, 4)
 }
 
 // stepPostgresOutage stops PostgreSQL: the shards turn inexact, renderqueue_due becomes an
