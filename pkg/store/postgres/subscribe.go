@@ -230,7 +230,9 @@ func (sub *subscription) handleSetSlots(ctx context.Context, conn *pgconn.PgConn
 		default:
 			return nil
 		}
-		err := sub.relisten(ctx, conn, req.slots)
+		lctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		err := sub.relisten(lctx, conn, req.slots)
+		cancel()
 		if err != nil {
 			// The desired set is kept for the reconnect; the caller is answered once it is active.
 			sub.carried = req
