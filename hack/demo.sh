@@ -107,11 +107,8 @@ kubectl="$KUBEBUILDER_ASSETS/kubectl"
 [ -x "$kubectl" ] || die "no kubectl in $KUBEBUILDER_ASSETS"
 k() { "$kubectl" "$@"; }
 
-# The metrics API is part of `renderqueue operator` once it has the --metrics-api flags.
 op_help=$("$rq" operator --help 2>&1 || true)
-[[ $op_help == *-keeper-image* ]] || die "this build has no \`renderqueue operator\` yet"
-metrics_api=0
-if [[ $op_help == *-metrics-api-secure-port* ]]; then metrics_api=1; fi
+[[ $op_help == *-metrics-api-secure-port* ]] || die "this build's \`renderqueue operator\` has no external metrics API (--metrics-api)"
 
 # ---------------------------------------------------------------------------------------------
 step "starting the local stack: PostgreSQL, etcd, kube-apiserver, kube-controller-manager, pod runner"
@@ -157,26 +154,20 @@ free_port() {
   done
   die "no free loopback port found"
 }
+mport=$(free_port)
 op_args=(operator --kubeconfig "$opkc" --keeper-image renderqueue:local --metrics-bind-address 0
-  --health-probe-bind-address "127.0.0.1:$(free_port)" --shard-poll-interval 2s)
-if [ "$metrics_api" = 1 ]; then
-  mport=$(free_port)
-  op_args+=(--metrics-api --metrics-api-bind-address 127.0.0.1 --metrics-api-secure-port "$mport")
-fi
+  --health-probe-bind-address "127.0.0.1:$(free_port)" --shard-poll-interval 2s
+  --metrics-api --metrics-api-bind-address 127.0.0.1 --metrics-api-secure-port "$mport")
 "$rq" "${op_args[@]}" >"$work/operator.log" 2>&1 &
 operator_pid=$!
 note "operator pid $operator_pid, log $work/operator.log"
-if [ "$metrics_api" = 1 ]; then
-  # The aggregator cannot route to EndpointSlices on loopback addresses (the API server rejects
+# The aggregator cannot route to EndpointSlices on loopback addresses (the API server rejects
   # them), so the metrics API's Service becomes an ExternalName Service naming 127.0.0.1, and the
   # APIService uses the operator's port.
-  k -n renderqueue-system delete service renderqueue-metrics-api --wait >/dev/null
-  k -n renderqueue-system create service externalname renderqueue-metrics-api --external-name 127.0.0.1 >/dev/null
-  k patch apiservice v1beta1.external.metrics.k8s.io --type=merge -p "{\"spec\":{\"service\":{\"port\":$mport}}}" >/dev/null
-  note "external.metrics.k8s.io -> the operator's metrics API on https://127.0.0.1:$mport"
-else
-  note "this build's operator does not serve the external metrics API yet: the metric and the HPA are left out"
-fi
+k -n renderqueue-system delete service renderqueue-metrics-api --wait >/dev/null
+k -n renderqueue-system create service externalname renderqueue-metrics-api --external-name 127.0.0.1 >/dev/null
+k patch apiservice v1beta1.external.metrics.k8s.io --type=merge -p "{\"spec\":{\"service\":{\"port\":$mport}}}" >/dev/null
+note "external.metrics.k8s.io -> the operator's metrics API on https://127.0.0.1:$mport"
 
 step "applying config/samples: RenderQueue web (3 shards, 24 h window)"
 k apply -k config/samples | sed 's/^/  /'
@@ -193,12 +184,11 @@ show k get pods -l renderqueue.dev/queue=web -o wide
 show k describe renderqueue web
 
 metric_path="/apis/external.metrics.k8s.io/v1beta1/namespaces/default/renderqueue_due?labelSelector=renderqueue.dev%2Fname%3Dweb"
-if [ "$metrics_api" = 1 ]; then
-  k wait --for=condition=Available --timeout=60s apiservice/v1beta1.external.metrics.k8s.io >/dev/null
-  show k get --raw "$metric_path"
-  echo
-  step "an HPA on renderqueue_due: one render worker per 500 due rows"
-  k apply -f - >/dev/null <<'EOF'
+k wait --for=condition=Available --timeout=60s apiservice/v1beta1.external.metrics.k8s.io >/dev/null
+show k get --raw "$metric_path"
+echo
+step "an HPA on renderqueue_due: one render worker per 500 due rows"
+k apply -f - >/dev/null <<'EOF'
 apiVersion: apps/v1
 kind: Deployment
 metadata:
@@ -228,16 +218,15 @@ spec:
           selector: {matchLabels: {renderqueue.dev/name: web}}
         target: {type: AverageValue, averageValue: "500"}
 EOF
-  note "waiting for the HPA controller to read the metric (ScalingActive) and scale"
-  for _ in $(seq 1 120); do
-    active=$(k get hpa render-workers -o jsonpath='{.status.conditions[?(@.type=="ScalingActive")].status}')
-    replicas=$(k get deployment render-workers -o jsonpath='{.spec.replicas}')
-    [ "$active" = True ] && [ "${replicas:-1}" != 1 ] && break
-    sleep 0.5
-  done
-  show k get hpa render-workers
-  note "(the worker Deployment's Pods stay Pending here: nothing runs containers but the shard runner)"
-fi
+note "waiting for the HPA controller to read the metric (ScalingActive) and scale"
+for _ in $(seq 1 120); do
+  active=$(k get hpa render-workers -o jsonpath='{.status.conditions[?(@.type=="ScalingActive")].status}')
+  replicas=$(k get deployment render-workers -o jsonpath='{.spec.replicas}')
+  [ "$active" = True ] && [ "${replicas:-1}" != 1 ] && break
+  sleep 0.5
+done
+show k get hpa render-workers
+note "(the worker Deployment's Pods stay Pending here: nothing runs containers but the shard runner)"
 
 step "worker-sim: $SIM_CONCURRENCY simulated render workers claiming from the 3 shards for ${SIM_SECONDS}s"
 k get secret web-api-token -o jsonpath='{.data.token}' | base64 -d >"$work/token"
@@ -250,11 +239,9 @@ sleep 3 # two operator polls, so the status below includes the last completions
 
 step "after the workers ran"
 show k get renderqueues
-if [ "$metrics_api" = 1 ]; then
-  show k get --raw "$metric_path"
-  echo
-  show k get hpa render-workers
-fi
+show k get --raw "$metric_path"
+echo
+show k get hpa render-workers
 show "$rq" status --url "${shards%%,*}"
 
 if [ "$KEEP" = 1 ]; then

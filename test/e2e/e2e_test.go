@@ -183,7 +183,6 @@ type env struct {
 	c        *cluster.Cluster
 	k8s      client.Client
 	operator *cluster.Process
-	hasHPA   bool // the operator serves the external metrics API
 }
 
 // kubectl runs kubectl and fails the test on error.
@@ -382,11 +381,8 @@ func TestEndToEnd(t *testing.T) {
 	if !strings.Contains(string(help), "-keeper-image") {
 		t.Skipf("e2e: `renderqueue operator` is not available yet:\n%s", help)
 	}
-	e.hasHPA = strings.Contains(string(help), "-metrics-api-secure-port")
-	if !e.hasHPA {
-		// TODO(e2e): remove once `renderqueue operator` serves the external metrics API
-		// (pkg/metricsapi wired in behind --metrics-api).
-		t.Log("e2e: `renderqueue operator` has no --metrics-api flags yet: the HPA steps are skipped")
+	if !strings.Contains(string(help), "-metrics-api-secure-port") {
+		t.Fatalf("e2e: `renderqueue operator` has no --metrics-api flags (the external metrics API):\n%s", help)
 	}
 
 	// 2. The stack.
@@ -423,25 +419,18 @@ func TestEndToEnd(t *testing.T) {
 	steps := []struct {
 		name string
 		run  func(t *testing.T)
-		hpa  bool
 	}{
-		{"seed", e.stepSeed, false},
-		{"install", e.stepInstall, false},
-		{"ready", e.stepReady, false},
-		{"describe", e.stepDescribe, false},
-		{"hpa", e.stepHPA, true},
-		{"scale-to-4", e.stepScale, false},
-		{"kill-keeper", e.stepKillKeeper, false},
-		{"delete-pod", e.stepDeletePod, false},
-		{"postgres-outage", e.stepPostgresOutage, false},
+		{"seed", e.stepSeed},
+		{"install", e.stepInstall},
+		{"ready", e.stepReady},
+		{"describe", e.stepDescribe},
+		{"hpa", e.stepHPA},
+		{"scale-to-4", e.stepScale},
+		{"kill-keeper", e.stepKillKeeper},
+		{"delete-pod", e.stepDeletePod},
+		{"postgres-outage", e.stepPostgresOutage},
 	}
 	for _, s := range steps {
-		if s.hpa && !e.hasHPA {
-			t.Run(s.name, func(t *testing.T) {
-				t.Skip("TODO(e2e): the operator does not serve the external metrics API yet")
-			})
-			continue
-		}
 		if !t.Run(s.name, func(t *testing.T) { e.t = t; s.run(t) }) {
 			e.t = t
 			t.Fatalf("step %s failed; stopping", s.name)
@@ -501,22 +490,17 @@ func (e *env) stepInstall(t *testing.T) {
 		"--shard-poll-interval", "1s",
 		"--rebalance-timeout", "2m",
 	}
-	metricsPort := 0
-	if e.hasHPA {
-		metricsPort = freePort(t)
-		args = append(args, "--metrics-api", "--metrics-api-bind-address", "127.0.0.1",
-			"--metrics-api-secure-port", fmt.Sprint(metricsPort))
-	}
+	metricsPort := freePort(t)
+	args = append(args, "--metrics-api", "--metrics-api-bind-address", "127.0.0.1",
+		"--metrics-api-secure-port", fmt.Sprint(metricsPort))
 	op, err := e.c.StartProcess("operator", e.bin, args, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	e.operator = op
 	t.Logf("operator running as ServiceAccount %s/%s, pid %d, log %s", operatorNS, operatorSA, e.operator.Pid(), e.operator.LogPath)
-	if e.hasHPA {
-		if err := e.c.RegisterAPIService(ctx, "external.metrics.k8s.io", "v1beta1", operatorNS, metricsAPISvc, metricsPort); err != nil {
-			t.Fatal(err)
-		}
+	if err := e.c.RegisterAPIService(ctx, "external.metrics.k8s.io", "v1beta1", operatorNS, metricsAPISvc, metricsPort); err != nil {
+		t.Fatal(err)
 	}
 	out = e.kubectl("apply", "-k", filepath.Join(e.root, "config", "samples"))
 	t.Logf("kubectl apply -k config/samples: %s", strings.TrimSpace(out))
@@ -751,10 +735,7 @@ func (e *env) stepPostgresOutage(t *testing.T) {
 	want := e.sqlDue()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	var replicas int32
-	if e.hasHPA {
-		replicas = e.workerReplicas()
-	}
+	replicas := e.workerReplicas()
 	if err := e.c.Postgres.Pause(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -771,27 +752,25 @@ func (e *env) stepPostgresOutage(t *testing.T) {
 		return !st.DueExact && c != nil && c.Status == metav1.ConditionFalse, conds(st.Conditions)
 	})
 	t.Logf("kubectl describe renderqueue (PostgreSQL down):\n%s", e.kubectl("describe", "renderqueue", queueName))
-	if e.hasHPA {
-		eventually(t, 30*time.Second, 500*time.Millisecond, "renderqueue_due to fail", func() (bool, string) {
-			out, err := e.c.Kubectl(ctx, nil, "get", "--raw", metricPath("renderqueue_due"))
-			if err == nil {
-				return false, "still served: " + out
-			}
-			t.Logf("renderqueue_due while inexact: %v", err)
-			return true, ""
-		})
-		eventually(t, 60*time.Second, time.Second, "the HPA to report it cannot get the metric", func() (bool, string) {
-			h := e.hpa()
-			c := hpaCondition(h, autoscalingv2.ScalingActive)
-			return c != nil && c.Status == corev1.ConditionFalse && strings.Contains(c.Reason, "FailedGet"), hpaSummary(h)
-		})
-		consistently(t, 10*time.Second, time.Second, "the HPA holding the workers", func() (bool, string) {
-			h := e.hpa()
-			n := e.workerReplicas()
-			return n == replicas, fmt.Sprintf("workers %d → %d; %s", replicas, n, hpaSummary(h))
-		})
-		t.Logf("kubectl describe hpa (PostgreSQL down):\n%s", e.kubectl("describe", "hpa", workers))
-	}
+	eventually(t, 30*time.Second, 500*time.Millisecond, "renderqueue_due to fail", func() (bool, string) {
+		out, err := e.c.Kubectl(ctx, nil, "get", "--raw", metricPath("renderqueue_due"))
+		if err == nil {
+			return false, "still served: " + out
+		}
+		t.Logf("renderqueue_due while inexact: %v", err)
+		return true, ""
+	})
+	eventually(t, 60*time.Second, time.Second, "the HPA to report it cannot get the metric", func() (bool, string) {
+		h := e.hpa()
+		c := hpaCondition(h, autoscalingv2.ScalingActive)
+		return c != nil && c.Status == corev1.ConditionFalse && strings.Contains(c.Reason, "FailedGet"), hpaSummary(h)
+	})
+	consistently(t, 10*time.Second, time.Second, "the HPA holding the workers", func() (bool, string) {
+		h := e.hpa()
+		n := e.workerReplicas()
+		return n == replicas, fmt.Sprintf("workers %d → %d; %s", replicas, n, hpaSummary(h))
+	})
+	t.Logf("kubectl describe hpa (PostgreSQL down):\n%s", e.kubectl("describe", "hpa", workers))
 	if err := e.c.Postgres.Resume(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -801,13 +780,11 @@ func (e *env) stepPostgresOutage(t *testing.T) {
 		t.Fatalf("the outage changed the true due count: %d → %d", want, got)
 	}
 	e.exactAndTrue(2*time.Minute, 4)
-	if e.hasHPA {
-		eventually(t, 60*time.Second, time.Second, "the HPA to read the metric again", func() (bool, string) {
-			h := e.hpa()
-			c := hpaCondition(h, autoscalingv2.ScalingActive)
-			return c != nil && c.Status == corev1.ConditionTrue && e.workerReplicas() == replicas, hpaSummary(h)
-		})
-	}
+	eventually(t, 60*time.Second, time.Second, "the HPA to read the metric again", func() (bool, string) {
+		h := e.hpa()
+		c := hpaCondition(h, autoscalingv2.ScalingActive)
+		return c != nil && c.Status == corev1.ConditionTrue && e.workerReplicas() == replicas, hpaSummary(h)
+	})
 }
 
 // dumpLogs prints the tails of the operator's and the shards' logs after a failure.
