@@ -219,10 +219,12 @@ spec:
         target: {type: AverageValue, averageValue: "500"}
 EOF
 note "waiting for the HPA controller to read the metric (ScalingActive) and scale"
+# (Its first status after a rescale still averages over the old replica count; wait until the
+# status reports the replicas it asked for.)
 for _ in $(seq 1 120); do
-  active=$(k get hpa render-workers -o jsonpath='{.status.conditions[?(@.type=="ScalingActive")].status}')
-  replicas=$(k get deployment render-workers -o jsonpath='{.spec.replicas}')
-  [ "$active" = True ] && [ "${replicas:-1}" != 1 ] && break
+  hpa=$(k get hpa render-workers -o jsonpath='{.status.conditions[?(@.type=="ScalingActive")].status} {.status.currentReplicas} {.status.desiredReplicas}')
+  read -r active current desired <<<"$hpa"
+  [ "$active" = True ] && [ "${current:-0}" -gt 1 ] && [ "$current" = "$desired" ] && break
   sleep 0.5
 done
 show k get hpa render-workers
