@@ -136,7 +136,7 @@ func (r *Runner) Run(ctx context.Context) error {
 				obj = d.Obj
 			}
 			if pod, ok := obj.(*corev1.Pod); ok {
-				r.stopWorker(pod.UID, false)
+				r.stopWorkerAsync(pod.UID, false)
 			}
 		},
 	})
@@ -166,7 +166,7 @@ func (r *Runner) observe(ctx context.Context, obj any) {
 		return
 	}
 	if pod.DeletionTimestamp != nil {
-		r.stopWorker(pod.UID, true)
+		r.stopWorkerAsync(pod.UID, true)
 		return
 	}
 	if pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed {
@@ -196,6 +196,16 @@ func (r *Runner) observe(ctx context.Context, obj any) {
 		defer r.wg.Done()
 		defer close(w.done)
 		w.run(wctx)
+	}()
+}
+
+// stopWorkerAsync is stopWorker without blocking the informer's event handler for the grace
+// period; Run waits for it.
+func (r *Runner) stopWorkerAsync(uid types.UID, forceDelete bool) {
+	r.wg.Add(1)
+	go func() {
+		defer r.wg.Done()
+		r.stopWorker(uid, forceDelete)
 	}()
 }
 

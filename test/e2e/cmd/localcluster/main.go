@@ -67,7 +67,7 @@ func run(args []string, stderr io.Writer) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	logf := func(format string, a ...any) {
-		fmt.Fprintf(stderr, "localcluster: [%s] %s\n", time.Now().Format("15:04:05"), fmt.Sprintf(format, a...))
+		_, _ = fmt.Fprintf(stderr, "localcluster: [%s] %s\n", time.Now().Format("15:04:05"), fmt.Sprintf(format, a...))
 	}
 	var componentLog io.Writer
 	if *verbose {
