@@ -587,11 +587,22 @@ spec:
 		t.Fatalf("%v\n%s", err, out)
 	}
 	t.Logf("HPA %s: renderqueue_due target averageValue %d (due %d → %d workers)", workers, target, due, hpaTarget)
-	eventually(t, 60*time.Second, time.Second, "the HPA to scale the workers on renderqueue_due", func() (bool, string) {
+	// The decision (4 workers), then a status that shows the value: the HPA's first status after
+	// a rescale still averages over the replicas it had, so wait for the one after.
+	wantAvg := due * 1000 / hpaTarget // milli-units per worker
+	eventually(t, 60*time.Second, time.Second, "the HPA to scale the workers on renderqueue_due and show the value", func() (bool, string) {
 		h := e.hpa()
 		active := hpaCondition(h, autoscalingv2.ScalingActive)
-		return h.Status.DesiredReplicas == hpaTarget && e.workerReplicas() == hpaTarget &&
-			active != nil && active.Status == corev1.ConditionTrue && len(h.Status.CurrentMetrics) > 0, hpaSummary(h)
+		if h.Status.DesiredReplicas != hpaTarget || h.Status.CurrentReplicas != hpaTarget || e.workerReplicas() != hpaTarget ||
+			active == nil || active.Status != corev1.ConditionTrue || len(h.Status.CurrentMetrics) == 0 {
+			return false, hpaSummary(h)
+		}
+		m := h.Status.CurrentMetrics[0].External
+		if m == nil || m.Metric.Name != "renderqueue_due" || m.Current.AverageValue == nil {
+			return false, hpaSummary(h)
+		}
+		got := m.Current.AverageValue.MilliValue()
+		return got >= wantAvg-1 && got <= wantAvg+1, fmt.Sprintf("average %dm, want %dm; %s", got, wantAvg, hpaSummary(h))
 	})
 	t.Logf("kubectl describe hpa %s:\n%s", workers, e.kubectl("describe", "hpa", workers))
 }
