@@ -108,18 +108,36 @@ func validateReport(st *shardapi.Status) (membership.ShardDue, error) {
 	if err != nil {
 		return membership.ShardDue{}, fmt.Errorf("bad membership.owned: %w", err)
 	}
-	if _, err := membership.ParseSlots(st.Membership.Incoming); err != nil {
+	incoming, err := membership.ParseSlots(st.Membership.Incoming)
+	if err != nil {
 		return membership.ShardDue{}, fmt.Errorf("bad membership.incoming: %w", err)
 	}
-	per := make(map[int]int, len(st.DuePerSlot))
-	for k, v := range st.DuePerSlot {
-		slot, err := strconv.Atoi(k)
-		if err != nil || slot < 0 || slot >= membership.NumSlots || v < 0 {
-			return membership.ShardDue{}, fmt.Errorf("bad duePerSlot entry %q: %d", k, v)
-		}
-		per[slot] = v
+	per, err := slotCounts("duePerSlot", st.DuePerSlot, owned)
+	if err != nil {
+		return membership.ShardDue{}, err
 	}
-	return membership.ShardDue{Owned: owned, DuePerSlot: per}, nil
+	d := membership.ShardDue{Owned: owned, DuePerSlot: per}
+	// incoming slots count only once the shard has walked all of them for the epoch it reports
+	if st.Membership.PreparedEpoch >= st.Membership.Epoch && !incoming.IsEmpty() {
+		if d.DuePerPreparedSlot, err = slotCounts("duePerIncomingSlot", st.DuePerIncomingSlot, incoming); err != nil {
+			return membership.ShardDue{}, err
+		}
+		d.Prepared = incoming
+	}
+	return d, nil
+}
+
+// slotCounts parses a per-slot count map whose slots must all be in within.
+func slotCounts(field string, m map[string]int, within membership.SlotSet) (map[int]int, error) {
+	out := make(map[int]int, len(m))
+	for k, v := range m {
+		slot, err := strconv.Atoi(k)
+		if err != nil || slot < 0 || slot >= membership.NumSlots || v < 0 || !within.Has(slot) {
+			return nil, fmt.Errorf("bad %s entry %q: %d", field, k, v)
+		}
+		out[slot] = v
+	}
+	return out, nil
 }
 
 // statusInputs is what computeStatus needs besides the RenderQueue.

@@ -36,16 +36,6 @@ go test -count=1 "$@"
 # throwaway PostgreSQL of its own, the operator and real keeper processes (test/e2e/cluster's
 # runner plays kubelet), kubectl and an HPA. About a minute; see `make e2e`.
 if [ "${run_e2e:-0}" = 1 ]; then
-  e2e_bin=$(mktemp -d)
-  if ! go build -o "$e2e_bin/renderqueue" ./cmd/renderqueue; then
-    rm -rf "$e2e_bin"
-    echo "test: e2e skipped: bin/renderqueue does not build" >&2
-  elif [[ $("$e2e_bin/renderqueue" operator --help 2>&1 || true) != *-keeper-image* ]]; then
-    rm -rf "$e2e_bin"
-    echo "test: e2e skipped: \`renderqueue operator\` does not exist yet" >&2
-  else
-    rm -rf "$e2e_bin"
-    echo "test: running the end-to-end test (go test -tags e2e ./test/e2e/...)" >&2
-    go test -tags e2e -count=1 -timeout 15m ./test/e2e/...
-  fi
+  echo "test: running the end-to-end test (go test -tags e2e ./test/e2e/...)" >&2
+  go test -tags e2e -count=1 -timeout 15m ./test/e2e/...
 fi

@@ -192,6 +192,6 @@ func summaryString(s Summary) string {
 	if s.Oldest != nil {
 		o = fmt.Sprintf("%s@%s", s.Oldest.Key, s.Oldest.Due.Format(time.RFC3339))
 	}
-	return fmt.Sprintf("held=%d incoming=%d invalid=%d due=%d leased=%d perSlot=%v lateness=%+v oldest=%s byRoute=%v classes=%+v coming=%+v",
-		s.Held, s.HeldIncoming, s.Invalid, s.Due, s.Leased, s.DuePerSlot, s.Lateness, o, s.ByRoute, s.Classes, s.Coming)
+	return fmt.Sprintf("held=%d incoming=%d invalid=%d due=%d leased=%d perSlot=%v perIncomingSlot=%v lateness=%+v oldest=%s byRoute=%v classes=%+v coming=%+v",
+		s.Held, s.HeldIncoming, s.Invalid, s.Due, s.Leased, s.DuePerSlot, s.DuePerIncomingSlot, s.Lateness, o, s.ByRoute, s.Classes, s.Coming)
 }

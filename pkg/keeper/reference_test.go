@@ -281,7 +281,7 @@ func (m *refModel) endWalk(unread []int) WalkCounts {
 
 func (m *refModel) summary(nowMs int64) Summary {
 	m.expire(nowMs)
-	s := Summary{Held: len(m.held), Invalid: len(m.invalid), DuePerSlot: map[int]int{}, ByRoute: map[string]int{}}
+	s := Summary{Held: len(m.held), Invalid: len(m.invalid), DuePerSlot: map[int]int{}, DuePerIncomingSlot: map[int]int{}, ByRoute: map[string]int{}}
 	var abs []int64
 	var rel []float64
 	classes := map[[2]int64]*Class{}
@@ -292,6 +292,9 @@ func (m *refModel) summary(nowMs int64) Summary {
 		}
 		if m.slots[r.row.Slot()] != SlotOwned {
 			s.HeldIncoming++
+			if r.dueMs <= nowMs {
+				s.DuePerIncomingSlot[r.row.Slot()]++
+			}
 			continue
 		}
 		ck := [2]int64{r.row.Cadence.Milliseconds(), int64(r.row.Source)}

@@ -77,6 +77,14 @@ func (s *Shard) Status(now time.Time) shardapi.Status {
 	for slot, n := range sum.DuePerSlot {
 		st.DuePerSlot[strconv.Itoa(slot)] = n
 	}
+	for slot, n := range sum.DuePerIncomingSlot {
+		if s.core.walkedBefore(slot) {
+			if st.DuePerIncomingSlot == nil {
+				st.DuePerIncomingSlot = map[string]int{}
+			}
+			st.DuePerIncomingSlot[strconv.Itoa(slot)] = n
+		}
+	}
 	for _, c := range sum.Classes {
 		st.Classes = append(st.Classes, shardapi.Class{Cadence: c.Cadence.Seconds(), Source: c.Source.String(), Due: c.Due, Held: c.Held})
 	}

@@ -21,7 +21,10 @@ type Summary struct {
 	Due, Leased int
 	// DuePerSlot has an entry for every owned slot with due rows.
 	DuePerSlot map[int]int
-	Lateness   Lateness
+	// DuePerIncomingSlot has an entry for every incoming slot with due rows (held, not counted in
+	// Due: the operator uses it for slots whose new owner has not adopted a commit yet).
+	DuePerIncomingSlot map[int]int
+	Lateness           Lateness
 	// Oldest is the due row with the earliest due time (ties: smallest key); nil when none.
 	Oldest  *OldestRow
 	ByRoute map[string]int
@@ -65,12 +68,13 @@ func (c *Core) Summary(now time.Time) Summary {
 	nowMs := now.UnixMilli()
 	c.expireLeases(nowMs)
 	s := Summary{
-		AsOf:       now,
-		Held:       c.rows.n,
-		Invalid:    len(c.invalid),
-		Leased:     len(c.leases),
-		DuePerSlot: map[int]int{},
-		ByRoute:    map[string]int{},
+		AsOf:               now,
+		Held:               c.rows.n,
+		Invalid:            len(c.invalid),
+		Leased:             len(c.leases),
+		DuePerSlot:         map[int]int{},
+		DuePerIncomingSlot: map[int]int{},
+		ByRoute:            map[string]int{},
 	}
 	type classKey struct {
 		cadenceMs int64
@@ -86,6 +90,9 @@ func (c *Core) Summary(now time.Time) Summary {
 	c.forEachHeld(func(id uint32, r *rec) {
 		if c.slots[r.slot] != SlotOwned {
 			s.HeldIncoming++
+			if r.due <= nowMs {
+				s.DuePerIncomingSlot[int(r.slot)]++
+			}
 			return
 		}
 		g := c.groups[r.group]

@@ -336,7 +336,27 @@ func TestSumDue(t *testing.T) {
 			wantDue: 3, wantExact: true,
 		},
 		{
-			name: "committed, receiver not yet adopted: inexact lower bound",
+			name: "committed, receiver not yet adopted but prepared: its prepared counts stand in",
+			a:    committed,
+			reports: map[string]ShardDue{
+				"a": {Owned: SlotRange(10, 511), DuePerSlot: due(100)},
+				"b": {Owned: SlotRange(512, 1023)},
+				"c": {Prepared: SlotRange(0, 9), DuePerPreparedSlot: due(0, 5)},
+			},
+			wantDue: 3, wantExact: true,
+		},
+		{
+			name: "committed, neither adopted: the giver still owns and counts",
+			a:    committed,
+			reports: map[string]ShardDue{
+				"a": {Owned: SlotRange(0, 511), DuePerSlot: due(0, 5, 100)},
+				"b": {Owned: SlotRange(512, 1023)},
+				"c": {Prepared: SlotRange(0, 9), DuePerPreparedSlot: due(0, 5)},
+			},
+			wantDue: 3, wantExact: true,
+		},
+		{
+			name: "committed, receiver not yet adopted and not prepared: inexact lower bound",
 			a:    committed,
 			reports: map[string]ShardDue{
 				"a": {Owned: SlotRange(10, 511), DuePerSlot: due(100)},

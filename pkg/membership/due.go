@@ -1,30 +1,60 @@
 package membership
 
+import "sort"
+
 // ShardDue is what one shard reported about its due rows (from its /v1/status).
 type ShardDue struct {
 	// Owned is the slots the shard reported owning (membership.owned).
 	Owned SlotSet
 	// DuePerSlot is the shard's due count per owned slot; a slot it owns but omits counts 0.
 	DuePerSlot map[int]int
+	// Prepared is the incoming slots the shard has fully walked for the epoch it reports
+	// (membership.incoming when preparedEpoch >= epoch, else empty): it holds their rows exactly
+	// and follows their events, but neither serves nor counts them.
+	Prepared SlotSet
+	// DuePerPreparedSlot is the shard's due count per prepared slot; omitted slots count 0.
+	DuePerPreparedSlot map[int]int
 }
 
-// SumDue sums due over every slot, taking each slot's count from its owner in the committed
-// assignment a (incoming slots are ignored), so that no slot is counted twice or missed. exact is
-// false, and due only a lower bound, when a is empty or the owner of some slot did not report or
-// did not report owning it (e.g. a receiver that has not yet adopted a commit). Whether each
-// shard's own counts are exact is for the caller to combine.
+// SumDue sums due over every slot, taking each slot's count from exactly one report, so that no
+// slot is counted twice or missed:
+//  1. from its owner in the committed assignment a, when that owner reports owning it;
+//  2. otherwise from a shard that still reports owning it (a giver that has not yet adopted a
+//     commit: it holds and follows the slot until it does);
+//  3. otherwise from a shard that reports it prepared (a receiver that has not yet adopted a
+//     commit: it has walked the slot and follows its events).
+//
+// exact is false, and due only a lower bound, when a is empty or some slot has no such report.
+// Whether each shard's own counts are exact is for the caller to combine.
 func SumDue(a Assignment, reports map[string]ShardDue) (due int, exact bool) {
 	if a.IsEmpty() {
 		return 0, false
 	}
+	names := make([]string, 0, len(reports))
+	for n := range reports {
+		names = append(names, n)
+	}
+	sort.Strings(names)
 	exact = true
+slots:
 	for slot := 0; slot < NumSlots; slot++ {
-		r, ok := reports[a.Owner(slot)]
-		if !ok || !r.Owned.Has(slot) {
-			exact = false
+		if r, ok := reports[a.Owner(slot)]; ok && r.Owned.Has(slot) {
+			due += r.DuePerSlot[slot]
 			continue
 		}
-		due += r.DuePerSlot[slot]
+		for _, n := range names {
+			if r := reports[n]; r.Owned.Has(slot) {
+				due += r.DuePerSlot[slot]
+				continue slots
+			}
+		}
+		for _, n := range names {
+			if r := reports[n]; r.Prepared.Has(slot) {
+				due += r.DuePerPreparedSlot[slot]
+				continue slots
+			}
+		}
+		exact = false
 	}
 	return due, exact
 }

@@ -37,12 +37,16 @@ type Status struct {
 	Due        int            `json:"due"`
 	Leased     int            `json:"leased"`
 	DuePerSlot map[string]int `json:"duePerSlot"`
-	Lateness   Lateness       `json:"lateness"`
-	Oldest     *Oldest        `json:"oldest"`
-	ByRoute    map[string]int `json:"byRoute"`
-	Classes    []Class        `json:"classes"`
-	Coming     Coming         `json:"coming"`
-	LastWalk   *Walk          `json:"lastWalk"`
+	// DuePerIncomingSlot is the due count of each incoming slot the shard has walked (not part of
+	// Due). During a handoff the operator takes a moving slot's count from here while the new
+	// owner has not adopted the commit yet, so the sum stays exact through the switch.
+	DuePerIncomingSlot map[string]int `json:"duePerIncomingSlot,omitempty"`
+	Lateness           Lateness       `json:"lateness"`
+	Oldest             *Oldest        `json:"oldest"`
+	ByRoute            map[string]int `json:"byRoute"`
+	Classes            []Class        `json:"classes"`
+	Coming             Coming         `json:"coming"`
+	LastWalk           *Walk          `json:"lastWalk"`
 	// WalkingSince is the start of the walk in progress, if any.
 	WalkingSince *time.Time `json:"walkingSince"`
 	// Error is the last error the shard wants its operator to see (a failed walk, a store outage).

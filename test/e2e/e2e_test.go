@@ -610,8 +610,7 @@ spec:
 // stepScale scales the queue 3 → 4 with kubectl scale, sampling status against the SQL count (no
 // writes meanwhile) until the rebalance has settled. A sample that claims an exact count must
 // have the true count, always. The two-phase handoff promises more: the true count at every
-// sample, flagged exact or not. Samples that miss it while flagged inexact are reported; they
-// fail the test with E2E_STRICT_REBALANCE=1 (see the KNOWN ISSUE note below).
+// sample, flagged exact or not; a sample that misses it fails the test too.
 func (e *env) stepScale(t *testing.T) {
 	want := e.sqlDue()
 	e.kubectl("scale", "renderqueue", queueName, "--replicas=4")
@@ -654,18 +653,9 @@ func (e *env) stepScale(t *testing.T) {
 		t.Logf("  sample %d: due %d (SQL %d), dueExact false, epoch %d %s; Exact: %s", s.n, s.due, want, s.epoch, s.phase, s.condition)
 	}
 	if len(wrong) > 0 {
-		// KNOWN ISSUE (controllers, issues 5/6): right after the commit the operator sums due over
-		// the committed assignment while the shards still report the previous one, so the moved
-		// slots are missing from the sum until the shards adopt the commit (a lower bound,
-		// correctly flagged inexact, reason MembershipChanging). Summing per slot over what the
-		// shards report owning, whenever those reports partition the slots, would keep the true
-		// count through the commit.
-		msg := fmt.Sprintf("status.due left the true count %d in %d of %d samples during the rebalance (flagged inexact)", want, len(wrong), len(samples))
-		if os.Getenv("E2E_STRICT_REBALANCE") != "" {
-			t.Error(msg)
-		} else {
-			t.Log("KNOWN ISSUE: " + msg + "; E2E_STRICT_REBALANCE=1 makes this fail")
-		}
+		// the two-phase handoff keeps every slot counted once through the commit (membership.SumDue
+		// takes a moved slot from its prepared receiver until the receiver adopts the commit)
+		t.Errorf("status.due left the true count %d in %d of %d samples during the rebalance", want, len(wrong), len(samples))
 	}
 	e.exactAndTrue(30*time.Second, 4)
 	t.Logf("kubectl get renderqueues:\n%s", e.kubectl("get", "renderqueues"))
