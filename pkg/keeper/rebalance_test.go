@@ -50,7 +50,9 @@ func newCluster(t *testing.T) *cluster {
 }
 
 func (c *cluster) openStore() *postgres.Store {
-	st, err := postgres.Open(c.ctx, c.dsn, postgres.Options{ReconnectMin: 10 * time.Millisecond, ReconnectMax: 200 * time.Millisecond})
+	// a long idle health interval: an event left undelivered after a re-LISTEN would wait for it
+	// and fail the sample's deadline
+	st, err := postgres.Open(c.ctx, c.dsn, postgres.Options{ReconnectMin: 10 * time.Millisecond, ReconnectMax: 200 * time.Millisecond, HealthInterval: time.Minute})
 	if err != nil {
 		c.t.Fatal(err)
 	}
@@ -119,6 +121,7 @@ func (c *cluster) rebalance(target []string, timeout time.Duration, duringPrepar
 	for {
 		switch act.Kind {
 		case membership.ActionPrepare, membership.ActionCommit, membership.ActionRollback:
+			c.t.Logf("%s %s epoch %d", time.Now().Format("15:04:05.000"), act.Kind, act.Phase.Epoch)
 			next, err := membership.Apply(c.assign, act.Phase)
 			if err != nil {
 				c.t.Fatal(err)
@@ -164,8 +167,9 @@ func (c *cluster) sample(when string) {
 	if err := conn.QueryRow(c.ctx, `SELECT count(*) FROM render_schedule WHERE due_at <= now()`).Scan(&truth); err != nil {
 		c.t.Fatal(err)
 	}
-	deadline := time.Now().Add(15 * time.Second)
+	deadline := time.Now().Add(10 * time.Second)
 	var last string
+	logged := false
 	for {
 		reports := map[string]membership.ShardDue{}
 		allExact := true
@@ -188,6 +192,14 @@ func (c *cluster) sample(when string) {
 			return
 		}
 		last = fmt.Sprintf("sum %d (exact %v, shards exact %v), SQL %d", due, exact, allExact, truth)
+		if !logged && time.Until(deadline) < 8*time.Second {
+			logged = true
+			for name, cs := range c.shards {
+				st := cs.sh.Status(time.Now())
+				c.t.Logf("slow sample %s: %s exact=%v complete=%v status=%s epoch=%d owned=%s incoming=%s prepared=%d gap=%v walking=%v lastWalk=%+v err=%s", when, name, st.Exact, st.Complete, st.Status, st.Membership.Epoch, st.Membership.Owned, st.Membership.Incoming, st.Membership.PreparedEpoch, st.Gap, st.WalkingSince, st.LastWalk, st.Error)
+			}
+			c.t.Logf("slow sample %s: %s", when, last)
+		}
 		if time.Now().After(deadline) {
 			c.t.Fatalf("sample after %s (epoch %d): %s", when, c.assign.Epoch, last)
 		}

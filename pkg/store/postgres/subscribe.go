@@ -186,6 +186,9 @@ func (sub *subscription) serve(ctx context.Context, conn *pgconn.PgConn) error {
 		if err := sub.handleSetSlots(ctx, conn); err != nil {
 			return err
 		}
+		// notifications that arrived while LISTEN/UNLISTEN ran are buffered by the connection:
+		// hand them over now, not when the next notification or health check wakes the wait
+		sub.deliverPending()
 		waitCtx, cancel := context.WithTimeout(ctx, sub.s.opts.HealthInterval)
 		sub.mu.Lock()
 		sub.waitCancel = cancel
