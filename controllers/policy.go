@@ -11,7 +11,8 @@ import (
 
 // Shard phases the operator reports itself, besides the shards' own (queued, empty, unready).
 const (
-	// PhasePending: the shard cannot be asked yet (no Pod, no Pod IP, Pod being deleted).
+	// PhasePending: the shard cannot be asked yet or is not expected to answer (no Pod, no Pod IP,
+	// Pod not Ready yet, Pod being deleted).
 	PhasePending = "Pending"
 	// PhaseUnreachable: the shard was asked and did not answer with a valid status.
 	PhaseUnreachable = "Unreachable"

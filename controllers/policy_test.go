@@ -1,6 +1,7 @@
 package controllers
 
 import (
+	corev1 "k8s.io/api/core/v1"
 	"strings"
 	"testing"
 	"time"
@@ -208,9 +209,16 @@ func TestShardStatusEdgeAheadIsStable(t *testing.T) {
 }
 
 func TestShardStatusUnreachableAndPending(t *testing.T) {
-	got := shardStatus(shardReport{Name: "s", Asked: true, Err: errString("unreachable: refused")}, "0-9", nil)
+	ready := &corev1.Pod{Status: corev1.PodStatus{Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}}}
+	// a Ready Pod that does not answer is unreachable
+	got := shardStatus(shardReport{Name: "s", Pod: ready, Asked: true, Err: errString("unreachable: refused")}, "0-9", nil)
 	if got.Phase != PhaseUnreachable || got.Error != "unreachable: refused" || got.Ready || got.Slots != "0-9" {
 		t.Errorf("unreachable: %+v", got)
+	}
+	// a Pod not Ready yet (its keeper starting) is pending
+	got = shardStatus(shardReport{Name: "s", Pod: &corev1.Pod{}, Asked: true, Err: errString("unreachable: refused")}, "0-9", nil)
+	if got.Phase != PhasePending || got.Error != "unreachable: refused" {
+		t.Errorf("starting: %+v", got)
 	}
 	got = shardStatus(shardReport{Name: "s", Err: errString("no Pod")}, "", nil)
 	if got.Phase != PhasePending || got.Error != "no Pod" {

@@ -55,7 +55,9 @@ func shardStatus(rep shardReport, owned string, prev *rqv1.ShardStatus) rqv1.Sha
 	st := rep.Status
 	if st == nil {
 		s.Phase = PhaseUnreachable
-		if !rep.Asked {
+		// a Pod that is not Ready yet (its keeper starting) is pending, not unreachable: no
+		// warning for a shard that was never expected to answer
+		if !rep.Asked || !podReady(rep.Pod) {
 			s.Phase = PhasePending
 		}
 		if rep.Err != nil {
