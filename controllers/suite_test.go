@@ -91,23 +91,9 @@ func (r *fakeRegistry) closeAll() {
 }
 
 // fakeKubelet marks shard Pods Running and Ready with an IP, as a kubelet would once their
-// readiness probe passes, except Pods the test holds back.
+// readiness probe passes.
 type fakeKubelet struct {
-	c    client.Client
-	mu   sync.Mutex
-	hold map[string]bool // namespace/name
-}
-
-func (k *fakeKubelet) setHold(namespace, name string, hold bool) {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	k.hold[namespace+"/"+name] = hold
-}
-
-func (k *fakeKubelet) held(pod *corev1.Pod) bool {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	return k.hold[pod.Namespace+"/"+pod.Name]
+	c client.Client
 }
 
 func (k *fakeKubelet) run(ctx context.Context) {
@@ -126,7 +112,7 @@ func (k *fakeKubelet) run(ctx context.Context) {
 		}
 		for i := range pods.Items {
 			p := &pods.Items[i]
-			if podReady(p) || p.DeletionTimestamp != nil || k.held(p) {
+			if podReady(p) || p.DeletionTimestamp != nil {
 				continue
 			}
 			n++
@@ -162,7 +148,7 @@ var _ = BeforeSuite(func() {
 	Expect(err).NotTo(HaveOccurred())
 
 	fakes = &fakeRegistry{shards: map[string]*fakeShard{}}
-	kubelet = &fakeKubelet{c: k8sClient, hold: map[string]bool{}}
+	kubelet = &fakeKubelet{c: k8sClient}
 
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:  scheme,

@@ -96,7 +96,7 @@ func serveShard(ctx context.Context, log logr.Logger, dsn, name, listen, token s
 	if err != nil {
 		return fmt.Errorf("opening the store: %w", err)
 	}
-	defer st.Close()
+	defer func() { _ = st.Close() }()
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))

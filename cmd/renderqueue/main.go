@@ -42,15 +42,15 @@ func runVersion(_ context.Context, _ []string, stdout, _ io.Writer) error {
 }
 
 func usage(w io.Writer, cmds map[string]command) {
-	fmt.Fprintln(w, "usage: renderqueue <command> [flags]")
-	fmt.Fprintln(w, "\ncommands:")
+	_, _ = fmt.Fprintln(w, "usage: renderqueue <command> [flags]")
+	_, _ = fmt.Fprintln(w, "\ncommands:")
 	names := make([]string, 0, len(cmds))
 	for n := range cmds {
 		names = append(names, n)
 	}
 	sort.Strings(names)
 	for _, n := range names {
-		fmt.Fprintf(w, "  %-12s %s\n", n, cmds[n].summary)
+		_, _ = fmt.Fprintf(w, "  %-12s %s\n", n, cmds[n].summary)
 	}
 }
 
@@ -69,14 +69,14 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	cmd, ok := cmds[args[0]]
 	if !ok {
-		fmt.Fprintf(stderr, "renderqueue: unknown command %q\n\n", args[0])
+		_, _ = fmt.Fprintf(stderr, "renderqueue: unknown command %q\n\n", args[0])
 		usage(stderr, cmds)
 		return 2
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := cmd.run(ctx, args[1:], stdout, stderr); err != nil {
-		fmt.Fprintf(stderr, "renderqueue %s: %v\n", args[0], err)
+		_, _ = fmt.Fprintf(stderr, "renderqueue %s: %v\n", args[0], err)
 		return 1
 	}
 	return 0

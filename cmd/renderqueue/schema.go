@@ -16,7 +16,7 @@ import (
 // runSchema is `renderqueue schema migrate --dsn ...`: apply the embedded schema migrations.
 func runSchema(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 || args[0] != "migrate" {
-		fmt.Fprintln(stderr, "usage: renderqueue schema migrate --dsn DSN [--timeout 5m]")
+		_, _ = fmt.Fprintln(stderr, "usage: renderqueue schema migrate --dsn DSN [--timeout 5m]")
 		return errors.New("unknown or missing schema subcommand (want: migrate)")
 	}
 	fs := flag.NewFlagSet("schema migrate", flag.ContinueOnError)
@@ -35,7 +35,7 @@ func runSchema(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err != nil {
 		return err
 	}
-	defer st.Close()
+	defer func() { _ = st.Close() }()
 	res, err := postgres.MigratePool(ctx, st.Pool())
 	if err != nil {
 		return err

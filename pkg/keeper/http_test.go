@@ -63,7 +63,7 @@ func TestHTTPAPIRejectsBadRequests(t *testing.T) {
 			t.Fatal(err)
 		}
 		body, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
+		_ = resp.Body.Close()
 		var e shardapi.Error
 		if resp.StatusCode != tc.want || json.Unmarshal(body, &e) != nil || !strings.Contains(e.Error, tc.msg) {
 			t.Errorf("%s: %d %s, want %d with %q", tc.name, resp.StatusCode, body, tc.want, tc.msg)
@@ -82,7 +82,7 @@ func TestHTTPAPIRejectsBadRequests(t *testing.T) {
 	if err != nil || resp.StatusCode != 200 {
 		t.Fatalf("status: %v %v", resp, err)
 	}
-	resp.Body.Close()
+	_ = resp.Body.Close()
 	req, _ := http.NewRequest(http.MethodPost, srv.URL+"/v1/claim", strings.NewReader(`{"n":5}`))
 	req.Header.Set("Authorization", "Bearer s3cret")
 	resp, err = http.DefaultClient.Do(req)
@@ -93,7 +93,7 @@ func TestHTTPAPIRejectsBadRequests(t *testing.T) {
 	if err := json.NewDecoder(resp.Body).Decode(&cr); err != nil || len(cr.Items) != 1 {
 		t.Fatalf("claim: %+v %v", cr, err)
 	}
-	resp.Body.Close()
+	_ = resp.Body.Close()
 }
 
 func TestReadyzUntilLoaded(t *testing.T) {
@@ -105,7 +105,7 @@ func TestReadyzUntilLoaded(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		resp.Body.Close()
+		_ = resp.Body.Close()
 		return resp.StatusCode
 	}
 	if code := get(); code != http.StatusServiceUnavailable {

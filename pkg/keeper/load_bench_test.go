@@ -22,7 +22,7 @@ func BenchmarkShardLoad(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	defer st.Close()
+	defer func() { _ = st.Close() }()
 	if err := st.Migrate(ctx); err != nil {
 		b.Fatal(err)
 	}
@@ -43,7 +43,7 @@ func BenchmarkShardLoad(b *testing.B) {
 	if _, err := conn.Exec(ctx, `VACUUM ANALYZE render_schedule`); err != nil {
 		b.Fatal(err)
 	}
-	conn.Close(ctx)
+	_ = conn.Close(ctx)
 	var total time.Duration
 	for b.Loop() {
 		sh, err := NewShard(Options{Name: "bench", Store: st, Log: logr.Discard()}, allSlots(0))
@@ -60,7 +60,7 @@ func BenchmarkShardLoad(b *testing.B) {
 		if rep.Failed || rep.Partial || rep.Counts.Scanned != n || !sh.Ready() || sh.core.Held() != n {
 			b.Fatalf("load: %+v held %d", rep, sh.core.Held())
 		}
-		sh.sub.Close()
+		_ = sh.sub.Close()
 	}
 	secs := total.Seconds() / float64(b.N)
 	b.ReportMetric(secs, "s/load")

@@ -2,6 +2,7 @@ package keeper
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"strconv"
@@ -56,7 +57,7 @@ func (c *cluster) openStore() *postgres.Store {
 	if err != nil {
 		c.t.Fatal(err)
 	}
-	c.t.Cleanup(func() { st.Close() })
+	c.t.Cleanup(func() { _ = st.Close() })
 	return st
 }
 
@@ -89,7 +90,9 @@ func (c *cluster) publish() {
 	for name, cs := range c.shards {
 		if !inAssignment[name] {
 			cs.cancel()
-			<-cs.done
+			if err := <-cs.done; !errors.Is(err, context.Canceled) {
+				c.t.Errorf("shard %s stopped with %v", name, err)
+			}
 			delete(c.shards, name)
 		}
 	}
@@ -99,7 +102,9 @@ func (c *cluster) publish() {
 func (c *cluster) kill(name string) {
 	cs := c.shards[name]
 	cs.cancel()
-	<-cs.done
+	if err := <-cs.done; !errors.Is(err, context.Canceled) {
+		c.t.Errorf("shard %s stopped with %v", name, err)
+	}
 	delete(c.shards, name)
 }
 
@@ -162,7 +167,7 @@ func (c *cluster) sample(when string) {
 	if err != nil {
 		c.t.Fatal(err)
 	}
-	defer conn.Close(c.ctx)
+	defer func() { _ = conn.Close(c.ctx) }()
 	var truth int
 	if err := conn.QueryRow(c.ctx, `SELECT count(*) FROM render_schedule WHERE due_at <= now()`).Scan(&truth); err != nil {
 		c.t.Fatal(err)

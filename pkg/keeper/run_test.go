@@ -2,6 +2,7 @@ package keeper
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"testing"
 	"time"
@@ -36,7 +37,7 @@ func TestRunRepairsAfterGap(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer st.Close()
+	defer func() { _ = st.Close() }()
 	if err := st.Migrate(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -59,12 +60,12 @@ func TestRunRepairsAfterGap(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ac.Close(context.Background())
+	defer func() { _ = ac.Close(context.Background()) }()
 	conn, err := pgx.Connect(ctx, dsn)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer conn.Close(context.Background())
+	defer func() { _ = conn.Close(context.Background()) }()
 	var db string
 	if err := conn.QueryRow(ctx, `SELECT current_database()`).Scan(&db); err != nil {
 		t.Fatal(err)
@@ -92,5 +93,7 @@ func TestRunRepairsAfterGap(t *testing.T) {
 		t.Fatalf("last walk %+v, want one repair", w)
 	}
 	cancel()
-	<-done
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Fatalf("Run stopped with %v", err)
+	}
 }

@@ -458,7 +458,7 @@ func (s *Shard) Run(ctx context.Context, updates <-chan Settings) error {
 			return ctx.Err()
 		}
 	}
-	defer s.sub.Close()
+	defer func() { _ = s.sub.Close() }()
 
 	events := make(chan error, 1)
 	go func() { events <- s.consume(ctx) }()

@@ -112,7 +112,7 @@ func newShardEnv(t *testing.T, settings Settings) *shardEnv {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { st.Close() })
+	t.Cleanup(func() { _ = st.Close() })
 	if err := st.Migrate(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -124,7 +124,7 @@ func newShardEnv(t *testing.T, settings Settings) *shardEnv {
 	if err := e.sh.Subscribe(ctx); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { e.sh.sub.Close() })
+	t.Cleanup(func() { _ = e.sh.sub.Close() })
 	return e
 }
 
@@ -304,7 +304,7 @@ func TestShardGapRepair(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer conn.Close(e.ctx)
+	defer func() { _ = conn.Close(e.ctx) }()
 	// keep the listener from coming back while we write, so the write's event is surely lost
 	var db string
 	if err := conn.QueryRow(e.ctx, `SELECT current_database()`).Scan(&db); err != nil {
@@ -318,7 +318,7 @@ func TestShardGapRepair(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer admin.Close(e.ctx)
+	defer func() { _ = admin.Close(e.ctx) }()
 	allow := func(on bool) {
 		t.Helper()
 		if _, err := admin.Exec(e.ctx, fmt.Sprintf(`ALTER DATABASE %s WITH ALLOW_CONNECTIONS %v`, pgx.Identifier{db}.Sanitize(), on)); err != nil {

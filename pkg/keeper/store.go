@@ -70,9 +70,6 @@ func (r *rows) release(id uint32) {
 	r.n--
 }
 
-// capacity is the number of record ids in existence (used and free).
-func (r *rows) capacity() uint32 { return uint32(len(r.chunks)) * recChunkSize }
-
 // arena stores keys as uvarint length + bytes, in chunks; freed keys become garbage reclaimed by
 // compaction.
 type arena struct {

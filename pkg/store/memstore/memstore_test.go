@@ -29,7 +29,7 @@ func TestDisconnectLosesWrites(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer sub.Close()
+	defer func() { _ = sub.Close() }()
 	st.DisconnectSubscriptions()
 	if _, err := st.Upsert(ctx, []schedule.Row{storetest.Row("lost", time.Now())}); err != nil {
 		t.Fatal(err)

@@ -187,7 +187,7 @@ func BenchmarkEventLatency(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	defer sub.Close()
+	defer func() { _ = sub.Close() }()
 
 	var mu sync.Mutex
 	sent := map[string]time.Time{} // key -> write start, for writes not yet delivered

@@ -62,7 +62,7 @@ func TestEventRoundTrip(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer sub.Close()
+	defer func() { _ = sub.Close() }()
 	rows := []schedule.Row{
 		{Key: "https://example.com/a,b:c?x=1&y=2#12:34", Cadence: 1500 * time.Millisecond, Route: "r,1:2",
 			HasDue: true, Due: time.Date(1969, 7, 20, 20, 17, 40, 123456000, time.UTC)},
@@ -109,7 +109,7 @@ func TestIdleHealthChecks(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer sub.Close()
+	defer func() { _ = sub.Close() }()
 	// The listener's last statement becomes the health check's once one has run.
 	for {
 		var q string

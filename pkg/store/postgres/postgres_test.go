@@ -204,7 +204,7 @@ func TestForeignWriters(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer sub.Close()
+	defer func() { _ = sub.Close() }()
 	if _, err := st.pool.Exec(ctx, `INSERT INTO render_schedule (key, due_at, cadence_ms, source)
 		VALUES ('https://example.com/sql', '2026-11-29T12:00:00Z', 3600000, 'submitted')`); err != nil {
 		t.Fatal(err)
@@ -365,12 +365,12 @@ func TestReconnectBackoff(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer sub.Close()
+	defer func() { _ = sub.Close() }()
 	admin, err := pgx.Connect(ctx, pgtest.DSN(t)) // a database cannot refuse connections from itself
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer admin.Close(context.Background())
+	defer func() { _ = admin.Close(context.Background()) }()
 	if _, err := admin.Exec(ctx, "ALTER DATABASE "+db+" WITH ALLOW_CONNECTIONS false"); err != nil {
 		t.Fatal(err)
 	}

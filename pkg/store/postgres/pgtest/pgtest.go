@@ -64,7 +64,7 @@ func CreateDatabase(ctx context.Context, serverDSN string) (dsn string, drop fun
 	if err != nil {
 		return "", nil, fmt.Errorf("connecting to the test server (%s): %w", EnvDSN, err)
 	}
-	defer conn.Close(context.Background())
+	defer func() { _ = conn.Close(context.Background()) }()
 	if _, err := conn.Exec(ctx, "CREATE DATABASE "+name+" TEMPLATE template0 ENCODING 'UTF8'"); err != nil {
 		return "", nil, fmt.Errorf("creating database %s: %w", name, err)
 	}
@@ -86,7 +86,7 @@ func dropDatabase(serverDSN, name string) error {
 	if err != nil {
 		return fmt.Errorf("dropping database %s: %w", name, err)
 	}
-	defer conn.Close(context.Background())
+	defer func() { _ = conn.Close(context.Background()) }()
 	for {
 		_, err := conn.Exec(ctx, "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)")
 		if err == nil {
