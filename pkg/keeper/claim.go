@@ -212,12 +212,12 @@ func (c *Core) Leased(now time.Time) int {
 	return len(c.leases)
 }
 
-// HeldRow returns what the core holds of key: its due time, cadence and rev.
-func (c *Core) HeldRow(key string) (due time.Time, cadence time.Duration, rev int64, ok bool) {
+// HeldRow returns the class (cadence, source) of a held key.
+func (c *Core) HeldRow(key string) (cadence time.Duration, source schedule.Source, ok bool) {
 	id, ok := c.index.find(&c.rows, &c.keys, key)
 	if !ok {
-		return time.Time{}, 0, 0, false
+		return 0, 0, false
 	}
-	r := c.rows.at(id)
-	return time.UnixMilli(r.due).UTC(), time.Duration(c.groups[r.group].cadenceMs) * time.Millisecond, r.rev, true
+	g := c.groups[c.rows.at(id).group]
+	return time.Duration(g.cadenceMs) * time.Millisecond, g.source, true
 }

@@ -1,9 +1,12 @@
 package keeper
 
 import (
+	"errors"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/renderqueue/renderqueue/pkg/schedule"
 )
 
 // Metrics are a shard's Prometheus metrics. A nil *Metrics records nothing.
@@ -43,8 +46,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "renderqueue_claimed_rows_total", Help: "Rows claimed, by class."},
 			[]string{"cadence", "source"}),
 		completesTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "renderqueue_completed_rows_total", Help: "Rows completed, by result: ok, lease_lost, not_found."},
-			[]string{"result"}),
+			Name: "renderqueue_completed_rows_total", Help: "Rows completed, by class and result: ok, lease_lost, not_held (class empty when the row is not held)."},
+			[]string{"cadence", "source", "result"}),
 		claimLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "renderqueue_claim_duration_seconds", Help: "Time to serve a claim request.",
 			Buckets: prometheus.ExponentialBuckets(0.00001, 4, 10)}),
@@ -108,12 +111,29 @@ func (m *Metrics) claimed(rows []Claimed, took time.Duration) {
 	}
 }
 
-func (m *Metrics) completed(result string, n int, took time.Duration) {
+// rowClass is a row's class as the metrics label it; empty when the row is not held.
+type rowClass struct{ cadence, source string }
+
+func classOf(cadence time.Duration, source schedule.Source) rowClass {
+	return rowClass{cadence: cadence.String(), source: source.String()}
+}
+
+// completed counts one complete request's items by class and result.
+func (m *Metrics) completed(results []error, classes []rowClass, took time.Duration) {
 	if m == nil {
 		return
 	}
 	if took > 0 {
 		m.completeLatency.Observe(took.Seconds())
 	}
-	m.completesTotal.WithLabelValues(result).Add(float64(n))
+	for i, err := range results {
+		result := "ok"
+		switch {
+		case errors.Is(err, ErrNotHeld):
+			result = "not_held"
+		case err != nil:
+			result = "lease_lost"
+		}
+		m.completesTotal.WithLabelValues(classes[i].cadence, classes[i].source, result).Inc()
+	}
 }

@@ -45,16 +45,20 @@ type CompleteItem struct {
 func (s *Shard) Complete(ctx context.Context, items []CompleteItem) ([]error, error) {
 	start := time.Now()
 	results := make([]error, len(items))
+	classes := make([]rowClass, len(items))
 	var writes []store.Completion
 	var idx []int
 	s.mu.Lock()
 	now := s.clock()
 	for i, it := range items {
+		cadence, source, held := s.core.HeldRow(it.Key)
+		if held {
+			classes[i] = classOf(cadence, source)
+		}
 		if err := s.core.CheckLease(now, it.Key, it.Lease); err != nil {
 			results[i] = err
 			continue
 		}
-		_, cadence, _, _ := s.core.HeldRow(it.Key)
 		due := now.Add(cadence)
 		if it.NextDue != nil {
 			due = *it.NextDue
@@ -64,7 +68,7 @@ func (s *Shard) Complete(ctx context.Context, items []CompleteItem) ([]error, er
 	}
 	s.mu.Unlock()
 	if len(writes) == 0 {
-		s.countCompletions(results, 0)
+		s.m.completed(results, classes, 0)
 		return results, nil
 	}
 	written, err := s.st.Complete(ctx, writes)
@@ -86,25 +90,8 @@ func (s *Shard) Complete(ctx context.Context, items []CompleteItem) ([]error, er
 		}
 	}
 	s.mu.Unlock()
-	s.countCompletions(results, time.Since(start))
+	s.m.completed(results, classes, time.Since(start))
 	return results, nil
-}
-
-func (s *Shard) countCompletions(results []error, took time.Duration) {
-	var ok, lost, missing int
-	for _, err := range results {
-		switch {
-		case err == nil:
-			ok++
-		case errors.Is(err, ErrNotHeld):
-			missing++
-		default:
-			lost++
-		}
-	}
-	s.m.completed("ok", ok, took)
-	s.m.completed("lease_lost", lost, 0)
-	s.m.completed("not_found", missing, 0)
 }
 
 // Release hands leased rows back unrendered: they are claimable again at once.
