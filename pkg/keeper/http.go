@@ -58,7 +58,7 @@ func (s *Shard) Handler(opts HandlerOptions) http.Handler {
 	mux.HandleFunc("POST /v1/complete", auth(s.serveComplete))
 	mux.HandleFunc("POST /v1/release", auth(s.serveRelease))
 	mux.HandleFunc("GET /v1/status", func(w http.ResponseWriter, _ *http.Request) {
-		writeJSON(w, http.StatusOK, s.Status(s.clock()))
+		writeJSON(w, http.StatusOK, s.RecentStatus(StatusMaxAge))
 	})
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})

@@ -56,3 +56,27 @@ func TestMetricsExposition(t *testing.T) {
 		}
 	}
 }
+
+func TestRecentStatusSharesOnePerSecond(t *testing.T) {
+	e := newShardEnv(t, allSlots(24*time.Hour))
+	e.upsert(srow("a", t0.Add(-time.Hour), time.Hour))
+	e.sh.Walk(e.ctx, true)
+	first := e.sh.RecentStatus(time.Second)
+	if first.Due != 1 {
+		t.Fatalf("due %d", first.Due)
+	}
+	claimed, err := e.sh.Claim(e.clock.Now(), 1, time.Minute)
+	if err != nil || len(claimed) != 1 {
+		t.Fatal(claimed, err)
+	}
+	// within the second the same status (and its asOf) is served
+	e.clock.Set(t0.Add(999 * time.Millisecond))
+	if st := e.sh.RecentStatus(time.Second); st.Leased != 0 || !st.AsOf.Equal(first.AsOf) {
+		t.Fatalf("not shared: leased %d asOf %v", st.Leased, st.AsOf)
+	}
+	// a second later it is computed again
+	e.clock.Set(t0.Add(time.Second))
+	if st := e.sh.RecentStatus(time.Second); st.Leased != 1 || !st.AsOf.Equal(t0.Add(time.Second)) {
+		t.Fatalf("not refreshed: leased %d asOf %v", st.Leased, st.AsOf)
+	}
+}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/renderqueue/renderqueue/pkg/membership"
 	"github.com/renderqueue/renderqueue/pkg/schedule"
+	"github.com/renderqueue/renderqueue/pkg/shardapi"
 	"github.com/renderqueue/renderqueue/pkg/store"
 )
 
@@ -120,6 +121,9 @@ type Shard struct {
 	m     *Metrics
 
 	walkMu sync.Mutex // one walk at a time
+
+	statusMu   sync.Mutex // guards lastStatus; one status computation at a time
+	lastStatus *shardapi.Status
 
 	mu       sync.Mutex
 	core     *Core
