@@ -206,18 +206,19 @@ func (c *Core) Release(now time.Time, key string, token uint64) error {
 	return nil
 }
 
-// Leased returns the number of rows under lease (after expiring leases at now).
-func (c *Core) Leased(now time.Time) int {
+// LeasedClass checks that token is key's current lease at now, like CheckLease, and returns the
+// key's class (cadence, source) whenever the key is held (ok), lease or not: one index lookup
+// for what a completion needs.
+func (c *Core) LeasedClass(now time.Time, key string, token uint64) (cadence time.Duration, source schedule.Source, ok bool, err error) {
 	c.expireLeases(now.UnixMilli())
-	return len(c.leases)
-}
-
-// HeldRow returns the class (cadence, source) of a held key.
-func (c *Core) HeldRow(key string) (cadence time.Duration, source schedule.Source, ok bool) {
-	id, ok := c.index.find(&c.rows, &c.keys, key)
-	if !ok {
-		return 0, 0, false
+	id, held := c.index.find(&c.rows, &c.keys, key)
+	if !held {
+		return 0, 0, false, ErrNotHeld
 	}
 	g := c.groups[c.rows.at(id).group]
-	return time.Duration(g.cadenceMs) * time.Millisecond, g.source, true
+	cadence, source = time.Duration(g.cadenceMs)*time.Millisecond, g.source
+	if l, ok := c.leases[id]; !ok || l.token != token {
+		return cadence, source, true, ErrLeaseLost
+	}
+	return cadence, source, true, nil
 }

@@ -187,9 +187,6 @@ func New(cfg Config) (*Core, error) {
 	return c, nil
 }
 
-// Config returns the core's policy.
-func (c *Core) Config() Config { return c.cfg }
-
 // SetConfig changes the policy. A new window applies to rows applied from now on; rows already
 // held stay held (the service walks again after a window change).
 func (c *Core) SetConfig(cfg Config) error {

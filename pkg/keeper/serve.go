@@ -51,11 +51,11 @@ func (s *Shard) Complete(ctx context.Context, items []CompleteItem) ([]error, er
 	s.mu.Lock()
 	now := s.clock()
 	for i, it := range items {
-		cadence, source, held := s.core.HeldRow(it.Key)
+		cadence, source, held, err := s.core.LeasedClass(now, it.Key, it.Lease)
 		if held {
 			classes[i] = classOf(cadence, source)
 		}
-		if err := s.core.CheckLease(now, it.Key, it.Lease); err != nil {
+		if err != nil {
 			results[i] = err
 			continue
 		}
