@@ -21,6 +21,8 @@
 # prebuilt renderqueue binary instead of building bin/renderqueue).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=hack/lib.sh
+. hack/lib.sh
 repo=$(pwd)
 
 ROWS=${ROWS:-200000}
@@ -145,15 +147,6 @@ token=$(k -n renderqueue-system create token renderqueue-operator --duration=24h
 KUBECONFIG=$opkc k config unset users.user.client-certificate >/dev/null
 KUBECONFIG=$opkc k config unset users.user.client-key >/dev/null
 KUBECONFIG=$opkc k config set-credentials user --token="$token" >/dev/null
-port_in_use() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
-free_port() {
-  local p
-  for _ in $(seq 1 100); do
-    p=$((20000 + (RANDOM * 32768 + RANDOM) % 40000))
-    if ! port_in_use "$p"; then echo "$p"; return 0; fi
-  done
-  die "no free loopback port found"
-}
 mport=$(free_port)
 op_args=(operator --kubeconfig "$opkc" --keeper-image renderqueue:local --metrics-bind-address 0
   --health-probe-bind-address "127.0.0.1:$(free_port)" --shard-poll-interval 2s

@@ -66,9 +66,8 @@ as_pg() {
   fi
 }
 
-port_in_use() {
-  (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
-}
+# shellcheck source=hack/lib.sh
+. "$(dirname "$0")/lib.sh"
 
 cmd_start() {
   local bindir dir port tries

@@ -13,6 +13,8 @@
 # KEEPER_ARGS (extra keeper flags).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=hack/lib.sh
+. hack/lib.sh
 
 ROWS=${ROWS:-200000}
 OVERDUE=${OVERDUE:-2000}
@@ -49,15 +51,6 @@ trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
-port_in_use() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
-free_port() {
-  local p
-  for _ in $(seq 1 100); do
-    p=$((20000 + (RANDOM * 32768 + RANDOM) % 40000))
-    if ! port_in_use "$p"; then echo "$p"; return 0; fi
-  done
-  die "no free loopback port found"
-}
 
 # http_code PATH prints the HTTP status code of GET PATH on the keeper (000 when unreachable),
 # with nothing but bash.
