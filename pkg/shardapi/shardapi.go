@@ -1,7 +1,7 @@
 // Package shardapi is the wire contract of a keeper shard's HTTP API: the JSON bodies of
 // /v1/claim, /v1/complete, /v1/release and /v1/status. The keeper serves it; the operator, the
 // metrics provider, the worker simulator and users' tools read it. Fields may be added; none may
-// change meaning (ARCHITECTURE section 5). Every time is RFC 3339 and every duration is seconds.
+// change meaning (docs/design.md, "What a shard vouches for"). Every time is RFC 3339 and every duration is seconds.
 package shardapi
 
 import "time"

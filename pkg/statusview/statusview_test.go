@@ -11,7 +11,7 @@ import (
 	"github.com/renderqueue/renderqueue/pkg/shardapi"
 )
 
-// canned is the example of ARCHITECTURE section 5, completed.
+// canned is a complete example status.
 const canned = `{
   "shard": "web-shard-1", "asOf": "2026-11-29T12:00:00.000Z",
   "status": "queued", "complete": true, "exact": true,

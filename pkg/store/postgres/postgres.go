@@ -2,7 +2,7 @@
 // github.com/jackc/pgx/v5.
 //
 // The schema (embedded migrations, applied by Migrate and `renderqueue schema migrate`) is the
-// render_schedule table of ARCHITECTURE section 3: the database computes key_hash
+// render_schedule table (docs/design.md, "Rows"): the database computes key_hash
 // (hashtextextended(key, 0)), a trigger gives every insert and update a fresh rev from a sequence,
 // and statement-level triggers with transition tables send each changed row's scheduling fields
 // with pg_notify on its slot's channel, rq_slot_<slot>, in payloads under 8000 bytes (see
