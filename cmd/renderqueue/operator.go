@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -15,6 +16,7 @@ import (
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/client-go/util/homedir"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
@@ -29,8 +31,9 @@ import (
 type operatorExtension interface {
 	// Flags registers the extension's flags (its on/off switch among them).
 	Flags(fs *flag.FlagSet)
-	// Setup adds the extension's Runnables to mgr, or nothing when it is turned off.
-	Setup(mgr ctrl.Manager, log logr.Logger) error
+	// Setup adds the extension's Runnables to mgr, or nothing when it is turned off. kubeconfig
+	// is the operator's --kubeconfig flag ("" when not given).
+	Setup(mgr ctrl.Manager, log logr.Logger, kubeconfig string) error
 }
 
 // operatorExtensions lists the optional parts of `renderqueue operator`: the external metrics
@@ -47,9 +50,22 @@ type metricsAPIExtension struct {
 // Flags registers --metrics-api and its serving options.
 func (e *metricsAPIExtension) Flags(fs *flag.FlagSet) { e.opts.BindFlags(fs) }
 
-// Setup adds the metrics API server to mgr when --metrics-api is set.
-func (e *metricsAPIExtension) Setup(mgr ctrl.Manager, log logr.Logger) error {
+// Setup adds the metrics API server to mgr when --metrics-api is set. Its delegated
+// authentication and authorization use the operator's own credentials: the kubeconfig file the
+// operator was started with, or in a Pod the in-cluster configuration (unless
+// --metrics-api-auth-kubeconfig names another file).
+func (e *metricsAPIExtension) Setup(mgr ctrl.Manager, log logr.Logger, kubeconfig string) error {
+	if !e.opts.Enabled {
+		return nil
+	}
 	e.opts.Logger = log.WithName("metrics-api")
+	if e.opts.AuthKubeconfig == "" {
+		path, err := kubeconfigFile(kubeconfig)
+		if err != nil {
+			return fmt.Errorf("external metrics API: %w", err)
+		}
+		e.opts.AuthKubeconfig = path
+	}
 	if err := metricsapi.AddToManager(mgr, e.opts); err != nil {
 		return fmt.Errorf("external metrics API: %w", err)
 	}
@@ -152,7 +168,7 @@ func runOperator(ctx context.Context, args []string, _, stderr io.Writer) error 
 		return fmt.Errorf("setting up the RenderQueue controller: %w", err)
 	}
 	for _, e := range exts {
-		if err := e.Setup(mgr, log); err != nil {
+		if err := e.Setup(mgr, log, o.kubeconfig); err != nil {
 			return err
 		}
 	}
@@ -185,4 +201,38 @@ func restConfig(kubeconfig string) (*rest.Config, error) {
 		return nil, fmt.Errorf("loading the Kubernetes client configuration: %w", err)
 	}
 	return cfg, nil
+}
+
+// kubeconfigFile names the kubeconfig file restConfig loads for the --kubeconfig value explicit,
+// in the same order: explicit, $KUBECONFIG, none in a cluster (""), then ~/.kube/config when it
+// exists ("" when it does not). A $KUBECONFIG listing several files is an error: they are merged
+// into one configuration that no single file holds.
+func kubeconfigFile(explicit string) (string, error) {
+	if explicit != "" {
+		return explicit, nil
+	}
+	if env := os.Getenv(clientcmd.RecommendedConfigPathEnvVar); env != "" {
+		var files []string
+		for _, f := range filepath.SplitList(env) {
+			if f != "" {
+				files = append(files, f)
+			}
+		}
+		switch len(files) {
+		case 0:
+		case 1:
+			return files[0], nil
+		default:
+			return "", fmt.Errorf("$KUBECONFIG lists %d files, which the delegated authentication cannot take (one file): "+
+				"give --kubeconfig or --metrics-api-auth-kubeconfig", len(files))
+		}
+	}
+	if _, err := rest.InClusterConfig(); err == nil {
+		return "", nil
+	}
+	home := filepath.Join(homedir.HomeDir(), clientcmd.RecommendedHomeDir, clientcmd.RecommendedFileName)
+	if _, err := os.Stat(home); err == nil {
+		return home, nil
+	}
+	return "", nil
 }

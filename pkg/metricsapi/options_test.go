@@ -2,13 +2,10 @@ package metricsapi
 
 import (
 	"flag"
-	"os"
 	"strings"
 	"testing"
 
 	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
-	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 )
 
@@ -32,6 +29,7 @@ func TestBindFlags(t *testing.T) {
 }
 
 func TestNewServerRejects(t *testing.T) {
+	t.Setenv("KUBERNETES_SERVICE_HOST", "") // not in a Pod, whatever runs the test
 	reader := fake.NewClientBuilder().Build()
 	cfg := &rest.Config{Host: "https://127.0.0.1:1"}
 	for _, tc := range []struct {
@@ -43,8 +41,7 @@ func TestNewServerRejects(t *testing.T) {
 		{"no REST config", Options{Reader: reader}, "RESTConfig is required"},
 		{"cert without key", Options{Reader: reader, RESTConfig: cfg, TLSCertFile: "/x.crt"}, "both the TLS certificate and its key"},
 		{"bad bind address", Options{Reader: reader, RESTConfig: cfg, BindAddress: "localhost"}, "not an IP address"},
-		{"exec plugin", Options{Reader: reader, RESTConfig: &rest.Config{Host: "https://h", ExecProvider: &clientcmdapi.ExecConfig{Command: "x"}}},
-			"--metrics-api-auth-kubeconfig"},
+		{"out of cluster without a kubeconfig", Options{Reader: reader, RESTConfig: cfg}, "--metrics-api-auth-kubeconfig"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := NewServer(tc.opts)
@@ -52,42 +49,5 @@ func TestNewServerRejects(t *testing.T) {
 				t.Fatalf("err = %v, want it to contain %q", err, tc.want)
 			}
 		})
-	}
-}
-
-func TestWriteKubeconfig(t *testing.T) {
-	tokenFile := t.TempDir() + "/token" // a file, so that rotated tokens are re-read
-	if err := os.WriteFile(tokenFile, []byte("tok"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	cfg := &rest.Config{
-		Host:            "https://10.0.0.1:6443",
-		BearerTokenFile: tokenFile,
-		TLSClientConfig: rest.TLSClientConfig{CAData: []byte("ca"), CertData: []byte("cert"), KeyData: []byte("key"), ServerName: "kubernetes"},
-		Impersonate:     rest.ImpersonationConfig{UserName: "someone", Groups: []string{"g"}},
-	}
-	path, cleanup, err := writeKubeconfig(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	fi, err := os.Stat(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if fi.Mode().Perm()&0o077 != 0 {
-		t.Errorf("kubeconfig mode %v is readable by others", fi.Mode().Perm())
-	}
-	got, err := clientcmd.BuildConfigFromFlags("", path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got.Host != cfg.Host || got.BearerTokenFile != cfg.BearerTokenFile || string(got.CAData) != "ca" ||
-		string(got.CertData) != "cert" || string(got.KeyData) != "key" || got.ServerName != "kubernetes" ||
-		got.Impersonate.UserName != "someone" || len(got.Impersonate.Groups) != 1 {
-		t.Errorf("round trip lost something: %+v", got)
-	}
-	cleanup()
-	if _, err := os.Stat(path); !os.IsNotExist(err) {
-		t.Errorf("cleanup left %s: %v", path, err)
 	}
 }

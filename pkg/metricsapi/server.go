@@ -6,8 +6,6 @@ import (
 	"flag"
 	"fmt"
 	"net"
-	"os"
-	"path/filepath"
 
 	"github.com/go-logr/logr"
 	openapinamer "k8s.io/apiserver/pkg/endpoints/openapi"
@@ -15,8 +13,6 @@ import (
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
-	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	openapicommon "k8s.io/kube-openapi/pkg/common"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
@@ -34,7 +30,9 @@ const DefaultSecurePort = 6443
 const serverName = "renderqueue-metrics-api"
 
 // Options configure the metrics API server. The zero value plus a Reader and a RESTConfig is a
-// working configuration: HTTPS on 0.0.0.0:6443 with an in-memory self-signed certificate.
+// working configuration in a Pod: HTTPS on 0.0.0.0:6443 with an in-memory self-signed
+// certificate, delegating to the API server with the Pod's ServiceAccount. The server writes no
+// file unless CertDir is set (so it runs under a read-only root file system).
 type Options struct {
 	// Enabled is set by the --metrics-api flag. NewServer and Run ignore it; AddToManager adds
 	// nothing when it is false.
@@ -44,17 +42,17 @@ type Options struct {
 	// defaults it to the manager's client, which reads from the manager's cache).
 	Reader client.Reader
 
-	// RESTConfig reaches the Kubernetes API server that the metrics API delegates
-	// authentication (TokenReview, the client CA and request-header settings of the
-	// kube-system/extension-apiserver-authentication ConfigMap) and authorization
-	// (SubjectAccessReview) to. Required unless AuthKubeconfig is set (AddToManager defaults it
-	// to the manager's config).
+	// RESTConfig is the generic API server's own client of the Kubernetes API server. Required
+	// (AddToManager defaults it to the manager's config). Delegated authentication and
+	// authorization use AuthKubeconfig instead: the generic API server's delegating options
+	// take a file or the in-cluster configuration, not a rest.Config.
 	RESTConfig *rest.Config
 
-	// AuthKubeconfig, if set, is a kubeconfig file used for the delegation instead of
-	// RESTConfig. RESTConfig is written to a private temporary kubeconfig that is removed as
-	// soon as the delegating clients are built, so this is only needed for credentials a
-	// kubeconfig cannot express from a rest.Config (exec and auth-provider plugins).
+	// AuthKubeconfig is the kubeconfig file the delegating authenticator and authorizer use
+	// (TokenReview, SubjectAccessReview, the extension-apiserver-authentication ConfigMap). Empty
+	// means the in-cluster configuration (rest.InClusterConfig: the Pod's ServiceAccount token
+	// and CA), which is what a Pod uses; out of a cluster it must be set (the operator passes its
+	// own --kubeconfig or $KUBECONFIG). The file is read as it is: nothing is written anywhere.
 	AuthKubeconfig string
 
 	// BindAddress is the IP to listen on; empty means all interfaces.
@@ -146,17 +144,16 @@ func NewServer(opts Options) (*Server, error) {
 	ss.ServerCert.CertKey.CertFile, ss.ServerCert.CertKey.KeyFile = opts.TLSCertFile, opts.TLSKeyFile
 	ss.ServerCert.CertDirectory = opts.CertDir // "" keeps a generated certificate in memory
 
-	authKubeconfig := opts.AuthKubeconfig
-	if authKubeconfig == "" {
-		path, cleanup, err := writeKubeconfig(opts.RESTConfig)
-		if err != nil {
-			return nil, fmt.Errorf("metrics API: delegated authentication: %w", err)
+	if opts.AuthKubeconfig == "" {
+		// the generic API server's delegating options fall back to rest.InClusterConfig; check
+		// it here to name the way out
+		if _, err := rest.InClusterConfig(); err != nil {
+			return nil, fmt.Errorf("metrics API: delegated authentication needs the in-cluster configuration or a kubeconfig "+
+				"(the operator's --kubeconfig or $KUBECONFIG, or --metrics-api-auth-kubeconfig): %w", err)
 		}
-		defer cleanup() // the delegating clients are built (and the file read) by ApplyTo below
-		authKubeconfig = path
 	}
-	o.Authentication.RemoteKubeConfigFile = authKubeconfig
-	o.Authorization.RemoteKubeConfigFile = authKubeconfig
+	o.Authentication.RemoteKubeConfigFile = opts.AuthKubeconfig // "": rest.InClusterConfig
+	o.Authorization.RemoteKubeConfigFile = opts.AuthKubeconfig
 	getDefs := func(ref openapicommon.ReferenceCallback) map[string]openapicommon.OpenAPIDefinition {
 		defs := generatedcore.GetOpenAPIDefinitions(ref)
 		for k, v := range generatedexternal.GetOpenAPIDefinitions(ref) {
@@ -235,55 +232,4 @@ func AddToManager(mgr manager.Manager, opts Options) error {
 		return fmt.Errorf("metrics API: add to manager: %w", err)
 	}
 	return nil
-}
-
-// writeKubeconfig writes cfg as a kubeconfig file readable only by this user, for the
-// delegating authenticator and authorizer, which take a file. cleanup removes it.
-func writeKubeconfig(cfg *rest.Config) (path string, cleanup func(), err error) {
-	if cfg.ExecProvider != nil || cfg.AuthProvider != nil {
-		return "", nil, errors.New("the REST config uses an exec or auth-provider plugin, which cannot be passed on; set Options.AuthKubeconfig (--metrics-api-auth-kubeconfig)")
-	}
-	if cfg.Host == "" {
-		return "", nil, errors.New("the REST config has no host")
-	}
-	host := cfg.Host
-	if cfg.APIPath != "" && cfg.APIPath != "/api" {
-		return "", nil, fmt.Errorf("the REST config has API path %q, which a kubeconfig cannot express; set Options.AuthKubeconfig", cfg.APIPath)
-	}
-	kc := clientcmdapi.NewConfig()
-	kc.Clusters["cluster"] = &clientcmdapi.Cluster{
-		Server:                   host,
-		TLSServerName:            cfg.ServerName,
-		InsecureSkipTLSVerify:    cfg.Insecure,
-		CertificateAuthority:     cfg.CAFile,
-		CertificateAuthorityData: cfg.CAData,
-	}
-	kc.AuthInfos["user"] = &clientcmdapi.AuthInfo{
-		ClientCertificate:     cfg.CertFile,
-		ClientCertificateData: cfg.CertData,
-		ClientKey:             cfg.KeyFile,
-		ClientKeyData:         cfg.KeyData,
-		Token:                 cfg.BearerToken,
-		TokenFile:             cfg.BearerTokenFile,
-		Username:              cfg.Username,
-		Password:              cfg.Password,
-		Impersonate:           cfg.Impersonate.UserName,
-		ImpersonateUID:        cfg.Impersonate.UID,
-		ImpersonateGroups:     cfg.Impersonate.Groups,
-		ImpersonateUserExtra:  cfg.Impersonate.Extra,
-	}
-	kc.Contexts["context"] = &clientcmdapi.Context{Cluster: "cluster", AuthInfo: "user"}
-	kc.CurrentContext = "context"
-
-	dir, err := os.MkdirTemp("", "renderqueue-metrics-api-")
-	if err != nil {
-		return "", nil, fmt.Errorf("temporary kubeconfig: %w", err)
-	}
-	cleanup = func() { _ = os.RemoveAll(dir) }
-	path = filepath.Join(dir, "kubeconfig")
-	if err := clientcmd.WriteToFile(*kc, path); err != nil {
-		cleanup()
-		return "", nil, fmt.Errorf("write temporary kubeconfig: %w", err)
-	}
-	return path, cleanup, nil
 }

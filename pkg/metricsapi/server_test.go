@@ -24,6 +24,8 @@ import (
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	"k8s.io/metrics/pkg/apis/external_metrics/v1beta1"
 	externalclient "k8s.io/metrics/pkg/client/external_metrics"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -96,14 +98,14 @@ func TestServer(t *testing.T) {
 	createRQ(ctx, t, k8s, ns, "fresh", map[string]string{"team": "c"}, nil)
 
 	// The server: delegation as the operator's ServiceAccount (so the component's bindings are
-	// what makes it work), RenderQueues read with the test's client.
-	delegation := rest.CopyConfig(admin)
-	delegation.Impersonate = rest.ImpersonationConfig{UserName: operatorSA}
+	// what makes it work), through a kubeconfig file as the operator passes its own; RenderQueues
+	// read with the test's client.
+	delegation := writeKubeconfig(t, admin, operatorSA)
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	g.Expect(err).NotTo(HaveOccurred())
 	certDir := t.TempDir()
 	srv, err := metricsapi.NewServer(metricsapi.Options{
-		Reader: k8s, RESTConfig: delegation, Listener: lis, CertDir: certDir, Logger: testr.New(t),
+		Reader: k8s, RESTConfig: admin, AuthKubeconfig: delegation, Listener: lis, CertDir: certDir, Logger: testr.New(t),
 	})
 	g.Expect(err).NotTo(HaveOccurred())
 	srvCtx, stopSrv := context.WithCancel(ctx)
@@ -376,4 +378,20 @@ func applyYAML(ctx context.Context, t *testing.T, k8s client.Client, path string
 			t.Fatalf("create %s %s from %s: %v", u.GetKind(), u.GetName(), path, err)
 		}
 	}
+}
+
+// writeKubeconfig writes a kubeconfig for the API server of admin, with admin's credentials
+// impersonating user, into a test directory and returns its path.
+func writeKubeconfig(t *testing.T, admin *rest.Config, user string) string {
+	t.Helper()
+	kc := clientcmdapi.NewConfig()
+	kc.Clusters["envtest"] = &clientcmdapi.Cluster{Server: admin.Host, CertificateAuthorityData: admin.CAData}
+	kc.AuthInfos["user"] = &clientcmdapi.AuthInfo{ClientCertificateData: admin.CertData, ClientKeyData: admin.KeyData, Impersonate: user}
+	kc.Contexts["envtest"] = &clientcmdapi.Context{Cluster: "envtest", AuthInfo: "user"}
+	kc.CurrentContext = "envtest"
+	path := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := clientcmd.WriteToFile(*kc, path); err != nil {
+		t.Fatalf("write kubeconfig: %v", err)
+	}
+	return path
 }
