@@ -5,6 +5,8 @@ package main
 
 import (
 	"context"
+	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -36,7 +38,16 @@ func commands() map[string]command {
 // version is set at link time (-ldflags "-X main.version=...").
 var version = "dev"
 
-func runVersion(_ context.Context, _ []string, stdout, _ io.Writer) error {
+func runVersion(_ context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("version", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() { _, _ = fmt.Fprintln(stderr, "usage: renderqueue version") }
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
 	_, err := fmt.Fprintln(stdout, "renderqueue", version)
 	return err
 }
@@ -76,6 +87,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := cmd.run(ctx, args[1:], stdout, stderr); err != nil {
+		if errors.Is(err, flag.ErrHelp) { // -h or --help: the flag set has printed the usage
+			return 0
+		}
 		_, _ = fmt.Fprintf(stderr, "renderqueue %s: %v\n", args[0], err)
 		return 1
 	}

@@ -19,3 +19,26 @@ func TestRunDispatch(t *testing.T) {
 		t.Fatalf("no command: code %d", code)
 	}
 }
+
+// TestHelp asks every subcommand for help (-h and --help): exit 0 and its usage, naming a flag
+// where it has any.
+func TestHelp(t *testing.T) {
+	for name := range commands() {
+		for _, h := range []string{"-h", "--help"} {
+			var out, errb bytes.Buffer
+			code := run([]string{name, h}, &out, &errb)
+			help := out.String() + errb.String()
+			if code != 0 {
+				t.Errorf("renderqueue %s %s: exit %d, want 0; output:\n%s", name, h, code, help)
+			}
+			if !strings.Contains(strings.ToLower(help), "usage") || strings.Contains(help, "help requested") {
+				t.Errorf("renderqueue %s %s printed no usage:\n%s", name, h, help)
+			}
+		}
+	}
+	// schema's subcommand has flags of its own
+	var out, errb bytes.Buffer
+	if code := run([]string{"schema", "migrate", "--help"}, &out, &errb); code != 0 || !strings.Contains(errb.String(), "-dsn") {
+		t.Errorf("renderqueue schema migrate --help: exit %d, output:\n%s", code, errb.String())
+	}
+}

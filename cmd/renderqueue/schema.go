@@ -15,8 +15,13 @@ import (
 
 // runSchema is `renderqueue schema migrate --dsn ...`: apply the embedded schema migrations.
 func runSchema(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	const usage = "usage: renderqueue schema migrate --dsn DSN [--timeout 5m]"
+	if len(args) > 0 && (args[0] == "-h" || args[0] == "--help" || args[0] == "-help" || args[0] == "help") {
+		_, _ = fmt.Fprintln(stderr, usage)
+		return flag.ErrHelp
+	}
 	if len(args) == 0 || args[0] != "migrate" {
-		_, _ = fmt.Fprintln(stderr, "usage: renderqueue schema migrate --dsn DSN [--timeout 5m]")
+		_, _ = fmt.Fprintln(stderr, usage)
 		return errors.New("unknown or missing schema subcommand (want: migrate)")
 	}
 	fs := flag.NewFlagSet("schema migrate", flag.ContinueOnError)
