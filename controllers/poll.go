@@ -6,7 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
+	"strconv"
 	"sync"
 	"time"
 
@@ -25,12 +27,13 @@ const maxStatusBytes = 4 << 20
 // It fails when the shard cannot be asked yet (no Pod IP).
 type ShardURLResolver func(pod *corev1.Pod) (string, error)
 
-// PodIPResolver is the default ShardURLResolver: http://<pod IP>:8080.
+// PodIPResolver is the default ShardURLResolver: http://<pod IP>:8080, an IPv6 address in
+// brackets (http://[fd00::7]:8080).
 func PodIPResolver(pod *corev1.Pod) (string, error) {
 	if pod.Status.PodIP == "" {
 		return "", errors.New("the Pod has no IP yet")
 	}
-	return fmt.Sprintf("http://%s:%d", pod.Status.PodIP, KeeperPort), nil
+	return "http://" + net.JoinHostPort(pod.Status.PodIP, strconv.Itoa(KeeperPort)), nil
 }
 
 // shardReport is what the operator learnt about one shard in one poll.

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -70,5 +71,25 @@ func TestPollShards(t *testing.T) {
 		if w.err == "" && rep.Err != nil || w.err != "" && (rep.Err == nil || !strings.Contains(rep.Err.Error(), w.err)) {
 			t.Errorf("%s: error %v, want one containing %q", rep.Name, rep.Err, w.err)
 		}
+	}
+}
+
+func TestPodIPResolver(t *testing.T) {
+	for _, tc := range []struct{ ip, want string }{
+		{"10.0.0.7", "http://10.0.0.7:8080"},
+		{"fd00:10:244::7", "http://[fd00:10:244::7]:8080"},
+		{"::1", "http://[::1]:8080"},
+	} {
+		pod := &corev1.Pod{Status: corev1.PodStatus{PodIP: tc.ip}}
+		got, err := PodIPResolver(pod)
+		if err != nil || got != tc.want {
+			t.Errorf("PodIPResolver(%s) = %q, %v; want %q", tc.ip, got, err, tc.want)
+		}
+		if _, err := url.Parse(got + "/v1/status"); err != nil {
+			t.Errorf("%s/v1/status is not a URL: %v", got, err)
+		}
+	}
+	if _, err := PodIPResolver(&corev1.Pod{}); err == nil {
+		t.Error("a Pod without an IP must not resolve")
 	}
 }
