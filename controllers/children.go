@@ -88,6 +88,9 @@ func (r *RenderQueueReconciler) reconcileChildren(ctx context.Context, rq *rqv1.
 			}
 			return controllerutil.SetControllerReference(rq, obj, r.Scheme)
 		})
+		if apierrors.IsAlreadyExists(err) {
+			return &childConflictError{what: s.what, name: obj.GetName(), queue: rq.Name, err: err}
+		}
 		if err != nil {
 			return fmt.Errorf("reconciling the %s %s: %w", s.what, obj.GetName(), err)
 		}
@@ -97,6 +100,25 @@ func (r *RenderQueueReconciler) reconcileChildren(ctx context.Context, rq *rqv1.
 	}
 	return nil
 }
+
+// EventChildConflict: a child's name is taken by an object the operator does not manage.
+const EventChildConflict = "ChildConflict"
+
+// childConflictError: creating a child failed because an object of its name exists that the
+// operator does not see. Its cache holds only objects labelled renderqueue.dev/queue
+// (CacheOptions), so the object is someone else's — or, for a moment, one the cache has not
+// caught up with.
+type childConflictError struct {
+	what, name, queue string
+	err               error
+}
+
+func (e *childConflictError) Error() string {
+	return fmt.Sprintf("the %s %s exists and is not labelled %s=%s: the operator leaves it alone; "+
+		"delete or rename it, or label it to let the operator take it over (%v)", e.what, e.name, rqv1.LabelQueue, e.queue, e.err)
+}
+
+func (e *childConflictError) Unwrap() error { return e.err }
 
 // childStep is one child reconciled with CreateOrUpdate: set mutates obj into its desired state.
 type childStep struct {

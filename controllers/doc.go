@@ -14,5 +14,8 @@
 //   - poll.go: reading every shard's /v1/status in parallel;
 //   - status.go and policy.go: the status figures and the conditions, the latter as small pure
 //     functions returning (status, reason, message);
-//   - patch.go: writing the status only when it changed.
+//   - patch.go: writing the status only when it changed;
+//   - cache.go: the manager's cache options — of the child kinds only objects labelled
+//     renderqueue.dev/queue are cached (a child's name held by an unlabelled object is a
+//     ChildConflict, never taken over).
 package controllers

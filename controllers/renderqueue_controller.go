@@ -2,6 +2,7 @@ package controllers
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"time"
@@ -133,6 +134,10 @@ func (r *RenderQueueReconciler) Reconcile(ctx context.Context, req ctrl.Request)
 	now := r.now().Truncate(time.Second) // the API server stores times to the second
 
 	if err := r.reconcileChildren(ctx, &rq); err != nil {
+		var conflict *childConflictError
+		if errors.As(err, &conflict) {
+			r.emit(&rq, []pendingEvent{{Type: corev1.EventTypeWarning, Reason: EventChildConflict, Action: "Create", Message: conflict.Error()}})
+		}
 		return ctrl.Result{}, err
 	}
 	persisted, err := assignmentFromStatus(rq.Status.Membership)

@@ -20,6 +20,7 @@ import (
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
@@ -45,6 +46,8 @@ var (
 	suiteCtx  context.Context
 	fakes     *fakeRegistry
 	kubelet   *fakeKubelet
+	// mgrCache is the reconciler's cache (what it reads through its client).
+	mgrCache cache.Cache
 )
 
 func TestControllers(t *testing.T) {
@@ -152,9 +155,11 @@ var _ = BeforeSuite(func() {
 
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:  scheme,
+		Cache:   CacheOptions(), // as the operator runs it
 		Metrics: metricsserver.Options{BindAddress: "0"},
 	})
 	Expect(err).NotTo(HaveOccurred())
+	mgrCache = mgr.GetCache()
 	rec := &RenderQueueReconciler{
 		Client:              mgr.GetClient(),
 		Scheme:              mgr.GetScheme(),
