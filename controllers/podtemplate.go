@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"strconv"
 	"strings"
 
@@ -123,6 +124,9 @@ func shardPodSpec(rq *rqv1.RenderQueue, operatorImage, podName string) corev1.Po
 		NodeSelector:                  rq.Spec.NodeSelector,
 		Tolerations:                   rq.Spec.Tolerations,
 		Affinity:                      rq.Spec.Affinity,
+		ImagePullSecrets:              imagePullSecrets(rq),
+		PriorityClassName:             rq.Spec.PriorityClassName,
+		TopologySpreadConstraints:     topologySpreadConstraints(rq),
 		SecurityContext: &corev1.PodSecurityContext{
 			RunAsNonRoot:   ptr.To(true),
 			RunAsUser:      ptr.To[int64](shardUID),
@@ -169,33 +173,90 @@ func shardPodSpec(rq *rqv1.RenderQueue, operatorImage, podName string) corev1.Po
 	}
 }
 
+// imagePullSecrets is spec.imagePullSecrets as the PodSpec field; nil when none.
+func imagePullSecrets(rq *rqv1.RenderQueue) []corev1.LocalObjectReference {
+	var out []corev1.LocalObjectReference
+	for _, s := range rq.Spec.ImagePullSecrets {
+		out = append(out, corev1.LocalObjectReference{Name: s.Name})
+	}
+	return out
+}
+
+// topologySpreadConstraints is spec.topologySpreadConstraints as the PodSpec field, each with
+// the shard Pods' selector as its labelSelector; nil when none.
+func topologySpreadConstraints(rq *rqv1.RenderQueue) []corev1.TopologySpreadConstraint {
+	var out []corev1.TopologySpreadConstraint
+	for _, c := range rq.Spec.TopologySpreadConstraints {
+		c = *c.DeepCopy()
+		out = append(out, corev1.TopologySpreadConstraint{
+			MaxSkew:            c.MaxSkew,
+			TopologyKey:        c.TopologyKey,
+			WhenUnsatisfiable:  c.WhenUnsatisfiable,
+			LabelSelector:      &metav1.LabelSelector{MatchLabels: selectorLabels(rq)},
+			MinDomains:         c.MinDomains,
+			NodeAffinityPolicy: c.NodeAffinityPolicy,
+			NodeTaintsPolicy:   c.NodeTaintsPolicy,
+			MatchLabelKeys:     c.MatchLabelKeys,
+		})
+	}
+	return out
+}
+
+// podLabels is spec.podLabels as plain strings; nil when none.
+func podLabels(rq *rqv1.RenderQueue) map[string]string {
+	if len(rq.Spec.PodLabels) == 0 {
+		return nil
+	}
+	out := make(map[string]string, len(rq.Spec.PodLabels))
+	for k, v := range rq.Spec.PodLabels {
+		out[k] = string(v)
+	}
+	return out
+}
+
 // podTemplateHash is the hash of everything a shard Pod is built from except its name: when it
-// changes (image, resources, scheduling, the DSN Secret, ...) the shards are replaced one at a
-// time.
+// changes (image, resources, scheduling, pull secrets, the DSN Secret, spec.podLabels,
+// spec.podAnnotations, ...) the shards are replaced one at a time.
+//
+// It hashes the PodSpec alone while spec.podLabels and spec.podAnnotations are empty, so that
+// adding those fields to the API did not change the hash of (and so replace) existing shards;
+// new PodSpec fields are omitted from the JSON while unset, for the same reason.
 func podTemplateHash(rq *rqv1.RenderQueue, operatorImage string) string {
-	spec := shardPodSpec(rq, operatorImage, "")
-	b, err := json.Marshal(spec)
+	var in any = shardPodSpec(rq, operatorImage, "")
+	if len(rq.Spec.PodLabels) > 0 || len(rq.Spec.PodAnnotations) > 0 {
+		in = struct {
+			Labels      map[string]string `json:"labels,omitempty"`
+			Annotations map[string]string `json:"annotations,omitempty"`
+			Spec        any               `json:"spec"`
+		}{podLabels(rq), rq.Spec.PodAnnotations, in}
+	}
+	b, err := json.Marshal(in)
 	if err != nil {
-		// A PodSpec always marshals; keep the hash total anyway.
+		// A PodSpec and string maps always marshal; keep the hash total anyway.
 		b = []byte(err.Error())
 	}
 	sum := sha256.Sum256(b)
 	return hex.EncodeToString(sum[:])[:16]
 }
 
-// desiredShardPod is the shard Pod named podName, owner reference not yet set.
+// desiredShardPod is the shard Pod named podName, owner reference not yet set. It carries
+// spec.podLabels and spec.podAnnotations, with the operator's own labels and annotation set over
+// them (the API refuses spec keys that would collide).
 func desiredShardPod(rq *rqv1.RenderQueue, operatorImage, podName, hash string) *corev1.Pod {
-	labels := queueLabels(rq)
-	for k, v := range selectorLabels(rq) {
-		labels[k] = v
-	}
+	labels := map[string]string{}
+	maps.Copy(labels, podLabels(rq))
+	maps.Copy(labels, queueLabels(rq))
+	maps.Copy(labels, selectorLabels(rq))
 	labels[rqv1.LabelShard] = podName
+	annotations := map[string]string{}
+	maps.Copy(annotations, rq.Spec.PodAnnotations)
+	annotations[rqv1.AnnotationPodTemplateHash] = hash
 	return &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{
 			Name:        podName,
 			Namespace:   rq.Namespace,
 			Labels:      labels,
-			Annotations: map[string]string{rqv1.AnnotationPodTemplateHash: hash},
+			Annotations: annotations,
 		},
 		Spec: func() corev1.PodSpec {
 			s := shardPodSpec(rq, operatorImage, podName)

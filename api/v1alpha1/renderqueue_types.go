@@ -89,6 +89,123 @@ type RenderQueueSpec struct {
 	// Affinity of the shard Pods.
 	// +optional
 	Affinity *corev1.Affinity `json:"affinity,omitempty"`
+
+	// The fields below shape the shard Pods like the pod-template fields of a Deployment. Changing
+	// any of them replaces the shards one at a time, like a new image does.
+
+	// ImagePullSecrets names Secrets (in the RenderQueue's namespace) holding the registry
+	// credentials to pull the keeper image with; at most 16, no name twice.
+	// +listType=map
+	// +listMapKey=name
+	// +kubebuilder:validation:MaxItems=16
+	// +optional
+	ImagePullSecrets []LocalSecretReference `json:"imagePullSecrets,omitempty"`
+
+	// PodLabels are extra labels of the shard Pods (at most 64), e.g. for cost allocation or a
+	// NetworkPolicy. The operator's own labels cannot be set here: keys under renderqueue.dev/
+	// and app.kubernetes.io/name, instance, component and managed-by are refused, since the
+	// shards' Service, PodDisruptionBudget and scale selector rely on them.
+	// +kubebuilder:validation:MaxProperties=64
+	// +kubebuilder:validation:XValidation:rule="self.all(k, k.matches('^([a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$') && k.matches('^([^/]{1,253}/)?[^/]{1,63}$'))",message="podLabels keys must be label keys: an optional DNS subdomain prefix of at most 253 characters and '/', then a name of at most 63 characters of alphanumerics, '-', '_' and '.' that starts and ends with an alphanumeric"
+	// +kubebuilder:validation:XValidation:rule="self.all(k, !k.startsWith('renderqueue.dev/') && !(k in ['app.kubernetes.io/name', 'app.kubernetes.io/instance', 'app.kubernetes.io/component', 'app.kubernetes.io/managed-by']))",message="podLabels must not set the operator's own labels (renderqueue.dev/*, app.kubernetes.io/name, app.kubernetes.io/instance, app.kubernetes.io/component, app.kubernetes.io/managed-by): the shards' Service, PodDisruptionBudget and scale selector rely on them"
+	// +optional
+	PodLabels map[string]LabelValue `json:"podLabels,omitempty"`
+
+	// PodAnnotations are extra annotations of the shard Pods (at most 64, 255 KiB in all), e.g.
+	// for a service mesh or a log collector. Keys under renderqueue.dev/ are the operator's and
+	// are refused.
+	// +kubebuilder:validation:MaxProperties=64
+	// +kubebuilder:validation:XValidation:rule="self.all(k, k.matches('^([a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$') && k.matches('^([^/]{1,253}/)?[^/]{1,63}$'))",message="podAnnotations keys must be annotation keys: an optional DNS subdomain prefix of at most 253 characters and '/', then a name of at most 63 characters of alphanumerics, '-', '_' and '.' that starts and ends with an alphanumeric"
+	// +kubebuilder:validation:XValidation:rule="self.all(k, !k.startsWith('renderqueue.dev/'))",message="podAnnotations must not set the operator's own annotations (renderqueue.dev/*)"
+	// +kubebuilder:validation:XValidation:rule="self.map(k, k.size() + self[k].size()).sum() <= 261120",message="podAnnotations must be at most 255 KiB in all, keys and values (a Pod's annotations may take 256 KiB; the operator's own need the rest)"
+	// +optional
+	PodAnnotations map[string]string `json:"podAnnotations,omitempty"`
+
+	// PriorityClassName of the shard Pods. Create the PriorityClass first: the API server
+	// refuses a Pod naming a missing one, so a shard being created or replaced stays down (and
+	// a rolling replacement stops there) until the class exists.
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:XValidation:rule="self.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*$')",message="priorityClassName must be a PriorityClass name: lower-case alphanumerics, '-' and '.', starting and ending with an alphanumeric"
+	// +optional
+	PriorityClassName string `json:"priorityClassName,omitempty"`
+
+	// TopologySpreadConstraints of the shard Pods (at most 8), e.g. to spread the shards over
+	// zones or nodes: a Pod's topologySpreadConstraints without labelSelector, which the operator
+	// sets to the shard Pods' selector, so that a constraint always spreads this RenderQueue's
+	// shards (a selector that missed them would silently spread nothing).
+	// +listType=map
+	// +listMapKey=topologyKey
+	// +listMapKey=whenUnsatisfiable
+	// +kubebuilder:validation:MaxItems=8
+	// +optional
+	TopologySpreadConstraints []TopologySpreadConstraint `json:"topologySpreadConstraints,omitempty"`
+}
+
+// LabelValue is a Kubernetes label value: empty, or at most 63 characters of alphanumerics, '-',
+// '_' and '.' that start and end with an alphanumeric.
+// +kubebuilder:validation:MaxLength=63
+// +kubebuilder:validation:XValidation:rule="self.matches('^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$')",message="podLabels values must be label values: empty, or at most 63 characters of alphanumerics, '-', '_' and '.' that start and end with an alphanumeric"
+type LabelValue string
+
+// TopologySpreadConstraint spreads the shard Pods over the domains of a topology (zones, nodes,
+// ...). It is a Pod's TopologySpreadConstraint whose labelSelector the operator sets to the
+// shard Pods' selector (renderqueue.dev/queue=<name>, app.kubernetes.io/component=keeper); there
+// is no labelSelector field to set (kubectl refuses it as an unknown field).
+// +kubebuilder:validation:XValidation:rule="!has(self.minDomains) || self.whenUnsatisfiable == 'DoNotSchedule'",message="topologySpreadConstraints minDomains is only allowed with whenUnsatisfiable DoNotSchedule"
+type TopologySpreadConstraint struct {
+	// MaxSkew is the largest difference allowed between the number of shard Pods in any two
+	// domains (with DoNotSchedule), or the skew the scheduler prefers not to exceed (with
+	// ScheduleAnyway); at least 1.
+	// +kubebuilder:validation:Minimum=1
+	MaxSkew int32 `json:"maxSkew"`
+
+	// TopologyKey is the node label whose values are the domains, e.g.
+	// topology.kubernetes.io/zone or kubernetes.io/hostname.
+	// +kubebuilder:validation:MaxLength=317
+	// +kubebuilder:validation:XValidation:rule="self.matches('^([a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$') && self.matches('^([^/]{1,253}/)?[^/]{1,63}$')",message="topologySpreadConstraints topologyKey must be a node label key, e.g. topology.kubernetes.io/zone or kubernetes.io/hostname"
+	TopologyKey string `json:"topologyKey"`
+
+	// WhenUnsatisfiable is DoNotSchedule (a shard Pod that would exceed maxSkew stays Pending) or
+	// ScheduleAnyway (the scheduler only prefers domains with fewer shards).
+	// +kubebuilder:validation:Enum=DoNotSchedule;ScheduleAnyway
+	WhenUnsatisfiable corev1.UnsatisfiableConstraintAction `json:"whenUnsatisfiable"`
+
+	// MinDomains is the number of domains the scheduler assumes at least (with DoNotSchedule
+	// only); at least 1.
+	// +kubebuilder:validation:Minimum=1
+	// +optional
+	MinDomains *int32 `json:"minDomains,omitempty"`
+
+	// NodeAffinityPolicy says whether the shards' nodeSelector and node affinity limit the
+	// domains counted: Honor (Kubernetes' default) or Ignore.
+	// +kubebuilder:validation:Enum=Honor;Ignore
+	// +optional
+	NodeAffinityPolicy *corev1.NodeInclusionPolicy `json:"nodeAffinityPolicy,omitempty"`
+
+	// NodeTaintsPolicy says whether tainted nodes the shards do not tolerate are left out of the
+	// domains counted: Honor, or Ignore (Kubernetes' default).
+	// +kubebuilder:validation:Enum=Honor;Ignore
+	// +optional
+	NodeTaintsPolicy *corev1.NodeInclusionPolicy `json:"nodeTaintsPolicy,omitempty"`
+
+	// MatchLabelKeys are keys of spec.podLabels whose values (on the Pod being scheduled) narrow
+	// the shard selector, as in a Pod's constraint; at most 16. The selector's own keys
+	// (renderqueue.dev/queue, app.kubernetes.io/component) are refused.
+	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=16
+	// +kubebuilder:validation:items:MaxLength=317
+	// +kubebuilder:validation:XValidation:rule="self.all(k, k.matches('^([a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$') && k.matches('^([^/]{1,253}/)?[^/]{1,63}$'))",message="topologySpreadConstraints matchLabelKeys must be label keys"
+	// +kubebuilder:validation:XValidation:rule="self.all(k, !(k in ['renderqueue.dev/queue', 'app.kubernetes.io/component']))",message="topologySpreadConstraints matchLabelKeys must not name the shard selector's own keys (renderqueue.dev/queue, app.kubernetes.io/component)"
+	// +optional
+	MatchLabelKeys []string `json:"matchLabelKeys,omitempty"`
+}
+
+// LocalSecretReference names a Secret in the RenderQueue's namespace.
+type LocalSecretReference struct {
+	// Name of the Secret.
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:XValidation:rule="self.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*$')",message="imagePullSecrets names must be Secret names: lower-case alphanumerics, '-' and '.', starting and ending with an alphanumeric"
+	Name string `json:"name"`
 }
 
 // Priority tunes the claim order. Rows are claimed by relative lateness (now − due) / cadence,

@@ -1,6 +1,7 @@
 package v1alpha1_test
 
 import (
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -101,6 +102,139 @@ var _ = Describe("RenderQueue validation", func() {
 		Entry("submittedBoost below 1", "priority.submittedBoost", "0.5"),
 		Entry("sub-second lease", "leaseDuration", "500ms"),
 	)
+
+	// The shard Pod fields: a RenderQueue the API server admits must give Pods it admits too.
+	DescribeTable("rejects invalid shard Pod fields with a message naming the field",
+		func(path string, value any, field, message string) {
+			err := k8sClient.Create(ctx, withField(path, value))
+			Expect(err).To(HaveOccurred(), "spec.%s = %v was accepted", path, value)
+			Expect(apierrors.IsInvalid(err)).To(BeTrue(), "not an Invalid error: %v", err)
+			Expect(err.Error()).To(ContainSubstring(field))
+			Expect(err.Error()).To(ContainSubstring(message))
+		},
+		Entry("label key with a space", "podLabels", map[string]any{"cost center": "42"},
+			"spec.podLabels", "podLabels keys must be label keys"),
+		Entry("label key name of 64 characters", "podLabels", map[string]any{strings.Repeat("k", 64): "v"},
+			"spec.podLabels", "podLabels keys must be label keys"),
+		Entry("label key with an upper-case prefix", "podLabels", map[string]any{"Example.com/team": "v"},
+			"spec.podLabels", "podLabels keys must be label keys"),
+		Entry("label key with an empty name", "podLabels", map[string]any{"example.com/": "v"},
+			"spec.podLabels", "podLabels keys must be label keys"),
+		Entry("label key prefix of 254 characters", "podLabels", map[string]any{strings.Repeat("a", 254) + "/team": "v"},
+			"spec.podLabels", "podLabels keys must be label keys"),
+		Entry("label value with a space", "podLabels", map[string]any{"team": "render farm"},
+			"spec.podLabels[team]", "podLabels values must be label values"),
+		Entry("label value of 64 characters", "podLabels", map[string]any{"team": strings.Repeat("v", 64)},
+			"spec.podLabels.team", "Too long"),
+		Entry("label value ending in a dash", "podLabels", map[string]any{"team": "render-"},
+			"spec.podLabels[team]", "podLabels values must be label values"),
+		Entry("the queue label", "podLabels", map[string]any{"renderqueue.dev/queue": "other"},
+			"spec.podLabels", "podLabels must not set the operator's own labels"),
+		Entry("the shard label", "podLabels", map[string]any{"renderqueue.dev/shard": "x"},
+			"spec.podLabels", "podLabels must not set the operator's own labels"),
+		Entry("the component label", "podLabels", map[string]any{"app.kubernetes.io/component": "web"},
+			"spec.podLabels", "podLabels must not set the operator's own labels"),
+		Entry("the managed-by label", "podLabels", map[string]any{"app.kubernetes.io/managed-by": "helm"},
+			"spec.podLabels", "podLabels must not set the operator's own labels"),
+		Entry("65 labels", "podLabels", manyStrings(65, ""),
+			"spec.podLabels", "must have at most 64 items"),
+		Entry("annotation key with a space", "podAnnotations", map[string]any{"my note": "x"},
+			"spec.podAnnotations", "podAnnotations keys must be annotation keys"),
+		Entry("the template hash annotation", "podAnnotations", map[string]any{"renderqueue.dev/pod-template-hash": "x"},
+			"spec.podAnnotations", "podAnnotations must not set the operator's own annotations"),
+		Entry("annotations over 255 KiB", "podAnnotations", map[string]any{"a": strings.Repeat("x", 200<<10), "b": strings.Repeat("y", 56<<10)},
+			"spec.podAnnotations", "podAnnotations must be at most 255 KiB in all"),
+		Entry("65 annotations", "podAnnotations", manyStrings(65, "x"),
+			"spec.podAnnotations", "must have at most 64 items"),
+		Entry("priorityClassName with a space", "priorityClassName", "high priority",
+			"spec.priorityClassName", "priorityClassName must be a PriorityClass name"),
+		Entry("upper-case priorityClassName", "priorityClassName", "High",
+			"spec.priorityClassName", "priorityClassName must be a PriorityClass name"),
+		Entry("priorityClassName of 254 characters", "priorityClassName", strings.Repeat("p", 254),
+			"spec.priorityClassName", "Too long"),
+		Entry("empty imagePullSecrets name", "imagePullSecrets", []any{map[string]any{"name": ""}},
+			"spec.imagePullSecrets[0].name", "imagePullSecrets names must be Secret names"),
+		Entry("imagePullSecrets name with a slash", "imagePullSecrets", []any{map[string]any{"name": "ns/regcred"}},
+			"spec.imagePullSecrets[0].name", "imagePullSecrets names must be Secret names"),
+		Entry("imagePullSecrets entry without name", "imagePullSecrets", []any{map[string]any{}},
+			"spec.imagePullSecrets[0].name", "Required value"),
+		Entry("imagePullSecrets name twice", "imagePullSecrets", []any{map[string]any{"name": "regcred"}, map[string]any{"name": "regcred"}},
+			"spec.imagePullSecrets[1]", "Duplicate value"),
+		Entry("17 imagePullSecrets", "imagePullSecrets", manySecrets(17),
+			"spec.imagePullSecrets", "must have at most 16 items"),
+		Entry("spread constraint with maxSkew 0", "topologySpreadConstraints",
+			[]any{spread("topology.kubernetes.io/zone", "DoNotSchedule", map[string]any{"maxSkew": int64(0)})},
+			"spec.topologySpreadConstraints[0].maxSkew", "should be greater than or equal to 1"),
+		Entry("spread constraint with an unknown whenUnsatisfiable", "topologySpreadConstraints",
+			[]any{spread("topology.kubernetes.io/zone", "Sometimes", nil)},
+			"spec.topologySpreadConstraints[0].whenUnsatisfiable", `supported values: "DoNotSchedule", "ScheduleAnyway"`),
+		Entry("spread constraint with an empty topologyKey", "topologySpreadConstraints",
+			[]any{spread("", "DoNotSchedule", nil)},
+			"spec.topologySpreadConstraints[0].topologyKey", "topologySpreadConstraints topologyKey must be a node label key"),
+		Entry("spread constraint with a topologyKey with a space", "topologySpreadConstraints",
+			[]any{spread("zone name", "DoNotSchedule", nil)},
+			"spec.topologySpreadConstraints[0].topologyKey", "topologySpreadConstraints topologyKey must be a node label key"),
+		Entry("spread constraint without topologyKey", "topologySpreadConstraints",
+			[]any{map[string]any{"maxSkew": int64(1), "whenUnsatisfiable": "DoNotSchedule"}},
+			"spec.topologySpreadConstraints[0].topologyKey", "Required value"),
+		Entry("spread constraint without whenUnsatisfiable", "topologySpreadConstraints",
+			[]any{map[string]any{"maxSkew": int64(1), "topologyKey": "kubernetes.io/hostname"}},
+			"spec.topologySpreadConstraints[0].whenUnsatisfiable", "Required value"),
+		Entry("spread constraint with minDomains 0", "topologySpreadConstraints",
+			[]any{spread("topology.kubernetes.io/zone", "DoNotSchedule", map[string]any{"minDomains": int64(0)})},
+			"spec.topologySpreadConstraints[0].minDomains", "should be greater than or equal to 1"),
+		Entry("spread constraint with minDomains and ScheduleAnyway", "topologySpreadConstraints",
+			[]any{spread("topology.kubernetes.io/zone", "ScheduleAnyway", map[string]any{"minDomains": int64(3)})},
+			"spec.topologySpreadConstraints[0]", "topologySpreadConstraints minDomains is only allowed with whenUnsatisfiable DoNotSchedule"),
+		Entry("spread constraint with an unknown nodeTaintsPolicy", "topologySpreadConstraints",
+			[]any{spread("topology.kubernetes.io/zone", "DoNotSchedule", map[string]any{"nodeTaintsPolicy": "Always"})},
+			"spec.topologySpreadConstraints[0].nodeTaintsPolicy", `supported values: "Honor", "Ignore"`),
+		Entry("spread constraint with an unknown nodeAffinityPolicy", "topologySpreadConstraints",
+			[]any{spread("topology.kubernetes.io/zone", "DoNotSchedule", map[string]any{"nodeAffinityPolicy": "Never"})},
+			"spec.topologySpreadConstraints[0].nodeAffinityPolicy", `supported values: "Honor", "Ignore"`),
+		Entry("spread constraint matching on the queue label", "topologySpreadConstraints",
+			[]any{spread("kubernetes.io/hostname", "DoNotSchedule", map[string]any{"matchLabelKeys": []any{"renderqueue.dev/queue"}})},
+			"spec.topologySpreadConstraints[0].matchLabelKeys", "matchLabelKeys must not name the shard selector's own keys"),
+		Entry("spread constraint matching on a malformed key", "topologySpreadConstraints",
+			[]any{spread("kubernetes.io/hostname", "DoNotSchedule", map[string]any{"matchLabelKeys": []any{"team name"}})},
+			"spec.topologySpreadConstraints[0].matchLabelKeys", "matchLabelKeys must be label keys"),
+		Entry("two spread constraints on one key and action", "topologySpreadConstraints",
+			[]any{spread("kubernetes.io/hostname", "DoNotSchedule", nil), spread("kubernetes.io/hostname", "DoNotSchedule", map[string]any{"maxSkew": int64(2)})},
+			"spec.topologySpreadConstraints[1]", "Duplicate value"),
+		Entry("9 spread constraints", "topologySpreadConstraints", manySpreads(9),
+			"spec.topologySpreadConstraints", "must have at most 8 items"),
+	)
+
+	DescribeTable("accepts valid shard Pod fields",
+		func(path string, value any) {
+			Expect(k8sClient.Create(ctx, withField(path, value))).To(Succeed())
+		},
+		Entry("labels with and without prefix, an empty value", "podLabels",
+			map[string]any{"team": "render", "example.com/cost-center": "42", "canary": "", "app.kubernetes.io/part-of": "prerender"}),
+		Entry("a label key of 63 characters under a 253-character prefix", "podLabels",
+			map[string]any{strings.Repeat("a", 253) + "/" + strings.Repeat("k", 63): strings.Repeat("v", 63)}),
+		Entry("64 labels", "podLabels", manyStrings(64, "")),
+		Entry("annotations with any value", "podAnnotations",
+			map[string]any{"sidecar.istio.io/inject": "false", "example.com/config": `{"a": [1, 2], "b": "x y"}`, "note": ""}),
+		Entry("255 KiB of annotations", "podAnnotations", map[string]any{"a": strings.Repeat("x", 255<<10-1)}),
+		Entry("a priorityClassName", "priorityClassName", "queue-critical.example"),
+		Entry("two imagePullSecrets", "imagePullSecrets", []any{map[string]any{"name": "regcred"}, map[string]any{"name": "mirror.example"}}),
+		Entry("16 imagePullSecrets", "imagePullSecrets", manySecrets(16)),
+		Entry("spread over zones and nodes", "topologySpreadConstraints", []any{
+			spread("topology.kubernetes.io/zone", "DoNotSchedule", map[string]any{"minDomains": int64(3), "nodeAffinityPolicy": "Honor", "nodeTaintsPolicy": "Ignore"}),
+			spread("kubernetes.io/hostname", "ScheduleAnyway", map[string]any{"maxSkew": int64(2), "matchLabelKeys": []any{"team"}}),
+			spread("kubernetes.io/hostname", "DoNotSchedule", nil),
+		}),
+		Entry("8 spread constraints", "topologySpreadConstraints", manySpreads(8)),
+	)
+
+	It("has no labelSelector in a spread constraint: kubectl's strict field validation refuses it", func() {
+		u := withField("topologySpreadConstraints", []any{spread("topology.kubernetes.io/zone", "DoNotSchedule",
+			map[string]any{"labelSelector": map[string]any{"matchLabels": map[string]any{"app": "web"}}})})
+		err := k8sClient.Create(ctx, u, client.FieldValidation(metav1.FieldValidationStrict))
+		Expect(err).To(HaveOccurred(), "a labelSelector was accepted")
+		Expect(err.Error()).To(ContainSubstring(`unknown field "spec.topologySpreadConstraints[0].labelSelector"`))
+	})
 
 	It("accepts verifyInterval larger than window/3 (the keeper clamps it)", func() {
 		u := withField("window", "3h")
@@ -242,3 +376,39 @@ var _ = Describe("RenderQueue subresources", func() {
 		GinkgoWriter.Printf("kubectl get rq:\n%s", out)
 	})
 })
+
+// manyStrings is a string map of n distinct keys, each with value v.
+func manyStrings(n int, v string) map[string]any {
+	m := map[string]any{}
+	for i := range n {
+		m[fmt.Sprintf("key-%d", i)] = v
+	}
+	return m
+}
+
+// manySecrets is a list of n imagePullSecrets entries with distinct names.
+func manySecrets(n int) []any {
+	var out []any
+	for i := range n {
+		out = append(out, map[string]any{"name": fmt.Sprintf("regcred-%d", i)})
+	}
+	return out
+}
+
+// spread is a topology spread constraint with maxSkew 1, and extra fields set over it.
+func spread(key, when string, extra map[string]any) map[string]any {
+	c := map[string]any{"maxSkew": int64(1), "topologyKey": key, "whenUnsatisfiable": when}
+	for k, v := range extra {
+		c[k] = v
+	}
+	return c
+}
+
+// manySpreads is a list of n topology spread constraints on distinct keys.
+func manySpreads(n int) []any {
+	var out []any
+	for i := range n {
+		out = append(out, spread(fmt.Sprintf("example.com/zone-%d", i), "DoNotSchedule", nil))
+	}
+	return out
+}
