@@ -4,8 +4,13 @@ GOLANGCI_LINT_VERSION ?= v2.15.0
 PKGS ?= ./...
 CONTROLLER_GEN_VERSION ?= v0.23.0
 CONTROLLER_GEN ?= $(GO) run sigs.k8s.io/controller-tools/cmd/controller-gen@$(CONTROLLER_GEN_VERSION)
+KUSTOMIZE_VERSION ?= v5.8.2
+KUSTOMIZE ?= $(GO) run sigs.k8s.io/kustomize/kustomize/v5@$(KUSTOMIZE_VERSION)
+# The release: dist/ pins the operator (and the shards' default) image to $(IMG).
+VERSION ?= v0.1.0
+IMG ?= ghcr.io/renderqueue/renderqueue:$(VERSION)
 
-.PHONY: all build test bench fmt vet lint run tidy manifests generate verify-generated e2e demo docker-build
+.PHONY: all build test bench fmt vet lint run tidy manifests generate verify-generated dist verify-dist e2e demo docker-build
 all: build
 
 build: ## Build bin/renderqueue.
@@ -50,6 +55,12 @@ verify-generated: manifests generate ## Fail when the committed generated files 
 	  echo "$$out"; git --no-pager diff --stat -- api config/crd config/rbac; exit 1; \
 	fi
 
+dist: ## Render dist/install.yaml and dist/install-without-metrics-api.yaml (config/, image $(IMG)).
+	VERSION=$(VERSION) IMG=$(IMG) KUSTOMIZE="$(KUSTOMIZE)" hack/dist.sh write
+
+verify-dist: ## Fail when the committed dist/ is not the current rendering of config/ (make dist).
+	VERSION=$(VERSION) IMG=$(IMG) KUSTOMIZE="$(KUSTOMIZE)" hack/dist.sh verify
+
 e2e: ## End-to-end test: local control plane, PostgreSQL, operator, real keeper processes, kubectl, HPA.
 	KUBEBUILDER_ASSETS=$${KUBEBUILDER_ASSETS:-$$(hack/setup-envtest.sh | tail -n 1)} \
 	  $(GO) test -tags e2e -count=1 -timeout 15m -v ./test/e2e/...
@@ -57,6 +68,5 @@ e2e: ## End-to-end test: local control plane, PostgreSQL, operator, real keeper 
 demo: ## The whole system locally: control plane, 3-shard RenderQueue, 200k rows, workers, HPA metric (KEEP=1 keeps it).
 	hack/demo.sh
 
-IMG ?= ghcr.io/renderqueue/renderqueue:latest
 docker-build: ## Build the container image $(IMG) (Dockerfile).
 	docker build -t $(IMG) .
