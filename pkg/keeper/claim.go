@@ -70,9 +70,27 @@ func Score(nowMs, dueMs, cadenceMs int64, submitted bool, boost float64) float64
 	return s
 }
 
+// floorState is one floor's claim state: its credit (rows owed, fractions included) and, during
+// a claim, the rows it may still reserve and the rows of its class the claim handed out.
+type floorState struct {
+	credit float64
+	quota  int
+	taken  int
+}
+
+// claim phases: which groups claimBest looks at.
+type phase uint8
+
+const (
+	phaseUrgent phase = iota // urgent groups
+	phaseFloor               // non-urgent groups whose floor has quota left
+	phaseScore               // non-urgent groups
+)
+
 // Claim leases up to n due rows (due ≤ now) for leaseFor, most overdue first: urgent rows first
-// but at most floor(UrgentMaxShare × n) of them while other due rows exist, then by score, ties by
-// due then key. Rows in incoming slots and leased rows are never claimed.
+// but at most floor(UrgentMaxShare × n) of them while other due rows exist, then the floors'
+// reserved rows (see Floor; among them by score), then by score, ties by due then key. Rows in
+// incoming slots and leased rows are never claimed.
 func (c *Core) Claim(now time.Time, n int, leaseFor time.Duration) []Claimed {
 	nowMs := now.UnixMilli()
 	c.expireLeases(nowMs)
@@ -82,30 +100,73 @@ func (c *Core) Claim(now time.Time, n int, leaseFor time.Duration) []Claimed {
 	out := make([]Claimed, 0, min(n, 1024))
 	urgentCap := int(math.Floor(c.cfg.UrgentMaxShare * float64(n)))
 	for len(out) < urgentCap {
-		if !c.claimBest(nowMs, true, leaseFor, &out) {
+		if !c.claimBest(nowMs, phaseUrgent, leaseFor, &out) {
+			break
+		}
+	}
+	if len(c.floors) > 0 {
+		m := float64(n - len(out))
+		for i := range c.floors {
+			f := &c.floors[i]
+			f.credit += c.cfg.Floors[i].Share * m
+			f.quota = int(min(math.Floor(f.credit), float64(n)))
+			f.taken = 0
+		}
+		for len(out) < n {
+			if !c.claimBest(nowMs, phaseFloor, leaseFor, &out) {
+				break
+			}
+		}
+	}
+	for len(out) < n {
+		if !c.claimBest(nowMs, phaseScore, leaseFor, &out) {
 			break
 		}
 	}
 	for len(out) < n {
-		if !c.claimBest(nowMs, false, leaseFor, &out) {
+		if !c.claimBest(nowMs, phaseUrgent, leaseFor, &out) {
 			break
 		}
 	}
-	for len(out) < n {
-		if !c.claimBest(nowMs, true, leaseFor, &out) {
-			break
-		}
+	if len(c.floors) > 0 {
+		c.settleFloors(nowMs)
 	}
 	return out
 }
 
-// claimBest claims the best due row among the urgent (or the other) groups.
-func (c *Core) claimBest(nowMs int64, urgent bool, leaseFor time.Duration, out *[]Claimed) bool {
+// settleFloors charges each floor's credit with the rows its class got in the claim just made:
+// never below 0, and a class left without due rows keeps only the fraction (an unused floor is
+// not saved up).
+func (c *Core) settleFloors(nowMs int64) {
+	due := make([]bool, len(c.floors))
+	for _, g := range c.groups {
+		if g.floor < 0 {
+			continue
+		}
+		if id, ok := g.heapPeek(); ok && c.rows.at(id).due <= nowMs {
+			due[g.floor] = true
+		}
+	}
+	for i := range c.floors {
+		f := &c.floors[i]
+		f.credit = max(0, f.credit-float64(f.taken))
+		if !due[i] {
+			f.credit -= math.Floor(f.credit)
+		}
+		f.quota, f.taken = 0, 0
+	}
+}
+
+// claimBest claims the best due row among the groups of phase p.
+func (c *Core) claimBest(nowMs int64, p phase, leaseFor time.Duration, out *[]Claimed) bool {
 	var best *group
 	var bestID uint32
 	var bestScore float64
 	for _, g := range c.groups {
-		if g.urgent != urgent {
+		if g.urgent != (p == phaseUrgent) {
+			continue
+		}
+		if p == phaseFloor && (g.floor < 0 || c.floors[g.floor].quota == 0) {
 			continue
 		}
 		id, ok := g.heapPeek()
@@ -123,6 +184,13 @@ func (c *Core) claimBest(nowMs int64, urgent bool, leaseFor time.Duration, out *
 	}
 	if best == nil {
 		return false
+	}
+	if best.floor >= 0 {
+		f := &c.floors[best.floor]
+		f.taken++
+		if p == phaseFloor {
+			f.quota--
+		}
 	}
 	c.heapRemove(best, bestID)
 	r := c.rows.at(bestID)
@@ -206,19 +274,27 @@ func (c *Core) Release(now time.Time, key string, token uint64) error {
 	return nil
 }
 
-// LeasedClass checks that token is key's current lease at now, like CheckLease, and returns the
-// key's class (cadence, source) whenever the key is held (ok), lease or not: one index lookup
-// for what a completion needs.
-func (c *Core) LeasedClass(now time.Time, key string, token uint64) (cadence time.Duration, source schedule.Source, ok bool, err error) {
-	c.expireLeases(now.UnixMilli())
+// Completing checks that token is key's current lease at now, like CheckLease, and returns what
+// completing the row at now writes: its next due time by the Reschedule policy, with its class and
+// the due time it is held with. held reports whether the key is held: the class and due are valid
+// whenever it is, lease or not (one index lookup for what a completion needs).
+func (c *Core) Completing(now time.Time, key string, token uint64) (cp Completion, held bool, err error) {
+	nowMs := now.UnixMilli()
+	c.expireLeases(nowMs)
 	id, held := c.index.find(&c.rows, &c.keys, key)
 	if !held {
-		return 0, 0, false, ErrNotHeld
+		return Completion{}, false, ErrNotHeld
 	}
-	g := c.groups[c.rows.at(id).group]
-	cadence, source = time.Duration(g.cadenceMs)*time.Millisecond, g.source
+	r := c.rows.at(id)
+	g := c.groups[r.group]
+	cp = Completion{
+		Cadence: time.Duration(g.cadenceMs) * time.Millisecond,
+		Source:  g.source,
+		Due:     time.UnixMilli(r.due).UTC(),
+		NextDue: time.UnixMilli(nextDueMs(c.cfg.Reschedule, nowMs, r.due, g.cadenceMs)).UTC(),
+	}
 	if l, ok := c.leases[id]; !ok || l.token != token {
-		return cadence, source, true, ErrLeaseLost
+		return cp, true, ErrLeaseLost
 	}
-	return cadence, source, true, nil
+	return cp, true, nil
 }

@@ -16,8 +16,9 @@
 //   - Invalid rows (absent due, cadence < 1 ms or > 10 years, due outside [1970, 2106), empty or
 //     over-long key, unknown source) are never held and never coerced; they are counted.
 //   - Claim order: urgent rows first (at most UrgentMaxShare of a batch while other rows are due),
-//     then by score (now − due) / cadence × boost(source), ties by due then key. Due times are held
-//     at millisecond precision.
+//     then each class's floor (Config.Floors), then by score (now − due) / cadence × boost(source),
+//     ties by due then key. Due times are held at millisecond precision.
+//   - Completion: the next due time of a rendered row follows Config.Reschedule (Completing).
 package keeper
 
 import (
@@ -25,6 +26,7 @@ import (
 	"fmt"
 	"hash/maphash"
 	"math"
+	"slices"
 	"time"
 
 	"github.com/renderqueue/renderqueue/pkg/schedule"
@@ -50,9 +52,44 @@ type Config struct {
 	// UrgentMaxShare caps urgent rows at floor(UrgentMaxShare × n) of a claim batch of n while
 	// other rows are due. 0 lets urgent rows through only when nothing else is due.
 	UrgentMaxShare float64
+	// Floors reserve a minimum share of every claim for classes of rows while they have due rows
+	// (see Floor); they must not sum past 1.
+	Floors []Floor
+	// Reschedule picks a completed row's next due time; the zero value is KeepPhase.
+	Reschedule Reschedule
 	// FirstLease is the first lease token handed out; the service starts it at a random value so
 	// tokens from an earlier process are not accepted by a later one.
 	FirstLease uint64
+}
+
+// MaxFloors is the most floors a configuration may have.
+const MaxFloors = 64
+
+// floorSumSlack absorbs the rounding of decimal shares that sum to exactly 1 (0.1 + 0.2 + 0.7).
+const floorSumSlack = 1e-9
+
+// Floor reserves a minimum share of every claim for one class of rows: the non-urgent rows of
+// one (cadence, source). While the class has due rows, a claim of n rows of which u are urgent
+// gives it at least ⌊Share × (n − u)⌋ of them (fewer only when it has fewer due rows, or when
+// other floors' fractions carried over fill the claim, see below), taken in score order within the
+// class, before the rest of the claim is filled by score. A floor never takes rows the class does
+// not have: what it leaves unused goes back to score order in the same claim.
+//
+// Fractions carry over: each claim adds Share × (n − u) to the class's credit, every row of the
+// class the claim hands out (by its floor or by score) takes one off, the floor reserves
+// ⌊credit⌋, the credit never goes below 0, and a class left without due rows keeps only the
+// fraction. So small claims (n = 1) respect floors too: over consecutive claims during which it
+// keeps due rows, a class gets at least Share of their non-urgent rows, less a bounded shortfall
+// (below the number of floors plus one claim's share, reached only when carried-over floor credits
+// compete for the last places of a claim).
+type Floor struct {
+	Cadence time.Duration
+	Source  schedule.Source
+	Share   float64
+}
+
+func (f Floor) String() string {
+	return fmt.Sprintf("%v/%v=%v", f.Cadence, f.Source, f.Share)
 }
 
 // Validate says what is wrong with a configuration.
@@ -67,7 +104,49 @@ func (c Config) Validate() error {
 	if math.IsNaN(c.UrgentMaxShare) || c.UrgentMaxShare < 0 || c.UrgentMaxShare > 1 {
 		errs = append(errs, fmt.Errorf("urgentMaxShare %v must be within [0, 1]", c.UrgentMaxShare))
 	}
+	errs = append(errs, validateFloors(c.Floors)...)
+	if c.Reschedule != KeepPhase && c.Reschedule != AfterRender {
+		errs = append(errs, fmt.Errorf("reschedule %v is not a policy (want %v or %v)", c.Reschedule, KeepPhase, AfterRender))
+	}
 	return errors.Join(errs...)
+}
+
+func validateFloors(floors []Floor) []error {
+	var errs []error
+	if len(floors) > MaxFloors {
+		errs = append(errs, fmt.Errorf("%d floors, at most %d allowed", len(floors), MaxFloors))
+	}
+	type class struct {
+		cadence time.Duration
+		source  schedule.Source
+	}
+	seen := map[class]bool{}
+	sum := 0.0
+	for i, f := range floors {
+		switch {
+		case f.Cadence < time.Millisecond || f.Cadence > MaxCadence:
+			errs = append(errs, fmt.Errorf("floor %d (%v): cadence must be within [1ms, %v]", i, f, MaxCadence))
+		case f.Cadence%time.Millisecond != 0:
+			errs = append(errs, fmt.Errorf("floor %d (%v): cadence must be whole milliseconds (rows' cadences are)", i, f))
+		}
+		if f.Source != schedule.SourceDiscovered && f.Source != schedule.SourceSubmitted {
+			errs = append(errs, fmt.Errorf("floor %d (%v): unknown source", i, f))
+		}
+		if math.IsNaN(f.Share) || f.Share <= 0 || f.Share > 1 {
+			errs = append(errs, fmt.Errorf("floor %d (%v): share must be within (0, 1]", i, f))
+		} else {
+			sum += f.Share
+		}
+		k := class{f.Cadence, f.Source}
+		if seen[k] {
+			errs = append(errs, fmt.Errorf("floor %d (%v): class %v/%v has more than one floor", i, f, f.Cadence, f.Source))
+		}
+		seen[k] = true
+	}
+	if sum > 1+floorSumSlack {
+		errs = append(errs, fmt.Errorf("floors sum to %v; they must not sum past 1", sum))
+	}
+	return errs
 }
 
 // SlotState says what the shard does with a slot's rows.
@@ -126,6 +205,8 @@ type group struct {
 	source    schedule.Source
 	urgent    bool
 	heap      []uint64
+	// floor is the index of the group's floor in Config.Floors, or -1.
+	floor int
 }
 
 type groupKey struct {
@@ -167,6 +248,9 @@ type Core struct {
 	expiry    []leaseExpiry // min-heap by expires; entries whose lease changed are skipped
 	nextLease uint64
 
+	// floors is the claim state of Config.Floors, by index.
+	floors []floorState
+
 	walk *walkState
 }
 
@@ -184,6 +268,7 @@ func New(cfg Config) (*Core, error) {
 		nextLease: cfg.FirstLease,
 	}
 	c.index.seed = maphash.MakeSeed()
+	c.floors = make([]floorState, len(cfg.Floors))
 	return c, nil
 }
 
@@ -194,8 +279,27 @@ func (c *Core) SetConfig(cfg Config) error {
 		return fmt.Errorf("keeper config: %w", err)
 	}
 	cfg.FirstLease = c.cfg.FirstLease
+	if !slices.Equal(cfg.Floors, c.cfg.Floors) {
+		c.floors = make([]floorState, len(cfg.Floors))
+	}
 	c.cfg = cfg
+	for _, g := range c.groups {
+		g.floor = c.floorOf(g)
+	}
 	return nil
+}
+
+// floorOf returns the index of g's floor, or -1.
+func (c *Core) floorOf(g *group) int {
+	if g.urgent {
+		return -1
+	}
+	for i, f := range c.cfg.Floors {
+		if f.Cadence.Milliseconds() == g.cadenceMs && f.Source == g.source {
+			return i
+		}
+	}
+	return -1
 }
 
 // Held returns the number of held rows (owned and incoming slots).
@@ -450,7 +554,9 @@ func (c *Core) groupOf(row *schedule.Row) (uint16, bool) {
 		return 0, false
 	}
 	g := uint16(len(c.groups))
-	c.groups = append(c.groups, &group{cadenceMs: k.cadenceMs, source: k.source, urgent: k.urgent})
+	grp := &group{cadenceMs: k.cadenceMs, source: k.source, urgent: k.urgent}
+	grp.floor = c.floorOf(grp)
+	c.groups = append(c.groups, grp)
 	c.groupIdx[k] = g
 	return g, true
 }

@@ -2,6 +2,8 @@ package keeper
 
 import (
 	"errors"
+	"fmt"
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -43,6 +45,17 @@ func TestConfigValidate(t *testing.T) {
 		{"negative window", Config{Window: -time.Second, SubmittedBoost: 1}, "window"},
 		{"zero boost", Config{}, "submittedBoost"},
 		{"share above 1", Config{SubmittedBoost: 1, UrgentMaxShare: 1.5}, "urgentMaxShare"},
+		{"floors", Config{SubmittedBoost: 1, Floors: []Floor{{time.Hour, schedule.SourceSubmitted, 0.1}, {96 * time.Hour, schedule.SourceDiscovered, 0.2}}}, ""},
+		// decimal shares summing to exactly 1 are valid despite float rounding
+		{"floors sum to 1", Config{SubmittedBoost: 1, Floors: []Floor{{time.Hour, 0, 0.1}, {2 * time.Hour, 0, 0.2}, {3 * time.Hour, 0, 0.7}}}, ""},
+		{"floors past 1", Config{SubmittedBoost: 1, Floors: []Floor{{time.Hour, 0, 0.6}, {2 * time.Hour, 0, 0.5}}}, "sum to 1.1"},
+		{"floor share 0", Config{SubmittedBoost: 1, Floors: []Floor{{time.Hour, 0, 0}}}, "share must be within (0, 1]"},
+		{"floor share NaN", Config{SubmittedBoost: 1, Floors: []Floor{{time.Hour, 0, math.NaN()}}}, "share must be within (0, 1]"},
+		{"floor twice", Config{SubmittedBoost: 1, Floors: []Floor{{time.Hour, 1, 0.1}, {60 * time.Minute, 1, 0.1}}}, "more than one floor"},
+		{"floor cadence 0", Config{SubmittedBoost: 1, Floors: []Floor{{0, 1, 0.1}}}, "cadence must be within"},
+		{"floor cadence µs", Config{SubmittedBoost: 1, Floors: []Floor{{time.Hour + time.Microsecond, 1, 0.1}}}, "whole milliseconds"},
+		{"floor source", Config{SubmittedBoost: 1, Floors: []Floor{{time.Hour, 7, 0.1}}}, "unknown source"},
+		{"reschedule", Config{SubmittedBoost: 1, Reschedule: 9}, "not a policy"},
 	}
 	for _, tc := range cases {
 		err := tc.cfg.Validate()
@@ -238,6 +251,103 @@ func TestUrgentShare(t *testing.T) {
 	// batch of 8: 2 urgent first, 3 others, then the last urgent row since nothing else is due
 	if got := keysOf(mk().Claim(t0, 8, time.Minute)); got != "k3,k2,k6,k5,k4,k1" {
 		t.Fatalf("batch 8: %s", got)
+	}
+}
+
+func TestFloors(t *testing.T) {
+	sub := func(key string, due time.Time, cadence time.Duration) schedule.Row {
+		r := row(key, due, cadence, 1)
+		r.Source = schedule.SourceSubmitted
+		return r
+	}
+	// the 96 h discovered class always loses by score to the boosted 1 h submitted rows
+	mk := func(floors ...Floor) *Core {
+		c := newCore(t, Config{SubmittedBoost: 2, Floors: floors})
+		for i := range 8 {
+			c.Apply(t0, sub(fmt.Sprintf("h%d", i), t0.Add(-time.Duration(2+i)*time.Hour), time.Hour))
+			c.Apply(t0, row(fmt.Sprintf("p%d", i), t0.Add(-time.Duration(10+i)*time.Hour), 96*time.Hour, 1))
+		}
+		return c
+	}
+	// no floor: score order only
+	if got := keysOf(mk().Claim(t0, 4, time.Minute)); got != "h7,h6,h5,h4" {
+		t.Fatalf("no floor: %s", got)
+	}
+	// a floor of 0.5: ⌊0.5 × 4⌋ = 2 rows of the class first (its best), then score order
+	floor := Floor{Cadence: 96 * time.Hour, Source: schedule.SourceDiscovered, Share: 0.5}
+	if got := keysOf(mk(floor).Claim(t0, 4, time.Minute)); got != "p7,p6,h7,h6" {
+		t.Fatalf("floor 0.5, batch 4: %s", got)
+	}
+	// fractions carry over: with a floor of 0.25 and claims of 1, every fourth claim is the class's
+	c := mk(Floor{Cadence: 96 * time.Hour, Source: schedule.SourceDiscovered, Share: 0.25})
+	var got []string
+	for range 8 {
+		got = append(got, keysOf(c.Claim(t0, 1, time.Hour)))
+	}
+	if s := strings.Join(got, ","); s != "h7,h6,h5,p7,h4,h3,h2,p6" {
+		t.Fatalf("floor 0.25, claims of 1: %s", s)
+	}
+	// an unused floor goes back to score order in the same claim, and is not saved up: the class
+	// has no due rows, so the claim is all score order, and once its rows come due it gets its
+	// floor, not what it missed
+	c = newCore(t, Config{SubmittedBoost: 1, Floors: []Floor{floor}})
+	for i := range 8 {
+		c.Apply(t0, row(fmt.Sprintf("h%d", i), t0.Add(-time.Duration(2+i)*time.Hour), time.Hour, 1))
+		c.Apply(t0, row(fmt.Sprintf("p%d", i), t0.Add(time.Duration(1+i)*time.Minute), 96*time.Hour, 1))
+	}
+	if got := keysOf(c.Claim(t0, 2, 24*time.Hour)); got != "h7,h6" {
+		t.Fatalf("floor without due rows: %s", got)
+	}
+	for range 5 {
+		c.Claim(t0, 1, 24*time.Hour) // h5..h1
+	}
+	// credit 0.5 + 0.5 × 4: two rows, then score order (h0 is 3 cadences late)
+	if got := keysOf(c.Claim(t0.Add(time.Hour), 4, time.Hour)); got != "p0,p1,h0,p2" {
+		t.Fatalf("floor once due: %s", got)
+	}
+	// a class the score order already serves takes nothing extra: the floor counts its rows
+	c = newCore(t, Config{SubmittedBoost: 1, Floors: []Floor{{Cadence: time.Hour, Source: schedule.SourceDiscovered, Share: 0.5}}})
+	for i := range 8 {
+		c.Apply(t0, row(fmt.Sprintf("h%d", i), t0.Add(-time.Duration(2+i)*time.Hour), time.Hour, 1))
+		c.Apply(t0, row(fmt.Sprintf("p%d", i), t0.Add(-time.Duration(1+i)*time.Hour), 96*time.Hour, 1))
+	}
+	if got := keysOf(c.Claim(t0, 4, time.Hour)); got != "h7,h6,h5,h4" {
+		t.Fatalf("floor of a class served by score: %s", got)
+	}
+}
+
+func TestNextDue(t *testing.T) {
+	due := t0
+	cases := []struct {
+		policy  Reschedule
+		late    time.Duration
+		cadence time.Duration
+		want    time.Duration // after due
+	}{
+		{AfterRender, 0, time.Hour, time.Hour},
+		{AfterRender, 150 * time.Minute, time.Hour, 210 * time.Minute},
+		{KeepPhase, 0, time.Hour, time.Hour},
+		{KeepPhase, 29 * time.Minute, time.Hour, time.Hour},                             // due again 31 min after the render
+		{KeepPhase, 30 * time.Minute, time.Hour, 2 * time.Hour},                         // tie: the later point
+		{KeepPhase, 150 * time.Minute, time.Hour, 4 * time.Hour},                        // 2.5 late: due + 4h, 1.5h after the render
+		{KeepPhase, 151 * time.Minute, time.Hour, 4 * time.Hour},                        // nearest to render + 1h = due + 3h31m
+		{KeepPhase, 60 * time.Hour, 96 * time.Hour, 192 * time.Hour},                    // 0.625 late: skip one point
+		{KeepPhase, -time.Hour, time.Hour, time.Hour},                                   // rendered before its due (moved while leased)
+		{KeepPhase, 3*time.Millisecond + 1, 3 * time.Millisecond, 6 * time.Millisecond}, // odd cadence
+	}
+	for _, tc := range cases {
+		got := NextDue(tc.policy, due.Add(tc.late), due, tc.cadence).Sub(due)
+		if got != tc.want {
+			t.Errorf("%v late %v cadence %v: due + %v, want due + %v", tc.policy, tc.late, tc.cadence, got, tc.want)
+		}
+	}
+	for _, p := range []Reschedule{KeepPhase, AfterRender} {
+		if got, err := ParseReschedule(p.String()); got != p || err != nil {
+			t.Errorf("ParseReschedule(%q) = %v, %v", p.String(), got, err)
+		}
+	}
+	if _, err := ParseReschedule("keepphase"); err == nil {
+		t.Error("ParseReschedule accepted a misspelt name")
 	}
 }
 

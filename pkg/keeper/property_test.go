@@ -2,6 +2,7 @@ package keeper
 
 import (
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 	"testing"
@@ -65,6 +66,8 @@ func TestCoreMatchesReference(t *testing.T) {
 			Window:         []time.Duration{0, 2 * time.Hour, 24 * time.Hour}[rapid.IntRange(0, 2).Draw(t, "window")],
 			SubmittedBoost: []float64{1, 2, 1.5}[rapid.IntRange(0, 2).Draw(t, "boost")],
 			UrgentMaxShare: []float64{0, 0.2, 0.5, 1}[rapid.IntRange(0, 3).Draw(t, "share")],
+			Floors:         genFloors(t),
+			Reschedule:     Reschedule(rapid.IntRange(0, 1).Draw(t, "reschedule")),
 			FirstLease:     1000,
 		}
 		core, err := New(cfg)
@@ -79,11 +82,12 @@ func TestCoreMatchesReference(t *testing.T) {
 		nowMs := base.UnixMilli()
 		var tokens []uint64
 		var edge Edge
+		nextRev := int64(1000) // completions write revs above genRow's
 		steps := rapid.IntRange(1, 120).Draw(t, "steps")
 		for step := 0; step < steps; step++ {
 			nowMs += int64(rapid.IntRange(0, 90).Draw(t, "advanceMin")) * 60_000
 			now := time.UnixMilli(nowMs)
-			switch op := rapid.IntRange(0, 9).Draw(t, "op"); op {
+			switch op := rapid.IntRange(0, 10).Draw(t, "op"); op {
 			case 0, 1, 2:
 				r := genRow(t, nowMs)
 				var got Outcome
@@ -163,6 +167,35 @@ func TestCoreMatchesReference(t *testing.T) {
 				}
 			case 9:
 				compareSummary(t, step, core.Summary(now), ref.summary(nowMs))
+			case 10:
+				// complete a row as the shard does: the next due time from the core, the written
+				// version applied, the lease ended
+				if len(tokens) == 0 {
+					continue
+				}
+				key := fmt.Sprintf("k%d", rapid.IntRange(0, 24).Draw(t, "completeKey"))
+				tok := tokens[rapid.IntRange(0, len(tokens)-1).Draw(t, "completeToken")]
+				cp, held, err := core.Completing(now, key, tok)
+				wantNext, wantHeld, wantErr := ref.completing(nowMs, key, tok)
+				if held != wantHeld || err != wantErr || (held && cp.NextDue.UnixMilli() != wantNext) {
+					t.Fatalf("step %d: Completing(%s, %d) = %v %v %v, reference %v %v %v", step, key, tok,
+						cp.NextDue.UnixMilli(), held, err, wantNext, wantHeld, wantErr)
+				}
+				if err != nil {
+					continue
+				}
+				r := ref.held[key].row
+				if !cp.Due.Equal(r.Due) || cp.Cadence != r.Cadence || cp.Source != r.Source {
+					t.Fatalf("step %d: Completing(%s) = %+v, held row %+v", step, key, cp, r)
+				}
+				nextRev++
+				r.Due, r.Rev, r.Urgent = cp.NextDue, nextRev, false
+				if got, want := core.Apply(now, r).Result, ref.apply(nowMs, r); got != want {
+					t.Fatalf("step %d: completed version of %s: %v, reference %v", step, key, got, want)
+				}
+				if got, want := core.Release(now, key, tok), ref.release(nowMs, key, tok); got != want {
+					t.Fatalf("step %d: release after completing %s: %v, reference %v", step, key, got, want)
+				}
 			}
 			if core.Held() != len(ref.held) {
 				t.Fatalf("step %d: held %d, reference %d", step, core.Held(), len(ref.held))
@@ -170,6 +203,23 @@ func TestCoreMatchesReference(t *testing.T) {
 		}
 		compareSummary(t, steps, core.Summary(time.UnixMilli(nowMs)), ref.summary(nowMs))
 	})
+}
+
+// genFloors draws a valid set of floors over genRow's classes (possibly none).
+func genFloors(t *rapid.T) []Floor {
+	var floors []Floor
+	sum := 0.0
+	for _, cad := range []time.Duration{time.Hour, 24 * time.Hour, 96 * time.Hour, 90 * time.Minute} {
+		for _, src := range []schedule.Source{schedule.SourceDiscovered, schedule.SourceSubmitted} {
+			share := []float64{0, 0, 0.1, 0.25, 0.3, 0.5, 0.05}[rapid.IntRange(0, 6).Draw(t, "floor")]
+			if share == 0 || sum+share > 1 {
+				continue
+			}
+			sum += share
+			floors = append(floors, Floor{Cadence: cad, Source: src, Share: share})
+		}
+	}
+	return floors
 }
 
 func claimedKeys(c []Claimed) []string {
@@ -194,4 +244,106 @@ func summaryString(s Summary) string {
 	}
 	return fmt.Sprintf("held=%d incoming=%d invalid=%d due=%d leased=%d perSlot=%v perIncomingSlot=%v lateness=%+v oldest=%s byRoute=%v classes=%+v coming=%+v",
 		s.Held, s.HeldIncoming, s.Invalid, s.Due, s.Leased, s.DuePerSlot, s.DuePerIncomingSlot, s.Lateness, o, s.ByRoute, s.Classes, s.Coming)
+}
+
+// TestFloorsTakeNoMoreThanTheirShare checks the floors' bound against score order: for random
+// due rows, floors and claim sizes, a claim gives each floored class no more rows than the larger
+// of what its floor reserves (⌊credit⌋) and what score order alone gives it (a core without
+// floors holding the same rows), and, when the reservations fit in the claim, at least the
+// smaller of its reservation and its due rows. Other work is always due in these claims.
+func TestFloorsTakeNoMoreThanTheirShare(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		floors := genFloors(t)
+		boost := []float64{1, 2, 5}[rapid.IntRange(0, 2).Draw(t, "boost")]
+		withFloors, err := New(Config{SubmittedBoost: boost, Floors: floors})
+		if err != nil {
+			t.Fatal(err)
+		}
+		scoreOnly, err := New(Config{SubmittedBoost: boost})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, s := range testSlots {
+			withFloors.SetSlot(s, SlotOwned)
+			scoreOnly.SetSlot(s, SlotOwned)
+		}
+		nowMs := base.UnixMilli()
+		for i := range rapid.IntRange(1, 60).Draw(t, "rows") {
+			r := genRow(t, nowMs)
+			r.Key = fmt.Sprintf("k%d", i) // distinct keys
+			r.KeyHash = testHash(r.Key)
+			r.HasDue, r.Urgent = true, false
+			r.Cadence = max(r.Cadence, time.Hour)
+			r.Due = time.UnixMilli(min(r.Due.UnixMilli(), nowMs)).UTC()
+			withFloors.Apply(time.UnixMilli(nowMs), r)
+			scoreOnly.Apply(time.UnixMilli(nowMs), r)
+		}
+		for round := range rapid.IntRange(1, 10).Draw(t, "rounds") {
+			now := time.UnixMilli(nowMs)
+			n := rapid.IntRange(1, 20).Draw(t, "n")
+			quota := make([]int, len(floors))
+			reserved := 0
+			for i, f := range floors {
+				quota[i] = int(min(math.Floor(withFloors.floors[i].credit+f.Share*float64(n)), float64(n)))
+				reserved += quota[i]
+			}
+			dueOf := classCounts(withFloors, floors, nowMs)
+			got := withFloors.Claim(now, n, time.Hour)
+			want := scoreOnly.Claim(now, n, time.Hour)
+			if len(got) != len(want) {
+				t.Fatalf("round %d: %d rows with floors, %d without", round, len(got), len(want))
+			}
+			gotBy, wantBy := claimedBy(got, floors), claimedBy(want, floors)
+			for i, f := range floors {
+				if gotBy[i] > max(quota[i], wantBy[i]) {
+					t.Fatalf("round %d: floor %v took %d of %d rows; its reservation is %d and score order gives it %d",
+						round, f, gotBy[i], n, quota[i], wantBy[i])
+				}
+				if reserved <= n && gotBy[i] < min(quota[i], dueOf[i]) {
+					t.Fatalf("round %d: floor %v got %d of %d rows; its reservation is %d and it has %d due",
+						round, f, gotBy[i], n, quota[i], dueOf[i])
+				}
+			}
+			for _, c := range got {
+				if err := withFloors.Release(now, c.Key, c.Lease); err != nil {
+					t.Fatal(err)
+				}
+			}
+			for _, c := range want {
+				if err := scoreOnly.Release(now, c.Key, c.Lease); err != nil {
+					t.Fatal(err)
+				}
+			}
+			nowMs += int64(rapid.IntRange(0, 120).Draw(t, "advanceMin")) * 60_000
+		}
+	})
+}
+
+// claimedBy counts claimed rows by the floor of their class (non-urgent only).
+func claimedBy(rows []Claimed, floors []Floor) []int {
+	out := make([]int, len(floors))
+	for _, r := range rows {
+		for i, f := range floors {
+			if !r.Urgent && f.Cadence == r.Cadence && f.Source == r.Source {
+				out[i]++
+			}
+		}
+	}
+	return out
+}
+
+// classCounts counts the claimable due rows of each floor's class.
+func classCounts(c *Core, floors []Floor, nowMs int64) []int {
+	out := make([]int, len(floors))
+	for _, g := range c.groups {
+		if g.floor < 0 {
+			continue
+		}
+		for _, e := range g.heap {
+			if c.rows.at(entryID(e)).due <= nowMs {
+				out[g.floor]++
+			}
+		}
+	}
+	return out
 }

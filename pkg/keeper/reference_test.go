@@ -25,6 +25,7 @@ type refModel struct {
 	startMs   int64
 	counts    WalkCounts
 	nextLease uint64
+	credit    []float64 // per Config.Floors
 }
 
 type refRow struct {
@@ -36,7 +37,7 @@ type refRow struct {
 }
 
 func newRef(cfg Config) *refModel {
-	return &refModel{cfg: cfg, held: map[string]*refRow{}, invalid: map[string]int64{}, nextLease: cfg.FirstLease}
+	return &refModel{cfg: cfg, held: map[string]*refRow{}, invalid: map[string]int64{}, nextLease: cfg.FirstLease, credit: make([]float64, len(cfg.Floors))}
 }
 
 func (m *refModel) knownRev(key string) (int64, bool) {
@@ -189,10 +190,56 @@ func (m *refModel) claim(nowMs int64, n int, leaseFor time.Duration) []string {
 	var picked []*refRow
 	u := min(capU, len(urgent), n)
 	picked = append(picked, urgent[:u]...)
-	o := min(n-len(picked), len(other))
-	picked = append(picked, other[:o]...)
+	// floors: each floor reserves ⌊credit⌋ rows of its class, best first across classes
+	taken := make([]int, len(m.cfg.Floors))
+	done := map[*refRow]bool{}
+	if len(m.cfg.Floors) > 0 {
+		quota := make([]int, len(m.cfg.Floors))
+		for i, f := range m.cfg.Floors {
+			m.credit[i] += f.Share * float64(n-len(picked))
+			quota[i] = int(min(math.Floor(m.credit[i]), float64(n)))
+		}
+		for _, r := range other {
+			if len(picked) == n {
+				break
+			}
+			if i := m.floorOf(r); i >= 0 && quota[i] > 0 {
+				quota[i]--
+				picked = append(picked, r)
+				done[r] = true
+			}
+		}
+	}
+	for _, r := range other {
+		if len(picked) == n {
+			break
+		}
+		if !done[r] {
+			picked = append(picked, r)
+			done[r] = true
+		}
+	}
 	if rest := min(n-len(picked), len(urgent)-u); rest > 0 {
 		picked = append(picked, urgent[u:u+rest]...)
+	}
+	// settle the floors' credits: charge every row of the class, keep ≥ 0, and a class without
+	// due rows left keeps only the fraction
+	for _, r := range picked {
+		if i := m.floorOf(r); i >= 0 {
+			taken[i]++
+		}
+	}
+	for i := range m.cfg.Floors {
+		m.credit[i] = max(0, m.credit[i]-float64(taken[i]))
+		left := false
+		for _, r := range other {
+			if !done[r] && m.floorOf(r) == i {
+				left = true
+			}
+		}
+		if !left {
+			m.credit[i] -= math.Floor(m.credit[i])
+		}
 	}
 	keys := make([]string, len(picked))
 	for i, r := range picked {
@@ -201,6 +248,54 @@ func (m *refModel) claim(nowMs int64, n int, leaseFor time.Duration) []string {
 		keys[i] = r.row.Key
 	}
 	return keys
+}
+
+// floorOf returns the index of r's floor, or -1 (urgent rows have none).
+func (m *refModel) floorOf(r *refRow) int {
+	if r.row.Urgent {
+		return -1
+	}
+	for i, f := range m.cfg.Floors {
+		if f.Cadence == r.row.Cadence && f.Source == r.row.Source {
+			return i
+		}
+	}
+	return -1
+}
+
+// completing returns the next due time of a completion at nowMs: with KeepPhase the point
+// due + k·cadence (k ≥ 1) nearest to nowMs + cadence, ties to the later one, found by trying
+// every k.
+func (m *refModel) completing(nowMs int64, key string, token uint64) (int64, bool, error) {
+	m.expire(nowMs)
+	r := m.held[key]
+	if r == nil {
+		return 0, false, ErrNotHeld
+	}
+	c := r.row.Cadence.Milliseconds()
+	next := nowMs + c
+	if m.cfg.Reschedule == KeepPhase {
+		target := nowMs + c
+		best := r.dueMs + c
+		for k := int64(2); r.dueMs+(k-1)*c <= target; k++ {
+			cand := r.dueMs + k*c
+			if dist(cand, target) <= dist(best, target) {
+				best = cand
+			}
+		}
+		next = best
+	}
+	if !r.leased || r.token != token {
+		return next, true, ErrLeaseLost
+	}
+	return next, true, nil
+}
+
+func dist(a, b int64) int64 {
+	if a > b {
+		return a - b
+	}
+	return b - a
 }
 
 func (m *refModel) release(nowMs int64, key string, token uint64) error {

@@ -33,7 +33,7 @@ func (s *Shard) Claim(now time.Time, n int, leaseFor time.Duration) ([]Claimed, 
 type CompleteItem struct {
 	Key   string
 	Lease uint64
-	// NextDue is the next render time; nil means now + the row's cadence.
+	// NextDue is the next render time; nil means the shard's Reschedule policy decides.
 	NextDue *time.Time
 }
 
@@ -51,15 +51,15 @@ func (s *Shard) Complete(ctx context.Context, items []CompleteItem) ([]error, er
 	s.mu.Lock()
 	now := s.clock()
 	for i, it := range items {
-		cadence, source, held, err := s.core.LeasedClass(now, it.Key, it.Lease)
+		cp, held, err := s.core.Completing(now, it.Key, it.Lease)
 		if held {
-			classes[i] = classOf(cadence, source)
+			classes[i] = classOf(cp.Cadence, cp.Source)
 		}
 		if err != nil {
 			results[i] = err
 			continue
 		}
-		due := now.Add(cadence)
+		due := cp.NextDue
 		if it.NextDue != nil {
 			due = *it.NextDue
 		}

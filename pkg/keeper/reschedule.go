@@ -1,0 +1,81 @@
+package keeper
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/renderqueue/renderqueue/pkg/schedule"
+)
+
+// Reschedule is how a completion picks a rendered row's next due time (unless the worker gives
+// one). Rows are claimed only once due, so a render always happens at or after the row's due
+// time; the policies differ in what a late render does to the next one.
+type Reschedule uint8
+
+const (
+	// KeepPhase (the default): the next due time stays on the row's own schedule — its due time
+	// plus a whole number k ≥ 1 of cadences — at the point of it nearest to one cadence after the
+	// render (ties: the later one). A render at most half a cadence late is next due at due +
+	// cadence; later renders skip the missed points. So a backlog drained faster than its rows'
+	// cadence comes due again as spread out as it was before it fell behind, not as a second wave
+	// at the rate the drain ran, and renders do not drift later cycle after cycle.
+	//
+	// The cost: a row rendered late comes due again sooner than one cadence after its render —
+	// between half a cadence and one and a half cadences after it (a row rendered 0.4 cadence late
+	// is due again 0.6 cadence later, one rendered 0.6 late 1.4 later).
+	KeepPhase Reschedule = iota
+	// AfterRender: the next due time is the completion time plus the cadence: every render is
+	// followed by a full cadence, but the render times drift later by each render's lateness, and
+	// a drained backlog comes due again one cadence later at the rate the drain ran — the drain
+	// echo: a wave as steep as the drain, which a fleet running near capacity cannot absorb.
+	AfterRender
+)
+
+var rescheduleNames = [...]string{KeepPhase: "KeepPhase", AfterRender: "AfterRender"}
+
+func (r Reschedule) String() string {
+	if int(r) < len(rescheduleNames) {
+		return rescheduleNames[r]
+	}
+	return fmt.Sprintf("Reschedule(%d)", uint8(r))
+}
+
+// ParseReschedule parses a policy name: "KeepPhase" or "AfterRender", exactly.
+func ParseReschedule(s string) (Reschedule, error) {
+	for i, n := range rescheduleNames {
+		if s == n {
+			return Reschedule(i), nil
+		}
+	}
+	return 0, fmt.Errorf("unknown reschedule policy %q (want KeepPhase or AfterRender)", s)
+}
+
+// Completion is what completing a leased row writes, as of the completion time.
+type Completion struct {
+	// Cadence and Source are the row's class.
+	Cadence time.Duration
+	Source  schedule.Source
+	// Due is the due time the row is held with.
+	Due time.Time
+	// NextDue is the next due time by the configured Reschedule policy.
+	NextDue time.Time
+}
+
+// NextDue is the next due time policy p gives a row due at due with the given cadence that is
+// rendered (completed) at now. Times are used at millisecond precision.
+func NextDue(p Reschedule, now, due time.Time, cadence time.Duration) time.Time {
+	return time.UnixMilli(nextDueMs(p, now.UnixMilli(), due.UnixMilli(), cadence.Milliseconds())).UTC()
+}
+
+func nextDueMs(p Reschedule, nowMs, dueMs, cadenceMs int64) int64 {
+	if p == AfterRender || cadenceMs <= 0 {
+		return nowMs + cadenceMs
+	}
+	// k = 1 + round(late / cadence), halves rounded up, at least 1
+	late := nowMs - dueMs
+	k := int64(1)
+	if late > 0 {
+		k += (late + cadenceMs/2) / cadenceMs
+	}
+	return dueMs + k*cadenceMs
+}
