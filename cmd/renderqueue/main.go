@@ -31,6 +31,7 @@ func commands() map[string]command {
 		"seed":       {summary: "write synthetic schedule rows (seed --dsn ... --rows N)", run: runSeed},
 		"worker-sim": {summary: "simulated render workers claiming from keeper shards (worker-sim --shard URL)", run: runWorkerSim},
 		"status":     {summary: "print keeper shards' /v1/status for people (status --url URL)", run: runStatus},
+		"simulate":   {summary: "the keeper core on virtual time: how late each class renders with N workers (simulate --load 0.8)", run: runSimulate},
 		"version":    {summary: "print the version", run: runVersion},
 	}
 }

@@ -27,6 +27,8 @@ import (
 	"hash/maphash"
 	"math"
 	"slices"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/renderqueue/renderqueue/pkg/schedule"
@@ -88,8 +90,50 @@ type Floor struct {
 	Share   float64
 }
 
+// String writes the floor as ParseFloor reads it: "96h/discovered=0.05".
 func (f Floor) String() string {
-	return fmt.Sprintf("%v/%v=%v", f.Cadence, f.Source, f.Share)
+	return shortDuration(f.Cadence) + "/" + f.Source.String() + "=" + strconv.FormatFloat(f.Share, 'g', -1, 64)
+}
+
+// ParseFloor parses a floor written "CADENCE/SOURCE=SHARE", e.g. "96h/discovered=0.05": a Go
+// duration, submitted or discovered, and a decimal share within (0, 1].
+func ParseFloor(s string) (Floor, error) {
+	class, share, ok := strings.Cut(s, "=")
+	cadence, source, ok2 := strings.Cut(class, "/")
+	if !ok || !ok2 {
+		return Floor{}, fmt.Errorf("floor %q: want CADENCE/SOURCE=SHARE, e.g. 96h/discovered=0.05", s)
+	}
+	var f Floor
+	var err error
+	if f.Cadence, err = time.ParseDuration(cadence); err != nil {
+		return Floor{}, fmt.Errorf("floor %q: cadence: %w", s, err)
+	}
+	if f.Source, err = schedule.ParseSource(source); err != nil {
+		return Floor{}, fmt.Errorf("floor %q: %w", s, err)
+	}
+	if f.Share, err = strconv.ParseFloat(share, 64); err != nil {
+		return Floor{}, fmt.Errorf("floor %q: share: %w", s, err)
+	}
+	if errs := validateFloors([]Floor{f}); len(errs) > 0 {
+		return Floor{}, errors.Join(errs...)
+	}
+	return f, nil
+}
+
+// shortDuration writes whole-second durations compactly ("96h", "90m", "1h30m"), others as
+// time.Duration does.
+func shortDuration(d time.Duration) string {
+	if d <= 0 || d%time.Second != 0 {
+		return d.String()
+	}
+	s := d.String() // e.g. "96h0m0s", "1h30m0s", "45s"
+	if strings.HasSuffix(s, "m0s") {
+		s = strings.TrimSuffix(s, "0s")
+	}
+	if strings.HasSuffix(s, "h0m") {
+		s = strings.TrimSuffix(s, "0m")
+	}
+	return s
 }
 
 // Validate says what is wrong with a configuration.

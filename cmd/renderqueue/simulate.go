@@ -1,0 +1,196 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/renderqueue/renderqueue/pkg/keeper"
+	"github.com/renderqueue/renderqueue/pkg/simulate"
+)
+
+// floorFlags collects repeated --floor flags.
+type floorFlags []keeper.Floor
+
+func (f *floorFlags) String() string {
+	parts := make([]string, len(*f))
+	for i, x := range *f {
+		parts[i] = x.String()
+	}
+	return strings.Join(parts, ",")
+}
+
+func (f *floorFlags) Set(s string) error {
+	for _, part := range strings.Split(s, ",") {
+		fl, err := keeper.ParseFloor(strings.TrimSpace(part))
+		if err != nil {
+			return err
+		}
+		*f = append(*f, fl)
+	}
+	return nil
+}
+
+// rescheduleFlag is a keeper.Reschedule flag.
+type rescheduleFlag struct{ p keeper.Reschedule }
+
+func (r *rescheduleFlag) String() string { return r.p.String() }
+
+func (r *rescheduleFlag) Set(s string) (err error) {
+	r.p, err = keeper.ParseReschedule(s)
+	return err
+}
+
+// runSimulate is `renderqueue simulate`: the keeper core on virtual time for capacity planning
+// (pkg/simulate).
+func runSimulate(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("simulate", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		_, _ = fmt.Fprintln(stderr, "usage: renderqueue simulate (--load L | --capacity R | --workers W --render-time T) [flags]")
+		_, _ = fmt.Fprintln(stderr, "\nRuns the keeper core on virtual time (no database, no sleeping) for a fleet and a render")
+		_, _ = fmt.Fprintln(stderr, "capacity, and prints per class how late renders start, renders versus demand, the longest")
+		_, _ = fmt.Fprintln(stderr, "wait of a class with due rows, rows not rendered in the last cadence, and the due count")
+		_, _ = fmt.Fprintln(stderr, "over time. The fleet is the seed mix (--rows, --homepages, ...) or a YAML file (--fleet).")
+		_, _ = fmt.Fprintln(stderr, "See docs/priority.md.")
+		fs.PrintDefaults()
+	}
+	fleetFile := fs.String("fleet", "", "YAML file describing the fleet's classes (see docs/priority.md); replaces the seed-mix flags")
+	rows := fs.Int("rows", 200_000, "seed mix: rows")
+	homepages := fs.Int("homepages", 300, "seed mix: 1 h homepages among the rows")
+	categoryPermille := fs.Int("category-permille", 30, "seed mix: share (‰) of the other rows that render every 24 h; the rest every 96 h")
+	backlog := fs.Float64("backlog", 0, "seed mix: share of every class overdue at the start (1: a whole-fleet backlog)")
+	backlogCycles := fs.Float64("backlog-cycles", simulate.DefaultBacklogCycles, "seed mix: how many cadences back the backlog reaches")
+	load := fs.Float64("load", 0, "demand ÷ capacity: sets the capacity to the fleet's demand / load (0.8: 80% load)")
+	capacity := fs.Float64("capacity", 0, "renders per hour the workers complete")
+	workers := fs.Int("workers", 0, "render workers (with --render-time: capacity = workers × 1h / render-time)")
+	renderTime := fs.Duration("render-time", 0, "time one render takes (with --workers)")
+	orders := fs.String("order", "keeper", "claim orders to run, comma-separated: keeper, oldest-due, class-priority, or all")
+	boost := fs.Float64("submitted-boost", 2, "keeper: score multiplier for rows from a sitemap")
+	urgentShare := fs.Float64("urgent-max-share", 0.2, "keeper: most of a claim urgent rows may take (the simulated fleet has no urgent rows)")
+	var floors floorFlags
+	fs.Var(&floors, "floor", "keeper: a class's floor, CADENCE/SOURCE=SHARE (e.g. 96h/discovered=0.05); repeat or comma-separate")
+	resched := rescheduleFlag{p: keeper.KeepPhase}
+	fs.Var(&resched, "reschedule", "next due time of a rendered row: KeepPhase or AfterRender (every order)")
+	batch := fs.Int("batch", simulate.DefaultBatch, "rows per claim")
+	tick := fs.Duration("tick", simulate.DefaultTick, "time step: claims at its start, completions at its end")
+	duration := fs.Duration("duration", 240*time.Hour, "simulated time")
+	measureFrom := fs.Duration("measure-from", 0, "start measuring this long after the start (e.g. 120h for days 6 to 10)")
+	sample := fs.Duration("sample", 0, "interval of the due-count samples (default: duration / 20)")
+	seedVal := fs.Uint64("seed", 1, "random seed of due times and key hashes")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+
+	var fleet simulate.Fleet
+	if *fleetFile != "" {
+		for _, name := range []string{"rows", "homepages", "category-permille", "backlog", "backlog-cycles"} {
+			if set[name] {
+				return fmt.Errorf("--%s describes the seed mix; with --fleet the file describes the fleet", name)
+			}
+		}
+		data, err := os.ReadFile(*fleetFile)
+		if err != nil {
+			return fmt.Errorf("reading the fleet: %w", err)
+		}
+		if fleet, err = simulate.ParseFleet(data); err != nil {
+			return fmt.Errorf("%s: %w", *fleetFile, err)
+		}
+	} else {
+		if *rows <= 0 || *homepages < 0 || *homepages > *rows {
+			return fmt.Errorf("--rows %d and --homepages %d: want rows > 0 and 0 ≤ homepages ≤ rows", *rows, *homepages)
+		}
+		if *categoryPermille < 0 || *categoryPermille > 1000 {
+			return fmt.Errorf("--category-permille %d is not within [0, 1000]", *categoryPermille)
+		}
+		fleet = simulate.SeedFleet(*rows, *homepages, *categoryPermille, *backlog)
+		for i := range fleet.Classes {
+			fleet.Classes[i].BacklogCycles = *backlogCycles
+		}
+	}
+
+	capacityGiven := 0
+	for _, n := range []string{"load", "capacity", "workers"} {
+		if set[n] {
+			capacityGiven++
+		}
+	}
+	if capacityGiven != 1 {
+		return errors.New("give the render capacity one way: --load, --capacity, or --workers with --render-time")
+	}
+	if set["workers"] != set["render-time"] {
+		return errors.New("--workers and --render-time go together")
+	}
+	if set["workers"] {
+		if *workers <= 0 || *renderTime <= 0 {
+			return fmt.Errorf("--workers %d and --render-time %v must be positive", *workers, *renderTime)
+		}
+		*capacity = float64(*workers) * float64(time.Hour) / float64(*renderTime)
+	}
+	if set["load"] && !(*load > 0) {
+		return fmt.Errorf("--load %v must be > 0", *load)
+	}
+	if set["capacity"] && !(*capacity > 0) {
+		return fmt.Errorf("--capacity %v must be > 0", *capacity)
+	}
+
+	var runOrders []simulate.Order
+	if *orders == "all" {
+		runOrders = simulate.Orders
+	} else {
+		for _, o := range strings.Split(*orders, ",") {
+			order, err := simulate.ParseOrder(strings.TrimSpace(o))
+			if err != nil {
+				return fmt.Errorf("--order: %w", err)
+			}
+			runOrders = append(runOrders, order)
+		}
+	}
+
+	base := simulate.Config{
+		Fleet: fleet, Capacity: *capacity, Batch: *batch, Tick: *tick, Duration: *duration,
+		MeasureFrom: *measureFrom, Sample: *sample, Seed: *seedVal,
+		Keeper: keeper.Config{SubmittedBoost: *boost, UrgentMaxShare: *urgentShare, Floors: floors, Reschedule: resched.p},
+	}
+	if set["load"] {
+		base.Load = *load
+	}
+	var results []*simulate.Result
+	for i, o := range runOrders {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		cfg := base
+		cfg.Order = o
+		res, err := simulate.Run(cfg)
+		if err != nil {
+			return err
+		}
+		if i > 0 {
+			if _, err := fmt.Fprintln(stdout); err != nil {
+				return err
+			}
+		}
+		if err := simulate.Write(stdout, res); err != nil {
+			return err
+		}
+		results = append(results, res)
+	}
+	if len(results) > 1 {
+		if _, err := fmt.Fprintln(stdout, "\ncomparison:"); err != nil {
+			return err
+		}
+		return simulate.WriteComparison(stdout, results)
+	}
+	return nil
+}

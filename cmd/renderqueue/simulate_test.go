@@ -1,0 +1,65 @@
+package main
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func TestSimulate(t *testing.T) {
+	var out, errb bytes.Buffer
+	args := []string{"simulate", "--rows", "2000", "--homepages", "10", "--load", "0.8", "--duration", "24h",
+		"--order", "all", "--floor", "96h/discovered=0.05", "--reschedule", "AfterRender"}
+	if code := run(args, &out, &errb); code != 0 {
+		t.Fatalf("simulate: code %d, stderr %q", code, errb.String())
+	}
+	for _, want := range []string{
+		"order keeper; submittedBoost 2, urgentMaxShare 0.2, reschedule AfterRender, floors 96h/discovered=0.05",
+		"order oldest-due (baseline, not the keeper); reschedule AfterRender",
+		"order class-priority (baseline, not the keeper)",
+		"fleet: 2,000 rows in 6 classes", "(load 80%)",
+		"p99 rel", "longest wait", "not rendered in last cadence", "due over time", "comparison:",
+		"1h/submitted", "96h/discovered",
+	} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("output lacks %q:\n%s", want, out.String())
+		}
+	}
+
+	fleet := filepath.Join(t.TempDir(), "fleet.yaml")
+	if err := os.WriteFile(fleet, []byte("classes:\n  - {name: home, rows: 100, cadence: 1h, source: submitted}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out.Reset()
+	if code := run([]string{"simulate", "--fleet", fleet, "--workers", "2", "--render-time", "30s", "--duration", "3h"}, &out, &errb); code != 0 {
+		t.Fatalf("simulate --fleet: code %d, stderr %q", code, errb.String())
+	}
+	if !strings.Contains(out.String(), "capacity 240 renders/h") || !strings.Contains(out.String(), "home") {
+		t.Errorf("simulate --fleet output:\n%s", out.String())
+	}
+
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{}, "give the render capacity one way"},
+		{[]string{"--load", "1", "--capacity", "100"}, "give the render capacity one way"},
+		{[]string{"--workers", "3"}, "--workers and --render-time go together"},
+		{[]string{"--load", "0"}, "--load 0 must be > 0"},
+		{[]string{"--load", "1", "--floor", "96h/sitemap=0.1"}, `unknown source "sitemap"`},
+		{[]string{"--load", "1", "--floor", "96h/discovered=0.7,24h/discovered=0.7"}, "must not sum past 1"},
+		{[]string{"--load", "1", "--reschedule", "keep-phase"}, "unknown reschedule policy"},
+		{[]string{"--load", "1", "--order", "fifo"}, `unknown order "fifo"`},
+		{[]string{"--load", "1", "--fleet", fleet, "--rows", "10"}, "--rows describes the seed mix"},
+		{[]string{"--load", "1", "--fleet", "/nonexistent.yaml"}, "reading the fleet"},
+		{[]string{"--load", "1", "--duration", "0s"}, "duration 0s"},
+	} {
+		errb.Reset()
+		out.Reset()
+		if code := run(append([]string{"simulate"}, c.args...), &out, &errb); code == 0 || !strings.Contains(errb.String(), c.want) {
+			t.Errorf("simulate %v: code %d, stderr %q, want %q", c.args, code, errb.String(), c.want)
+		}
+	}
+}

@@ -1,0 +1,163 @@
+package simulate
+
+import (
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+)
+
+// Describe says in one line what a configuration runs: the order and the policy it uses.
+func Describe(cfg Config) string {
+	k := cfg.Keeper
+	if cfg.Order != OrderKeeper && cfg.Order != "" {
+		return fmt.Sprintf("order %s (baseline, not the keeper); reschedule %v", cfg.Order, k.Reschedule)
+	}
+	floors := "none"
+	if len(k.Floors) > 0 {
+		parts := make([]string, len(k.Floors))
+		for i, f := range k.Floors {
+			parts[i] = f.String()
+		}
+		floors = strings.Join(parts, ",")
+	}
+	return fmt.Sprintf("order keeper; submittedBoost %v, urgentMaxShare %v, reschedule %v, floors %s",
+		k.SubmittedBoost, k.UrgentMaxShare, k.Reschedule, floors)
+}
+
+// Write prints a result for people: the setting, a table of the classes, and the due count over
+// time.
+func Write(w io.Writer, r *Result) error {
+	cfg := r.Config
+	ew := &errWriter{w: w}
+	ew.printf("%s\n", Describe(cfg))
+	ew.printf("fleet: %s rows in %d classes, demand %s renders/h; capacity %s renders/h (load %.0f%%); claims of %d every %v\n",
+		thousands(r.All.Rows), len(r.Classes), thousands(round(r.Demand)), thousands(round(cfg.Capacity)),
+		100*r.Demand/cfg.Capacity, cfg.Batch, FormatCadence(cfg.Tick))
+	ew.printf("simulated %s, measured from %s to the end; %s of wall time\n\n",
+		FormatCadence(cfg.Duration), FormatCadence(cfg.MeasureFrom), r.Elapsed.Round(10*time.Millisecond))
+
+	tw := tabwriter.NewWriter(ew, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "class\trows\trenders\tneeded\tratio\tp50 rel\tp99 rel\tmax rel\tp50 late\tp99 late\tmax late\tlongest wait\tnot rendered in last cadence\tdue at end\t")
+	for _, c := range append(r.Classes, r.All) {
+		abs := func(d time.Duration) string {
+			if c.Name == "all" {
+				return "—"
+			}
+			return FormatLate(d)
+		}
+		notRendered := "—"
+		if c.NotRendered >= 0 {
+			notRendered = thousands(c.NotRendered)
+		}
+		ratio := "—"
+		if c.Demand > 0 {
+			ratio = fmt.Sprintf("%.2f", float64(c.Renders)/c.Demand)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n",
+			c.Name, thousands(c.Rows), thousands(c.Renders), thousands(round(c.Demand)), ratio,
+			rel(c.Lateness.P50Relative), rel(c.Lateness.P99Relative), rel(c.Lateness.MaxRelative),
+			abs(c.Lateness.P50), abs(c.Lateness.P99), abs(c.Lateness.Max), FormatLate(c.LongestWait),
+			notRendered, thousands(c.DueAtEnd))
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	ew.printf("\ndue over time (rows due and not yet claimed):\n")
+	tw = tabwriter.NewWriter(ew, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprint(tw, "at\tall\t")
+	for _, c := range r.Classes {
+		fmt.Fprintf(tw, "%s\t", c.Name)
+	}
+	fmt.Fprintln(tw)
+	for _, s := range r.Samples {
+		fmt.Fprintf(tw, "%s\t%s\t", FormatCadence(s.At), thousands(s.Due))
+		for _, n := range s.ByClass {
+			fmt.Fprintf(tw, "%s\t", thousands(n))
+		}
+		fmt.Fprintln(tw)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	return ew.err
+}
+
+// WriteComparison prints one line per class and run: the relative and absolute p99 lateness,
+// the longest wait and the render ratio side by side (results of the same fleet).
+func WriteComparison(w io.Writer, results []*Result) error {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "class\torder\tratio\tp99 rel\tmax rel\tp99 late\tlongest wait\tnot rendered in last cadence\t")
+	if len(results) == 0 {
+		return tw.Flush()
+	}
+	for ci := range results[0].Classes {
+		for _, r := range results {
+			c := r.Classes[ci]
+			notRendered := "—"
+			if c.NotRendered >= 0 {
+				notRendered = thousands(c.NotRendered)
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%.2f\t%s\t%s\t%s\t%s\t%s\t\n", c.Name, r.Config.Order, float64(c.Renders)/max(c.Demand, 1e-9),
+				rel(c.Lateness.P99Relative), rel(c.Lateness.MaxRelative), FormatLate(c.Lateness.P99), FormatLate(c.LongestWait), notRendered)
+		}
+	}
+	return tw.Flush()
+}
+
+// FormatLate writes a lateness compactly: "0s", "42s", "12m", "3.4h", "2.1d".
+func FormatLate(d time.Duration) string {
+	switch {
+	case d < 2*time.Minute:
+		return strconv.Itoa(int(d.Round(time.Second)/time.Second)) + "s"
+	case d < 2*time.Hour:
+		return strconv.Itoa(int(d.Round(time.Minute)/time.Minute)) + "m"
+	case d < 48*time.Hour:
+		return strconv.FormatFloat(d.Hours(), 'f', 1, 64) + "h"
+	default:
+		return strconv.FormatFloat(d.Hours()/24, 'f', 1, 64) + "d"
+	}
+}
+
+func rel(v float64) string {
+	if v >= 10 {
+		return strconv.FormatFloat(v, 'f', 1, 64)
+	}
+	return strconv.FormatFloat(v, 'f', 3, 64)
+}
+
+// thousands writes n with thousands separators.
+func thousands(n int) string {
+	s := strconv.Itoa(n)
+	neg := strings.HasPrefix(s, "-")
+	s = strings.TrimPrefix(s, "-")
+	var b strings.Builder
+	for i, ch := range s {
+		if i > 0 && (len(s)-i)%3 == 0 {
+			b.WriteByte(',')
+		}
+		b.WriteRune(ch)
+	}
+	if neg {
+		return "-" + b.String()
+	}
+	return b.String()
+}
+
+type errWriter struct {
+	w   io.Writer
+	err error
+}
+
+func (e *errWriter) Write(p []byte) (int, error) {
+	if e.err != nil {
+		return 0, e.err
+	}
+	n, err := e.w.Write(p)
+	e.err = err
+	return n, err
+}
+
+func (e *errWriter) printf(format string, a ...any) { _, _ = fmt.Fprintf(e, format, a...) }
