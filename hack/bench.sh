@@ -15,4 +15,5 @@ fi
 # work per iteration (1M-row walks, timed loads), so one iteration each.
 go test -run '^$' -bench 'BenchmarkKeeper' -benchtime "${BENCHTIME:-2s}" "$@" ./pkg/keeper/
 go test -run '^$' -bench 'BenchmarkShardLoad' -benchtime 2x "$@" ./pkg/keeper/
+go test -run '^$' -bench 'BenchmarkSimulate' -benchtime 3x "$@" ./pkg/simulate/
 go test -run '^$' -bench . -benchtime 1x "$@" ./pkg/store/...

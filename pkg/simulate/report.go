@@ -89,7 +89,7 @@ func Write(w io.Writer, r *Result) error {
 // the longest wait and the render ratio side by side (results of the same fleet).
 func WriteComparison(w io.Writer, results []*Result) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "class\torder\tratio\tp99 rel\tmax rel\tp99 late\tlongest wait\tnot rendered in last cadence\t")
+	fmt.Fprintln(tw, "class\torder\tratio\tp50 rel\tp99 rel\tmax rel\tp99 late\tlongest wait\tnot rendered in last cadence\t")
 	if len(results) == 0 {
 		return tw.Flush()
 	}
@@ -100,8 +100,8 @@ func WriteComparison(w io.Writer, results []*Result) error {
 			if c.NotRendered >= 0 {
 				notRendered = thousands(c.NotRendered)
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%.2f\t%s\t%s\t%s\t%s\t%s\t\n", c.Name, r.Config.Order, float64(c.Renders)/max(c.Demand, 1e-9),
-				rel(c.Lateness.P99Relative), rel(c.Lateness.MaxRelative), FormatLate(c.Lateness.P99), FormatLate(c.LongestWait), notRendered)
+			fmt.Fprintf(tw, "%s\t%s\t%.2f\t%s\t%s\t%s\t%s\t%s\t%s\t\n", c.Name, r.Config.Order, float64(c.Renders)/max(c.Demand, 1e-9),
+				rel(c.Lateness.P50Relative), rel(c.Lateness.P99Relative), rel(c.Lateness.MaxRelative), FormatLate(c.Lateness.P99), FormatLate(c.LongestWait), notRendered)
 		}
 	}
 	return tw.Flush()

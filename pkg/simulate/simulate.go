@@ -169,8 +169,8 @@ type Result struct {
 	Elapsed time.Duration
 }
 
-// ClassResult is one class's figures over the measurement window (the longest wait and the
-// rows not rendered in the last cadence look at the end of the run).
+// ClassResult is one class's figures over the measurement window (NotRendered and DueAtEnd look
+// at the end of the run).
 type ClassResult struct {
 	Name    string
 	Rows    int
@@ -183,7 +183,8 @@ type ClassResult struct {
 	// Lateness of the renders started in the measurement window (zero when none).
 	Lateness Lateness
 	// LongestWait is the longest time within the measurement window that the class had due
-	// rows and got no render (a wait that began before the window counts from its beginning).
+	// rows and got no render, in whole ticks (a wait that began before the window counts from
+	// the window's start). A class that renders at least once a tick has 0.
 	LongestWait time.Duration
 	// NotRendered is the number of rows not rendered in the last cadence of the run; -1 when
 	// the run is shorter than the cadence.
