@@ -38,6 +38,10 @@ func runKeeper(ctx context.Context, args []string, _, stderr io.Writer) error {
 	lease := fs.Duration("lease", 5*time.Minute, "default lease of a claim")
 	boost := fs.Float64("submitted-boost", 2, "score multiplier for rows from a sitemap")
 	urgentShare := fs.Float64("urgent-max-share", 0.2, "most of a claim batch urgent rows may take while other rows are due")
+	var floors floorFlags
+	fs.Var(&floors, "floor", "a class's reserved share of every claim, CADENCE/SOURCE=SHARE (e.g. 96h/discovered=0.05); repeat or comma-separate; shares sum to at most 1 (docs/priority.md)")
+	resched := rescheduleFlag{p: keeper.KeepPhase}
+	fs.Var(&resched, "reschedule", "next due time of a rendered row: KeepPhase (its own schedule, no drain echo) or AfterRender (completion + cadence)")
 	tokenFile := fs.String("token-file", "", "file holding the API bearer token (default $RENDERQUEUE_TOKEN)")
 	insecure := fs.Bool("insecure-no-auth", false, "serve the mutating API without authentication")
 	verbose := fs.Bool("v", false, "log walks and other details")
@@ -77,11 +81,15 @@ func runKeeper(ctx context.Context, args []string, _, stderr io.Writer) error {
 		}
 		src = w
 	} else {
-		src = keeper.StaticSource{Settings: keeper.Settings{
+		settings := keeper.Settings{
 			Window: *window, VerifyInterval: *verify, LeaseDuration: *lease,
-			SubmittedBoost: *boost, UrgentMaxShare: *urgentShare,
+			SubmittedBoost: *boost, UrgentMaxShare: *urgentShare, Floors: floors, Reschedule: resched.p,
 			Owned: membership.AllSlots(),
-		}}
+		}
+		if err := settings.Validate(); err != nil {
+			return err
+		}
+		src = keeper.StaticSource{Settings: settings}
 	}
 	return serveShard(ctx, log, *dsn, *name, *listen, token, src)
 }

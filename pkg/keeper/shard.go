@@ -28,9 +28,11 @@ type Settings struct {
 	VerifyInterval time.Duration
 	// LeaseDuration is the default lease of a claim.
 	LeaseDuration time.Duration
-	// SubmittedBoost and UrgentMaxShare are the claim policy (see Config).
+	// SubmittedBoost, UrgentMaxShare, Floors and Reschedule are the claim policy (see Config).
 	SubmittedBoost float64
 	UrgentMaxShare float64
+	Floors         []Floor
+	Reschedule     Reschedule
 	// Epoch, Owned and Incoming are the shard's membership.
 	Epoch    int64
 	Owned    membership.SlotSet
@@ -40,7 +42,7 @@ type Settings struct {
 // Validate says what is wrong with the settings.
 func (s Settings) Validate() error {
 	var errs []error
-	if err := (Config{Window: s.Window, SubmittedBoost: s.SubmittedBoost, UrgentMaxShare: s.UrgentMaxShare}).Validate(); err != nil {
+	if err := s.coreConfig().Validate(); err != nil {
 		errs = append(errs, err)
 	}
 	if s.VerifyInterval < 0 {
@@ -71,7 +73,8 @@ func (s Settings) WalkInterval() time.Duration {
 }
 
 func (s Settings) coreConfig() Config {
-	return Config{Window: s.Window, SubmittedBoost: s.SubmittedBoost, UrgentMaxShare: s.UrgentMaxShare}
+	return Config{Window: s.Window, SubmittedBoost: s.SubmittedBoost, UrgentMaxShare: s.UrgentMaxShare,
+		Floors: s.Floors, Reschedule: s.Reschedule}
 }
 
 // Options are a shard's fixed parts.

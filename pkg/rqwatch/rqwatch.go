@@ -8,6 +8,7 @@ package rqwatch
 import (
 	"context"
 	"fmt"
+	"reflect"
 	"sync"
 
 	"github.com/go-logr/logr"
@@ -170,7 +171,7 @@ func (s *Source) Watch(ctx context.Context, ch chan<- keeper.Settings) error {
 			s.log.Error(err, "Ignoring RenderQueue change; keeping the last good settings", "renderqueue", s.name)
 			continue
 		}
-		if last != nil && *last == st {
+		if last != nil && reflect.DeepEqual(*last, st) {
 			continue
 		}
 		last = &st

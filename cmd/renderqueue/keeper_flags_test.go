@@ -1,0 +1,32 @@
+package main
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+)
+
+// TestKeeperPolicyFlags: bad floors and reschedule policies stop the standalone keeper before it
+// connects to anything.
+func TestKeeperPolicyFlags(t *testing.T) {
+	base := []string{"keeper", "--dsn", "host=/nonexistent", "--insecure-no-auth"}
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--floor", "96h/crawler=0.1"}, `unknown source "crawler"`},
+		{[]string{"--floor", "96h/discovered"}, "want CADENCE/SOURCE=SHARE"},
+		{[]string{"--floor", "96h/discovered=0"}, "share must be within (0, 1]"},
+		{[]string{"--floor", "1h/submitted=0.6", "--floor", "24h/submitted=0.6"}, "must not sum past 1"},
+		{[]string{"--floor", "1h/submitted=0.1,60m/submitted=0.1"}, "more than one floor"},
+		{[]string{"--reschedule", "phase"}, "unknown reschedule policy"},
+	} {
+		var out, errb bytes.Buffer
+		if code := run(append(append([]string{}, base...), c.args...), &out, &errb); code == 0 || !strings.Contains(errb.String(), c.want) {
+			t.Errorf("keeper %v: code %d, stderr %q, want %q", c.args, code, errb.String(), c.want)
+		}
+		if strings.Contains(errb.String(), "opening the store") {
+			t.Errorf("keeper %v: reached the store before rejecting the policy", c.args)
+		}
+	}
+}
