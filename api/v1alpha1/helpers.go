@@ -21,6 +21,8 @@ const (
 	DefaultSubmittedBoost = "2"
 	// DefaultUrgentMaxShare is the default spec.priority.urgentMaxShare.
 	DefaultUrgentMaxShare = "0.2"
+	// DefaultReschedule is the default spec.priority.reschedule.
+	DefaultReschedule = "KeepPhase"
 	// DefaultSecretKey is the default spec.store.secretRef.key.
 	DefaultSecretKey = "dsn"
 )
@@ -59,6 +61,19 @@ func (p Priority) SubmittedBoostValue() (float64, error) {
 // UrgentMaxShareValue is UrgentMaxShare as a number (the default when empty).
 func (p Priority) UrgentMaxShareValue() (float64, error) {
 	return parseDecimal("urgentMaxShare", p.UrgentMaxShare, DefaultUrgentMaxShare, 0, 1, true)
+}
+
+// ShareValue is the floor's Share as a number.
+func (f Floor) ShareValue() (float64, error) {
+	return parseDecimal("floor share", f.Share, "", 0, 1, false)
+}
+
+// RescheduleValue is Reschedule, or the default when empty.
+func (p Priority) RescheduleValue() string {
+	if p.Reschedule == "" {
+		return DefaultReschedule
+	}
+	return p.Reschedule
 }
 
 // WalkInterval is how often a shard of this spec walks its slots: verifyInterval, clamped to

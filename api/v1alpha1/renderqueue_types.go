@@ -210,7 +210,8 @@ type LocalSecretReference struct {
 
 // Priority tunes the claim order. Rows are claimed by relative lateness (now − due) / cadence,
 // multiplied by SubmittedBoost for rows that came from a sitemap; urgent rows go first but take
-// at most UrgentMaxShare of each claim batch while other rows are due.
+// at most UrgentMaxShare of each claim batch while other rows are due; Floors reserve shares of
+// each batch for classes of rows; Reschedule picks a rendered row's next due time.
 //
 // Both values are decimal strings (see the package documentation for why not floats).
 type Priority struct {
@@ -229,6 +230,48 @@ type Priority struct {
 	// +kubebuilder:validation:XValidation:rule="self.matches('^[0-9]+([.][0-9]+)?$') && double(self) >= 0.0 && double(self) <= 1.0",message="urgentMaxShare must be a decimal number from 0 to 1, such as \"0.2\""
 	// +optional
 	UrgentMaxShare string `json:"urgentMaxShare,omitempty"`
+
+	// Floors reserve a minimum share of every claim batch for classes of rows (one cadence and
+	// source each) while the class has due rows, so that no class starves behind the boost or
+	// under overload; a reservation the class cannot use goes back to the claim order in the same
+	// batch. At most one floor per class, at most 64 floors, shares summing to at most 1. See
+	// docs/priority.md.
+	// +kubebuilder:validation:MaxItems=64
+	// +kubebuilder:validation:XValidation:rule="self.all(f, self.exists_one(g, g.cadence == f.cadence && g.source == f.source))",message="floors: at most one floor per class (cadence and source)"
+	// +kubebuilder:validation:XValidation:rule="self.all(f, f.share.matches('^[0-9]+([.][0-9]+)?$')) && self.map(f, double(f.share)).sum() <= 1.000000001",message="floors: shares must not sum past 1"
+	// +listType=atomic
+	// +optional
+	Floors []Floor `json:"floors,omitempty"`
+
+	// Reschedule picks a rendered row's next due time when the render worker does not give one:
+	// KeepPhase keeps the row on its own schedule (its due time plus whole cadences, the point
+	// nearest to one cadence after the render), so a drained backlog does not come due again as
+	// a second wave; AfterRender schedules it one cadence after the completion. Defaults to
+	// KeepPhase. See docs/priority.md for the trade-off.
+	// +kubebuilder:validation:Enum=KeepPhase;AfterRender
+	// +kubebuilder:default=KeepPhase
+	// +optional
+	Reschedule string `json:"reschedule,omitempty"`
+}
+
+// Floor reserves a share of every claim batch for one class of rows.
+type Floor struct {
+	// Cadence of the class's rows, e.g. "96h" or "1h30m"; at least 1ms, whole milliseconds.
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:MaxLength=64
+	// +kubebuilder:validation:Pattern=`^-?(0|(([0-9]+(\.[0-9]*)?|\.[0-9]+)(ns|us|µs|μs|ms|s|m|h))+)$`
+	// +kubebuilder:validation:XValidation:rule="!self.startsWith('-') && duration(self) >= duration('1ms')",message="floor cadence must be at least 1ms"
+	Cadence metav1.Duration `json:"cadence"`
+
+	// Source of the class's rows: submitted (from a sitemap) or discovered (by the crawler).
+	// +kubebuilder:validation:Enum=submitted;discovered
+	Source string `json:"source"`
+
+	// Share of every claim batch reserved for the class: a decimal number greater than 0 and at
+	// most 1, e.g. "0.05".
+	// +kubebuilder:validation:MaxLength=16
+	// +kubebuilder:validation:XValidation:rule="self.matches('^[0-9]+([.][0-9]+)?$') && double(self) > 0.0 && double(self) <= 1.0",message="floor share must be a decimal number greater than 0 and at most 1, such as \"0.05\""
+	Share string `json:"share"`
 }
 
 // Store says where the schedule table lives.

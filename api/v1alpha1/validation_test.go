@@ -54,6 +54,19 @@ func withField(path string, value any) *unstructured.Unstructured {
 	return u
 }
 
+// floor and floors build spec.priority.floors as the API server receives it.
+func floor(cadence, source, share string) map[string]any {
+	return map[string]any{"cadence": cadence, "source": source, "share": share}
+}
+
+func floors(f ...map[string]any) []any {
+	out := make([]any, len(f))
+	for i := range f {
+		out[i] = f[i]
+	}
+	return out
+}
+
 var _ = Describe("RenderQueue validation", func() {
 	DescribeTable("rejects an invalid spec with a clear message",
 		func(path string, value any, message string) {
@@ -85,6 +98,16 @@ var _ = Describe("RenderQueue validation", func() {
 		Entry("empty store secret name", "store.secretRef.name", "", "store.secretRef.name must name the Secret holding the PostgreSQL DSN"),
 		Entry("bad store secret key", "store.secretRef.key", "a/b", "spec.store.secretRef.key in body should match"),
 		Entry("bad imagePullPolicy", "imagePullPolicy", "Sometimes", "spec.imagePullPolicy: Unsupported value"),
+		Entry("floor share 0", "priority.floors", floors(floor("96h", "discovered", "0")), "floor share must be a decimal number greater than 0 and at most 1"),
+		Entry("floor share above 1", "priority.floors", floors(floor("96h", "discovered", "1.5")), "floor share must be a decimal number greater than 0 and at most 1"),
+		Entry("floor share percent", "priority.floors", floors(floor("96h", "discovered", "5%")), "floor share must be a decimal number greater than 0 and at most 1"),
+		Entry("floors past 1", "priority.floors", floors(floor("1h", "submitted", "0.6"), floor("96h", "discovered", "0.5")), "floors: shares must not sum past 1"),
+		Entry("floor class twice", "priority.floors", floors(floor("1h", "submitted", "0.1"), floor("1h", "submitted", "0.2")), "floors: at most one floor per class"),
+		Entry("floor source", "priority.floors", floors(floor("1h", "crawler", "0.1")), "Unsupported value: \"crawler\""),
+		Entry("floor cadence 0", "priority.floors", floors(floor("0s", "submitted", "0.1")), "floor cadence must be at least 1ms"),
+		Entry("floor cadence malformed", "priority.floors", floors(floor("hourly", "submitted", "0.1")), "cadence in body should match"),
+		Entry("floor without share", "priority.floors", floors(map[string]any{"cadence": "1h", "source": "submitted"}), "share: Required value"),
+		Entry("bad reschedule", "priority.reschedule", "Later", "spec.priority.reschedule: Unsupported value"),
 	)
 
 	DescribeTable("accepts valid edge cases",
@@ -101,6 +124,9 @@ var _ = Describe("RenderQueue validation", func() {
 		Entry("urgentMaxShare 1", "priority.urgentMaxShare", "1"),
 		Entry("submittedBoost below 1", "priority.submittedBoost", "0.5"),
 		Entry("sub-second lease", "leaseDuration", "500ms"),
+		Entry("floors summing to exactly 1", "priority.floors", floors(floor("1h", "submitted", "0.1"), floor("1h", "discovered", "0.2"), floor("96h", "discovered", "0.7"))),
+		Entry("one floor of 1", "priority.floors", floors(floor("24h", "submitted", "1"))),
+		Entry("reschedule AfterRender", "priority.reschedule", "AfterRender"),
 	)
 
 	// The shard Pod fields: a RenderQueue the API server admits must give Pods it admits too.
@@ -263,6 +289,8 @@ var _ = Describe("RenderQueue validation", func() {
 		Expect(rq.Spec.Image).To(BeEmpty(), "the image defaults at run time to the operator's own")
 		Expect(rq.Spec.Priority.SubmittedBoostValue()).To(Equal(2.0))
 		Expect(rq.Spec.Priority.UrgentMaxShareValue()).To(Equal(0.2))
+		Expect(rq.Spec.Priority.Reschedule).To(Equal(rqv1.DefaultReschedule))
+		Expect(rq.Spec.Priority.Floors).To(BeEmpty())
 	})
 
 	It("keeps the defaults of a partly given priority", func() {

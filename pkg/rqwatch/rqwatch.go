@@ -1,8 +1,8 @@
 // Package rqwatch is the keeper shard's settings source inside Kubernetes: it watches the
 // shard's own RenderQueue object (and nothing else — its RBAC allows just that object) and turns
-// its spec (window, verifyInterval, leaseDuration, priority) and status.membership (the shard's
-// owned and incoming slots and the epoch) into keeper.Settings, as CloudNativePG's instance
-// manager watches its own Cluster.
+// its spec (window, verifyInterval, leaseDuration, priority: boost, urgent share, floors,
+// reschedule) and status.membership (the shard's owned and incoming slots and the epoch) into
+// keeper.Settings, as CloudNativePG's instance manager watches its own Cluster.
 package rqwatch
 
 import (
@@ -22,6 +22,7 @@ import (
 	rqv1 "github.com/renderqueue/renderqueue/api/v1alpha1"
 	"github.com/renderqueue/renderqueue/pkg/keeper"
 	"github.com/renderqueue/renderqueue/pkg/membership"
+	"github.com/renderqueue/renderqueue/pkg/schedule"
 )
 
 // SettingsFor derives shard's settings from its RenderQueue. Malformed slot text is an error,
@@ -35,12 +36,22 @@ func SettingsFor(rq *rqv1.RenderQueue, shard string) (keeper.Settings, error) {
 	if err != nil {
 		return keeper.Settings{}, fmt.Errorf("renderqueue %s/%s: %w", rq.Namespace, rq.Name, err)
 	}
+	floors, err := floorsOf(rq.Spec.Priority.Floors)
+	if err != nil {
+		return keeper.Settings{}, fmt.Errorf("renderqueue %s/%s: %w", rq.Namespace, rq.Name, err)
+	}
+	resched, err := keeper.ParseReschedule(rq.Spec.Priority.RescheduleValue())
+	if err != nil {
+		return keeper.Settings{}, fmt.Errorf("renderqueue %s/%s: priority: %w", rq.Namespace, rq.Name, err)
+	}
 	s := keeper.Settings{
 		Window:         rq.Spec.WindowDuration(),
 		VerifyInterval: rq.Spec.VerifyIntervalDuration(),
 		LeaseDuration:  rq.Spec.LeaseDurationValue(),
 		SubmittedBoost: boost,
 		UrgentMaxShare: share,
+		Floors:         floors,
+		Reschedule:     resched,
 		Epoch:          rq.Status.Membership.Epoch,
 	}
 	find := func(list []rqv1.ShardSlots, what string) (membership.SlotSet, error) {
@@ -65,6 +76,23 @@ func SettingsFor(rq *rqv1.RenderQueue, shard string) (keeper.Settings, error) {
 		return keeper.Settings{}, fmt.Errorf("renderqueue %s/%s: settings of %s: %w", rq.Namespace, rq.Name, shard, err)
 	}
 	return s, nil
+}
+
+// floorsOf converts spec.priority.floors; none gives nil (so equal settings compare equal).
+func floorsOf(in []rqv1.Floor) ([]keeper.Floor, error) {
+	var out []keeper.Floor
+	for i, f := range in {
+		src, err := schedule.ParseSource(f.Source)
+		if err != nil {
+			return nil, fmt.Errorf("priority.floors[%d]: %w", i, err)
+		}
+		share, err := f.ShareValue()
+		if err != nil {
+			return nil, fmt.Errorf("priority.floors[%d]: %w", i, err)
+		}
+		out = append(out, keeper.Floor{Cadence: f.Cadence.Duration, Source: src, Share: share})
+	}
+	return out, nil
 }
 
 // Source watches one RenderQueue for one shard.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -18,6 +19,7 @@ import (
 	rqv1 "github.com/renderqueue/renderqueue/api/v1alpha1"
 	"github.com/renderqueue/renderqueue/pkg/keeper"
 	"github.com/renderqueue/renderqueue/pkg/membership"
+	"github.com/renderqueue/renderqueue/pkg/schedule"
 )
 
 func dur(d time.Duration) *metav1.Duration { return &metav1.Duration{Duration: d} }
@@ -51,6 +53,19 @@ func TestSettingsFor(t *testing.T) {
 			rq.Status.Membership.Assignment = []rqv1.ShardSlots{{Shard: "web-shard-1", Slots: "5-3"}}
 		}, "", "", "owned slots of web-shard-1"},
 		{"bad decimal", func(rq *rqv1.RenderQueue) { rq.Spec.Priority.SubmittedBoost = "x" }, "", "", "submittedBoost"},
+		{"floors past 1", func(rq *rqv1.RenderQueue) {
+			rq.Spec.Priority.Floors = []rqv1.Floor{{Cadence: metav1.Duration{Duration: time.Hour}, Source: "submitted", Share: "0.6"},
+				{Cadence: metav1.Duration{Duration: 96 * time.Hour}, Source: "discovered", Share: "0.5"}}
+		}, "", "", "must not sum past 1"},
+		// "96h" and "5760m" are different strings (the API server's uniqueness rule passes) but one class
+		{"one class twice", func(rq *rqv1.RenderQueue) {
+			rq.Spec.Priority.Floors = []rqv1.Floor{{Cadence: metav1.Duration{Duration: 96 * time.Hour}, Source: "discovered", Share: "0.1"},
+				{Cadence: metav1.Duration{Duration: 5760 * time.Minute}, Source: "discovered", Share: "0.1"}}
+		}, "", "", "more than one floor"},
+		{"bad floor source", func(rq *rqv1.RenderQueue) {
+			rq.Spec.Priority.Floors = []rqv1.Floor{{Cadence: metav1.Duration{Duration: time.Hour}, Source: "crawler", Share: "0.1"}}
+		}, "", "", "priority.floors[0]"},
+		{"bad reschedule", func(rq *rqv1.RenderQueue) { rq.Spec.Priority.Reschedule = "Sometimes" }, "", "", "unknown reschedule policy"},
 	}
 	for _, tc := range cases {
 		rq := testRQ()
@@ -72,9 +87,23 @@ func TestSettingsFor(t *testing.T) {
 		if got := membership.FormatSlots(s.Incoming); got != tc.incoming {
 			t.Errorf("%s: incoming %q, want %q", tc.name, got, tc.incoming)
 		}
-		if s.Window != 24*time.Hour || s.SubmittedBoost != 2 || s.UrgentMaxShare != 0.2 || s.LeaseDuration != 5*time.Minute {
+		if s.Window != 24*time.Hour || s.SubmittedBoost != 2 || s.UrgentMaxShare != 0.2 || s.LeaseDuration != 5*time.Minute ||
+			s.Floors != nil || s.Reschedule != keeper.KeepPhase {
 			t.Errorf("%s: policy %+v", tc.name, s)
 		}
+	}
+
+	rq := testRQ()
+	rq.Spec.Priority.Floors = []rqv1.Floor{{Cadence: metav1.Duration{Duration: 96 * time.Hour}, Source: "discovered", Share: "0.05"},
+		{Cadence: metav1.Duration{Duration: time.Hour}, Source: "submitted", Share: "0.1"}}
+	rq.Spec.Priority.Reschedule = "AfterRender"
+	s, err := SettingsFor(rq, "web-shard-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []keeper.Floor{{Cadence: 96 * time.Hour, Source: schedule.SourceDiscovered, Share: 0.05}, {Cadence: time.Hour, Source: schedule.SourceSubmitted, Share: 0.1}}
+	if !slices.Equal(s.Floors, want) || s.Reschedule != keeper.AfterRender {
+		t.Errorf("floors %v reschedule %v, want %v AfterRender", s.Floors, s.Reschedule, want)
 	}
 }
 
@@ -130,20 +159,38 @@ func TestSourceFollowsItsRenderQueue(t *testing.T) {
 	if err := c.Status().Update(ctx, other); err != nil {
 		t.Fatal(err)
 	}
-	for {
-		select {
-		case s := <-ch:
-			if s.Epoch == 9 {
-				t.Fatal("settings from another RenderQueue")
-			}
-			if s.Epoch == 3 {
-				if got := membership.FormatSlots(s.Owned); got != "512-1023" {
-					t.Fatalf("owned %q", got)
+	// waitFor reads settings until want holds; settings from another RenderQueue fail the test
+	waitFor := func(what string, want func(keeper.Settings) bool) {
+		t.Helper()
+		for {
+			select {
+			case s := <-ch:
+				if s.Epoch == 9 {
+					t.Fatal("settings from another RenderQueue")
 				}
-				return
+				if want(s) {
+					return
+				}
+			case <-ctx.Done():
+				t.Fatalf("no settings with %s", what)
 			}
-		case <-ctx.Done():
-			t.Fatal("no settings with epoch 3")
 		}
 	}
+	waitFor("epoch 3 and slots 512-1023", func(s keeper.Settings) bool {
+		return s.Epoch == 3 && membership.FormatSlots(s.Owned) == "512-1023"
+	})
+
+	// a policy change (floors, reschedule) reaches the shard
+	if err := c.Get(ctx, client.ObjectKeyFromObject(rq), rq); err != nil {
+		t.Fatal(err)
+	}
+	rq.Spec.Priority.Floors = []rqv1.Floor{{Cadence: metav1.Duration{Duration: 96 * time.Hour}, Source: "discovered", Share: "0.05"}}
+	rq.Spec.Priority.Reschedule = "AfterRender"
+	if err := c.Update(ctx, rq); err != nil {
+		t.Fatal(err)
+	}
+	waitFor("the new floors", func(s keeper.Settings) bool {
+		return len(s.Floors) == 1 && s.Floors[0] == (keeper.Floor{Cadence: 96 * time.Hour, Source: schedule.SourceDiscovered, Share: 0.05}) &&
+			s.Reschedule == keeper.AfterRender && s.Epoch == 3
+	})
 }
