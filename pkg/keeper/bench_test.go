@@ -133,6 +133,33 @@ func BenchmarkKeeperClaim(b *testing.B) {
 		}
 		b.ReportMetric(float64(claiming.Microseconds())/float64(b.N), "us/claim")
 	})
+	// the same with a floor on every group (8 floors of 0.05)
+	var floors []Floor
+	for _, cad := range benchCadences {
+		for _, src := range []schedule.Source{schedule.SourceDiscovered, schedule.SourceSubmitted} {
+			floors = append(floors, Floor{Cadence: cad, Source: src, Share: 0.05})
+		}
+	}
+	if err := c.SetConfig(Config{SubmittedBoost: 2, UrgentMaxShare: 0.2, Floors: floors}); err != nil {
+		b.Fatal(err)
+	}
+	b.Run("rows=1M/batch=100/floors=8", func(b *testing.B) {
+		var claiming time.Duration
+		for i := 0; i < b.N; i++ {
+			start := time.Now()
+			got := c.Claim(now, 100, time.Minute)
+			claiming += time.Since(start)
+			if len(got) != 100 {
+				b.Fatalf("claimed %d", len(got))
+			}
+			for _, g := range got {
+				if err := c.Release(now, g.Key, g.Lease); err != nil {
+					b.Fatal(err)
+				}
+			}
+		}
+		b.ReportMetric(float64(claiming.Microseconds())/float64(b.N), "us/claim")
+	})
 }
 
 // BenchmarkKeeperSummary computes the summary of 1,000,000 held rows, half of them due.

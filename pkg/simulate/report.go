@@ -40,7 +40,8 @@ func Write(w io.Writer, r *Result) error {
 		FormatCadence(cfg.Duration), FormatCadence(cfg.MeasureFrom), r.Elapsed.Round(10*time.Millisecond))
 
 	tw := tabwriter.NewWriter(ew, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "class\trows\trenders\tneeded\tratio\tp50 rel\tp99 rel\tmax rel\tp50 late\tp99 late\tmax late\tlongest wait\tnot rendered in last cadence\tdue at end\t")
+	cells(tw, "class", "rows", "renders", "needed", "ratio", "p50 rel", "p99 rel", "max rel", "p50 late", "p99 late",
+		"max late", "longest wait", "not rendered in last cadence", "due at end")
 	for _, c := range append(r.Classes, r.All) {
 		abs := func(d time.Duration) string {
 			if c.Name == "all" {
@@ -48,36 +49,31 @@ func Write(w io.Writer, r *Result) error {
 			}
 			return FormatLate(d)
 		}
-		notRendered := "—"
-		if c.NotRendered >= 0 {
-			notRendered = thousands(c.NotRendered)
-		}
 		ratio := "—"
 		if c.Demand > 0 {
 			ratio = fmt.Sprintf("%.2f", float64(c.Renders)/c.Demand)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n",
-			c.Name, thousands(c.Rows), thousands(c.Renders), thousands(round(c.Demand)), ratio,
+		cells(tw, c.Name, thousands(c.Rows), thousands(c.Renders), thousands(round(c.Demand)), ratio,
 			rel(c.Lateness.P50Relative), rel(c.Lateness.P99Relative), rel(c.Lateness.MaxRelative),
 			abs(c.Lateness.P50), abs(c.Lateness.P99), abs(c.Lateness.Max), FormatLate(c.LongestWait),
-			notRendered, thousands(c.DueAtEnd))
+			notRendered(c), thousands(c.DueAtEnd))
 	}
 	if err := tw.Flush(); err != nil {
 		return err
 	}
 	ew.printf("\ndue over time (rows due and not yet claimed):\n")
 	tw = tabwriter.NewWriter(ew, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprint(tw, "at\tall\t")
+	head := []string{"at", "all"}
 	for _, c := range r.Classes {
-		fmt.Fprintf(tw, "%s\t", c.Name)
+		head = append(head, c.Name)
 	}
-	fmt.Fprintln(tw)
+	cells(tw, head...)
 	for _, s := range r.Samples {
-		fmt.Fprintf(tw, "%s\t%s\t", FormatCadence(s.At), thousands(s.Due))
+		row := []string{FormatCadence(s.At), thousands(s.Due)}
 		for _, n := range s.ByClass {
-			fmt.Fprintf(tw, "%s\t", thousands(n))
+			row = append(row, thousands(n))
 		}
-		fmt.Fprintln(tw)
+		cells(tw, row...)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -85,26 +81,38 @@ func Write(w io.Writer, r *Result) error {
 	return ew.err
 }
 
-// WriteComparison prints one line per class and run: the relative and absolute p99 lateness,
-// the longest wait and the render ratio side by side (results of the same fleet).
+// WriteComparison prints one line per class and run: the relative and absolute lateness, the
+// longest wait and the render ratio side by side (results of the same fleet).
 func WriteComparison(w io.Writer, results []*Result) error {
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "class\torder\tratio\tp50 rel\tp99 rel\tmax rel\tp99 late\tlongest wait\tnot rendered in last cadence\t")
-	if len(results) == 0 {
-		return tw.Flush()
-	}
-	for ci := range results[0].Classes {
-		for _, r := range results {
-			c := r.Classes[ci]
-			notRendered := "—"
-			if c.NotRendered >= 0 {
-				notRendered = thousands(c.NotRendered)
+	ew := &errWriter{w: w}
+	tw := tabwriter.NewWriter(ew, 0, 0, 2, ' ', tabwriter.AlignRight)
+	cells(tw, "class", "order", "ratio", "p50 rel", "p99 rel", "max rel", "p99 late", "longest wait", "not rendered in last cadence")
+	if len(results) > 0 {
+		for ci := range results[0].Classes {
+			for _, r := range results {
+				c := r.Classes[ci]
+				cells(tw, c.Name, string(r.Config.Order), fmt.Sprintf("%.2f", float64(c.Renders)/max(c.Demand, 1e-9)),
+					rel(c.Lateness.P50Relative), rel(c.Lateness.P99Relative), rel(c.Lateness.MaxRelative),
+					FormatLate(c.Lateness.P99), FormatLate(c.LongestWait), notRendered(c))
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%.2f\t%s\t%s\t%s\t%s\t%s\t%s\t\n", c.Name, r.Config.Order, float64(c.Renders)/max(c.Demand, 1e-9),
-				rel(c.Lateness.P50Relative), rel(c.Lateness.P99Relative), rel(c.Lateness.MaxRelative), FormatLate(c.Lateness.P99), FormatLate(c.LongestWait), notRendered)
 		}
 	}
-	return tw.Flush()
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	return ew.err
+}
+
+// cells writes one tab-separated row; a write error is kept by the errWriter beneath.
+func cells(tw *tabwriter.Writer, c ...string) {
+	_, _ = io.WriteString(tw, strings.Join(c, "\t")+"\t\n")
+}
+
+func notRendered(c ClassResult) string {
+	if c.NotRendered < 0 {
+		return "—"
+	}
+	return thousands(c.NotRendered)
 }
 
 // FormatLate writes a lateness compactly: "0s", "42s", "12m", "3.4h", "2.1d".

@@ -493,7 +493,6 @@ type keeperSched struct {
 	keys  []string
 	rev   int64
 	lease time.Duration
-	buf   schedule.Row
 }
 
 func newKeeperSched(s *sim, cfg Config) (*keeperSched, error) {
