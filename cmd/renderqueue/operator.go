@@ -37,9 +37,10 @@ type operatorExtension interface {
 }
 
 // operatorExtensions lists the optional parts of `renderqueue operator`: the external metrics
-// API (renderqueue_due for the HorizontalPodAutoscaler), off unless --metrics-api is given.
+// API (renderqueue_due for the HorizontalPodAutoscaler), off unless --metrics-api is given, and
+// the web console (console.go), off unless --console is given.
 func operatorExtensions() []operatorExtension {
-	return []operatorExtension{&metricsAPIExtension{}}
+	return []operatorExtension{&metricsAPIExtension{}, &consoleExtension{}}
 }
 
 // metricsAPIExtension serves external.metrics.k8s.io (pkg/metricsapi) from the operator.

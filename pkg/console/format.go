@@ -1,0 +1,101 @@
+package console
+
+import (
+	"fmt"
+	"html/template"
+	"math"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/renderqueue/renderqueue/pkg/statusview"
+)
+
+// num formats an integer with thousands separators: 1234567 → "1,234,567".
+func num(n int64) string {
+	s := strconv.FormatInt(n, 10)
+	neg := strings.HasPrefix(s, "-")
+	if neg {
+		s = s[1:]
+	}
+	var b strings.Builder
+	for i, c := range s {
+		if i > 0 && (len(s)-i)%3 == 0 {
+			b.WriteByte(',')
+		}
+		b.WriteRune(c)
+	}
+	if neg {
+		return "-" + b.String()
+	}
+	return b.String()
+}
+
+// ago says how long before now t was, compactly ("42s ago", "3h20m ago"; "in 5s" for the future).
+func ago(t, now time.Time) string {
+	d := now.Sub(t).Seconds()
+	if d < 0 {
+		return "in " + statusview.Seconds(math.Round(-d))
+	}
+	return statusview.Seconds(math.Round(d)) + " ago"
+}
+
+// templateFuncs are the helpers the templates use.
+func templateFuncs() template.FuncMap {
+	return template.FuncMap{
+		"num": func(v any) string {
+			switch n := v.(type) {
+			case int:
+				return num(int64(n))
+			case int32:
+				return num(int64(n))
+			case int64:
+				return num(n)
+			default:
+				return fmt.Sprint(v)
+			}
+		},
+		"secs":       statusview.Seconds,
+		"clock":      clock,
+		"ago":        ago,
+		"stamp":      func(t time.Time) string { return t.UTC().Format(time.RFC3339) },
+		"rel":        func(f float64) string { return strconv.FormatFloat(f, 'f', 2, 64) },
+		"f1":         func(f float64) string { return strconv.FormatFloat(f, 'f', 1, 64) },
+		"lower":      strings.ToLower,
+		"join":       strings.Join,
+		"deref":      func(t *time.Time) time.Time { return *t },
+		"neg":        func(f *float64) bool { return f != nil && *f < 0 },
+		"abs":        math.Abs,
+		"deref64":    func(f *float64) float64 { return *f },
+		"mod":        func(a, b int) int { return a % b },
+		"seconds":    func(ms int64) float64 { return float64(ms) / 1000 },
+		"durSeconds": func(d time.Duration) float64 { return d.Seconds() },
+		"stateTone":  stateTone,
+		"handoffTone": func(state string) string {
+			switch state {
+			case "Committed":
+				return toneOK
+			case "RolledBack":
+				return toneBad
+			default:
+				return toneWarn
+			}
+		},
+		"dur": func(a time.Time, b *time.Time) string { return statusview.Seconds(b.Sub(a).Seconds()) },
+	}
+}
+
+// stateTone is the tone of a shard's state: queued and empty are normal, unready is worth a
+// look, unreachable is wrong.
+func stateTone(state string) string {
+	switch state {
+	case "queued", "empty":
+		return toneOK
+	case "unready":
+		return toneWarn
+	case "unreachable":
+		return toneBad
+	default:
+		return toneUnknown
+	}
+}
