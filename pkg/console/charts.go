@@ -190,32 +190,51 @@ func historyChart(samples []Sample, now time.Time, interval time.Duration) Chart
 	return ch
 }
 
-// classChart is one horizontal bar per (cadence, source) class: held rows light, due rows dark
-// on the same scale.
+// classChart draws one row per (cadence, source) class: the due rows (dark, on the scale of the
+// largest due count) and the held rows (light, on the scale of the largest held count) side by
+// side, then the share of the held rows that is due. Two scales, because due rows are usually
+// a small fraction of those held.
 func classChart(classes []Class) Chart {
-	const rowH, labelW = 26.0, 150.0
-	ch := Chart{W: chartW, H: marginTop + rowH*float64(len(classes)) + 8, Label: "Due and held rows by class"}
+	const rowH, labelW, barW, gap = 26.0, 150.0, 190.0, 70.0
+	top := marginTop + 14
+	ch := Chart{W: chartW, H: top + rowH*float64(len(classes)) + 8, Label: "Due and held rows by class"}
 	if len(classes) == 0 {
 		ch.Empty = "No class reported: no shard answered, or no rows are held."
 		return ch
 	}
-	maxHeld := 0
+	maxDue, maxHeld := 0, 0
 	for _, c := range classes {
-		maxHeld = max(maxHeld, c.Held, c.Due)
+		maxDue, maxHeld = max(maxDue, c.Due), max(maxHeld, c.Held)
 	}
-	maxV := niceCeil(float64(maxHeld))
-	pw := ch.W - labelW - marginRight - 150
+	dueX, heldX := labelW, labelW+barW+gap
+	shareX := heldX + barW + gap
+	ch.Texts = append(ch.Texts,
+		svgText{X: dueX, Y: top - 6, Text: "due", Anchor: "start", Class: "axis"},
+		svgText{X: heldX, Y: top - 6, Text: "held", Anchor: "start", Class: "axis"},
+		svgText{X: shareX + 40, Y: top - 6, Text: "due ÷ held", Anchor: "end", Class: "axis"})
 	for i, c := range classes {
-		y := marginTop + float64(i)*rowH
+		y := top + float64(i)*rowH
 		name := statusview.Seconds(c.CadenceSeconds) + " · " + c.Source
-		ch.Texts = append(ch.Texts, svgText{X: labelW - 8, Y: y + 15, Text: name, Anchor: "end", Class: "label"})
-		hw := float64(c.Held) / maxV * pw
-		dw := float64(c.Due) / maxV * pw
+		ch.Texts = append(ch.Texts, svgText{X: labelW - 10, Y: y + 15, Text: name, Anchor: "end", Class: "label"})
+		dw := 0.0
+		if maxDue > 0 {
+			dw = float64(c.Due) / float64(maxDue) * barW
+		}
+		hw := 0.0
+		if maxHeld > 0 {
+			hw = float64(c.Held) / float64(maxHeld) * barW
+		}
 		ch.Rects = append(ch.Rects,
-			svgRect{X: labelW, Y: y + 3, W: hw, H: 16, Class: "bar held", Title: fmt.Sprintf("%s: %s rows held", name, num(int64(c.Held)))},
-			svgRect{X: labelW, Y: y + 3, W: dw, H: 16, Class: "bar due", Title: fmt.Sprintf("%s: %s rows due", name, num(int64(c.Due)))})
-		ch.Texts = append(ch.Texts, svgText{X: labelW + pw + 8, Y: y + 15, Anchor: "start", Class: "label",
-			Text: fmt.Sprintf("%s due / %s held", num(int64(c.Due)), num(int64(c.Held)))})
+			svgRect{X: dueX, Y: y + 4, W: dw, H: 15, Class: "bar due", Title: fmt.Sprintf("%s: %s rows due", name, num(int64(c.Due)))},
+			svgRect{X: heldX, Y: y + 4, W: hw, H: 15, Class: "bar held", Title: fmt.Sprintf("%s: %s rows held", name, num(int64(c.Held)))})
+		ch.Texts = append(ch.Texts,
+			svgText{X: dueX + dw + 6, Y: y + 16, Text: num(int64(c.Due)), Anchor: "start", Class: "label"},
+			svgText{X: heldX + hw + 6, Y: y + 16, Text: num(int64(c.Held)), Anchor: "start", Class: "label"})
+		share := "—"
+		if c.Held > 0 {
+			share = fmt.Sprintf("%.1f%%", 100*float64(c.Due)/float64(c.Held))
+		}
+		ch.Texts = append(ch.Texts, svgText{X: shareX + 40, Y: y + 16, Text: share, Anchor: "end", Class: "label"})
 	}
 	return ch
 }

@@ -124,6 +124,13 @@ func NewServer(o Options, ho HandlerOptions) (*Server, error) {
 	if err := o.Validate(); err != nil {
 		return nil, err
 	}
+	var tf *tokenFile
+	if o.TokenFile != "" {
+		var err error
+		if tf, err = newTokenFile(o.TokenFile); err != nil {
+			return nil, err
+		}
+	}
 	ho.Refresh, ho.ShardTimeout = o.Refresh, o.ShardTimeout
 	if ho.SampleInterval == 0 {
 		ho.SampleInterval = o.SampleInterval
@@ -134,11 +141,7 @@ func NewServer(o Options, ho HandlerOptions) (*Server, error) {
 	}
 	var h http.Handler = hd
 	s := &Server{log: ho.Logger}
-	if o.TokenFile != "" {
-		tf, err := newTokenFile(o.TokenFile)
-		if err != nil {
-			return nil, err
-		}
+	if tf != nil {
 		h = hd.withToken(tf, hd)
 		s.authenticated = true
 	}
