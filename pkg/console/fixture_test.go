@@ -1,6 +1,7 @@
 package console
 
 import (
+	"context"
 	"math"
 	"net/http/httptest"
 	"testing"
@@ -198,7 +199,7 @@ func (f *fixture) handler(t *testing.T, timeout time.Duration) *handler {
 func (f *fixture) shardPod(t *testing.T, name string) *corev1.Pod {
 	t.Helper()
 	var pod corev1.Pod
-	if err := k8sClient.Get(t.Context(), client.ObjectKey{Namespace: f.ns, Name: name}, &pod); err != nil {
+	if err := k8sClient.Get(context.Background(), client.ObjectKey{Namespace: f.ns, Name: name}, &pod); err != nil {
 		t.Fatalf("reading Pod %s: %v", name, err)
 	}
 	return &pod

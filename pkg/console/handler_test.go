@@ -1,6 +1,7 @@
 package console
 
 import (
+	"context"
 	"encoding/json"
 	"io"
 	"net/http"
@@ -259,8 +260,25 @@ func TestShardFailures(t *testing.T) {
 	if err := k8sClient.Delete(t.Context(), pod); err != nil {
 		t.Fatal(err)
 	}
+	// And a shard whose Pod is being deleted (held by a finalizer here) is not asked.
+	pod = f.shardPod(t, "web-shard-0")
+	pod.Finalizers = append(pod.Finalizers, "test.renderqueue.dev/hold")
+	if err := k8sClient.Update(t.Context(), pod); err != nil {
+		t.Fatal(err)
+	}
+	if err := k8sClient.Delete(t.Context(), pod); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		p := f.shardPod(t, "web-shard-0")
+		p.Finalizers = nil
+		if err := k8sClient.Update(context.Background(), p); err != nil {
+			t.Errorf("releasing the Pod: %v", err)
+		}
+	})
 	_, _, body := get(t, h, "/queues/"+f.ns+"/web")
-	mustContain(t, "the page", body, `web-shard-1 did not answer the console: no Pod.`)
+	mustContain(t, "the page", body, `web-shard-1 did not answer the console: no Pod.`,
+		`web-shard-0 did not answer the console: the Pod is being deleted.`)
 }
 
 // TestReaderUnavailable: when RenderQueues cannot be read at all, pages say so with 503.
