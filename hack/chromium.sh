@@ -13,12 +13,14 @@ set -euo pipefail
 log() { echo "chromium.sh: $*" >&2; }
 die() { log "$*"; exit 1; }
 
+if [ -n "${CHROMIUM:-}" ]; then
+  [ -f "$CHROMIUM" ] && [ -x "$CHROMIUM" ] || die "CHROMIUM=$CHROMIUM is not an executable file"
+  echo "$CHROMIUM"
+  exit 0
+fi
+
 find_chromium() {
   local c
-  if [ -n "${CHROMIUM:-}" ]; then
-    if [ -x "$CHROMIUM" ]; then echo "$CHROMIUM"; return 0; fi
-    die "CHROMIUM=$CHROMIUM is not an executable file"
-  fi
   for c in chromium chromium-browser google-chrome-stable google-chrome; do
     if command -v "$c" >/dev/null 2>&1; then command -v "$c"; return 0; fi
   done

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs the whole test suite with everything it needs: a throwaway PostgreSQL cluster (unless
-# RENDERQUEUE_TEST_DSN already names one) and, once the operator exists, the envtest binaries.
+# RENDERQUEUE_TEST_DSN already names one), the envtest binaries, and headless Chromium for the
+# console's browser tests (installed when missing).
 # Usage: hack/test.sh [go test flags/packages...]   (default: ./...)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,6 +24,17 @@ if [ -z "${KUBEBUILDER_ASSETS:-}" ] && [ -x hack/setup-envtest.sh ]; then
   KUBEBUILDER_ASSETS=$(hack/setup-envtest.sh | tail -n 1)
   export KUBEBUILDER_ASSETS
 fi
+
+# Headless Chromium for the console's browser tests (pkg/console, test/e2e): installed with
+# apt-get when missing (hack/chromium.sh); a setup that cannot provide it fails here, loudly,
+# rather than letting the browser tests skip. CHROMIUM=/path/to/chromium uses another binary.
+echo "test: locating Chromium for the browser tests" >&2
+CHROMIUM=$(hack/chromium.sh | tail -n 1)
+export CHROMIUM
+# Screenshots of the browser tests are kept here (ARTIFACTS=dir to choose).
+ARTIFACTS=${ARTIFACTS:-${TMPDIR:-/tmp}/renderqueue-artifacts}
+export ARTIFACTS
+echo "test: browser screenshots go to $ARTIFACTS" >&2
 
 # The end-to-end test runs after the unit tests when the whole suite runs (no arguments, or just
 # ./...), or whenever E2E=1; E2E=0 leaves it out.

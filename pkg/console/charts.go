@@ -284,7 +284,7 @@ func slotStrip(m Membership, colour map[string]int) Chart {
 // timelineChart draws the latest handoff's events on a time axis: prepare, then commit or
 // rollback (or, while preparing, now and the rollback deadline).
 func timelineChart(h *Handoff) Chart {
-	ch := Chart{W: chartW, H: 96, Label: "The latest handoff"}
+	ch := Chart{W: chartW, H: 112, Label: "The latest handoff"}
 	if h == nil || len(h.Events) == 0 {
 		ch.Empty = "No handoff recorded."
 		return ch
@@ -304,16 +304,16 @@ func timelineChart(h *Handoff) Chart {
 	}
 	left, right := marginLeft+40, ch.W-marginRight-90
 	xOf := func(t time.Time) float64 { return left + (right-left)*float64(t.Sub(t0))/float64(span) }
-	axisY := 48.0
+	axisY := 52.0
 	outcome := "line-" + strings.ToLower(h.State)
 	ch.Lines = append(ch.Lines, svgLine{X1: left, Y1: axisY, X2: right, Y2: axisY, Class: "timeline " + outcome})
 	for i, e := range h.Events {
 		x := xOf(e.At)
 		ch.Dots = append(ch.Dots, svgDot{X: x, Y: axisY, R: 6, Class: "event " + e.Kind, Title: e.Label + " at " + e.At.UTC().Format(time.RFC3339)})
-		labelY, timeY := axisY-16, axisY+24
-		if i%2 == 1 {
-			labelY, timeY = axisY+24, axisY-16
-		}
+		// Labels above the axis and times below, on two alternating rows, so that events close
+		// in time do not overwrite each other.
+		row := float64(i % 2)
+		labelY, timeY := axisY-16-16*row, axisY+22+15*row
 		ch.Texts = append(ch.Texts,
 			svgText{X: x, Y: labelY, Text: e.Label, Anchor: "middle", Class: "label"},
 			svgText{X: x, Y: timeY, Text: clock(e.At), Anchor: "middle", Class: "axis"})

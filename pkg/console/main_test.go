@@ -162,7 +162,7 @@ func (r *shardRegistry) resolve(pod *corev1.Pod) (string, error) {
 // newNamespace creates a namespace of its own for a test.
 func newNamespace(t *testing.T) string {
 	t.Helper()
-	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "console-"}}
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "prerender-"}}
 	if err := k8sClient.Create(context.Background(), ns); err != nil {
 		t.Fatalf("creating a namespace: %v", err)
 	}

@@ -476,10 +476,16 @@ func membershipView(m rqv1.MembershipStatus, now time.Time) Membership {
 		Moves: h.Moves, Waiting: h.Waiting}
 	start := h.StartedAt.UTC()
 	if h.PrepareEpoch == 0 {
-		hv.Events = append(hv.Events, Event{At: start, Kind: "prepare", Label: fmt.Sprintf("first assignment (epoch %d)", h.FromEpoch)})
-	} else {
-		hv.Events = append(hv.Events, Event{At: start, Kind: "prepare", Label: fmt.Sprintf("prepare (epoch %d → %d)", h.FromEpoch, h.PrepareEpoch)})
+		// The first assignment is committed directly: one event.
+		at := start
+		if h.FinishedAt != nil {
+			at = h.FinishedAt.UTC()
+		}
+		hv.Events = append(hv.Events, Event{At: at, Kind: "commit", Label: fmt.Sprintf("first assignment (epoch %d)", h.FinalEpoch)})
+		v.Handoff = hv
+		return v
 	}
+	hv.Events = append(hv.Events, Event{At: start, Kind: "prepare", Label: fmt.Sprintf("prepare (epoch %d → %d)", h.FromEpoch, h.PrepareEpoch)})
 	switch h.State {
 	case rqv1.HandoffPreparing:
 		label := "now"
@@ -493,9 +499,6 @@ func membershipView(m rqv1.MembershipStatus, now time.Time) Membership {
 		kind, label := "commit", fmt.Sprintf("commit (epoch %d)", h.FinalEpoch)
 		if h.State == rqv1.HandoffRolledBack {
 			kind, label = "rollback", fmt.Sprintf("rollback (epoch %d)", h.FinalEpoch)
-		}
-		if h.PrepareEpoch == 0 {
-			label = fmt.Sprintf("committed (epoch %d)", h.FinalEpoch)
 		}
 		if h.FinishedAt != nil {
 			hv.Events = append(hv.Events, Event{At: h.FinishedAt.UTC(), Kind: kind, Label: label})

@@ -146,6 +146,11 @@ func TestMembershipView(t *testing.T) {
 	if last := v.Handoff.Events[len(v.Handoff.Events)-1]; last.Kind != "rollback" || last.Label != "rollback (epoch 9)" {
 		t.Errorf("rolled back: events = %+v", v.Handoff.Events)
 	}
+	first := membershipView(rqv1.MembershipStatus{Epoch: 1, Handoff: &rqv1.HandoffStatus{State: rqv1.HandoffCommitted, FinalEpoch: 1,
+		StartedAt: metav1.NewTime(now), FinishedAt: &metav1.Time{Time: now}}}, now)
+	if ev := first.Handoff.Events; len(ev) != 1 || ev[0].Label != "first assignment (epoch 1)" {
+		t.Errorf("first assignment: events = %+v, want one", ev)
+	}
 	m.Assignment[1].Slots = "512-1023,7"
 	if v = membershipView(m, now); !strings.Contains(v.Error, "shard b") {
 		t.Errorf("a malformed slot set is not reported: %q", v.Error)
