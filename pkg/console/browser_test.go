@@ -3,6 +3,10 @@ package console
 import (
 	"context"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -32,8 +36,8 @@ func waitFor(t *testing.T, timeout time.Duration, what string, cond func() (bool
 	}
 }
 
-// TestBrowser loads the console in a real headless Chromium: it signs in with the token through
-// the form, checks that the due count shown is the RenderQueue's status.due, that the inexact
+// TestBrowser loads the console in a real headless Chromium, under a path prefix as through the
+// API server's service proxy: it signs in with the token through the form, checks that the due count shown is the RenderQueue's status.due, that the inexact
 // and the unreachable shard are marked, that the figures refresh without a page reload, and that
 // an unknown queue is a 404 page. Screenshots go to $ARTIFACTS (see browsertest.ArtifactsDir).
 func TestBrowser(t *testing.T) {
@@ -61,27 +65,36 @@ func TestBrowser(t *testing.T) {
 			t.Errorf("console server: %v", err)
 		}
 	})
-	base := fmt.Sprintf("http://%s/", srv.Addr())
+	// The browser reaches the console the way the API server's service proxy serves it: under a
+	// path prefix, with the Authorization header dropped (kube-apiserver deletes it once it has
+	// authenticated the user), so the relative links, the redirect after signing in and the
+	// cookie's scope are all exercised.
+	const prefix = "/api/v1/namespaces/renderqueue-system/services/http:renderqueue-console:console/proxy"
+	target, err := url.Parse(fmt.Sprintf("http://%s", srv.Addr()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rp := &httputil.ReverseProxy{Rewrite: func(r *httputil.ProxyRequest) {
+		r.SetURL(target)
+		r.Out.Header.Del("Authorization")
+	}}
+	front := httptest.NewServer(http.StripPrefix(prefix, rp))
+	t.Cleanup(front.Close)
+	base := front.URL + prefix + "/"
 	queueURL := base + "queues/" + f.ns + "/web"
 
 	// Signing in: the page asks for the token, then comes back to the queue.
-	if err := chromedp.Do(browserCtx,
+	browsertest.Do(browserCtx, t, 30*time.Second, "loading "+queueURL,
 		chromedp.Navigate(queueURL),
-		chromedp.WaitVisible(chromedp.ID("token")),
-	); err != nil {
-		t.Fatalf("loading %s: %v", queueURL, err)
-	}
+		chromedp.WaitVisible(chromedp.ID("token")))
 	browsertest.Screenshot(browserCtx, t, dir, "console-login", false)
-	if err := chromedp.Do(browserCtx,
+	browsertest.Do(browserCtx, t, 30*time.Second, "signing in",
 		chromedp.SendKeys(chromedp.ID("token"), "not-the-token-at-all"),
 		chromedp.Click(chromedp.ID("sign-in")),
 		chromedp.WaitVisible(chromedp.ID("login-failed")),
 		chromedp.SendKeys(chromedp.ID("token"), token),
 		chromedp.Click(chromedp.ID("sign-in")),
-		chromedp.WaitVisible(chromedp.ID("due")),
-	); err != nil {
-		t.Fatalf("signing in: %v", err)
-	}
+		chromedp.WaitVisible(chromedp.ID("due")))
 	if loc, err := chromedp.Run(browserCtx, chromedp.Location()); err != nil || loc != queueURL {
 		t.Errorf("after signing in the browser is at %q (%v), want %q", loc, err, queueURL)
 	}
@@ -148,12 +161,9 @@ func TestBrowser(t *testing.T) {
 	}
 
 	// The queues page.
-	if err := chromedp.Do(browserCtx,
+	browsertest.Do(browserCtx, t, 30*time.Second, "loading the queues page",
 		chromedp.Navigate(base),
-		chromedp.WaitVisible(chromedp.CSS(`tr[data-queue="`+f.ns+`/web"]`)),
-	); err != nil {
-		t.Fatalf("loading the queues page: %v", err)
-	}
+		chromedp.WaitVisible(chromedp.CSS(`tr[data-queue="`+f.ns+`/web"]`)))
 	due, _ := browsertest.TextNow(browserCtx, `tr[data-queue="`+f.ns+`/web"] td.due`)
 	if due != "1,250" {
 		t.Errorf("the queues page shows due %q for web, want 1,250", due)
@@ -161,12 +171,9 @@ func TestBrowser(t *testing.T) {
 	browsertest.Screenshot(browserCtx, t, dir, "console-queues", false)
 
 	// An unknown queue.
-	if err := chromedp.Do(browserCtx,
+	browsertest.Do(browserCtx, t, 30*time.Second, "loading an unknown queue",
 		chromedp.Navigate(base+"queues/"+f.ns+"/nope"),
-		chromedp.WaitVisible(chromedp.ID("not-found")),
-	); err != nil {
-		t.Fatalf("loading an unknown queue: %v", err)
-	}
+		chromedp.WaitVisible(chromedp.ID("not-found")))
 	if msg, _ := browsertest.TextNow(browserCtx, "#not-found"); !strings.Contains(msg, `There is no RenderQueue "nope"`) {
 		t.Errorf("the 404 page says %q", msg)
 	}

@@ -270,15 +270,12 @@ func (e *env) stepConsole(t *testing.T) {
 	ctx := browsertest.New(t, 1400, 1000)
 	dir := browsertest.ArtifactsDir(t)
 	queueURL := base + "queues/" + namespace + "/" + queueName
-	if err := chromedp.Do(ctx,
+	browsertest.Do(ctx, t, time.Minute, "signing in to the console at "+queueURL,
 		chromedp.Navigate(queueURL),
 		chromedp.WaitVisible(chromedp.ID("token")),
 		chromedp.SendKeys(chromedp.ID("token"), token),
 		chromedp.Click(chromedp.ID("sign-in")),
-		chromedp.WaitVisible(chromedp.ID("due")),
-	); err != nil {
-		t.Fatalf("signing in to the console at %s: %v", queueURL, err)
-	}
+		chromedp.WaitVisible(chromedp.ID("due")))
 
 	// The due count shown is status.due, and it is exact.
 	shownDue := func() (string, string) {
@@ -324,9 +321,8 @@ func (e *env) stepConsole(t *testing.T) {
 		}
 	}
 	browsertest.Screenshot(ctx, t, dir, "console-e2e-inexact", true)
-	if err := chromedp.Do(ctx, chromedp.Navigate(base), chromedp.WaitVisible(chromedp.CSS(`tr[data-queue="`+namespace+`/`+queueName+`"]`))); err != nil {
-		t.Fatalf("loading the queues page: %v", err)
-	}
+	browsertest.Do(ctx, t, time.Minute, "loading the queues page",
+		chromedp.Navigate(base), chromedp.WaitVisible(chromedp.CSS(`tr[data-queue="`+namespace+`/`+queueName+`"]`)))
 	browsertest.Screenshot(ctx, t, dir, "console-e2e-queues", false)
 
 	if err := e.c.Postgres.Resume(pgCtx); err != nil {

@@ -122,6 +122,17 @@ func Screenshot(ctx context.Context, t testing.TB, dir, name string, full bool) 
 	return path
 }
 
+// Do runs chromedp steps in the tab of ctx, failing the test (saying what it was doing) when
+// they do not finish within timeout: a page that never shows what a step waits for fails fast.
+func Do(ctx context.Context, t testing.TB, timeout time.Duration, what string, steps ...chromedp.Action[chromedp.Void]) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	if err := chromedp.Do(ctx, steps...); err != nil {
+		t.Fatalf("%s: %v", what, err)
+	}
+}
+
 // Text returns the text content of the first node matching the CSS selector sel, trimmed. It
 // waits (within ctx) for such a node to exist.
 func Text(ctx context.Context, sel string) (string, error) {
