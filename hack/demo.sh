@@ -13,7 +13,7 @@
 #   5. seeds $ROWS rows (default 200,000), applies config/samples (3 shards, 24 h window), waits
 #      for Ready, points an HPA at renderqueue_due, runs worker-sim against the shards
 #   6. prints what a user looks at: kubectl get renderqueues, kubectl describe renderqueue, the
-#      external metric, the HPA — before and after the workers ran
+#      external metric, the HPA — before and after the workers ran — and the web console's URL
 #
 # Everything it started is stopped on exit (Ctrl-C included), unless KEEP=1 or --keep: then it
 # stays up and the script prints how to reach and stop it.
@@ -148,9 +148,12 @@ KUBECONFIG=$opkc k config unset users.user.client-certificate >/dev/null
 KUBECONFIG=$opkc k config unset users.user.client-key >/dev/null
 KUBECONFIG=$opkc k config set-credentials user --token="$token" >/dev/null
 mport=$(free_port)
+cport=$(free_port) # the web console (docs/console.md): on loopback, so no token
+console_url="http://127.0.0.1:$cport/"
 op_args=(operator --kubeconfig "$opkc" --keeper-image renderqueue:local --metrics-bind-address 0
   --health-probe-bind-address "127.0.0.1:$(free_port)" --shard-poll-interval 2s
-  --metrics-api --metrics-api-bind-address 127.0.0.1 --metrics-api-secure-port "$mport")
+  --metrics-api --metrics-api-bind-address 127.0.0.1 --metrics-api-secure-port "$mport"
+  --console --console-bind-address "127.0.0.1:$cport")
 "$rq" "${op_args[@]}" >"$work/operator.log" 2>&1 &
 operator_pid=$!
 note "operator pid $operator_pid, log $work/operator.log"
@@ -172,6 +175,7 @@ for _ in $(seq 1 120); do
 done
 
 step "what a user looks at"
+note "web console: $console_url (KEEP=1 keeps it up)"
 show k get renderqueues
 show k get pods -l renderqueue.dev/queue=web -o wide
 show k describe renderqueue web
@@ -245,6 +249,7 @@ if [ "$KEEP" = 1 ]; then
   export KUBECONFIG=$KUBECONFIG
   export PATH=$KUBEBUILDER_ASSETS:\$PATH      # kubectl
   kubectl get renderqueues; kubectl describe renderqueue web; kubectl get hpa
+  web console: $console_url
   bin/renderqueue status --url ${shards%%,*}
   PostgreSQL: $RENDERQUEUE_DSN
   logs: $work (operator.log, localcluster.log, cluster/logs, cluster/pods/*/container.log)
