@@ -87,9 +87,10 @@ func TestTokenRequired(t *testing.T) {
 			t.Errorf("GET %s with a wrong token = %d, want 401", path, resp.StatusCode)
 		}
 	}
-	resp, body := do(t, http.MethodGet, base+queue, nil, "")
+	_, body := do(t, http.MethodGet, base+queue, nil, "")
 	mustContain(t, "the sign-in page", body, `<form method="post" action="../../login"`, `name="next" value="queues/`+f.ns+`/web"`)
-	if resp, body = do(t, http.MethodGet, base+"/api/v1/queues", nil, ""); resp.Header.Get("Content-Type") != "application/json" ||
+	resp, body := do(t, http.MethodGet, base+"/api/v1/queues", nil, "")
+	if resp.Header.Get("Content-Type") != "application/json" ||
 		!strings.Contains(body, "Authorization: Bearer") {
 		t.Errorf("API 401 = %s %s", resp.Header.Get("Content-Type"), body)
 	}

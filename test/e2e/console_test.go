@@ -8,6 +8,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -204,7 +205,7 @@ func (e *env) consoleURL(t *testing.T) string {
 			on := len(p.Spec.Containers) > 0 && slices.Contains(p.Spec.Containers[0].Args, "--console")
 			seen = append(seen, fmt.Sprintf("%s(phase %s, ready %v, ip %q, console %v, deleting %v)", p.Name, p.Status.Phase, ready, p.Status.PodIP, on, p.DeletionTimestamp != nil))
 			if ready && on && p.DeletionTimestamp == nil && p.Status.PodIP != "" {
-				base = fmt.Sprintf("http://%s/", netJoin(p.Status.PodIP, consolePort))
+				base = fmt.Sprintf("http://%s/", net.JoinHostPort(p.Status.PodIP, strconv.Itoa(consolePort)))
 				return true, ""
 			}
 		}
@@ -220,13 +221,6 @@ func (e *env) consoleURL(t *testing.T) string {
 		return resp.StatusCode == http.StatusUnauthorized, fmt.Sprintf("HTTP %d", resp.StatusCode)
 	})
 	return base
-}
-
-func netJoin(ip string, port int) string {
-	if strings.Contains(ip, ":") {
-		return "[" + ip + "]:" + strconv.Itoa(port)
-	}
-	return ip + ":" + strconv.Itoa(port)
 }
 
 // formatCount formats n as the console does (thousands separators).
