@@ -305,8 +305,13 @@ func timelineChart(h *Handoff) Chart {
 	left, right := marginLeft+40, ch.W-marginRight-90
 	xOf := func(t time.Time) float64 { return left + (right-left)*float64(t.Sub(t0))/float64(span) }
 	axisY := 52.0
-	outcome := "line-" + strings.ToLower(h.State)
-	ch.Lines = append(ch.Lines, svgLine{X1: left, Y1: axisY, X2: right, Y2: axisY, Class: "timeline " + outcome})
+	if len(h.Events) == 1 {
+		// One point in time (the first assignment): no span to draw.
+		xOf = func(time.Time) float64 { return left }
+	} else {
+		outcome := "line-" + strings.ToLower(h.State)
+		ch.Lines = append(ch.Lines, svgLine{X1: left, Y1: axisY, X2: right, Y2: axisY, Class: "timeline " + outcome})
+	}
 	for i, e := range h.Events {
 		x := xOf(e.At)
 		ch.Dots = append(ch.Dots, svgDot{X: x, Y: axisY, R: 6, Class: "event " + e.Kind, Title: e.Label + " at " + e.At.UTC().Format(time.RFC3339)})

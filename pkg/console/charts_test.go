@@ -105,6 +105,10 @@ func TestTimelineChart(t *testing.T) {
 	if len(ch.Dots) != 2 || ch.Dots[0].X >= ch.Dots[1].X || ch.Lines[0].Class != "timeline line-committed" {
 		t.Errorf("timeline: dots %+v, line %+v", ch.Dots, ch.Lines)
 	}
+	one := timelineChart(&Handoff{State: "Committed", Events: []Event{{At: now, Kind: "commit", Label: "first assignment (epoch 1)"}}})
+	if len(one.Dots) != 1 || len(one.Lines) != 0 {
+		t.Errorf("a single event: dots %+v, lines %+v (want one dot, no span)", one.Dots, one.Lines)
+	}
 	if timelineChart(nil).Empty == "" {
 		t.Error("no handoff, yet a timeline")
 	}
