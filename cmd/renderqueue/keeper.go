@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	ctrlconfig "sigs.k8s.io/controller-runtime/pkg/client/config"
 
+	"github.com/renderqueue/renderqueue/pkg/buildinfo"
 	"github.com/renderqueue/renderqueue/pkg/keeper"
 	"github.com/renderqueue/renderqueue/pkg/membership"
 	"github.com/renderqueue/renderqueue/pkg/rqwatch"
@@ -107,7 +108,8 @@ func serveShard(ctx context.Context, log logr.Logger, dsn, name, listen, token s
 	defer func() { _ = st.Close() }()
 
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		buildinfo.NewCollector("keeper", buildinfo.Read(version)))
 	shard, err := keeper.NewShard(keeper.Options{
 		Name: name, Store: st, Log: log.WithName("keeper"), Metrics: keeper.NewMetrics(reg),
 	}, settings)

@@ -2,61 +2,158 @@ package keeper
 
 import (
 	"errors"
+	"strconv"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/renderqueue/renderqueue/pkg/schedule"
+	"github.com/renderqueue/renderqueue/pkg/shardapi"
 )
 
-// Metrics are a shard's Prometheus metrics. A nil *Metrics records nothing.
-type Metrics struct {
-	eventsTotal     prometheus.Counter
-	gapsTotal       prometheus.Counter
-	edgeAheadSecs   prometheus.Gauge
-	walkSeconds     prometheus.Histogram
-	walkRows        *prometheus.CounterVec
-	walksTotal      *prometheus.CounterVec
-	claimsTotal     *prometheus.CounterVec
-	completesTotal  *prometheus.CounterVec
-	claimLatency    prometheus.Histogram
-	completeLatency prometheus.Histogram
+// The keeper's Prometheus metrics are all named renderqueue_keeper_*: they describe one shard
+// process. The per-RenderQueue figures (the due count the HPA reads, conditions, handoffs) come
+// from the operator as renderqueue_queue_*; the shard's due gauge is renderqueue_keeper_due so
+// that it never shares a name with the operator's renderqueue_queue_due nor with the external
+// metric renderqueue_due.
+//
+// Rows are labelled with a bounded class, never with their raw cadence: cadence_le is the
+// smallest of CadenceClasses at or above the row's cadence ("+Inf" beyond the last), and source
+// is "discovered" or "submitted".
+
+// CadenceClasses are the upper bounds (label values of cadence_le) of the cadence classes, in
+// order; a row whose cadence exceeds the last is in class "+Inf".
+func CadenceClasses() []string {
+	out := make([]string, 0, len(cadenceBounds)+1)
+	for _, b := range cadenceBounds {
+		out = append(out, b.label)
+	}
+	return append(out, "+Inf")
 }
 
-// NewMetrics registers the shard's metrics with reg. State gauges (rows held, due, leased, exact,
-// complete, ...) are collected from the shard's status at scrape time (see StatusCollector).
+// cadenceBounds are the upper bounds of the cadence classes.
+var cadenceBounds = [...]struct {
+	d     time.Duration
+	label string
+}{
+	{15 * time.Minute, "15m"}, {time.Hour, "1h"}, {6 * time.Hour, "6h"}, {24 * time.Hour, "24h"},
+	{96 * time.Hour, "96h"}, {168 * time.Hour, "168h"}, {720 * time.Hour, "720h"},
+}
+
+// cadenceClass is the cadence_le label of a cadence.
+func cadenceClass(cadence time.Duration) string {
+	for _, b := range cadenceBounds {
+		if cadence <= b.d {
+			return b.label
+		}
+	}
+	return "+Inf"
+}
+
+// sources are the label values of source.
+var sources = [...]string{schedule.SourceDiscovered.String(), schedule.SourceSubmitted.String()}
+
+// Walk results (label values of renderqueue_keeper_walks_total{result}).
+const (
+	walkComplete = "complete"
+	walkPartial  = "partial"
+	walkFailed   = "failed"
+)
+
+// walkRowKinds are the label values of renderqueue_keeper_walk_rows_total{kind}.
+var walkRowKinds = [...]string{"scanned", "admitted", "repaired", "invalid", "deleted"}
+
+// Completion results (label values of renderqueue_keeper_completed_rows_total{result}).
+const (
+	completeOK        = "ok"
+	completeLeaseLost = "lease_lost"
+	completeNotHeld   = "not_held"
+)
+
+// Metrics are a shard's event metrics (counters and histograms). A nil *Metrics records nothing.
+// The state gauges are collected from the shard's status at scrape time by StatusCollector.
+type Metrics struct {
+	eventsTotal      prometheus.Counter
+	gapsTotal        prometheus.Counter
+	walkSeconds      prometheus.Histogram
+	walkRows         *prometheus.CounterVec
+	walksTotal       *prometheus.CounterVec
+	unreadSegments   prometheus.Counter
+	claimsTotal      *prometheus.CounterVec
+	claimLateness    *prometheus.HistogramVec
+	completesTotal   *prometheus.CounterVec
+	claimLatency     prometheus.Histogram
+	completeLatency  prometheus.Histogram
+	claimedByClass   map[rowClass]prometheus.Counter
+	latenessByClass  map[string]prometheus.Observer
+	completedByClass map[classResult]prometheus.Counter
+}
+
+type classResult struct {
+	class  rowClass
+	result string
+}
+
+// NewMetrics registers the shard's event metrics with reg. Every labelled series that can occur
+// is created at once with value 0, so that rate() and increase() see the first event.
 func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
 		eventsTotal: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "renderqueue_events_applied_total", Help: "Change events applied from the subscription."}),
+			Name: "renderqueue_keeper_events_applied_total", Help: "Change events applied from the subscription."}),
 		gapsTotal: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "renderqueue_subscription_gaps_total", Help: "Times the change-event subscription lost continuity."}),
-		edgeAheadSecs: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "renderqueue_edge_ahead_seconds", Help: "How far the edge is ahead of now; negative when lagging."}),
+			Name: "renderqueue_keeper_subscription_gaps_total", Help: "Times the change-event subscription lost continuity."}),
 		walkSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name: "renderqueue_walk_duration_seconds", Help: "Duration of verification walks.",
+			Name: "renderqueue_keeper_walk_duration_seconds", Help: "Duration of finished verification walks (failed ones included).",
 			Buckets: prometheus.ExponentialBuckets(0.05, 2, 14)}),
 		walkRows: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "renderqueue_walk_rows_total", Help: "Rows read by walks, by what the walk found: scanned, admitted, repaired, invalid, deleted."},
+			Name: "renderqueue_keeper_walk_rows_total", Help: "Rows read by walks, by what the walk found: scanned, admitted, repaired, invalid, deleted."},
 			[]string{"kind"}),
 		walksTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "renderqueue_walks_total", Help: "Walks by result: complete, partial, failed; unread segments counted separately."},
+			Name: "renderqueue_keeper_walks_total", Help: "Finished walks by result: complete, partial (some segments unread), failed."},
 			[]string{"result"}),
+		unreadSegments: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "renderqueue_keeper_walk_unread_segments_total", Help: "Segments that partial walks could not read."}),
 		claimsTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "renderqueue_claimed_rows_total", Help: "Rows claimed, by class."},
-			[]string{"cadence", "source"}),
+			Name: "renderqueue_keeper_claimed_rows_total", Help: "Rows claimed, by cadence class (cadence_le) and source."},
+			[]string{"cadence_le", "source"}),
+		claimLateness: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "renderqueue_keeper_claimed_lateness_ratio",
+			Help:    "Relative lateness of claimed rows when claimed, (now - due) / cadence, by cadence class (cadence_le).",
+			Buckets: []float64{0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10}},
+			[]string{"cadence_le"}),
 		completesTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "renderqueue_completed_rows_total", Help: "Rows completed, by class and result: ok, lease_lost, not_held (class empty when the row is not held)."},
-			[]string{"cadence", "source", "result"}),
+			Name: "renderqueue_keeper_completed_rows_total",
+			Help: "Rows completed, by cadence class, source and result: ok, lease_lost, not_held (class labels empty when the row is not held)."},
+			[]string{"cadence_le", "source", "result"}),
 		claimLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name: "renderqueue_claim_duration_seconds", Help: "Time to serve a claim request.",
+			Name: "renderqueue_keeper_claim_duration_seconds", Help: "Time to serve a claim request.",
 			Buckets: prometheus.ExponentialBuckets(0.00001, 4, 10)}),
 		completeLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name: "renderqueue_complete_duration_seconds", Help: "Time to serve a complete request, including the group-committed write.",
+			Name: "renderqueue_keeper_complete_duration_seconds", Help: "Time to serve a complete request, including the group-committed write.",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14)}),
+		claimedByClass:   map[rowClass]prometheus.Counter{},
+		latenessByClass:  map[string]prometheus.Observer{},
+		completedByClass: map[classResult]prometheus.Counter{},
 	}
-	reg.MustRegister(m.eventsTotal, m.gapsTotal, m.edgeAheadSecs, m.walkSeconds, m.walkRows, m.walksTotal,
-		m.claimsTotal, m.completesTotal, m.claimLatency, m.completeLatency)
+	for _, r := range []string{walkComplete, walkPartial, walkFailed} {
+		m.walksTotal.WithLabelValues(r)
+	}
+	for _, k := range walkRowKinds {
+		m.walkRows.WithLabelValues(k)
+	}
+	for _, c := range CadenceClasses() {
+		m.latenessByClass[c] = m.claimLateness.WithLabelValues(c)
+		for _, src := range sources {
+			rc := rowClass{cadence: c, source: src}
+			m.claimedByClass[rc] = m.claimsTotal.WithLabelValues(c, src)
+			for _, res := range []string{completeOK, completeLeaseLost, completeNotHeld} {
+				m.completedByClass[classResult{rc, res}] = m.completesTotal.WithLabelValues(c, src, res)
+			}
+		}
+	}
+	m.completedByClass[classResult{rowClass{}, completeNotHeld}] = m.completesTotal.WithLabelValues("", "", completeNotHeld)
+	reg.MustRegister(m.eventsTotal, m.gapsTotal, m.walkSeconds, m.walkRows, m.walksTotal, m.unreadSegments,
+		m.claimsTotal, m.claimLateness, m.completesTotal, m.claimLatency, m.completeLatency)
 	return m
 }
 
@@ -72,25 +169,19 @@ func (m *Metrics) gap() {
 	}
 }
 
-func (m *Metrics) edgeAhead(d time.Duration) {
-	if m != nil {
-		m.edgeAheadSecs.Set(d.Seconds())
-	}
-}
-
 func (m *Metrics) walk(r WalkReport) {
 	if m == nil {
 		return
 	}
 	switch {
 	case r.Failed:
-		m.walksTotal.WithLabelValues("failed").Inc()
+		m.walksTotal.WithLabelValues(walkFailed).Inc()
 	case r.Partial:
-		m.walksTotal.WithLabelValues("partial").Inc()
+		m.walksTotal.WithLabelValues(walkPartial).Inc()
 	default:
-		m.walksTotal.WithLabelValues("complete").Inc()
+		m.walksTotal.WithLabelValues(walkComplete).Inc()
 	}
-	m.walksTotal.WithLabelValues("unread_segments").Add(float64(r.UnreadSegments))
+	m.unreadSegments.Add(float64(r.UnreadSegments))
 	if !r.FinishedAt.IsZero() {
 		m.walkSeconds.Observe(r.FinishedAt.Sub(r.StartedAt).Seconds())
 	}
@@ -101,13 +192,22 @@ func (m *Metrics) walk(r WalkReport) {
 	m.walkRows.WithLabelValues("deleted").Add(float64(r.Counts.Deleted))
 }
 
-func (m *Metrics) claimed(rows []Claimed, took time.Duration) {
+// claimed counts the rows one claim at now handed out and observes their relative lateness.
+func (m *Metrics) claimed(now time.Time, rows []Claimed, took time.Duration) {
 	if m == nil {
 		return
 	}
 	m.claimLatency.Observe(took.Seconds())
 	for i := range rows {
-		m.claimsTotal.WithLabelValues(rows[i].Cadence.String(), rows[i].Source.String()).Inc()
+		rc := classOf(rows[i].Cadence, rows[i].Source)
+		if c := m.claimedByClass[rc]; c != nil {
+			c.Inc()
+		} else {
+			m.claimsTotal.WithLabelValues(rc.cadence, rc.source).Inc()
+		}
+		if rows[i].Cadence > 0 {
+			m.latenessByClass[rc.cadence].Observe(float64(now.Sub(rows[i].Due)) / float64(rows[i].Cadence))
+		}
 	}
 }
 
@@ -115,7 +215,7 @@ func (m *Metrics) claimed(rows []Claimed, took time.Duration) {
 type rowClass struct{ cadence, source string }
 
 func classOf(cadence time.Duration, source schedule.Source) rowClass {
-	return rowClass{cadence: cadence.String(), source: source.String()}
+	return rowClass{cadence: cadenceClass(cadence), source: source.String()}
 }
 
 // completed counts one complete request's items by class and result.
@@ -127,13 +227,142 @@ func (m *Metrics) completed(results []error, classes []rowClass, took time.Durat
 		m.completeLatency.Observe(took.Seconds())
 	}
 	for i, err := range results {
-		result := "ok"
+		result := completeOK
 		switch {
 		case errors.Is(err, ErrNotHeld):
-			result = "not_held"
+			result = completeNotHeld
 		case err != nil:
-			result = "lease_lost"
+			result = completeLeaseLost
 		}
-		m.completesTotal.WithLabelValues(classes[i].cadence, classes[i].source, result).Inc()
+		k := classResult{classes[i], result}
+		if c := m.completedByClass[k]; c != nil {
+			c.Inc()
+		} else {
+			m.completesTotal.WithLabelValues(k.class.cadence, k.class.source, result).Inc()
+		}
 	}
+}
+
+// StatusCollector exports the shard's state gauges (rows held, due, leased, exact, complete,
+// lateness, classes, rows coming due, edge, last walk, ...) computed from its status at scrape
+// time, so that none of them can freeze while the shard is busy (during a long walk, say).
+type StatusCollector struct {
+	shard *Shard
+	descs statusDescs
+}
+
+type statusDescs struct {
+	held, ownedNotHeld, invalid, due, leased, exact, complete *prometheus.Desc
+	lateMax, lateP50, lateP99, relMax, relP50, relP99         *prometheus.Desc
+	classDue, classHeld, comingDue                            *prometheus.Desc
+	edge, lastWalkEnd, lastWalkPartial, lastWalkFailed, epoch *prometheus.Desc
+}
+
+// NewStatusCollector returns a collector of s's state gauges.
+func NewStatusCollector(s *Shard) *StatusCollector {
+	d := func(name, help string, labels ...string) *prometheus.Desc {
+		return prometheus.NewDesc("renderqueue_keeper_"+name, help, labels, nil)
+	}
+	return &StatusCollector{shard: s, descs: statusDescs{
+		held:         d("rows_held", "Rows held in memory (owned and incoming slots)."),
+		ownedNotHeld: d("rows_owned_not_held", "Owned rows beyond the window at the last full walk (approximate)."),
+		invalid:      d("rows_invalid", "Keys whose latest version is invalid (never held)."),
+		due:          d("due", "Held rows of owned slots with due <= now (a lower bound unless renderqueue_keeper_exact is 1)."),
+		leased:       d("leased", "Rows under lease."),
+		exact:        d("exact", "1 when the shard vouches for its due count."),
+		complete:     d("complete", "1 when every owned row due before the edge is held and no gap is open."),
+		lateMax:      d("lateness_max_seconds", "How late the most overdue due row is, in seconds."),
+		lateP50:      d("lateness_p50_seconds", "Median lateness of the due rows, in seconds."),
+		lateP99:      d("lateness_p99_seconds", "p99 lateness of the due rows, in seconds."),
+		relMax:       d("lateness_max_ratio", "Largest relative lateness of the due rows: (now - due) / cadence."),
+		relP50:       d("lateness_p50_ratio", "Median relative lateness of the due rows: (now - due) / cadence."),
+		relP99:       d("lateness_p99_ratio", "p99 relative lateness of the due rows: (now - due) / cadence."),
+		classDue:     d("class_due", "Due rows of owned slots by cadence class (cadence_le) and source.", "cadence_le", "source"),
+		classHeld:    d("class_held", "Held rows of owned slots by cadence class (cadence_le) and source.", "cadence_le", "source"),
+		comingDue: d("coming_due",
+			"Held rows of owned slots not yet due, by the hour in which they come due: hours_ahead=h counts due in (now+h-1h, now+h].",
+			"hours_ahead"),
+		edge: d("edge_timestamp_seconds",
+			"The edge: every owned row due before it is held. Lagging when below time(). Absent before the first walk and with window 0."),
+		lastWalkEnd:     d("last_walk_end_timestamp_seconds", "When the last walk finished. Absent before the first."),
+		lastWalkPartial: d("last_walk_partial", "1 when the last finished walk left segments unread."),
+		lastWalkFailed:  d("last_walk_failed", "1 when the last finished walk failed as a whole."),
+		epoch:           d("membership_epoch", "The membership epoch the shard has adopted."),
+	}}
+}
+
+// Describe implements prometheus.Collector.
+func (c *StatusCollector) Describe(ch chan<- *prometheus.Desc) {
+	d := c.descs
+	for _, desc := range []*prometheus.Desc{d.held, d.ownedNotHeld, d.invalid, d.due, d.leased, d.exact, d.complete,
+		d.lateMax, d.lateP50, d.lateP99, d.relMax, d.relP50, d.relP99, d.classDue, d.classHeld, d.comingDue,
+		d.edge, d.lastWalkEnd, d.lastWalkPartial, d.lastWalkFailed, d.epoch} {
+		ch <- desc
+	}
+}
+
+// Collect implements prometheus.Collector.
+func (c *StatusCollector) Collect(ch chan<- prometheus.Metric) {
+	collectStatus(c.descs, c.shard.RecentStatus(StatusMaxAge), ch)
+}
+
+func collectStatus(d statusDescs, st shardapi.Status, ch chan<- prometheus.Metric) {
+	g := func(desc *prometheus.Desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(desc, prometheus.GaugeValue, v, labels...)
+	}
+	g(d.held, float64(st.Rows.Held))
+	g(d.ownedNotHeld, float64(st.Rows.OwnedNotHeld))
+	g(d.invalid, float64(st.Rows.Invalid))
+	g(d.due, float64(st.Due))
+	g(d.leased, float64(st.Leased))
+	g(d.exact, b2f(st.Exact))
+	g(d.complete, b2f(st.Complete))
+	g(d.lateMax, st.Lateness.MaxSeconds)
+	g(d.lateP50, st.Lateness.P50Seconds)
+	g(d.lateP99, st.Lateness.P99Seconds)
+	g(d.relMax, st.Lateness.MaxRelative)
+	g(d.relP50, st.Lateness.P50Relative)
+	g(d.relP99, st.Lateness.P99Relative)
+
+	due, held := map[rowClass]int{}, map[rowClass]int{}
+	for _, cl := range st.Classes {
+		src := cl.Source
+		if src != sources[0] && src != sources[1] {
+			continue // not a source this build knows; cannot happen with its own status
+		}
+		rc := rowClass{cadence: cadenceClass(time.Duration(cl.Cadence * float64(time.Second))), source: src}
+		due[rc] += cl.Due
+		held[rc] += cl.Held
+	}
+	for _, cad := range CadenceClasses() {
+		for _, src := range sources {
+			rc := rowClass{cadence: cad, source: src}
+			g(d.classDue, float64(due[rc]), cad, src)
+			g(d.classHeld, float64(held[rc]), cad, src)
+		}
+	}
+	for h, n := range st.Coming.ByHour {
+		g(d.comingDue, float64(n), strconv.Itoa(h+1))
+	}
+	if st.Edge != nil {
+		g(d.edge, unixSeconds(*st.Edge))
+	}
+	if w := st.LastWalk; w != nil && w.FinishedAt != nil {
+		g(d.lastWalkEnd, unixSeconds(*w.FinishedAt))
+		g(d.lastWalkPartial, b2f(w.Partial))
+		g(d.lastWalkFailed, b2f(w.Failed))
+	}
+	g(d.epoch, float64(st.Membership.Epoch))
+}
+
+func b2f(v bool) float64 {
+	if v {
+		return 1
+	}
+	return 0
+}
+
+// unixSeconds is t as Prometheus timestamps are written: seconds since the epoch, with fraction.
+func unixSeconds(t time.Time) float64 {
+	return float64(t.UnixNano()) / 1e9
 }

@@ -1,60 +1,195 @@
 package keeper
 
 import (
+	"context"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/renderqueue/renderqueue/pkg/store"
 )
 
-func TestMetricsExposition(t *testing.T) {
-	e := newShardEnv(t, allSlots(24*time.Hour))
-	reg := prometheus.NewRegistry()
-	sh, err := NewShard(Options{Name: "m", Store: e.fs, Clock: e.clock.Now, Log: logr.Discard(), Metrics: NewMetrics(reg)}, allSlots(24*time.Hour))
-	if err != nil {
-		t.Fatal(err)
-	}
-	reg.MustRegister(NewStatusCollector(sh))
-	e.upsert(srow("a", t0.Add(-time.Hour), time.Hour), srow("b", t0.Add(-2*time.Hour), 96*time.Hour))
-	sh.Walk(e.ctx, true)
-	sh.CheckEdge(e.clock.Now())
-	claimed, err := sh.Claim(e.clock.Now(), 1, time.Minute)
-	if err != nil || len(claimed) != 1 {
-		t.Fatal(claimed, err)
-	}
-	if _, err := sh.Complete(e.ctx, []CompleteItem{{Key: claimed[0].Key, Lease: claimed[0].Lease}, {Key: "b", Lease: 1}}); err != nil {
-		t.Fatal(err)
-	}
+// scrape serves reg the way the keeper does and returns the /metrics body.
+func scrape(t *testing.T, sh *Shard, reg *prometheus.Registry) string {
+	t.Helper()
 	srv := httptest.NewServer(sh.Handler(HandlerOptions{Gatherer: reg}))
 	defer srv.Close()
 	resp, err := http.Get(srv.URL + "/metrics")
 	if err != nil {
 		t.Fatal(err)
 	}
-	body, _ := io.ReadAll(resp.Body)
-	_ = resp.Body.Close()
-	for _, want := range []string{
-		"renderqueue_due 1",
-		"renderqueue_exact 1",
-		"renderqueue_complete 1",
-		"renderqueue_rows_held 2", // "a" is held again, due in an hour
-		"renderqueue_edge_ahead_seconds 86400",
-		`renderqueue_walk_rows_total{kind="admitted"} 2`,
-		`renderqueue_walks_total{result="complete"} 1`,
-		`renderqueue_claimed_rows_total{cadence="1h0m0s",source="discovered"} 1`,
-		`renderqueue_completed_rows_total{cadence="1h0m0s",result="ok",source="discovered"} 1`,
-		`renderqueue_completed_rows_total{cadence="96h0m0s",result="lease_lost",source="discovered"} 1`,
-		"renderqueue_claim_duration_seconds_count 1",
-	} {
-		if !strings.Contains(string(body), want+"\n") {
-			t.Errorf("/metrics lacks %q", want)
+	defer func() { _ = resp.Body.Close() }()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET /metrics: %d %v", resp.StatusCode, err)
+	}
+	return string(body)
+}
+
+// promFloat formats v as the text exposition format does.
+func promFloat(v float64) string { return strconv.FormatFloat(v, 'g', -1, 64) }
+
+func wantLines(t *testing.T, body string, want ...string) {
+	t.Helper()
+	for _, w := range want {
+		if !strings.Contains(body, "\n"+w+"\n") {
+			t.Errorf("/metrics lacks %q", w)
 		}
 	}
+}
+
+func metricsShard(t *testing.T, e *shardEnv, st store.Store) (*Shard, *prometheus.Registry) {
+	t.Helper()
+	reg := prometheus.NewPedanticRegistry()
+	sh, err := NewShard(Options{Name: "m", Store: st, Clock: e.clock.Now, Log: logr.Discard(), Metrics: NewMetrics(reg)}, allSlots(24*time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg.MustRegister(NewStatusCollector(sh))
+	return sh, reg
+}
+
+func TestMetricsExposition(t *testing.T) {
+	e := newShardEnv(t, allSlots(24*time.Hour))
+	sh, reg := metricsShard(t, e, e.fs)
+	e.upsert(srow("a", t0.Add(-time.Hour), time.Hour), srow("b", t0.Add(-2*time.Hour), 96*time.Hour),
+		srow("c", t0.Add(90*time.Minute), 96*time.Hour))
+	sh.Walk(e.ctx, true)
+	claimed, err := sh.Claim(e.clock.Now(), 1, time.Minute)
+	if err != nil || len(claimed) != 1 || claimed[0].Key != "a" {
+		t.Fatal(claimed, err)
+	}
+	if _, err := sh.Complete(e.ctx, []CompleteItem{{Key: claimed[0].Key, Lease: claimed[0].Lease}, {Key: "b", Lease: 1}, {Key: "zz", Lease: 1}}); err != nil {
+		t.Fatal(err)
+	}
+	body := scrape(t, sh, reg)
+	wantLines(t, body,
+		"renderqueue_keeper_due 1",
+		"renderqueue_keeper_exact 1",
+		"renderqueue_keeper_complete 1",
+		"renderqueue_keeper_rows_held 3", // "a" is held again, due in an hour
+		`renderqueue_keeper_class_due{cadence_le="96h",source="discovered"} 1`,
+		`renderqueue_keeper_class_held{cadence_le="96h",source="discovered"} 2`,
+		`renderqueue_keeper_class_held{cadence_le="1h",source="discovered"} 1`,
+		`renderqueue_keeper_class_due{cadence_le="1h",source="discovered"} 0`,
+		`renderqueue_keeper_coming_due{hours_ahead="1"} 1`, // "a", due again in an hour
+		`renderqueue_keeper_coming_due{hours_ahead="2"} 1`, // "c", due in 90 minutes
+		`renderqueue_keeper_coming_due{hours_ahead="3"} 0`,
+		"renderqueue_keeper_lateness_max_seconds 7200",
+		"renderqueue_keeper_lateness_max_ratio 0.020833333333333332", // 2 h late on a 96 h cadence
+		"renderqueue_keeper_edge_timestamp_seconds "+promFloat(unixSeconds(t0.Add(24*time.Hour))),
+		"renderqueue_keeper_last_walk_end_timestamp_seconds "+promFloat(unixSeconds(t0)),
+		"renderqueue_keeper_last_walk_partial 0",
+		"renderqueue_keeper_membership_epoch 0",
+		`renderqueue_keeper_walk_rows_total{kind="admitted"} 3`,
+		`renderqueue_keeper_walks_total{result="complete"} 1`,
+		`renderqueue_keeper_walks_total{result="partial"} 0`, // created up front: increase() sees the first
+		"renderqueue_keeper_walk_unread_segments_total 0",
+		`renderqueue_keeper_claimed_rows_total{cadence_le="1h",source="discovered"} 1`,
+		`renderqueue_keeper_claimed_rows_total{cadence_le="96h",source="submitted"} 0`,
+		`renderqueue_keeper_claimed_lateness_ratio_bucket{cadence_le="1h",le="1"} 1`, // an hour late on 1 h
+		`renderqueue_keeper_claimed_lateness_ratio_bucket{cadence_le="1h",le="0.5"} 0`,
+		`renderqueue_keeper_completed_rows_total{cadence_le="1h",result="ok",source="discovered"} 1`,
+		`renderqueue_keeper_completed_rows_total{cadence_le="96h",result="lease_lost",source="discovered"} 1`,
+		`renderqueue_keeper_completed_rows_total{cadence_le="",result="not_held",source=""} 1`,
+		"renderqueue_keeper_claim_duration_seconds_count 1",
+	)
+	// no raw cadence ever becomes a label value
+	for line := range strings.SplitSeq(body, "\n") {
+		if strings.Contains(line, `cadence="`) || strings.Contains(line, "0m0s") {
+			t.Errorf("unbounded cadence label: %s", line)
+		}
+	}
+}
+
+func TestCadenceClass(t *testing.T) {
+	for _, c := range []struct {
+		d    time.Duration
+		want string
+	}{
+		{time.Minute, "15m"}, {15 * time.Minute, "15m"}, {16 * time.Minute, "1h"}, {time.Hour, "1h"},
+		{24 * time.Hour, "24h"}, {25 * time.Hour, "96h"}, {96 * time.Hour, "96h"}, {720 * time.Hour, "720h"},
+		{721 * time.Hour, "+Inf"},
+	} {
+		if got := cadenceClass(c.d); got != c.want {
+			t.Errorf("cadenceClass(%v) = %q, want %q", c.d, got, c.want)
+		}
+	}
+	if got := strings.Join(CadenceClasses(), ","); got != "15m,1h,6h,24h,96h,168h,720h,+Inf" {
+		t.Errorf("CadenceClasses %s", got)
+	}
+}
+
+// A partial walk counts one walk (result partial) and its unread segments in their own counter.
+func TestMetricsPartialWalk(t *testing.T) {
+	e := newShardEnv(t, allSlots(24*time.Hour))
+	sh, reg := metricsShard(t, e, e.fs)
+	e.fs.set(false, 3, 700)
+	if rep := sh.Walk(e.ctx, true); !rep.Partial || rep.UnreadSegments != 2 {
+		t.Fatalf("walk %+v", rep)
+	}
+	body := scrape(t, sh, reg)
+	wantLines(t, body,
+		`renderqueue_keeper_walks_total{result="partial"} 1`,
+		`renderqueue_keeper_walks_total{result="complete"} 0`,
+		"renderqueue_keeper_walk_unread_segments_total 2",
+		"renderqueue_keeper_last_walk_partial 1",
+		"renderqueue_keeper_exact 0",
+	)
+	if strings.Contains(body, "unread_segments\"") {
+		t.Error("unread segments are still a walks_total result")
+	}
+}
+
+// blockingStore blocks walks until released, so a test can scrape during a long walk.
+type blockingStore struct {
+	store.Store
+	entered chan struct{}
+	release chan struct{}
+}
+
+func (b *blockingStore) Walk(ctx context.Context, slots []int, fn store.WalkFunc) (store.WalkResult, error) {
+	if b.entered != nil {
+		b.entered <- struct{}{}
+		<-b.release
+	}
+	return b.Store.Walk(ctx, slots, fn)
+}
+
+// The state gauges are computed at scrape time: while a walk runs longer than the window, the
+// scrape shows the edge that is now behind the clock and the shard incomplete — nothing stays
+// at its value from before the walk.
+func TestMetricsCurrentDuringLongWalk(t *testing.T) {
+	e := newShardEnv(t, allSlots(24*time.Hour))
+	bs := &blockingStore{Store: e.fs}
+	sh, reg := metricsShard(t, e, bs)
+	e.upsert(srow("a", t0.Add(-time.Hour), time.Hour))
+	sh.Walk(e.ctx, true)
+	edge := "renderqueue_keeper_edge_timestamp_seconds " + promFloat(unixSeconds(t0.Add(24*time.Hour)))
+	wantLines(t, scrape(t, sh, reg), edge, "renderqueue_keeper_complete 1", "renderqueue_keeper_due 1")
+
+	bs.entered, bs.release = make(chan struct{}), make(chan struct{})
+	done := make(chan WalkReport)
+	e.clock.Set(t0.Add(2 * time.Hour))
+	go func() { done <- sh.Walk(e.ctx, true) }()
+	<-bs.entered
+	e.clock.Set(t0.Add(25 * time.Hour)) // the walk is still running when the edge passes
+	wantLines(t, scrape(t, sh, reg), edge, "renderqueue_keeper_complete 0", "renderqueue_keeper_exact 0",
+		"renderqueue_keeper_lateness_max_seconds 93600")
+	close(bs.release)
+	if rep := <-done; rep.Failed || rep.Partial {
+		t.Fatalf("walk %+v", rep)
+	}
+	e.clock.Set(t0.Add(25*time.Hour + time.Second)) // past the status shared for a second
+	wantLines(t, scrape(t, sh, reg), "renderqueue_keeper_edge_timestamp_seconds "+promFloat(unixSeconds(t0.Add(26*time.Hour))),
+		"renderqueue_keeper_complete 1")
 }
 
 func TestRecentStatusSharesOnePerSecond(t *testing.T) {

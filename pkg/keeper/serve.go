@@ -25,7 +25,7 @@ func (s *Shard) Claim(now time.Time, n int, leaseFor time.Duration) ([]Claimed, 
 	}
 	rows := s.core.Claim(now, n, leaseFor)
 	s.mu.Unlock()
-	s.m.claimed(rows, time.Since(start))
+	s.m.claimed(now, rows, time.Since(start))
 	return rows, nil
 }
 

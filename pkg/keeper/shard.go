@@ -538,7 +538,8 @@ func (s *Shard) consume(ctx context.Context) error {
 	}
 }
 
-// CheckEdge logs once per episode when the clock passes the edge, and updates the edge metrics.
+// CheckEdge logs once per episode when the clock passes the edge. (The edge metric is collected
+// at scrape time, see StatusCollector.)
 func (s *Shard) CheckEdge(now time.Time) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -546,7 +547,6 @@ func (s *Shard) CheckEdge(now time.Time) {
 		return
 	}
 	ahead := s.edge.At.Sub(now)
-	s.m.edgeAhead(ahead)
 	if ahead <= 0 && !s.pastEdge {
 		s.pastEdge = true
 		s.log.Error(errors.New("clock passed the edge"), "Edge lagging: rows due after the edge may be unseen; the shard is incomplete until a walk finishes",

@@ -4,8 +4,6 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	"github.com/renderqueue/renderqueue/pkg/membership"
 	"github.com/renderqueue/renderqueue/pkg/shardapi"
 )
@@ -127,57 +125,4 @@ func (s *Shard) Status(now time.Time) shardapi.Status {
 		st.WalkingSince = &w
 	}
 	return st
-}
-
-// StatusCollector exports the shard's state gauges (rows held, due, leased, exact, complete, ...)
-// computed from its status at scrape time.
-type StatusCollector struct {
-	shard *Shard
-	descs map[string]*prometheus.Desc
-}
-
-// NewStatusCollector returns a collector of s's state gauges.
-func NewStatusCollector(s *Shard) *StatusCollector {
-	d := func(name, help string) *prometheus.Desc { return prometheus.NewDesc(name, help, nil, nil) }
-	return &StatusCollector{shard: s, descs: map[string]*prometheus.Desc{
-		"held":         d("renderqueue_rows_held", "Rows held in memory (owned and incoming slots)."),
-		"ownedNotHeld": d("renderqueue_rows_owned_not_held", "Owned rows beyond the window at the last walk (approximate)."),
-		"invalid":      d("renderqueue_rows_invalid", "Keys whose latest version is invalid (never held)."),
-		"due":          d("renderqueue_due", "Held rows of owned slots with due <= now."),
-		"leased":       d("renderqueue_leased", "Rows under lease."),
-		"exact":        d("renderqueue_exact", "1 when the due count is exact."),
-		"complete":     d("renderqueue_complete", "1 when every owned row due before the edge is held and no gap is open."),
-		"lateMax":      d("renderqueue_lateness_max_seconds", "Lateness of the most overdue row."),
-		"lateP99":      d("renderqueue_lateness_p99_seconds", "p99 lateness of the due rows."),
-	}}
-}
-
-// Describe implements prometheus.Collector.
-func (c *StatusCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range c.descs {
-		ch <- d
-	}
-}
-
-// Collect implements prometheus.Collector.
-func (c *StatusCollector) Collect(ch chan<- prometheus.Metric) {
-	st := c.shard.RecentStatus(StatusMaxAge)
-	b := func(v bool) float64 {
-		if v {
-			return 1
-		}
-		return 0
-	}
-	g := func(name string, v float64) {
-		ch <- prometheus.MustNewConstMetric(c.descs[name], prometheus.GaugeValue, v)
-	}
-	g("held", float64(st.Rows.Held))
-	g("ownedNotHeld", float64(st.Rows.OwnedNotHeld))
-	g("invalid", float64(st.Rows.Invalid))
-	g("due", float64(st.Due))
-	g("leased", float64(st.Leased))
-	g("exact", b(st.Exact))
-	g("complete", b(st.Complete))
-	g("lateMax", st.Lateness.MaxSeconds)
-	g("lateP99", st.Lateness.P99Seconds)
 }
