@@ -17,5 +17,9 @@
 //   - patch.go: writing the status only when it changed;
 //   - cache.go: the manager's cache options — of the child kinds only objects labelled
 //     renderqueue.dev/queue are cached (a child's name held by an unlabelled object is a
-//     ChildConflict, never taken over).
+//     ChildConflict, never taken over);
+//   - metrics.go: the operator's Prometheus metrics — every RenderQueue's status as
+//     renderqueue_queue_* gauges read from the cache at scrape time (QueueCollector), and the
+//     handoffs started, committed and rolled back (Metrics), counted once their status write
+//     succeeded.
 package controllers

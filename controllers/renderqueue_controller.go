@@ -59,6 +59,8 @@ type RenderQueueReconciler struct {
 	HTTPClient *http.Client
 	// Now is the clock; time.Now when nil.
 	Now func() time.Time
+	// Metrics counts the handoffs of each RenderQueue; nil counts nothing.
+	Metrics *Metrics
 }
 
 func (r *RenderQueueReconciler) pollInterval() time.Duration {
@@ -124,6 +126,7 @@ func (r *RenderQueueReconciler) Reconcile(ctx context.Context, req ctrl.Request)
 	var rq rqv1.RenderQueue
 	if err := r.Get(ctx, req.NamespacedName, &rq); err != nil {
 		if apierrors.IsNotFound(err) {
+			r.Metrics.forget(req.Namespace, req.Name)
 			return ctrl.Result{}, nil
 		}
 		return ctrl.Result{}, fmt.Errorf("reading RenderQueue %s: %w", req.NamespacedName, err)
@@ -132,6 +135,7 @@ func (r *RenderQueueReconciler) Reconcile(ctx context.Context, req ctrl.Request)
 		return ctrl.Result{}, nil // the garbage collector removes the children
 	}
 	now := r.now().Truncate(time.Second) // the API server stores times to the second
+	r.Metrics.track(rq.Namespace, rq.Name)
 
 	if err := r.reconcileChildren(ctx, &rq); err != nil {
 		var conflict *childConflictError
@@ -201,6 +205,7 @@ func (r *RenderQueueReconciler) Reconcile(ctx context.Context, req ctrl.Request)
 	if wrote {
 		logger.V(1).Info("Status updated", "due", next.Due, "dueExact", next.DueExact, "epoch", next.Membership.Epoch)
 		r.emit(&rq, mstep.Events)
+		r.Metrics.handoffs(rq.Namespace, rq.Name, mstep.Events)
 		r.emit(&rq, transitionEvents(prev, next, pods))
 	}
 

@@ -14,6 +14,7 @@ import (
 	"github.com/go-logr/logr"
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -48,6 +49,8 @@ var (
 	kubelet   *fakeKubelet
 	// mgrCache is the reconciler's cache (what it reads through its client).
 	mgrCache cache.Cache
+	// testMetrics holds the reconciler's metrics (NewMetrics, NewQueueCollector).
+	testMetrics *prometheus.Registry
 )
 
 func TestControllers(t *testing.T) {
@@ -171,6 +174,10 @@ var _ = BeforeSuite(func() {
 		RebalanceRetryAfter: testRetryAfter,
 		ResolveShardURL:     fakes.resolve,
 	}
+	testMetrics = prometheus.NewPedanticRegistry()
+	rec.Metrics, err = NewMetrics(testMetrics)
+	Expect(err).NotTo(HaveOccurred())
+	testMetrics.MustRegister(NewQueueCollector(mgr.GetClient(), mgr.Elected()))
 	Expect(rec.SetupWithManager(mgr)).To(Succeed())
 
 	var wg sync.WaitGroup

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
@@ -19,10 +20,12 @@ import (
 	"k8s.io/client-go/util/homedir"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	rqv1 "github.com/renderqueue/renderqueue/api/v1alpha1"
 	"github.com/renderqueue/renderqueue/controllers"
+	"github.com/renderqueue/renderqueue/pkg/buildinfo"
 	"github.com/renderqueue/renderqueue/pkg/metricsapi"
 )
 
@@ -78,6 +81,8 @@ type operatorOptions struct {
 	kubeconfig          string
 	keeperImage         string
 	metricsAddr         string
+	metricsSecure       bool
+	metricsCertDir      string
 	probeAddr           string
 	leaderElect         bool
 	leaderElectionNS    string
@@ -97,7 +102,11 @@ func runOperator(ctx context.Context, args []string, _, stderr io.Writer) error 
 	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig file (default: $KUBECONFIG, then in-cluster)")
 	fs.StringVar(&o.keeperImage, "keeper-image", os.Getenv("RENDERQUEUE_IMAGE"),
 		"image of shard Pods whose RenderQueue sets no spec.image (default $RENDERQUEUE_IMAGE: the operator's own)")
-	fs.StringVar(&o.metricsAddr, "metrics-bind-address", ":8080", "Prometheus metrics address (0 = off)")
+	fs.StringVar(&o.metricsAddr, "metrics-bind-address", ":8080",
+		"address of the Prometheus metrics and of the scaler endpoint "+metricsapi.ScalerPathPrefix+" (0 = off)")
+	fs.BoolVar(&o.metricsSecure, "metrics-secure", false,
+		"serve the metrics address over HTTPS (a self-signed certificate unless --metrics-cert-dir holds tls.crt and tls.key)")
+	fs.StringVar(&o.metricsCertDir, "metrics-cert-dir", "", "directory with tls.crt and tls.key for --metrics-secure")
 	fs.StringVar(&o.probeAddr, "health-probe-bind-address", ":8081", "address of /healthz and /readyz")
 	fs.BoolVar(&o.leaderElect, "leader-elect", false, "elect a leader, so that only one replica reconciles")
 	fs.StringVar(&o.leaderElectionNS, "leader-election-namespace", "", "namespace of the leader election Lease (default: the operator's own)")
@@ -146,7 +155,7 @@ func runOperator(ctx context.Context, args []string, _, stderr io.Writer) error 
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:                  scheme,
 		Cache:                   controllers.CacheOptions(),
-		Metrics:                 metricsserver.Options{BindAddress: o.metricsAddr},
+		Metrics:                 metricsserver.Options{BindAddress: o.metricsAddr, SecureServing: o.metricsSecure, CertDir: o.metricsCertDir},
 		HealthProbeBindAddress:  o.probeAddr,
 		LeaderElection:          o.leaderElect,
 		LeaderElectionID:        "renderqueue-operator.renderqueue.dev",
@@ -155,6 +164,10 @@ func runOperator(ctx context.Context, args []string, _, stderr io.Writer) error 
 	})
 	if err != nil {
 		return fmt.Errorf("creating the manager: %w", err)
+	}
+	handoffs, err := setupOperatorMetrics(mgr, log)
+	if err != nil {
+		return err
 	}
 	rec := &controllers.RenderQueueReconciler{
 		Client:              mgr.GetClient(),
@@ -165,6 +178,7 @@ func runOperator(ctx context.Context, args []string, _, stderr io.Writer) error 
 		PollTimeout:         o.pollTimeout,
 		RebalanceTimeout:    o.rebalanceTimeout,
 		RebalanceRetryAfter: o.rebalanceRetryAfter,
+		Metrics:             handoffs,
 	}
 	if err := rec.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the RenderQueue controller: %w", err)
@@ -186,6 +200,43 @@ func runOperator(ctx context.Context, args []string, _, stderr io.Writer) error 
 		return fmt.Errorf("running the manager: %w", err)
 	}
 	return nil
+}
+
+// setupOperatorMetrics registers the operator's metrics on controller-runtime's registry (which
+// the manager's metrics server serves): renderqueue_build_info, the per-RenderQueue gauges
+// (leader only) and the handoff counters it returns for the reconciler; and mounts the scaler
+// endpoint for KEDA (pkg/metricsapi) on the same server.
+func setupOperatorMetrics(mgr ctrl.Manager, log logr.Logger) (*controllers.Metrics, error) {
+	for _, c := range []prometheus.Collector{
+		buildinfo.NewCollector("operator", buildinfo.Read(version)),
+		controllers.NewQueueCollector(mgr.GetClient(), mgr.Elected()),
+	} {
+		if err := ctrlmetrics.Registry.Register(c); err != nil {
+			return nil, fmt.Errorf("registering the operator metrics: %w", err)
+		}
+	}
+	handoffs, err := controllers.NewMetrics(ctrlmetrics.Registry)
+	if err != nil {
+		return nil, err
+	}
+	requests, err := metricsapi.NewRequestMetrics(ctrlmetrics.Registry)
+	if err != nil {
+		return nil, err
+	}
+	authn, authz, err := metricsapi.NewDelegatingAuth(mgr.GetConfig())
+	if err != nil {
+		return nil, err
+	}
+	scaler, err := metricsapi.NewScalerHandler(metricsapi.ScalerOptions{
+		Reader: mgr.GetClient(), Authenticator: authn, Authorizer: authz, Metrics: requests, Log: log.WithName("scaler"),
+	})
+	if err != nil {
+		return nil, err
+	}
+	if err := mgr.AddMetricsServerExtraHandler(metricsapi.ScalerPathPrefix, scaler); err != nil {
+		return nil, fmt.Errorf("serving the scaler endpoint: %w", err)
+	}
+	return handoffs, nil
 }
 
 // restConfig loads the Kubernetes client configuration: the kubeconfig file when given, else

@@ -20,4 +20,10 @@
 // client.Reader and implements the custom-metrics-apiserver ExternalMetricsProvider; [Server]
 // runs the aggregated API server (delegated authentication and authorization, TLS with a
 // self-signed certificate when none is given) and is a controller-runtime manager.Runnable.
+//
+// For clusters where another adapter (KEDA) owns external.metrics.k8s.io, [NewScalerHandler]
+// serves the same figure, under the same rule, as plain JSON for KEDA's metrics-api trigger
+// (GET /scaler/v1/namespaces/<ns>/renderqueues/<name>, the value at "due", a Kubernetes bearer
+// token allowed to get the RenderQueue); the operator mounts it on its metrics port.
+// [RequestMetrics] counts the requests of both and their errors by reason.
 package metricsapi

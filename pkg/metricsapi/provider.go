@@ -23,16 +23,25 @@ import (
 // it lists the RenderQueues of the requested namespace through a client.Reader and computes the
 // values with [Values].
 type Provider struct {
-	reader client.Reader
-	log    logr.Logger
+	reader  client.Reader
+	log     logr.Logger
+	metrics *RequestMetrics
 }
 
 var _ provider.ExternalMetricsProvider = (*Provider)(nil)
 
 // NewProvider returns a Provider reading RenderQueues through reader (a manager's client or
 // cache, whose scheme must know api/v1alpha1). Failed requests are logged to log at V(1).
+// Requests are counted (api="external") in the RequestMetrics on controller-runtime's metrics
+// registry; see WithRequestMetrics.
 func NewProvider(reader client.Reader, log logr.Logger) *Provider {
-	return &Provider{reader: reader, log: log}
+	return &Provider{reader: reader, log: log, metrics: defaultRequestMetrics()}
+}
+
+// WithRequestMetrics makes p count its requests in m instead (nil: not at all) and returns p.
+func (p *Provider) WithRequestMetrics(m *RequestMetrics) *Provider {
+	p.metrics = m
+	return p
 }
 
 // GetExternalMetric implements provider.ExternalMetricsProvider. Its errors are API status
@@ -42,6 +51,7 @@ func NewProvider(reader client.Reader, log logr.Logger) *Provider {
 func (p *Provider) GetExternalMetric(ctx context.Context, namespace string, metricSelector labels.Selector, info provider.ExternalMetricInfo) (*external_metrics.ExternalMetricValueList, error) {
 	log := p.log.WithValues("namespace", namespace, "metric", info.Metric, "selector", metricSelector.String())
 	values, err := p.values(ctx, namespace, metricSelector, info.Metric)
+	p.metrics.observe(APIExternal, namespace, err)
 	if err != nil {
 		log.V(1).Info("external metric request failed", "error", err.Error())
 		return nil, statusError(info.Metric, err)
