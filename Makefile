@@ -16,7 +16,7 @@ all: build
 build: ## Build bin/renderqueue.
 	$(GO) build -o bin/renderqueue ./cmd/renderqueue
 
-test: ## Run every test (starts a throwaway PostgreSQL; builds envtest binaries once).
+test: ## Run every test (starts a throwaway PostgreSQL; builds envtest binaries once; installs promtool when missing).
 	hack/test.sh $(PKGS)
 
 bench: ## Run the benchmarks named in the issues (starts a throwaway PostgreSQL).
@@ -28,9 +28,11 @@ fmt: ## Format the code.
 vet: ## go vet and a gofmt check.
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
+	cd test/monitoring && $(GO) vet ./...
 
 lint: ## golangci-lint, pinned, through the Go module proxy.
 	$(GO) run github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$(GOLANGCI_LINT_VERSION) run ./...
+	cd test/monitoring && $(GO) run github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$(GOLANGCI_LINT_VERSION) run ./...
 
 run: ## Local end-to-end run: throwaway PostgreSQL, seed 200k rows, standalone keeper, worker-sim, status.
 	hack/run.sh

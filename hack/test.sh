@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs the whole test suite with everything it needs: a throwaway PostgreSQL cluster (unless
-# RENDERQUEUE_TEST_DSN already names one), the envtest binaries, and headless Chromium for the
-# console's browser tests (installed when missing).
+# RENDERQUEUE_TEST_DSN already names one), the envtest binaries, headless Chromium for the
+# console's browser tests and, for the monitoring tests, promtool and prometheus (each installed
+# when missing: hack/chromium.sh, hack/prometheus.sh).
 # Usage: hack/test.sh [go test flags/packages...]   (default: ./...)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -36,12 +37,40 @@ ARTIFACTS=${ARTIFACTS:-${TMPDIR:-/tmp}/renderqueue-artifacts}
 export ARTIFACTS
 echo "test: browser screenshots go to $ARTIFACTS" >&2
 
-# The end-to-end test runs after the unit tests when the whole suite runs (no arguments, or just
-# ./...), or whenever E2E=1; E2E=0 leaves it out.
+# The end-to-end test and the monitoring tests (test/monitoring, a module of its own) run after
+# the unit tests when the whole suite runs (no arguments, or just ./...), or whenever E2E=1 /
+# MONITORING=1; E2E=0 / MONITORING=0 leave them out.
 run_e2e=${E2E:-}
+run_monitoring=${MONITORING:-}
 if [ $# -eq 0 ]; then set -- ./...; fi
-if [ $# -eq 1 ] && [ "$1" = ./... ]; then run_e2e=${run_e2e:-1}; fi
+if [ $# -eq 1 ] && [ "$1" = ./... ]; then
+  run_e2e=${run_e2e:-1}
+  run_monitoring=${run_monitoring:-1}
+fi
+
+# promtool is required, not optional, when the monitoring tests run: a machine that cannot get it
+# fails here rather than skipping the rule tests.
+if [ "${run_monitoring:-0}" = 1 ] && [ -z "${RENDERQUEUE_PROMTOOL:-}" ]; then
+  echo "test: locating promtool and prometheus (installing Debian's prometheus package when missing)" >&2
+  RENDERQUEUE_PROMTOOL=$(hack/prometheus.sh promtool | tail -n 1)
+  export RENDERQUEUE_PROMTOOL
+fi
+if [ "${run_monitoring:-0}" = 1 ] && [ -z "${RENDERQUEUE_PROMETHEUS:-}" ]; then
+  RENDERQUEUE_PROMETHEUS=$(hack/prometheus.sh prometheus | tail -n 1)
+  export RENDERQUEUE_PROMETHEUS
+fi
+
 go test -count=1 "$@"
+
+# --- monitoring (test/monitoring) ----------------------------------------------------------------
+# promtool check/test of the alert rules of config/prometheus; the metrics the alerts and the
+# Grafana dashboard name checked against the keeper's and the operator's registries (PromQL
+# parsed with Prometheus's own parser, which is why this is a module of its own); and a real
+# Prometheus (hack/prometheus.sh start) scraping a keeper shard and firing alerts.
+if [ "${run_monitoring:-0}" = 1 ]; then
+  echo "test: running the monitoring tests (test/monitoring, promtool $RENDERQUEUE_PROMTOOL)" >&2
+  (cd test/monitoring && go test -count=1 ./...)
+fi
 
 # --- end-to-end (test/e2e, build tag e2e) --------------------------------------------------------
 # A local control plane (etcd, kube-apiserver, kube-controller-manager from KUBEBUILDER_ASSETS), a
