@@ -165,7 +165,7 @@ func runOperator(ctx context.Context, args []string, _, stderr io.Writer) error 
 	if err != nil {
 		return fmt.Errorf("creating the manager: %w", err)
 	}
-	handoffs, err := setupOperatorMetrics(mgr, log)
+	handoffs, err := setupOperatorMetrics(mgr, ctrlmetrics.Registry, log)
 	if err != nil {
 		return err
 	}
@@ -202,24 +202,24 @@ func runOperator(ctx context.Context, args []string, _, stderr io.Writer) error 
 	return nil
 }
 
-// setupOperatorMetrics registers the operator's metrics on controller-runtime's registry (which
-// the manager's metrics server serves): renderqueue_build_info, the per-RenderQueue gauges
-// (leader only) and the handoff counters it returns for the reconciler; and mounts the scaler
-// endpoint for KEDA (pkg/metricsapi) on the same server.
-func setupOperatorMetrics(mgr ctrl.Manager, log logr.Logger) (*controllers.Metrics, error) {
+// setupOperatorMetrics registers the operator's metrics with reg (controller-runtime's registry,
+// which the manager's metrics server serves): renderqueue_build_info, the
+// per-RenderQueue gauges (leader only) and the handoff counters it returns for the reconciler;
+// and mounts the scaler endpoint for KEDA (pkg/metricsapi) on the manager's metrics server.
+func setupOperatorMetrics(mgr ctrl.Manager, reg prometheus.Registerer, log logr.Logger) (*controllers.Metrics, error) {
 	for _, c := range []prometheus.Collector{
 		buildinfo.NewCollector("operator", buildinfo.Read(version)),
 		controllers.NewQueueCollector(mgr.GetClient(), mgr.Elected()),
 	} {
-		if err := ctrlmetrics.Registry.Register(c); err != nil {
+		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("registering the operator metrics: %w", err)
 		}
 	}
-	handoffs, err := controllers.NewMetrics(ctrlmetrics.Registry)
+	handoffs, err := controllers.NewMetrics(reg)
 	if err != nil {
 		return nil, err
 	}
-	requests, err := metricsapi.NewRequestMetrics(ctrlmetrics.Registry)
+	requests, err := metricsapi.NewRequestMetrics(reg)
 	if err != nil {
 		return nil, err
 	}
