@@ -1,13 +1,14 @@
 //go:build e2e
 
 // Package e2e is renderqueue's end-to-end test: a local control plane (etcd, kube-apiserver with
-// the aggregation layer, kube-controller-manager), a throwaway PostgreSQL, the real renderqueue
-// binary as the operator and as every shard Pod's process (package cluster's Runner plays
-// kubelet), real kubectl, and a HorizontalPodAutoscaler reading renderqueue_due through the
-// aggregator.
+// the aggregation layer, kube-controller-manager), a throwaway PostgreSQL, real kubectl, and the
+// real renderqueue binary as every Pod's process — the operator Deployment of config/default,
+// applied as shipped, and the shard Pods it creates (package cluster's Runner plays scheduler and
+// kubelet) — with a HorizontalPodAutoscaler reading renderqueue_due through the aggregator, the
+// metrics API's Service and its EndpointSlice.
 //
 // Run it with `make e2e` (or `go test -tags e2e ./test/e2e/...` with KUBEBUILDER_ASSETS set; without
-// it the test runs hack/setup-envtest.sh, which builds the binaries once).
+// it the test runs hack/setup-envtest.sh, which builds the binaries once). It needs root.
 package e2e
 
 import (
@@ -178,12 +179,11 @@ func TestKustomizeDefault(t *testing.T) {
 
 // env is the running stack of TestEndToEnd.
 type env struct {
-	t        *testing.T
-	root     string
-	bin      string
-	c        *cluster.Cluster
-	k8s      client.Client
-	operator *cluster.Process
+	t    *testing.T
+	root string
+	bin  string
+	c    *cluster.Cluster
+	k8s  client.Client
 }
 
 // kubectl runs kubectl and fails the test on error.
@@ -464,62 +464,63 @@ func (e *env) stepSeed(t *testing.T) {
 	}
 }
 
-// stepInstall applies config/default (CRD, RBAC, the operator Deployment, the metrics API
-// component) with kubectl, replaces the in-cluster operator (there is no container runtime) by
-// a local process authenticated as the operator's ServiceAccount, and applies the store Secret
-// and config/samples.
+// stepInstall installs renderqueue as a user does: kubectl apply --server-side -k config/default
+// as shipped (the operator Deployment with leader election and the metrics API, which the
+// runner runs as a real Pod under its ServiceAccount), the store Secret and config/samples; it
+// waits for the operator's rollout.
 func (e *env) stepInstall(t *testing.T) {
 	out := e.kubectl("apply", "--server-side", "-k", filepath.Join(e.root, "config", "default"))
-	t.Logf("kubectl apply -k config/default:\n%s", out)
+	t.Logf("kubectl apply --server-side -k config/default:\n%s", out)
 	e.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd/renderqueues.renderqueue.dev")
-	// Nothing would run its Pod; the operator runs below as a local process instead.
-	e.kubectl("-n", operatorNS, "scale", "deployment/renderqueue-operator", "--replicas=0")
-	e.kubectl("-n", namespace, "create", "secret", "generic", "renderqueue-db", "--from-literal=dsn="+e.c.Postgres.DSN)
-
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	// The shard Pods reach PostgreSQL over TCP (their /tmp is an emptyDir: the socket directory
+	// is not there), as they would reach a database server in a cluster.
+	e.kubectl("-n", namespace, "create", "secret", "generic", "renderqueue-db", "--from-literal=dsn="+e.c.Postgres.TCPDSN)
+	start := time.Now()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	kubeconfig := filepath.Join(e.c.Dir, "operator.kubeconfig")
-	if err := e.c.ServiceAccountKubeconfig(ctx, operatorNS, operatorSA, kubeconfig, 6*time.Hour); err != nil {
-		t.Fatal(err)
+	if out, err := e.c.Kubectl(ctx, nil, "-n", operatorNS, "rollout", "status", "deployment/renderqueue-operator", "--timeout=150s"); err != nil {
+		t.Fatalf("the operator did not roll out: %v\n%s\n%s", err, out, e.kubectl("-n", operatorNS, "get", "pods", "-o", "wide"))
 	}
-	probePort := freePort(t)
-	args := []string{"operator",
-		"--kubeconfig", kubeconfig,
-		"--keeper-image", "renderqueue:e2e",
-		"--metrics-bind-address", "0",
-		"--health-probe-bind-address", fmt.Sprintf("127.0.0.1:%d", probePort),
-		"--shard-poll-interval", "1s",
-		"--rebalance-timeout", "2m",
-	}
-	metricsPort := freePort(t)
-	args = append(args, "--metrics-api", "--metrics-api-bind-address", "127.0.0.1",
-		"--metrics-api-secure-port", fmt.Sprint(metricsPort))
-	op, err := e.c.StartProcess("operator", e.bin, args, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	e.operator = op
-	t.Logf("operator running as ServiceAccount %s/%s, pid %d, log %s", operatorNS, operatorSA, e.operator.Pid(), e.operator.LogPath)
-	if err := e.c.RegisterAPIService(ctx, "external.metrics.k8s.io", "v1beta1", operatorNS, metricsAPISvc, metricsPort); err != nil {
-		t.Fatal(err)
-	}
+	op := e.operatorPod()
+	t.Logf("operator rolled out in %s: pod %s, IP %s, node %s", time.Since(start).Round(100*time.Millisecond), op.Name, op.Status.PodIP, op.Spec.NodeName)
 	out = e.kubectl("apply", "-k", filepath.Join(e.root, "config", "samples"))
 	t.Logf("kubectl apply -k config/samples: %s", strings.TrimSpace(out))
 }
 
+// operatorPod is the operator Deployment's one Pod.
+func (e *env) operatorPod() *corev1.Pod {
+	e.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	pods, err := e.c.Client.CoreV1().Pods(operatorNS).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/component=operator"})
+	if err != nil {
+		e.t.Fatalf("listing the operator Pods: %v", err)
+	}
+	var live []corev1.Pod
+	for _, p := range pods.Items {
+		if p.DeletionTimestamp == nil {
+			live = append(live, p)
+		}
+	}
+	if len(live) != 1 {
+		e.t.Fatalf("%d operator Pods, want 1", len(live))
+	}
+	return &live[0]
+}
+
 // stepReady waits for the sample queue to be Ready and exact, with the SQL count.
 func (e *env) stepReady(t *testing.T) {
-	eventually(t, 30*time.Second, 500*time.Millisecond, "operator running", func() (bool, string) {
-		exited, err := e.operator.Exited()
-		if exited {
-			t.Fatalf("the operator exited: %v\n%s", err, e.operator.Tail(30))
-		}
-		return true, ""
-	})
+	start := time.Now()
 	e.kubectl("wait", "--for=condition=Ready", "--timeout=120s", "renderqueue/"+queueName)
+	t.Logf("RenderQueue Ready after %s", time.Since(start).Round(100*time.Millisecond))
 	e.exactAndTrue(90*time.Second, 3)
+	t.Logf("RenderQueue exact after %s", time.Since(start).Round(100*time.Millisecond))
 	t.Logf("kubectl get renderqueues:\n%s", e.kubectl("get", "renderqueues"))
-	t.Logf("kubectl get pods -o wide:\n%s", e.kubectl("get", "pods", "-o", "wide"))
+	t.Logf("kubectl get pods -A -o wide:\n%s", e.kubectl("get", "pods", "-A", "-o", "wide"))
+	if op := e.operatorPod(); op.Status.ContainerStatuses[0].RestartCount != 0 {
+		t.Errorf("the operator Pod restarted %d times:\n%s", op.Status.ContainerStatuses[0].RestartCount,
+			e.kubectl("-n", operatorNS, "logs", op.Name, "--previous", "--tail=30"))
+	}
 }
 
 // stepDescribe checks kubectl describe shows the conditions and every shard.
@@ -542,6 +543,14 @@ func (e *env) stepHPA(t *testing.T) {
 	if err := e.c.WaitAPIServiceAvailable(ctx, "external.metrics.k8s.io", "v1beta1", 60*time.Second); err != nil {
 		t.Fatal(err)
 	}
+	// Available through the Service: its EndpointSlice lists the operator Pod's IP.
+	op := e.operatorPod()
+	slices := e.kubectl("-n", operatorNS, "get", "endpointslices", "-l", "kubernetes.io/service-name="+metricsAPISvc,
+		"-o", "jsonpath={.items[*].endpoints[*].addresses[*]}")
+	if !strings.Contains(" "+slices+" ", " "+op.Status.PodIP+" ") {
+		t.Fatalf("the EndpointSlices of Service %s list %q, not the operator Pod's IP %s", metricsAPISvc, slices, op.Status.PodIP)
+	}
+	t.Logf("APIService v1beta1.external.metrics.k8s.io Available through Service %s → EndpointSlice → operator Pod %s", metricsAPISvc, op.Status.PodIP)
 	due := e.sqlDue()
 	var raw string
 	eventually(t, 30*time.Second, 500*time.Millisecond, "renderqueue_due through the aggregator", func() (bool, string) {
@@ -565,7 +574,7 @@ spec:
     metadata: {labels: {app: %[1]s}}
     spec:
       containers:
-      - {name: worker, image: "renderqueue:e2e", args: ["worker-sim"]}
+      - {name: worker, image: "registry.k8s.io/pause:3.10"}
 ---
 apiVersion: autoscaling/v2
 kind: HorizontalPodAutoscaler
@@ -789,32 +798,27 @@ func (e *env) stepPostgresOutage(t *testing.T) {
 	})
 }
 
-// dumpLogs prints the tails of the operator's and the shards' logs after a failure.
+// dumpLogs prints the tails of every container's log (the operator's and the shards') after a
+// failure.
 func (e *env) dumpLogs() {
 	t := e.t
-	if e.operator != nil {
-		t.Logf("operator log (%s), last lines:\n%s", e.operator.LogPath, e.operator.Tail(60))
+	if e.c == nil || e.c.Runner == nil {
+		return
 	}
-	if e.c != nil && e.c.Runner != nil {
-		for _, p := range e.c.Runner.Processes() {
-			if p.LogPath != "" {
-				b, _ := os.ReadFile(p.LogPath)
-				lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
-				if len(lines) > 20 {
-					lines = lines[len(lines)-20:]
-				}
-				t.Logf("pod %s (%s, restarts %d) log, last lines:\n%s", p.Name, p.IP, p.Restarts, strings.Join(lines, "\n"))
-			}
+	for _, p := range e.c.Runner.Processes() {
+		if p.LogPath == "" {
+			continue
 		}
-		t.Logf("control plane logs: %s", e.c.LogDir())
+		b, _ := os.ReadFile(p.LogPath)
+		lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+		n := 20
+		if p.Namespace == operatorNS {
+			n = 60
+		}
+		if len(lines) > n {
+			lines = lines[len(lines)-n:]
+		}
+		t.Logf("pod %s/%s container %s (%s, restarts %d) log %s, last lines:\n%s", p.Namespace, p.Name, p.Container, p.IP, p.Restarts, p.LogPath, strings.Join(lines, "\n"))
 	}
-}
-
-func freePort(t *testing.T) int {
-	t.Helper()
-	p, err := cluster.FreePort()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return p
+	t.Logf("control plane logs: %s", e.c.LogDir())
 }

@@ -25,6 +25,9 @@ type pki struct {
 	FrontProxyCACert                string // request-header CA of the aggregation layer
 	ProxyClientCert, ProxyClientKey string // the aggregator's client certificate (front-proxy-client)
 	SAKey, SAPub                    string // service account token signing key pair
+	KubeletCert, KubeletKey         string // the runner's kubelet API serving certificate (127.0.0.1)
+	KubeletClientCert               string // the API server's client certificate for the kubelet API
+	KubeletClientKey                string
 
 	caPEM []byte
 }
@@ -145,6 +148,26 @@ func newPKI(dir string) (*pki, error) {
 	}
 	p.AdminCert = put("admin.crt", adminPEM)
 	if p.AdminKey, err = putKey("admin.key", admin.key); err != nil {
+		return nil, err
+	}
+
+	kubelet := leafTemplate("local-runner-kubelet", nil, x509.ExtKeyUsageServerAuth)
+	kubelet.DNSNames = []string{"localhost", "local"}
+	kubelet.IPAddresses = []net.IP{net.ParseIP("127.0.0.1")}
+	kl, klPEM, err := sign(kubelet, ca)
+	if err != nil {
+		return nil, err
+	}
+	p.KubeletCert = put("kubelet.crt", klPEM)
+	if p.KubeletKey, err = putKey("kubelet.key", kl.key); err != nil {
+		return nil, err
+	}
+	kc, kcPEM, err := sign(leafTemplate("kube-apiserver-kubelet-client", nil, x509.ExtKeyUsageClientAuth), ca)
+	if err != nil {
+		return nil, err
+	}
+	p.KubeletClientCert = put("apiserver-kubelet-client.crt", kcPEM)
+	if p.KubeletClientKey, err = putKey("apiserver-kubelet-client.key", kc.key); err != nil {
 		return nil, err
 	}
 

@@ -3,6 +3,8 @@ package cluster
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -12,16 +14,13 @@ import (
 	"sync"
 	"time"
 
-	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
-	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 )
 
 // Options configure a local cluster.
@@ -31,8 +30,11 @@ type Options struct {
 	// Assets is the KUBEBUILDER_ASSETS directory with etcd, kube-apiserver,
 	// kube-controller-manager and kubectl. Required.
 	Assets string
-	// Binary is the renderqueue binary the Runner runs for shard Pods. Required.
+	// Binary is the renderqueue binary: the Runner runs it for every image whose repository is
+	// named renderqueue (RenderqueueImage). Required unless Images maps what the Pods run.
 	Binary string
+	// Images are further image mappings of the Runner (see RunnerOptions.Images).
+	Images []ImageMapping
 	// Dir holds the cluster's state (certificates, etcd data, logs, Pod directories). Required;
 	// the caller removes it.
 	Dir string
@@ -47,9 +49,16 @@ type Options struct {
 	// HPADownscaleStabilization is its --horizontal-pod-autoscaler-downscale-stabilization
 	// (default 30s).
 	HPADownscaleStabilization time.Duration
+	// CrashLoopBackOff and MaxCrashLoopBackOff are the Runner's container restart back-off
+	// (default: kubelet's 10s doubling to 5m).
+	CrashLoopBackOff, MaxCrashLoopBackOff time.Duration
+	// RetryPeriod is how often the Runner retries a Pod that cannot start yet (default 10s).
+	RetryPeriod time.Duration
+	// MaxGrace caps the termination grace period of Pods (default 10s, so that Stop is quick).
+	MaxGrace time.Duration
 	// SkipPostgres leaves out the throwaway PostgreSQL.
 	SkipPostgres bool
-	// SkipRunner leaves out the Runner.
+	// SkipRunner leaves out the Runner (and the pod network and the Node).
 	SkipRunner bool
 }
 
@@ -69,13 +78,16 @@ type Cluster struct {
 	Client kubernetes.Interface
 	// Postgres is the throwaway database (nil with SkipPostgres).
 	Postgres *Postgres
-	// Runner plays kubelet for shard Pods (nil with SkipRunner).
+	// Runner plays kubelet and scheduler for the Node (nil with SkipRunner).
 	Runner *Runner
+	// Network is the pod network (nil with SkipRunner).
+	Network *PodNetwork
 	// Dir is the state directory.
 	Dir string
 
 	o            Options
 	cp           *controlPlane
+	kubelet      *KubeletServer
 	runnerCancel context.CancelFunc
 	runnerDone   chan struct{}
 
@@ -83,17 +95,20 @@ type Cluster struct {
 	procs []*Process
 }
 
-// Start starts PostgreSQL, etcd, kube-apiserver, kube-controller-manager and the Runner. On error
-// everything already started is stopped.
+// Start starts PostgreSQL, etcd, kube-apiserver, kube-controller-manager, the pod network and
+// the Runner (which registers its Node). On error everything already started is stopped.
 func Start(ctx context.Context, o Options) (c *Cluster, err error) {
-	if o.Assets == "" || o.Binary == "" || o.Dir == "" || (o.Repo == "" && !o.SkipPostgres) {
-		return nil, errors.New("cluster: Assets, Binary, Dir and Repo are required")
+	if o.Assets == "" || o.Dir == "" || (o.Repo == "" && !o.SkipPostgres) || (o.Binary == "" && len(o.Images) == 0 && !o.SkipRunner) {
+		return nil, errors.New("cluster: Assets, Dir, Repo (unless SkipPostgres) and Binary or Images (unless SkipRunner) are required")
 	}
 	if o.HPASyncPeriod <= 0 {
 		o.HPASyncPeriod = 2 * time.Second
 	}
 	if o.HPADownscaleStabilization <= 0 {
 		o.HPADownscaleStabilization = 30 * time.Second
+	}
+	if o.MaxGrace <= 0 {
+		o.MaxGrace = 10 * time.Second
 	}
 	if err := os.MkdirAll(o.Dir, 0o755); err != nil {
 		return nil, fmt.Errorf("cluster: creating %s: %w", o.Dir, err)
@@ -118,31 +133,69 @@ func Start(ctx context.Context, o Options) (c *Cluster, err error) {
 	if c.Client, err = kubernetes.NewForConfig(c.RESTConfig); err != nil {
 		return c, fmt.Errorf("cluster: building a clientset: %w", err)
 	}
-	if !o.SkipRunner {
-		runner, err := NewRunner(RunnerOptions{
-			Client: c.Client, Server: c.cp.url, CAData: c.cp.pki.caPEM, Binary: o.Binary,
-			Dir: filepath.Join(o.Dir, "pods"), Logf: o.Logf, ProcessLog: o.ComponentLog,
-		})
-		if err != nil {
-			return c, err
-		}
-		c.Runner = runner
-		rctx, cancel := context.WithCancel(context.Background())
-		c.runnerCancel, c.runnerDone = cancel, make(chan struct{})
-		go func() {
-			defer close(c.runnerDone)
-			if err := runner.Run(rctx); err != nil {
-				o.logf("runner: %v", err)
-			}
-		}()
-		o.logf("runner watching Pods labelled %s", DefaultRunnerSelector)
+	if o.SkipRunner {
+		o.logf("local cluster up (no runner): KUBECONFIG=%s", c.Kubeconfig)
+		return c, nil
 	}
-	o.logf("local cluster up: KUBECONFIG=%s", c.Kubeconfig)
+	if c.Network, err = AddPodNetwork(); err != nil {
+		return c, err
+	}
+	o.logf("pod network %s (ip route add local %s dev lo)", c.Network.CIDR, c.Network.CIDR)
+	cert, err := tls.LoadX509KeyPair(c.cp.pki.KubeletCert, c.cp.pki.KubeletKey)
+	if err != nil {
+		return c, fmt.Errorf("cluster: loading the kubelet certificate: %w", err)
+	}
+	cas := x509.NewCertPool()
+	cas.AppendCertsFromPEM(c.cp.pki.caPEM)
+	if c.kubelet, err = NewKubeletServer(cert, cas); err != nil {
+		return c, err
+	}
+	runner, err := NewRunner(RunnerOptions{
+		Client: c.Client, Server: c.cp.url, Network: c.Network, Binary: o.Binary, Images: o.Images,
+		Dir: filepath.Join(o.Dir, "pods"), Logf: o.Logf, ProcessLog: o.ComponentLog,
+		CrashLoopBackOff: o.CrashLoopBackOff, MaxCrashLoopBackOff: o.MaxCrashLoopBackOff,
+		RetryPeriod: o.RetryPeriod, MaxGrace: o.MaxGrace, Kubelet: c.kubelet,
+	})
+	if err != nil {
+		return c, err
+	}
+	c.Runner = runner
+	rctx, cancel := context.WithCancel(context.Background())
+	c.runnerCancel, c.runnerDone = cancel, make(chan struct{})
+	runErr := make(chan error, 1)
+	go func() {
+		defer close(c.runnerDone)
+		if err := runner.Run(rctx); err != nil {
+			o.logf("runner: %v", err)
+			runErr <- err
+		}
+	}()
+	if err := poll(ctx, 30*time.Second, 100*time.Millisecond, "the runner's Node to be registered", func(ctx context.Context) (bool, string, error) {
+		select {
+		case err := <-runErr:
+			return false, "", err
+		default:
+		}
+		n, err := c.Client.CoreV1().Nodes().Get(ctx, runner.NodeName(), metav1.GetOptions{})
+		if err != nil {
+			return false, err.Error(), nil
+		}
+		for _, cond := range n.Status.Conditions {
+			if cond.Type == corev1.NodeReady && cond.Status == corev1.ConditionTrue {
+				return true, "", nil
+			}
+		}
+		return false, "not Ready yet", nil
+	}); err != nil {
+		return c, err
+	}
+	o.logf("local cluster up: Node %s runs every Pod; KUBECONFIG=%s", runner.NodeName(), c.Kubeconfig)
 	return c, nil
 }
 
-// Stop stops the processes started with StartProcess (last first), the Runner and its Pod
-// processes, the control plane and PostgreSQL. It is safe to call more than once.
+// Stop stops the processes started with StartProcess (last first), the Runner and its
+// containers, the control plane, the pod network and PostgreSQL. It is safe to call more than
+// once.
 func (c *Cluster) Stop() {
 	c.mu.Lock()
 	procs := c.procs
@@ -156,9 +209,19 @@ func (c *Cluster) Stop() {
 		<-c.runnerDone
 		c.runnerCancel = nil
 	}
+	if c.kubelet != nil {
+		_ = c.kubelet.Close()
+		c.kubelet = nil
+	}
 	if c.cp != nil {
 		c.cp.stop()
 		c.cp = nil
+	}
+	if c.Network != nil {
+		if err := c.Network.Remove(); err != nil {
+			c.o.logf("removing the pod network: %v", err)
+		}
+		c.Network = nil
 	}
 	if c.Postgres != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -211,56 +274,6 @@ func (c *Cluster) Kubectl(ctx context.Context, stdin []byte, args ...string) (st
 	return out.String(), nil
 }
 
-// RegisterAPIService makes group/version of the aggregated API reachable at
-// https://127.0.0.1:port: an ExternalName Service namespace/service naming 127.0.0.1 and an
-// APIService pointing at it (TLS verification skipped: the server's certificate is
-// self-signed). Existing objects of those names are replaced.
-//
-// Why ExternalName: with --enable-aggregator-routing the aggregator would route to the
-// Service's EndpointSlice addresses, but the API server rejects loopback addresses in
-// EndpointSlices (and Endpoints); without it, it routes to the Service's cluster IP, or for an
-// ExternalName Service to the external name and the APIService's port.
-func (c *Cluster) RegisterAPIService(ctx context.Context, group, version, namespace, service string, port int) error {
-	svc := &corev1.Service{
-		ObjectMeta: metav1.ObjectMeta{Name: service, Namespace: namespace},
-		Spec: corev1.ServiceSpec{
-			Type:         corev1.ServiceTypeExternalName,
-			ExternalName: "127.0.0.1",
-			Ports:        []corev1.ServicePort{{Name: "https", Port: int32(port)}},
-		},
-	}
-	svcs := c.Client.CoreV1().Services(namespace)
-	if err := svcs.Delete(ctx, service, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
-		return fmt.Errorf("replacing Service %s/%s: %w", namespace, service, err)
-	}
-	if _, err := svcs.Create(ctx, svc, metav1.CreateOptions{}); err != nil {
-		return fmt.Errorf("creating Service %s/%s: %w", namespace, service, err)
-	}
-	apis, err := apiServices(c.RESTConfig)
-	if err != nil {
-		return err
-	}
-	name := version + "." + group
-	obj := &unstructured.Unstructured{Object: map[string]any{
-		"apiVersion": "apiregistration.k8s.io/v1", "kind": "APIService",
-		"metadata": map[string]any{"name": name},
-		"spec": map[string]any{
-			"group": group, "version": version,
-			"service":               map[string]any{"namespace": namespace, "name": service, "port": int64(port)},
-			"insecureSkipTLSVerify": true,
-			"groupPriorityMinimum":  int64(100),
-			"versionPriority":       int64(100),
-		},
-	}}
-	if err := apis.Delete(ctx, name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
-		return fmt.Errorf("replacing APIService %s: %w", name, err)
-	}
-	if _, err := apis.Create(ctx, obj, metav1.CreateOptions{}); err != nil {
-		return fmt.Errorf("creating APIService %s: %w", name, err)
-	}
-	return nil
-}
-
 func apiServices(cfg *rest.Config) (dynamic.ResourceInterface, error) {
 	dc, err := dynamic.NewForConfig(cfg)
 	if err != nil {
@@ -290,19 +303,6 @@ func (c *Cluster) WaitAPIServiceAvailable(ctx context.Context, group, version st
 		}
 		return false, "no Available condition yet", nil
 	})
-}
-
-// ServiceAccountKubeconfig writes to path a kubeconfig that authenticates as the ServiceAccount
-// namespace/name (a TokenRequest token valid for ttl), so a process run with it has exactly the
-// rights RBAC gives that ServiceAccount.
-func (c *Cluster) ServiceAccountKubeconfig(ctx context.Context, namespace, name, path string, ttl time.Duration) error {
-	tr, err := c.Client.CoreV1().ServiceAccounts(namespace).CreateToken(ctx, name, &authenticationv1.TokenRequest{
-		Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: new(int64(ttl / time.Second))},
-	}, metav1.CreateOptions{})
-	if err != nil {
-		return fmt.Errorf("requesting a token of ServiceAccount %s/%s: %w", namespace, name, err)
-	}
-	return writeKubeconfig(path, c.cp.url, c.cp.pki.caPEM, func(a *clientcmdapi.AuthInfo) { a.Token = tr.Status.Token })
 }
 
 // Assets is the directory of the control plane binaries and kubectl.

@@ -18,9 +18,10 @@ import (
 )
 
 // ControllerManagerControllers are the kube-controller-manager controllers the local cluster
-// runs: enough for Deployments, HPAs, owner-reference cleanup, namespaces, PDB status and
-// ServiceAccounts. Endpoint controllers are left out (the shard Pods' loopback IPs are not valid
-// endpoint addresses), as is everything node-related (there are no nodes).
+// runs: enough for Deployments, HPAs, owner-reference cleanup, namespaces, PDB status,
+// ServiceAccounts and the EndpointSlices of Services that select Pods (which the aggregator
+// routes APIService requests to). The node lifecycle controllers are left out: the runner's one
+// Node is Ready while the runner runs, and nothing evicts its Pods.
 var ControllerManagerControllers = []string{
 	"deployment-controller",
 	"replicaset-controller",
@@ -30,6 +31,7 @@ var ControllerManagerControllers = []string{
 	"serviceaccount-controller",
 	"root-ca-certificate-publisher-controller",
 	"disruption-controller",
+	"endpointslice-controller",
 }
 
 // controlPlane is etcd, kube-apiserver and kube-controller-manager.
@@ -131,20 +133,23 @@ func startControlPlane(ctx context.Context, o *Options, dir string) (cp *control
 		"--service-cluster-ip-range=10.0.0.0/24",
 		"--authorization-mode=RBAC",
 		"--allow-privileged=true",
-		"--endpoint-reconciler-type=none", // the advertise address is loopback, invalid in Endpoints
+		"--endpoint-reconciler-type=none", // the advertise address is loopback, invalid in EndpointSlices
 		// The aggregation layer: the aggregator authenticates to extension API servers (the
 		// operator's external metrics API) with the front-proxy client certificate and passes
-		// the user in request headers. Aggregator routing stays off: it would route to
-		// EndpointSlice addresses, and the API server rejects loopback addresses there, so the
-		// APIService's Service is an ExternalName Service naming 127.0.0.1 instead (see
-		// RegisterAPIService).
+		// the user in request headers. With aggregator routing it dials an APIService's Service
+		// at one of its EndpointSlice addresses (the Pod IP) and target port, not its cluster IP,
+		// which nothing makes reachable here (no kube-proxy).
 		"--requestheader-client-ca-file=" + p.FrontProxyCACert,
 		"--requestheader-allowed-names=front-proxy-client",
 		"--requestheader-username-headers=X-Remote-User",
 		"--requestheader-group-headers=X-Remote-Group",
 		"--requestheader-extra-headers-prefix=X-Remote-Extra-",
 		"--proxy-client-cert-file=" + p.ProxyClientCert, "--proxy-client-key-file=" + p.ProxyClientKey,
-		"--enable-aggregator-routing=false",
+		"--enable-aggregator-routing=true",
+		// kubectl logs: the API server reaches the runner's kubelet API at the Node's InternalIP.
+		"--kubelet-client-certificate=" + p.KubeletClientCert, "--kubelet-client-key=" + p.KubeletClientKey,
+		"--kubelet-certificate-authority=" + p.CACert,
+		"--kubelet-preferred-address-types=InternalIP",
 		"--v=0",
 	}, baseEnv, filepath.Join(logs, "kube-apiserver.log"), o.ComponentLog)
 	if err != nil {

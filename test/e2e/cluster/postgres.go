@@ -16,6 +16,9 @@ import (
 type Postgres struct {
 	// DSN is the connection string (unix socket of the cluster's directory).
 	DSN string
+	// TCPDSN is the same database over TCP on 127.0.0.1: what Pods use, whose /tmp (an emptyDir,
+	// or their own root filesystem) does not hold the socket directory.
+	TCPDSN string
 
 	repo   string
 	dir    string
@@ -53,6 +56,9 @@ func StartPostgres(ctx context.Context, repo string) (*Postgres, error) {
 		return nil, fmt.Errorf("reading the cluster's bindir: %w", err)
 	}
 	pg.bindir = strings.TrimSpace(string(b))
+	pg.TCPDSN = dsnHost.ReplaceAllStringFunc(dsn, func(m string) string {
+		return strings.Replace(m, "host="+pg.dir, "host=127.0.0.1", 1)
+	})
 	return pg, nil
 }
 

@@ -34,22 +34,28 @@ type Process struct {
 // startProcess starts bin with args and env (appended to nothing: the child sees only env) in its
 // own process group, logging to logPath (and to tee when not nil).
 func startProcess(name, bin string, args, env []string, logPath string, tee io.Writer) (*Process, error) {
+	cmd := exec.Command(bin, args...)
+	cmd.Env = env
+	return startCmd(name, cmd, logPath, tee, 0)
+}
+
+// startCmd starts cmd in its own process group (and in new namespaces per cloneflags), killed
+// when this process dies, with stdout and stderr appended to logPath (and copied to tee).
+func startCmd(name string, cmd *exec.Cmd, logPath string, tee io.Writer, cloneflags uintptr) (*Process, error) {
 	f, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return nil, fmt.Errorf("%s: opening its log %s: %w", name, logPath, err)
 	}
-	cmd := exec.Command(bin, args...)
-	cmd.Env = env
 	var out io.Writer = f
 	if tee != nil {
 		out = io.MultiWriter(f, &prefixWriter{prefix: name + " | ", w: tee})
 	}
 	cmd.Stdout, cmd.Stderr = out, out
 	// Own process group (so Stop reaches its children too); killed if this process dies first.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL, Cloneflags: cloneflags}
 	if err := cmd.Start(); err != nil {
 		_ = f.Close()
-		return nil, fmt.Errorf("starting %s (%s): %w", name, bin, err)
+		return nil, fmt.Errorf("starting %s (%s): %w", name, cmd.Path, err)
 	}
 	p := &Process{Name: name, LogPath: logPath, cmd: cmd, done: make(chan struct{}), logFile: f}
 	go func() {

@@ -2,133 +2,220 @@ package cluster
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net"
-	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"sort"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"time"
 
-	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
-	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/client-go/util/flowcontrol"
 )
 
-// DefaultRunnerSelector selects the Pods the Runner runs: the operator's shard Pods.
-const DefaultRunnerSelector = "renderqueue.dev/queue"
+// DefaultNodeName is the name of the one Node the Runner registers.
+const DefaultNodeName = "local"
+
+// Kubelet's defaults, which the Runner uses unless RunnerOptions say otherwise.
+const (
+	// DefaultCrashLoopBackOff is kubelet's initial container restart back-off (it doubles per
+	// restart up to DefaultMaxCrashLoopBackOff and resets after a container ran twice that long).
+	DefaultCrashLoopBackOff = 10 * time.Second
+	// DefaultMaxCrashLoopBackOff is kubelet's maximum restart back-off.
+	DefaultMaxCrashLoopBackOff = 5 * time.Minute
+	// DefaultRetryPeriod is how often a Pod that cannot start yet (a missing Secret or
+	// ConfigMap) is retried, besides right after any Secret or ConfigMap of its namespace
+	// changes (kubelet's pod worker back-off).
+	DefaultRetryPeriod = 10 * time.Second
+	// DefaultVolumeSyncPeriod is how often the secret, configMap, downwardAPI and projected
+	// volumes of a running Pod are brought up to date (and their ServiceAccount tokens checked
+	// for refresh); changes of Secrets and ConfigMaps are also picked up at once.
+	DefaultVolumeSyncPeriod = 10 * time.Second
+)
 
 // RunnerOptions configure a Runner.
 type RunnerOptions struct {
-	// Client reaches the API server (with rights to read Pods, Secrets and ConfigMaps, patch Pod
-	// status, delete Pods and create ServiceAccount tokens).
+	// Client reaches the API server with rights to everything a kubelet and the scheduler do
+	// (an admin client): read Pods, Secrets, ConfigMaps; bind Pods; patch Pod status; delete
+	// Pods; create Nodes, events and ServiceAccount tokens.
 	Client kubernetes.Interface
-	// Server is the API server URL and CAData its CA, written into each Pod's kubeconfig.
+	// Server is the API server's URL (https://127.0.0.1:PORT): a Pod's KUBERNETES_SERVICE_HOST
+	// and KUBERNETES_SERVICE_PORT (there is no kube-proxy to make the kubernetes Service's
+	// cluster IP reachable).
 	Server string
-	CAData []byte
-	// Binary is the program run as every Pod's container (the image's entrypoint): the
-	// renderqueue binary. The container's command is ignored; its args are passed.
+	// Network is the pod network the Pod IPs come from (AddPodNetwork). Required.
+	Network *PodNetwork
+	// Images maps image references to local programs; the first match wins. Images no mapping
+	// matches cannot be "pulled" (the container waits in ErrImagePull / ImagePullBackOff).
+	// NewRunner appends RenderqueueImage(Binary) when Binary is set and PauseImage().
+	Images []ImageMapping
+	// Binary is the renderqueue binary (see RenderqueueImage); may be empty.
 	Binary string
-	// Selector is the label selector of the Pods to run (default DefaultRunnerSelector).
-	Selector string
-	// Dir holds each Pod's materialised volumes, kubeconfig and log.
+	// NodeName is the name of the Node registered and run (default DefaultNodeName).
+	NodeName string
+	// Dir holds each Pod's directory: volumes, container logs, termination messages, the
+	// containers' root filesystem mount points. Created with mode 0700.
 	Dir string
 	// Logf reports what the runner does (nil: silent).
 	Logf func(format string, args ...any)
-	// ProcessLog, if not nil, also receives every Pod process's output, line-prefixed.
+	// ProcessLog, if not nil, also receives every container's output, line-prefixed.
 	ProcessLog io.Writer
-	// MaxRestartBackoff caps the delay between restarts of a dead process (default 10s; the
-	// first restart waits 1s, doubling).
-	MaxRestartBackoff time.Duration
-	// MaxGrace caps the termination grace period of a deleted Pod (default 10s).
+	// CrashLoopBackOff and MaxCrashLoopBackOff are the container restart back-off (defaults:
+	// kubelet's, DefaultCrashLoopBackOff and DefaultMaxCrashLoopBackOff).
+	CrashLoopBackOff, MaxCrashLoopBackOff time.Duration
+	// RetryPeriod: see DefaultRetryPeriod.
+	RetryPeriod time.Duration
+	// VolumeSyncPeriod: see DefaultVolumeSyncPeriod.
+	VolumeSyncPeriod time.Duration
+	// MaxGrace caps a Pod's termination grace period (0: no cap; the Pod's own period).
 	MaxGrace time.Duration
-	// ReadinessPeriod is how often the readiness probe is run (default 500ms).
-	ReadinessPeriod time.Duration
+	// Kubelet, if set, serves the kubelet API's container logs (kubectl logs) for the Node.
+	Kubelet *KubeletServer
 }
 
-// Runner plays kubelet for the Pods its Selector matches, with the real binary as the container
-// and a loopback address as the Pod's IP. For each such Pod it:
-//
-//   - allocates a loopback address 127.0.0.<n> (n from 2, the lowest free) as the Pod's IP;
-//   - materialises its secret and configMap volumes (and the secret/configMap sources of
-//     projected volumes) into a directory of its own, and rewrites any argument or env value that
-//     is a mount path, or a path under one, to the materialised directory;
-//   - rewrites a listen address of the form ":PORT" or "0.0.0.0:PORT" in the args (standalone or
-//     after "=") to the Pod's address, "127.0.0.<n>:PORT";
-//   - resolves the env: values, secretKeyRef and configMapKeyRef (from the API server), fieldRef
-//     (metadata.name/namespace/uid, status.podIP, spec.serviceAccountName), envFrom; expands $(VAR)
-//     references in args as kubelet does; sets KUBECONFIG to a kubeconfig holding a token of the
-//     Pod's ServiceAccount (TokenRequest bound to the Pod), so the process has exactly the rights
-//     the operator gave the Pod;
-//   - starts Binary with the args in its own process group, output to <dir>/<pod>/container.log;
-//   - sets the Pod's status: phase Running, podIP, hostIP 127.0.0.1, container status and the
-//     Ready/ContainersReady conditions from the container's HTTP readiness probe (polled every
-//     ReadinessPeriod; without a probe the container is ready while it runs);
-//   - when the process dies, restarts it like kubelet with restartPolicy Always: the Pod stays
-//     (same name, same address), restartCount goes up, the container waits in CrashLoopBackOff
-//     for 1s, 2s, 4s, ... (capped at MaxRestartBackoff) and Ready is False meanwhile. With
-//     restartPolicy Never (or OnFailure and exit 0) the Pod's phase becomes Failed (Succeeded)
-//     instead;
-//   - when the Pod is deleted (or marked for deletion), stops the process (SIGTERM to its group,
-//     SIGKILL after the grace period, capped at MaxGrace), deletes a terminating Pod for good, and
-//     frees the address.
+// Runner plays kubelet (and the scheduler) for one Node: it registers the Node, binds every
+// unscheduled Pod to it and runs every Pod bound to it, with the containers' processes built
+// from RunnerOptions.Images. What it honours of a Pod, and what it does instead where a
+// container runtime would do more, is in the package documentation (and
+// docs/local-cluster.md); every field it does not honour is logged once per Pod, and also shown
+// as an event of the Pod.
 type Runner struct {
-	o RunnerOptions
+	o          RunnerOptions
+	apiHost    string
+	apiPort    string
+	backoff    *flowcontrol.Backoff
+	recorder   record.EventRecorder
+	scheduler  record.EventRecorder
+	secrets    corelisters.SecretLister
+	configMaps corelisters.ConfigMapLister
 
 	mu      sync.Mutex
 	workers map[types.UID]*podWorker
-	ips     map[int]types.UID
-	wg      sync.WaitGroup
+	noted   map[types.UID]string // what was logged about a Pod that is not run (binding, other node)
+	// finished holds the Pods whose worker ended (terminal phase, or the runner stopped them):
+	// they are never run again, only deleted for good once marked for deletion.
+	finished map[types.UID]bool
+	binding  map[types.UID]bool
+	wg       sync.WaitGroup
 }
 
 // NewRunner checks o and returns a Runner; Run starts it.
 func NewRunner(o RunnerOptions) (*Runner, error) {
-	if o.Client == nil || o.Binary == "" || o.Dir == "" || o.Server == "" {
-		return nil, errors.New("runner: Client, Binary, Server and Dir are required")
+	if o.Client == nil || o.Dir == "" || o.Server == "" || o.Network == nil {
+		return nil, errors.New("runner: Client, Server, Network and Dir are required")
 	}
-	if o.Selector == "" {
-		o.Selector = DefaultRunnerSelector
+	if os.Geteuid() != 0 {
+		return nil, errors.New("runner: must run as root (mount namespaces, overlay root filesystems, changing users)")
+	}
+	for _, tool := range []string{"bash", "mount", "umount", "pivot_root", "setpriv", "env", "mknod"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			return nil, fmt.Errorf("runner: %s is needed (util-linux, coreutils, bash): %w", tool, err)
+		}
+	}
+	u, err := url.Parse(o.Server)
+	if err != nil || u.Hostname() == "" || u.Port() == "" {
+		return nil, fmt.Errorf("runner: Server %q is not https://HOST:PORT", o.Server)
+	}
+	if o.NodeName == "" {
+		o.NodeName = DefaultNodeName
 	}
 	if o.Logf == nil {
 		o.Logf = func(string, ...any) {}
 	}
-	if o.MaxRestartBackoff <= 0 {
-		o.MaxRestartBackoff = 10 * time.Second
+	if o.CrashLoopBackOff <= 0 {
+		o.CrashLoopBackOff = DefaultCrashLoopBackOff
 	}
-	if o.MaxGrace <= 0 {
-		o.MaxGrace = 10 * time.Second
+	if o.MaxCrashLoopBackOff <= 0 {
+		o.MaxCrashLoopBackOff = DefaultMaxCrashLoopBackOff
 	}
-	if o.ReadinessPeriod <= 0 {
-		o.ReadinessPeriod = 500 * time.Millisecond
+	if o.MaxCrashLoopBackOff < o.CrashLoopBackOff {
+		o.MaxCrashLoopBackOff = o.CrashLoopBackOff
 	}
-	if err := os.MkdirAll(o.Dir, 0o755); err != nil {
+	if o.RetryPeriod <= 0 {
+		o.RetryPeriod = DefaultRetryPeriod
+	}
+	if o.VolumeSyncPeriod <= 0 {
+		o.VolumeSyncPeriod = DefaultVolumeSyncPeriod
+	}
+	if o.Binary != "" {
+		o.Images = append(o.Images, RenderqueueImage(o.Binary))
+	}
+	pause, err := PauseImage()
+	if err != nil {
+		return nil, fmt.Errorf("runner: %w", err)
+	}
+	o.Images = append(o.Images, pause)
+	if strings.ContainsAny(o.Dir, ",:\\") {
+		return nil, fmt.Errorf("runner: Dir %q must not contain ',', ':' or '\\' (overlay mount options)", o.Dir)
+	}
+	if err := os.MkdirAll(o.Dir, 0o700); err != nil {
 		return nil, fmt.Errorf("runner: creating %s: %w", o.Dir, err)
 	}
-	return &Runner{o: o, workers: map[types.UID]*podWorker{}, ips: map[int]types.UID{}}, nil
+	if err := os.Chmod(o.Dir, 0o700); err != nil {
+		return nil, fmt.Errorf("runner: %w", err)
+	}
+	return &Runner{
+		o: o, apiHost: u.Hostname(), apiPort: u.Port(),
+		backoff: flowcontrol.NewBackOff(o.CrashLoopBackOff, o.MaxCrashLoopBackOff),
+		workers: map[types.UID]*podWorker{}, noted: map[types.UID]string{}, binding: map[types.UID]bool{},
+		finished: map[types.UID]bool{},
+	}, nil
 }
 
-// Run watches the Pods and runs them until ctx ends; then it stops every process it started
-// and returns.
+// NodeName is the name of the Node the runner plays kubelet for.
+func (r *Runner) NodeName() string { return r.o.NodeName }
+
+// Run registers the Node, then schedules and runs Pods until ctx ends; then it stops every
+// container it started (each with its Pod's grace period, capped by MaxGrace) and returns.
 func (r *Runner) Run(ctx context.Context) error {
-	factory := informers.NewSharedInformerFactoryWithOptions(r.o.Client, 0,
-		informers.WithTweakListOptions(func(lo *metav1.ListOptions) { lo.LabelSelector = r.o.Selector }))
-	inf := factory.Core().V1().Pods().Informer()
-	_, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+	if err := r.registerNode(ctx); err != nil {
+		return err
+	}
+	broadcaster := record.NewBroadcaster(record.WithContext(ctx))
+	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: r.o.Client.CoreV1().Events("")})
+	defer broadcaster.Shutdown()
+	r.recorder = broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "kubelet", Host: r.o.NodeName})
+	r.scheduler = broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "default-scheduler"})
+
+	factory := informers.NewSharedInformerFactory(r.o.Client, 0)
+	r.secrets = factory.Core().V1().Secrets().Lister()
+	r.configMaps = factory.Core().V1().ConfigMaps().Lister()
+	kickNamespace := func(obj any) {
+		if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+			obj = d.Obj
+		}
+		if m, ok := obj.(metav1.Object); ok {
+			r.kick(m.GetNamespace())
+		}
+	}
+	for _, inf := range []cache.SharedIndexInformer{factory.Core().V1().Secrets().Informer(), factory.Core().V1().ConfigMaps().Informer()} {
+		if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+			AddFunc: kickNamespace, UpdateFunc: func(_, obj any) { kickNamespace(obj) }, DeleteFunc: kickNamespace,
+		}); err != nil {
+			return fmt.Errorf("runner: adding a handler: %w", err)
+		}
+	}
+	pods := factory.Core().V1().Pods().Informer()
+	if _, err := pods.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(obj any) { r.observe(ctx, obj) },
 		UpdateFunc: func(_, obj any) { r.observe(ctx, obj) },
 		DeleteFunc: func(obj any) {
@@ -136,136 +223,340 @@ func (r *Runner) Run(ctx context.Context) error {
 				obj = d.Obj
 			}
 			if pod, ok := obj.(*corev1.Pod); ok {
-				r.stopWorkerAsync(pod.UID, false)
+				r.gone(pod)
 			}
 		},
-	})
-	if err != nil {
+	}); err != nil {
 		return fmt.Errorf("runner: adding the pod handler: %w", err)
 	}
 	factory.Start(ctx.Done())
+	// Pods are only run once the Secret and ConfigMap caches are complete (a missing Secret
+	// must mean missing, not not-yet-listed).
+	for typ, ok := range factory.WaitForCacheSync(ctx.Done()) {
+		if !ok && ctx.Err() == nil {
+			return fmt.Errorf("runner: the %v cache did not sync", typ)
+		}
+	}
+	if r.o.Kubelet != nil {
+		r.o.Kubelet.setRunner(r)
+	}
+	r.o.Logf("runner: differences from a kubelet and a container runtime, for every Pod: %s", strings.Join(GeneralDeviations, "; "))
 	<-ctx.Done()
 	factory.Shutdown()
 	r.mu.Lock()
-	uids := make([]types.UID, 0, len(r.workers))
-	for uid := range r.workers {
-		uids = append(uids, uid)
+	ws := make([]*podWorker, 0, len(r.workers))
+	for _, w := range r.workers {
+		ws = append(ws, w)
 	}
 	r.mu.Unlock()
-	for _, uid := range uids {
-		r.stopWorker(uid, false)
+	for _, w := range ws {
+		w.requestStop(false)
+	}
+	for _, w := range ws {
+		<-w.done
 	}
 	r.wg.Wait()
 	return nil
 }
 
-// observe starts a worker for a new Pod, or stops the worker of a Pod marked for deletion.
+// registerNode creates (or takes over) the Node: Ready, the pod CIDR, 127.0.0.1 as its address,
+// this machine's CPUs and memory as capacity.
+func (r *Runner) registerNode(ctx context.Context) error {
+	nodes := r.o.Client.CoreV1().Nodes()
+	cidr := r.o.Network.CIDR.String()
+	node := &corev1.Node{
+		ObjectMeta: metav1.ObjectMeta{Name: r.o.NodeName, Labels: map[string]string{
+			"kubernetes.io/hostname": r.o.NodeName, "kubernetes.io/os": "linux", "kubernetes.io/arch": runtime.GOARCH,
+		}},
+		Spec: corev1.NodeSpec{PodCIDR: cidr, PodCIDRs: []string{cidr}},
+	}
+	created, err := nodes.Create(ctx, node, metav1.CreateOptions{})
+	if apierrors.IsAlreadyExists(err) {
+		created, err = nodes.Get(ctx, r.o.NodeName, metav1.GetOptions{})
+	}
+	if err != nil {
+		return fmt.Errorf("runner: registering Node %s: %w", r.o.NodeName, err)
+	}
+	now := metav1.Now()
+	capacity := corev1.ResourceList{
+		corev1.ResourceCPU:    *resource.NewQuantity(int64(runtime.NumCPU()), resource.DecimalSI),
+		corev1.ResourceMemory: *resource.NewQuantity(memTotal(), resource.BinarySI),
+		corev1.ResourcePods:   *resource.NewQuantity(110, resource.DecimalSI),
+	}
+	cond := func(t corev1.NodeConditionType, s corev1.ConditionStatus, reason, msg string) corev1.NodeCondition {
+		return corev1.NodeCondition{Type: t, Status: s, Reason: reason, Message: msg, LastHeartbeatTime: now, LastTransitionTime: now}
+	}
+	created.Status = corev1.NodeStatus{
+		Capacity: capacity, Allocatable: capacity,
+		Phase: corev1.NodeRunning,
+		Conditions: []corev1.NodeCondition{
+			cond(corev1.NodeMemoryPressure, corev1.ConditionFalse, "KubeletHasSufficientMemory", "not checked by the local runner"),
+			cond(corev1.NodeDiskPressure, corev1.ConditionFalse, "KubeletHasNoDiskPressure", "not checked by the local runner"),
+			cond(corev1.NodePIDPressure, corev1.ConditionFalse, "KubeletHasSufficientPID", "not checked by the local runner"),
+			cond(corev1.NodeReady, corev1.ConditionTrue, "KubeletReady", "the local pod runner (test/e2e/cluster) is running"),
+		},
+		Addresses: []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: "127.0.0.1"}, {Type: corev1.NodeHostName, Address: r.o.NodeName}},
+		NodeInfo: corev1.NodeSystemInfo{
+			KubeletVersion: "local-runner", ContainerRuntimeVersion: "local-runner://0", OperatingSystem: "linux",
+			Architecture: runtime.GOARCH, KernelVersion: kernelRelease(), OSImage: "this machine's root filesystem",
+		},
+	}
+	if r.o.Kubelet != nil {
+		created.Status.DaemonEndpoints.KubeletEndpoint.Port = int32(r.o.Kubelet.Port())
+	}
+	if _, err := nodes.UpdateStatus(ctx, created, metav1.UpdateOptions{}); err != nil {
+		return fmt.Errorf("runner: writing the status of Node %s: %w", r.o.NodeName, err)
+	}
+	r.o.Logf("runner: registered Node %s (pod CIDR %s, Ready)", r.o.NodeName, cidr)
+	return nil
+}
+
+func memTotal() int64 {
+	b, err := os.ReadFile("/proc/meminfo")
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		var kb int64
+		if _, err := fmt.Sscanf(line, "MemTotal: %d kB", &kb); err == nil {
+			return kb * 1024
+		}
+	}
+	return 0
+}
+
+func kernelRelease() string {
+	b, _ := os.ReadFile("/proc/sys/kernel/osrelease")
+	return strings.TrimSpace(string(b))
+}
+
+// observe reacts to a Pod: binds it when it is unscheduled, starts a worker for a new Pod of this
+// Node, and passes updates (deletion included) to the Pod's worker.
 func (r *Runner) observe(ctx context.Context, obj any) {
 	pod, ok := obj.(*corev1.Pod)
-	if !ok {
+	if !ok || ctx.Err() != nil {
 		return
 	}
-	if pod.DeletionTimestamp != nil {
-		r.stopWorkerAsync(pod.UID, true)
+	if pod.Spec.NodeName == "" {
+		r.schedule(ctx, pod)
 		return
 	}
-	if pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed {
+	if pod.Spec.NodeName != r.o.NodeName {
+		r.noteOnce(pod, "other-node", "runner: pod %s/%s is bound to Node %q, not %q: not run", pod.Namespace, pod.Name, pod.Spec.NodeName, r.o.NodeName)
 		return
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if ctx.Err() != nil {
+	if w, ok := r.workers[pod.UID]; ok {
+		w.update(pod)
 		return
 	}
-	if _, ok := r.workers[pod.UID]; ok {
+	if pod.DeletionTimestamp != nil {
+		// Never started here, or finished: kubelet's final delete.
+		r.wg.Add(1)
+		go func() {
+			defer r.wg.Done()
+			r.finalDelete(pod.Namespace, pod.Name, pod.UID)
+		}()
 		return
 	}
-	n, err := r.allocateLocked(pod.UID)
-	if err != nil {
-		r.o.Logf("runner: pod %s/%s: %v", pod.Namespace, pod.Name, err)
+	if r.finished[pod.UID] || pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed {
 		return
 	}
-	wctx, cancel := context.WithCancel(ctx)
-	w := &podWorker{
-		r: r, pod: pod.DeepCopy(), ip: fmt.Sprintf("127.0.0.%d", n), ipIndex: n,
-		cancel: cancel, done: make(chan struct{}),
-	}
+	w := newPodWorker(r, pod)
 	r.workers[pod.UID] = w
 	r.wg.Add(1)
 	go func() {
 		defer r.wg.Done()
-		defer close(w.done)
-		w.run(wctx)
+		w.run(ctx)
+		r.mu.Lock()
+		if r.workers[pod.UID] == w {
+			delete(r.workers, pod.UID)
+		}
+		if !w.wasDeleted() {
+			r.finished[pod.UID] = true
+		}
+		r.mu.Unlock()
 	}()
 }
 
-// stopWorkerAsync is stopWorker without blocking the informer's event handler for the grace
-// period; Run waits for it.
-func (r *Runner) stopWorkerAsync(uid types.UID, forceDelete bool) {
+// gone handles a Pod removed from the API server (deleted for good, by its final delete or a
+// forced one): its containers are stopped.
+func (r *Runner) gone(pod *corev1.Pod) {
+	r.mu.Lock()
+	w := r.workers[pod.UID]
+	delete(r.noted, pod.UID)
+	delete(r.binding, pod.UID)
+	delete(r.finished, pod.UID)
+	r.mu.Unlock()
+	if w != nil {
+		w.requestStop(false)
+	}
+}
+
+// kick wakes the workers of namespace's Pods waiting for a Secret or ConfigMap.
+func (r *Runner) kick(namespace string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, w := range r.workers {
+		if w.namespace == namespace {
+			w.kickVolumes()
+		}
+	}
+}
+
+// noteOnce logs a message about a Pod once per key.
+func (r *Runner) noteOnce(pod *corev1.Pod, key, format string, args ...any) {
+	r.mu.Lock()
+	seen := r.noted[pod.UID] == key
+	r.noted[pod.UID] = key
+	r.mu.Unlock()
+	if !seen {
+		r.o.Logf(format, args...)
+	}
+}
+
+// schedule binds an unscheduled Pod to the Node (the scheduler's Binding), unless it waits for
+// scheduling gates or names another scheduler. Nothing of the Pod's scheduling constraints is
+// checked: they are logged as not honoured.
+func (r *Runner) schedule(ctx context.Context, pod *corev1.Pod) {
+	if pod.DeletionTimestamp != nil {
+		return
+	}
+	if len(pod.Spec.SchedulingGates) > 0 {
+		r.noteOnce(pod, "gated", "runner: pod %s/%s waits for its scheduling gates %v", pod.Namespace, pod.Name, pod.Spec.SchedulingGates)
+		return
+	}
+	if s := pod.Spec.SchedulerName; s != "" && s != corev1.DefaultSchedulerName {
+		r.noteOnce(pod, "scheduler", "runner: pod %s/%s names scheduler %q: not bound (only %s Pods are)", pod.Namespace, pod.Name, s, corev1.DefaultSchedulerName)
+		return
+	}
+	r.mu.Lock()
+	if r.binding[pod.UID] {
+		r.mu.Unlock()
+		return
+	}
+	r.binding[pod.UID] = true
+	r.mu.Unlock()
 	r.wg.Add(1)
 	go func() {
 		defer r.wg.Done()
-		r.stopWorker(uid, forceDelete)
+		defer func() {
+			r.mu.Lock()
+			delete(r.binding, pod.UID)
+			r.mu.Unlock()
+		}()
+		if ignored := schedulingIgnored(pod); len(ignored) > 0 {
+			r.o.Logf("runner: pod %s/%s: not honoured when scheduling (one Node, everything fits): %s", pod.Namespace, pod.Name, strings.Join(ignored, "; "))
+		}
+		b := &corev1.Binding{
+			ObjectMeta: metav1.ObjectMeta{Name: pod.Name, Namespace: pod.Namespace, UID: pod.UID},
+			Target:     corev1.ObjectReference{Kind: "Node", Name: r.o.NodeName},
+		}
+		bctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		err := r.o.Client.CoreV1().Pods(pod.Namespace).Bind(bctx, b, metav1.CreateOptions{})
+		switch {
+		case err == nil:
+			r.scheduler.Eventf(pod, corev1.EventTypeNormal, "Scheduled", "Successfully assigned %s/%s to %s", pod.Namespace, pod.Name, r.o.NodeName)
+		case apierrors.IsConflict(err), apierrors.IsNotFound(err), ctx.Err() != nil:
+			// bound meanwhile, or gone
+		default:
+			r.o.Logf("runner: binding pod %s/%s to %s: %v", pod.Namespace, pod.Name, r.o.NodeName, err)
+		}
 	}()
 }
 
-// stopWorker stops the worker of uid (and its process) and waits for it; with forceDelete the
-// Pod, already marked for deletion, is then deleted for good (kubelet's final delete).
-func (r *Runner) stopWorker(uid types.UID, forceDelete bool) {
-	r.mu.Lock()
-	w, ok := r.workers[uid]
-	r.mu.Unlock()
-	if !ok {
-		return
+// schedulingIgnored lists the scheduling constraints a Pod sets, which the runner does not check.
+func schedulingIgnored(pod *corev1.Pod) []string {
+	var out []string
+	s := pod.Spec
+	if len(s.NodeSelector) > 0 {
+		out = append(out, fmt.Sprintf("nodeSelector %v", s.NodeSelector))
 	}
-	w.cancel()
-	<-w.done
-	r.mu.Lock()
-	if r.workers[uid] == w {
-		delete(r.workers, uid)
-		delete(r.ips, w.ipIndex)
+	if s.Affinity != nil {
+		out = append(out, "affinity")
 	}
-	r.mu.Unlock()
-	if forceDelete {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		err := r.o.Client.CoreV1().Pods(w.pod.Namespace).Delete(ctx, w.pod.Name, metav1.DeleteOptions{
-			GracePeriodSeconds: new(int64), Preconditions: &metav1.Preconditions{UID: &uid},
-		})
-		if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
-			r.o.Logf("runner: deleting pod %s/%s: %v", w.pod.Namespace, w.pod.Name, err)
-		}
-	}
-}
-
-// allocateLocked picks the lowest free 127.0.0.<n>, n >= 2, whose port 8080 nobody else holds.
-func (r *Runner) allocateLocked(uid types.UID) (int, error) {
-	for n := 2; n < 255; n++ {
-		if _, used := r.ips[n]; used {
+	var tolerations int
+	for _, t := range s.Tolerations {
+		// The DefaultTolerationSeconds admission plugin adds these two to every Pod; they only
+		// matter to taint-based eviction, which nothing does here.
+		if t.Effect == corev1.TaintEffectNoExecute && (t.Key == corev1.TaintNodeNotReady || t.Key == corev1.TaintNodeUnreachable) {
 			continue
 		}
-		ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.%d:8080", n))
-		if err != nil {
-			continue // something else (a leftover process?) is there
-		}
-		_ = ln.Close()
-		r.ips[n] = uid
-		return n, nil
+		tolerations++
 	}
-	return 0, errors.New("no free loopback address 127.0.0.2-254")
+	if tolerations > 0 {
+		out = append(out, fmt.Sprintf("%d tolerations (the Node has no taints)", tolerations))
+	}
+	if len(s.TopologySpreadConstraints) > 0 {
+		out = append(out, "topologySpreadConstraints")
+	}
+	if s.PriorityClassName != "" || (s.Priority != nil && *s.Priority != 0) {
+		out = append(out, "priority (no preemption)")
+	}
+	for _, c := range append(append([]corev1.Container{}, s.InitContainers...), s.Containers...) {
+		if len(c.Resources.Requests) > 0 || len(c.Resources.Limits) > 0 {
+			out = append(out, "resource requests/limits (no fit check)")
+			break
+		}
+	}
+	if len(s.Overhead) > 0 {
+		out = append(out, "overhead")
+	}
+	return out
 }
 
-// PodProcess describes the process the runner runs for a Pod.
+// finalDelete deletes a terminating Pod for good (grace 0, UID precondition), as kubelet does
+// once its containers are stopped.
+func (r *Runner) finalDelete(namespace, name string, uid types.UID) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	err := r.o.Client.CoreV1().Pods(namespace).Delete(ctx, name, metav1.DeleteOptions{
+		GracePeriodSeconds: new(int64), Preconditions: &metav1.Preconditions{UID: &uid},
+	})
+	if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+		r.o.Logf("runner: deleting pod %s/%s: %v", namespace, name, err)
+	}
+}
+
+// image returns the mapping of ref.
+func (r *Runner) image(ref string) (ImageMapping, bool) {
+	for _, m := range r.o.Images {
+		if m.Match(ref) {
+			return m, true
+		}
+	}
+	return ImageMapping{}, false
+}
+
+// knownImages names the images the runner can run, for messages.
+func (r *Runner) knownImages() string {
+	names := make([]string, 0, len(r.o.Images))
+	for _, m := range r.o.Images {
+		names = append(names, m.Name)
+	}
+	return strings.Join(names, ", ")
+}
+
+// PodProcess describes a container process the runner runs.
 type PodProcess struct {
 	Namespace, Name string
 	UID             types.UID
-	IP              string
-	Pid             int
-	LogPath         string
-	Restarts        int
+	// Container is the container's name.
+	Container string
+	// IP is the Pod's IP.
+	IP string
+	// Pid is the process id (0 while no process runs).
+	Pid int
+	// LogPath is the log of the container's current (or last) instance.
+	LogPath string
+	// Restarts is the container's restart count.
+	Restarts int
 }
 
-// Processes lists the Pods the runner runs, by namespace and name.
+// Processes lists the app containers the runner runs (init containers are left out), by
+// namespace, Pod name and container order.
 func (r *Runner) Processes() []PodProcess {
 	r.mu.Lock()
 	ws := make([]*podWorker, 0, len(r.workers))
@@ -273,11 +564,11 @@ func (r *Runner) Processes() []PodProcess {
 		ws = append(ws, w)
 	}
 	r.mu.Unlock()
-	out := make([]PodProcess, 0, len(ws))
+	var out []PodProcess
 	for _, w := range ws {
-		out = append(out, w.describe())
+		out = append(out, w.describe()...)
 	}
-	sort.Slice(out, func(i, j int) bool {
+	sort.SliceStable(out, func(i, j int) bool {
 		if out[i].Namespace != out[j].Namespace {
 			return out[i].Namespace < out[j].Namespace
 		}
@@ -286,7 +577,7 @@ func (r *Runner) Processes() []PodProcess {
 	return out
 }
 
-// Process returns the process of the Pod namespace/name, if the runner runs it.
+// Process returns the first app container of the Pod namespace/name, if the runner runs it.
 func (r *Runner) Process(namespace, name string) (PodProcess, bool) {
 	for _, p := range r.Processes() {
 		if p.Namespace == namespace && p.Name == name {
@@ -296,23 +587,32 @@ func (r *Runner) Process(namespace, name string) (PodProcess, bool) {
 	return PodProcess{}, false
 }
 
-// KillPod sends sig to the process group of the Pod namespace/name (as if the container
-// crashed) and returns the pid it signalled.
-func (r *Runner) KillPod(namespace, name string, sig syscall.Signal) (int, error) {
+// worker returns the worker of the Pod namespace/name.
+func (r *Runner) worker(namespace, name string) *podWorker {
 	r.mu.Lock()
-	var w *podWorker
-	for _, x := range r.workers {
-		if x.pod.Namespace == namespace && x.pod.Name == name {
-			w = x
+	defer r.mu.Unlock()
+	for _, w := range r.workers {
+		if w.namespace == namespace && w.name == name && !w.stopping() {
+			return w
 		}
 	}
-	r.mu.Unlock()
+	return nil
+}
+
+// KillPod sends sig to the process group of the first app container of the Pod namespace/name
+// (as if it crashed) and returns the pid it signalled.
+func (r *Runner) KillPod(namespace, name string, sig syscall.Signal) (int, error) {
+	w := r.worker(namespace, name)
 	if w == nil {
-		return 0, fmt.Errorf("runner: no process for pod %s/%s", namespace, name)
+		return 0, fmt.Errorf("runner: no pod %s/%s", namespace, name)
 	}
-	w.mu.Lock()
-	proc := w.proc
-	w.mu.Unlock()
+	c := w.firstApp()
+	if c == nil {
+		return 0, fmt.Errorf("runner: pod %s/%s has no containers", namespace, name)
+	}
+	c.mu.Lock()
+	proc := c.proc
+	c.mu.Unlock()
 	if proc == nil {
 		return 0, fmt.Errorf("runner: pod %s/%s has no running process", namespace, name)
 	}
@@ -322,657 +622,22 @@ func (r *Runner) KillPod(namespace, name string, sig syscall.Signal) (int, error
 	return proc.Pid(), proc.Kill(sig)
 }
 
-// podWorker runs one Pod.
-type podWorker struct {
-	r       *Runner
-	pod     *corev1.Pod // as first seen; spec is immutable where it matters
-	ip      string
-	ipIndex int
-	cancel  context.CancelFunc
-	done    chan struct{}
-
-	mu        sync.Mutex
-	proc      *Process
-	restarts  int
-	startedAt metav1.Time
-	lastTerm  *corev1.ContainerStateTerminated
-	logPath   string
+// LogPath returns the log file of a container's current (previous=false) or previous instance.
+func (r *Runner) LogPath(namespace, name, container string, previous bool) (string, error) {
+	w := r.worker(namespace, name)
+	if w == nil {
+		return "", fmt.Errorf("pod %s/%s is not run by this runner", namespace, name)
+	}
+	return w.logPath(container, previous)
 }
 
-func (w *podWorker) describe() PodProcess {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	p := PodProcess{Namespace: w.pod.Namespace, Name: w.pod.Name, UID: w.pod.UID, IP: w.ip, LogPath: w.logPath, Restarts: w.restarts}
-	if w.proc != nil {
-		if exited, _ := w.proc.Exited(); !exited {
-			p.Pid = w.proc.Pid()
-		}
-	}
-	return p
+// loopbackIP is the Node's address (hostIP) and the Pod IP of hostNetwork Pods.
+var loopbackIP = net.IPv4(127, 0, 0, 1)
+
+// podDirName is the directory of a Pod under RunnerOptions.Dir.
+func podDirName(pod *corev1.Pod) string {
+	return fmt.Sprintf("%s_%s_%s", pod.Namespace, pod.Name, pod.UID)
 }
 
-func (w *podWorker) logf(format string, args ...any) {
-	w.r.o.Logf("runner: pod %s/%s (%s): %s", w.pod.Namespace, w.pod.Name, w.ip, fmt.Sprintf(format, args...))
-}
-
-// run is the worker's life: start, supervise, restart, until ctx ends (the Pod is gone).
-func (w *podWorker) run(ctx context.Context) {
-	pod := w.pod
-	dir := filepath.Join(w.r.o.Dir, fmt.Sprintf("%s_%s_%s", pod.Namespace, pod.Name, string(pod.UID)[:8]))
-	if len(pod.Spec.Containers) == 0 {
-		w.logf("no containers; ignoring")
-		return
-	}
-	c := pod.Spec.Containers[0]
-	if len(pod.Spec.Containers) > 1 {
-		w.logf("has %d containers; running only the first (%s)", len(pod.Spec.Containers), c.Name)
-	}
-	podStart := metav1.Now()
-	backoff := time.Second
-	for {
-		if ctx.Err() != nil {
-			return
-		}
-		spec, err := w.prepare(ctx, dir, c)
-		var proc *Process
-		if err == nil {
-			w.mu.Lock()
-			w.logPath = filepath.Join(dir, "container.log")
-			w.mu.Unlock()
-			proc, err = startProcess(pod.Name, w.r.o.Binary, spec.args, spec.env, filepath.Join(dir, "container.log"), w.r.o.ProcessLog)
-		}
-		if err != nil {
-			if ctx.Err() != nil {
-				return
-			}
-			w.logf("cannot start the container: %v (retrying in %s)", err, backoff)
-			w.patchStatus(ctx, podStart, c, false, &corev1.ContainerStateWaiting{Reason: "CreateContainerConfigError", Message: err.Error()})
-			if !sleepCtx(ctx, backoff) {
-				return
-			}
-			backoff = min(2*backoff, w.r.o.MaxRestartBackoff)
-			continue
-		}
-		w.mu.Lock()
-		w.proc = proc
-		w.startedAt = metav1.Now()
-		w.mu.Unlock()
-		w.logf("started pid %d: %s %s", proc.Pid(), filepath.Base(w.r.o.Binary), strings.Join(spec.args, " "))
-		started := time.Now()
-		w.supervise(ctx, podStart, c, proc)
-		if ctx.Err() != nil {
-			grace := w.r.o.MaxGrace
-			if g := pod.Spec.TerminationGracePeriodSeconds; g != nil && time.Duration(*g)*time.Second < grace {
-				grace = time.Duration(*g) * time.Second
-			}
-			proc.Stop(grace)
-			w.logf("pod gone: stopped pid %d", proc.Pid())
-			return
-		}
-		_, werr := proc.Exited()
-		code := exitCode(werr)
-		w.mu.Lock()
-		w.restarts++
-		w.lastTerm = &corev1.ContainerStateTerminated{
-			ExitCode: int32(code), Reason: "Error", Message: fmt.Sprint(werr),
-			StartedAt: w.startedAt, FinishedAt: metav1.Now(),
-		}
-		if code == 0 {
-			w.lastTerm.Reason = "Completed"
-		}
-		w.mu.Unlock()
-		policy := pod.Spec.RestartPolicy
-		if policy == corev1.RestartPolicyNever || (policy == corev1.RestartPolicyOnFailure && code == 0) {
-			phase := corev1.PodFailed
-			if code == 0 {
-				phase = corev1.PodSucceeded
-			}
-			w.logf("process exited (%v); restartPolicy %s: pod %s", werr, policy, phase)
-			w.patchPhase(ctx, phase)
-			<-ctx.Done()
-			return
-		}
-		if time.Since(started) > time.Minute {
-			backoff = time.Second
-		}
-		w.logf("process exited (%v); restarting in %s (restart %d)", werr, backoff, w.restarts)
-		w.patchStatus(ctx, podStart, c, false, &corev1.ContainerStateWaiting{Reason: "CrashLoopBackOff",
-			Message: fmt.Sprintf("back-off %s restarting failed container", backoff)})
-		if !sleepCtx(ctx, backoff) {
-			return
-		}
-		backoff = min(2*backoff, w.r.o.MaxRestartBackoff)
-	}
-}
-
-// supervise reports the running container and its readiness until the process exits or ctx
-// ends.
-func (w *podWorker) supervise(ctx context.Context, podStart metav1.Time, c corev1.Container, proc *Process) {
-	probeURL := w.readinessURL(c)
-	hc := &http.Client{Timeout: time.Second}
-	ready := false
-	w.patchStatus(ctx, podStart, c, false, nil)
-	t := time.NewTicker(w.r.o.ReadinessPeriod)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-proc.Done():
-			return
-		case <-t.C:
-		}
-		now := probeURL == ""
-		if !now {
-			ok, _, _ := httpOK(ctx, hc, probeURL)
-			now = ok
-		}
-		if now != ready {
-			ready = now
-			w.logf("ready=%v", ready)
-			w.patchStatus(ctx, podStart, c, ready, nil)
-		}
-	}
-}
-
-// readinessURL is the URL of the container's HTTP readiness probe on the Pod's address, or ""
-// without one.
-func (w *podWorker) readinessURL(c corev1.Container) string {
-	if c.ReadinessProbe == nil || c.ReadinessProbe.HTTPGet == nil {
-		return ""
-	}
-	g := c.ReadinessProbe.HTTPGet
-	port := g.Port.IntValue()
-	if g.Port.Type == intstr.String {
-		for _, p := range c.Ports {
-			if p.Name == g.Port.StrVal {
-				port = int(p.ContainerPort)
-			}
-		}
-	}
-	path := g.Path
-	if !strings.HasPrefix(path, "/") {
-		path = "/" + path
-	}
-	return fmt.Sprintf("http://%s%s", net.JoinHostPort(w.ip, strconv.Itoa(port)), path)
-}
-
-// patchStatus writes the Pod's status: Running with the container running (waiting == nil) or
-// waiting, ready as given.
-func (w *podWorker) patchStatus(ctx context.Context, podStart metav1.Time, c corev1.Container, ready bool, waiting *corev1.ContainerStateWaiting) {
-	w.mu.Lock()
-	cs := corev1.ContainerStatus{
-		Name: c.Name, Image: c.Image, ImageID: "localrunner://" + w.r.o.Binary,
-		Ready: ready, RestartCount: int32(w.restarts), Started: new(waiting == nil),
-	}
-	if waiting != nil {
-		cs.State.Waiting = waiting
-	} else {
-		cs.State.Running = &corev1.ContainerStateRunning{StartedAt: w.startedAt}
-		if w.proc != nil {
-			cs.ContainerID = fmt.Sprintf("localrunner://%d", w.proc.Pid())
-		}
-	}
-	if w.lastTerm != nil {
-		cs.LastTerminationState.Terminated = w.lastTerm.DeepCopy()
-	}
-	w.mu.Unlock()
-	cond := func(t corev1.PodConditionType, ok bool) corev1.PodCondition {
-		s := corev1.ConditionFalse
-		if ok {
-			s = corev1.ConditionTrue
-		}
-		return corev1.PodCondition{Type: t, Status: s, LastTransitionTime: metav1.Now()}
-	}
-	status := corev1.PodStatus{
-		Phase:     corev1.PodRunning,
-		HostIP:    "127.0.0.1",
-		HostIPs:   []corev1.HostIP{{IP: "127.0.0.1"}},
-		PodIP:     w.ip,
-		PodIPs:    []corev1.PodIP{{IP: w.ip}},
-		StartTime: &podStart,
-		Conditions: []corev1.PodCondition{
-			cond(corev1.PodScheduled, true), cond(corev1.PodInitialized, true),
-			cond(corev1.ContainersReady, ready), cond(corev1.PodReady, ready),
-		},
-		ContainerStatuses: []corev1.ContainerStatus{cs},
-	}
-	w.patch(ctx, map[string]any{"status": status})
-}
-
-// patchPhase sets the Pod's phase (Succeeded, Failed) and clears readiness.
-func (w *podWorker) patchPhase(ctx context.Context, phase corev1.PodPhase) {
-	w.patch(ctx, map[string]any{"status": map[string]any{
-		"phase": phase,
-		"conditions": []corev1.PodCondition{
-			{Type: corev1.PodReady, Status: corev1.ConditionFalse, LastTransitionTime: metav1.Now()},
-			{Type: corev1.ContainersReady, Status: corev1.ConditionFalse, LastTransitionTime: metav1.Now()},
-		},
-	}})
-}
-
-func (w *podWorker) patch(ctx context.Context, body map[string]any) {
-	b, err := json.Marshal(body)
-	if err != nil {
-		w.logf("encoding a status patch: %v", err)
-		return
-	}
-	for attempt := 0; attempt < 5 && ctx.Err() == nil; attempt++ {
-		_, err = w.r.o.Client.CoreV1().Pods(w.pod.Namespace).Patch(ctx, w.pod.Name, types.MergePatchType, b, metav1.PatchOptions{}, "status")
-		if err == nil || apierrors.IsNotFound(err) {
-			return
-		}
-		if !sleepCtx(ctx, 200*time.Millisecond) {
-			return
-		}
-	}
-	if err != nil && ctx.Err() == nil {
-		w.logf("patching status: %v", err)
-	}
-}
-
-// containerSpec is what a container start needs: its args and environment.
-type containerSpec struct {
-	args []string
-	env  []string
-}
-
-// prepare materialises volumes and a kubeconfig into dir and resolves the container's args and
-// env.
-func (w *podWorker) prepare(ctx context.Context, dir string, c corev1.Container) (containerSpec, error) {
-	pod := w.pod
-	cs := w.r.o.Client.CoreV1()
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return containerSpec{}, fmt.Errorf("creating %s: %w", dir, err)
-	}
-
-	// Volumes.
-	volDirs := map[string]string{}
-	for _, v := range pod.Spec.Volumes {
-		vdir := filepath.Join(dir, "volumes", v.Name)
-		files, known, err := w.volumeFiles(ctx, v)
-		if err != nil {
-			return containerSpec{}, err
-		}
-		if !known {
-			continue
-		}
-		if err := os.RemoveAll(vdir); err != nil {
-			return containerSpec{}, fmt.Errorf("clearing %s: %w", vdir, err)
-		}
-		for name, data := range files {
-			p := filepath.Join(vdir, filepath.Clean("/"+name))
-			if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-				return containerSpec{}, fmt.Errorf("creating %s: %w", filepath.Dir(p), err)
-			}
-			if err := os.WriteFile(p, data, 0o600); err != nil {
-				return containerSpec{}, fmt.Errorf("writing %s: %w", p, err)
-			}
-		}
-		if err := os.MkdirAll(vdir, 0o755); err != nil {
-			return containerSpec{}, fmt.Errorf("creating %s: %w", vdir, err)
-		}
-		volDirs[v.Name] = vdir
-	}
-	mounts := map[string]string{} // mount path -> local dir
-	for _, m := range c.VolumeMounts {
-		if d, ok := volDirs[m.Name]; ok {
-			mounts[m.MountPath] = filepath.Join(d, m.SubPath)
-		}
-	}
-
-	// Kubeconfig with a token of the Pod's ServiceAccount, bound to the Pod.
-	sa := pod.Spec.ServiceAccountName
-	if sa == "" {
-		sa = "default"
-	}
-	tr, err := cs.ServiceAccounts(pod.Namespace).CreateToken(ctx, sa, &authenticationv1.TokenRequest{
-		Spec: authenticationv1.TokenRequestSpec{
-			ExpirationSeconds: new(int64(3600 * 6)),
-			BoundObjectRef:    &authenticationv1.BoundObjectReference{Kind: "Pod", APIVersion: "v1", Name: pod.Name, UID: pod.UID},
-		},
-	}, metav1.CreateOptions{})
-	if err != nil {
-		return containerSpec{}, fmt.Errorf("requesting a token of ServiceAccount %s/%s: %w", pod.Namespace, sa, err)
-	}
-	kubeconfig := filepath.Join(dir, "kubeconfig")
-	if err := writeKubeconfig(kubeconfig, w.r.o.Server, w.r.o.CAData, func(a *clientcmdapi.AuthInfo) {
-		a.Token = tr.Status.Token
-	}); err != nil {
-		return containerSpec{}, err
-	}
-
-	// Env.
-	envMap := map[string]string{}
-	var order []string
-	set := func(k, v string) {
-		if _, ok := envMap[k]; !ok {
-			order = append(order, k)
-		}
-		envMap[k] = v
-	}
-	for _, ef := range c.EnvFrom {
-		data, err := w.envFromData(ctx, ef)
-		if err != nil {
-			return containerSpec{}, err
-		}
-		keys := make([]string, 0, len(data))
-		for k := range data {
-			keys = append(keys, k)
-		}
-		sort.Strings(keys)
-		for _, k := range keys {
-			set(ef.Prefix+k, data[k])
-		}
-	}
-	for _, e := range c.Env {
-		v, ok, err := w.envValue(ctx, e, envMap)
-		if err != nil {
-			return containerSpec{}, err
-		}
-		if ok {
-			set(e.Name, rewritePaths(v, mounts))
-		}
-	}
-	env := []string{
-		"PATH=" + os.Getenv("PATH"),
-		"HOME=" + dir,
-		"TMPDIR=" + os.TempDir(),
-		"KUBECONFIG=" + kubeconfig,
-		"POD_NAME=" + pod.Name,
-		"POD_NAMESPACE=" + pod.Namespace,
-		"POD_IP=" + w.ip,
-	}
-	for _, k := range order {
-		env = append(env, k+"="+envMap[k])
-	}
-
-	// Args.
-	args := make([]string, 0, len(c.Args))
-	for _, a := range c.Args {
-		a = expandVars(a, envMap)
-		a = rewriteListen(a, w.ip)
-		a = rewritePaths(a, mounts)
-		args = append(args, a)
-	}
-	return containerSpec{args: args, env: env}, nil
-}
-
-// volumeFiles returns the files of a secret, configMap or projected volume (known = false for
-// other kinds, which are not materialised).
-func (w *podWorker) volumeFiles(ctx context.Context, v corev1.Volume) (map[string][]byte, bool, error) {
-	files := map[string][]byte{}
-	addItems := func(data map[string][]byte, items []corev1.KeyToPath, what string, optional bool) error {
-		if len(items) == 0 {
-			for k, d := range data {
-				files[k] = d
-			}
-			return nil
-		}
-		for _, it := range items {
-			d, ok := data[it.Key]
-			if !ok {
-				if optional {
-					continue
-				}
-				return fmt.Errorf("volume %s: %s has no key %q", v.Name, what, it.Key)
-			}
-			files[it.Path] = d
-		}
-		return nil
-	}
-	secret := func(name string, items []corev1.KeyToPath, optional bool) error {
-		s, err := w.r.o.Client.CoreV1().Secrets(w.pod.Namespace).Get(ctx, name, metav1.GetOptions{})
-		if apierrors.IsNotFound(err) && optional {
-			return nil
-		}
-		if err != nil {
-			return fmt.Errorf("volume %s: reading Secret %s/%s: %w", v.Name, w.pod.Namespace, name, err)
-		}
-		return addItems(s.Data, items, "Secret "+name, optional)
-	}
-	configMap := func(name string, items []corev1.KeyToPath, optional bool) error {
-		cm, err := w.r.o.Client.CoreV1().ConfigMaps(w.pod.Namespace).Get(ctx, name, metav1.GetOptions{})
-		if apierrors.IsNotFound(err) && optional {
-			return nil
-		}
-		if err != nil {
-			return fmt.Errorf("volume %s: reading ConfigMap %s/%s: %w", v.Name, w.pod.Namespace, name, err)
-		}
-		data := map[string][]byte{}
-		for k, s := range cm.Data {
-			data[k] = []byte(s)
-		}
-		for k, b := range cm.BinaryData {
-			data[k] = b
-		}
-		return addItems(data, items, "ConfigMap "+name, optional)
-	}
-	switch {
-	case v.Secret != nil:
-		return files, true, secret(v.Secret.SecretName, v.Secret.Items, v.Secret.Optional != nil && *v.Secret.Optional)
-	case v.ConfigMap != nil:
-		return files, true, configMap(v.ConfigMap.Name, v.ConfigMap.Items, v.ConfigMap.Optional != nil && *v.ConfigMap.Optional)
-	case v.Projected != nil:
-		for _, src := range v.Projected.Sources {
-			var err error
-			switch {
-			case src.Secret != nil:
-				err = secret(src.Secret.Name, src.Secret.Items, src.Secret.Optional != nil && *src.Secret.Optional)
-			case src.ConfigMap != nil:
-				err = configMap(src.ConfigMap.Name, src.ConfigMap.Items, src.ConfigMap.Optional != nil && *src.ConfigMap.Optional)
-			}
-			if err != nil {
-				return nil, true, err
-			}
-		}
-		return files, true, nil
-	}
-	return nil, false, nil
-}
-
-// envFromData reads the Secret or ConfigMap of an envFrom entry.
-func (w *podWorker) envFromData(ctx context.Context, ef corev1.EnvFromSource) (map[string]string, error) {
-	out := map[string]string{}
-	switch {
-	case ef.SecretRef != nil:
-		s, err := w.r.o.Client.CoreV1().Secrets(w.pod.Namespace).Get(ctx, ef.SecretRef.Name, metav1.GetOptions{})
-		if apierrors.IsNotFound(err) && ef.SecretRef.Optional != nil && *ef.SecretRef.Optional {
-			return out, nil
-		}
-		if err != nil {
-			return nil, fmt.Errorf("envFrom: reading Secret %s: %w", ef.SecretRef.Name, err)
-		}
-		for k, v := range s.Data {
-			out[k] = string(v)
-		}
-	case ef.ConfigMapRef != nil:
-		cm, err := w.r.o.Client.CoreV1().ConfigMaps(w.pod.Namespace).Get(ctx, ef.ConfigMapRef.Name, metav1.GetOptions{})
-		if apierrors.IsNotFound(err) && ef.ConfigMapRef.Optional != nil && *ef.ConfigMapRef.Optional {
-			return out, nil
-		}
-		if err != nil {
-			return nil, fmt.Errorf("envFrom: reading ConfigMap %s: %w", ef.ConfigMapRef.Name, err)
-		}
-		maps := cm.Data
-		for k, v := range maps {
-			out[k] = v
-		}
-	}
-	return out, nil
-}
-
-// envValue resolves one env var (ok = false for an optional reference that is missing).
-func (w *podWorker) envValue(ctx context.Context, e corev1.EnvVar, defined map[string]string) (string, bool, error) {
-	if e.ValueFrom == nil {
-		return expandVars(e.Value, defined), true, nil
-	}
-	vf := e.ValueFrom
-	switch {
-	case vf.SecretKeyRef != nil:
-		ref := vf.SecretKeyRef
-		optional := ref.Optional != nil && *ref.Optional
-		s, err := w.r.o.Client.CoreV1().Secrets(w.pod.Namespace).Get(ctx, ref.Name, metav1.GetOptions{})
-		if apierrors.IsNotFound(err) && optional {
-			return "", false, nil
-		}
-		if err != nil {
-			return "", false, fmt.Errorf("env %s: reading Secret %s/%s: %w", e.Name, w.pod.Namespace, ref.Name, err)
-		}
-		v, ok := s.Data[ref.Key]
-		if !ok {
-			if optional {
-				return "", false, nil
-			}
-			return "", false, fmt.Errorf("env %s: Secret %s/%s has no key %q", e.Name, w.pod.Namespace, ref.Name, ref.Key)
-		}
-		return string(v), true, nil
-	case vf.ConfigMapKeyRef != nil:
-		ref := vf.ConfigMapKeyRef
-		optional := ref.Optional != nil && *ref.Optional
-		cm, err := w.r.o.Client.CoreV1().ConfigMaps(w.pod.Namespace).Get(ctx, ref.Name, metav1.GetOptions{})
-		if apierrors.IsNotFound(err) && optional {
-			return "", false, nil
-		}
-		if err != nil {
-			return "", false, fmt.Errorf("env %s: reading ConfigMap %s/%s: %w", e.Name, w.pod.Namespace, ref.Name, err)
-		}
-		v, ok := cm.Data[ref.Key]
-		if !ok {
-			if optional {
-				return "", false, nil
-			}
-			return "", false, fmt.Errorf("env %s: ConfigMap %s/%s has no key %q", e.Name, w.pod.Namespace, ref.Name, ref.Key)
-		}
-		return v, true, nil
-	case vf.FieldRef != nil:
-		switch vf.FieldRef.FieldPath {
-		case "metadata.name":
-			return w.pod.Name, true, nil
-		case "metadata.namespace":
-			return w.pod.Namespace, true, nil
-		case "metadata.uid":
-			return string(w.pod.UID), true, nil
-		case "status.podIP":
-			return w.ip, true, nil
-		case "status.hostIP":
-			return "127.0.0.1", true, nil
-		case "spec.serviceAccountName":
-			return w.pod.Spec.ServiceAccountName, true, nil
-		case "spec.nodeName":
-			return w.pod.Spec.NodeName, true, nil
-		}
-		return "", false, fmt.Errorf("env %s: fieldRef %s is not supported by the local runner", e.Name, vf.FieldRef.FieldPath)
-	}
-	return "", false, fmt.Errorf("env %s: this kind of valueFrom is not supported by the local runner", e.Name)
-}
-
-// rewriteListen turns a listen address on all interfaces (":PORT", "0.0.0.0:PORT"), alone or as
-// a flag's "=value", into one on ip.
-func rewriteListen(arg, ip string) string {
-	prefix, val := "", arg
-	if strings.HasPrefix(arg, "-") {
-		if i := strings.IndexByte(arg, '='); i >= 0 {
-			prefix, val = arg[:i+1], arg[i+1:]
-		} else {
-			return arg
-		}
-	}
-	host, port, err := net.SplitHostPort(val)
-	if err != nil || (host != "" && host != "0.0.0.0") {
-		return arg
-	}
-	if _, err := strconv.Atoi(port); err != nil {
-		return arg
-	}
-	return prefix + net.JoinHostPort(ip, port)
-}
-
-// rewritePaths replaces a mount path (or a path under it) in arg, alone or as a flag's "=value",
-// with the directory the volume was materialised in; the longest mount path wins.
-func rewritePaths(arg string, mounts map[string]string) string {
-	prefix, val := "", arg
-	if strings.HasPrefix(arg, "-") {
-		if i := strings.IndexByte(arg, '='); i >= 0 {
-			prefix, val = arg[:i+1], arg[i+1:]
-		}
-	}
-	best := ""
-	for mp := range mounts {
-		mp = strings.TrimSuffix(mp, "/")
-		if (val == mp || strings.HasPrefix(val, mp+"/")) && len(mp) > len(best) {
-			best = mp
-		}
-	}
-	if best == "" {
-		return arg
-	}
-	local := mounts[best]
-	if local == "" {
-		local = mounts[best+"/"]
-	}
-	return prefix + local + strings.TrimPrefix(val, best)
-}
-
-// expandVars expands $(NAME) references to defined variables, as kubelet does in args and env
-// values: undefined references stay as they are, and $$ escapes a dollar.
-func expandVars(s string, defined map[string]string) string {
-	if !strings.Contains(s, "$") {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] != '$' || i+1 >= len(s) {
-			b.WriteByte(s[i])
-			continue
-		}
-		switch s[i+1] {
-		case '$':
-			b.WriteByte('$')
-			i++
-		case '(':
-			end := strings.IndexByte(s[i+2:], ')')
-			if end < 0 {
-				b.WriteByte(s[i])
-				continue
-			}
-			name := s[i+2 : i+2+end]
-			if v, ok := defined[name]; ok {
-				b.WriteString(v)
-			} else {
-				b.WriteString(s[i : i+3+end])
-			}
-			i += 2 + end
-		default:
-			b.WriteByte(s[i])
-		}
-	}
-	return b.String()
-}
-
-// exitCode is the exit code in a Wait error (0 for nil, -1 when unknown).
-func exitCode(err error) int {
-	if err == nil {
-		return 0
-	}
-	var ee *exec.ExitError
-	if errors.As(err, &ee) {
-		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
-			return 128 + int(ws.Signal()) // as container runtimes report it
-		}
-		return ee.ExitCode()
-	}
-	return -1
-}
-
-// sleepCtx waits d or until ctx ends; false when ctx ended.
-func sleepCtx(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
-}
+// podDir is the directory of a Pod.
+func (r *Runner) podDir(pod *corev1.Pod) string { return filepath.Join(r.o.Dir, podDirName(pod)) }

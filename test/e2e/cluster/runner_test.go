@@ -20,27 +20,6 @@ func TestRewriteListen(t *testing.T) {
 	}
 }
 
-func TestRewritePaths(t *testing.T) {
-	mounts := map[string]string{
-		"/var/run/renderqueue/token": "/tmp/pod/volumes/api-token",
-		"/var/run/renderqueue":       "/tmp/pod/volumes/other",
-		"/etc/conf/":                 "/tmp/pod/volumes/conf",
-	}
-	for _, c := range []struct{ in, want string }{
-		{"/var/run/renderqueue/token/token", "/tmp/pod/volumes/api-token/token"},
-		{"--token-file=/var/run/renderqueue/token/token", "--token-file=/tmp/pod/volumes/api-token/token"},
-		{"/var/run/renderqueue/x", "/tmp/pod/volumes/other/x"},
-		{"/var/run/renderqueue", "/tmp/pod/volumes/other"},
-		{"/var/run/renderqueuex", "/var/run/renderqueuex"},
-		{"/etc/conf/a.yaml", "/tmp/pod/volumes/conf/a.yaml"},
-		{"keeper", "keeper"},
-	} {
-		if got := rewritePaths(c.in, mounts); got != c.want {
-			t.Errorf("rewritePaths(%q) = %q, want %q", c.in, got, c.want)
-		}
-	}
-}
-
 func TestExpandVars(t *testing.T) {
 	env := map[string]string{"A": "1", "POD": "web-shard-0"}
 	for _, c := range []struct{ in, want string }{

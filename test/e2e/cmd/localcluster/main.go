@@ -1,11 +1,12 @@
 // Command localcluster runs renderqueue's local Kubernetes stack for `make demo` (and for poking
 // around by hand): a throwaway PostgreSQL, etcd, kube-apiserver with the aggregation layer,
-// kube-controller-manager, and the runner that plays kubelet for the operator's shard Pods (see
-// package test/e2e/cluster). It writes a shell environment file (KUBECONFIG, RENDERQUEUE_DSN, ...)
-// once everything is up, then runs until SIGINT or SIGTERM and stops everything it started.
+// kube-controller-manager, and the runner that plays scheduler and kubelet for one Node and runs
+// every Pod there — the operator's Deployment Pod and the shard Pods alike — with the renderqueue
+// binary standing in for the renderqueue image (see package test/e2e/cluster). It writes a shell
+// environment file (KUBECONFIG, RENDERQUEUE_DSN, RENDERQUEUE_POD_DSN, ...) once everything is up,
+// then runs until SIGINT or SIGTERM and stops everything it started.
 //
-//	localcluster --assets DIR --binary bin/renderqueue --env-file /tmp/x/env [--dir DIR]
-//	             [--metrics-api-port N]
+//	localcluster --assets DIR --binary bin/renderqueue --env-file /tmp/x/env [--dir DIR] [-v]
 package main
 
 import (
@@ -36,11 +37,9 @@ func run(args []string, stderr io.Writer) error {
 	fs.SetOutput(stderr)
 	repo := fs.String("repo", ".", "repository root (for hack/postgres.sh)")
 	assets := fs.String("assets", os.Getenv("KUBEBUILDER_ASSETS"), "directory with etcd, kube-apiserver, kube-controller-manager, kubectl (default $KUBEBUILDER_ASSETS)")
-	binary := fs.String("binary", "bin/renderqueue", "the renderqueue binary run for shard Pods")
+	binary := fs.String("binary", "bin/renderqueue", "the renderqueue binary, run for every container whose image is .../renderqueue[:tag]")
 	dir := fs.String("dir", "", "state directory (default: a new temporary directory, removed on exit)")
 	envFile := fs.String("env-file", "", "write KUBECONFIG, RENDERQUEUE_DSN, ... here (shell syntax) once the stack is up")
-	metricsPort := fs.Int("metrics-api-port", 0, "register external.metrics.k8s.io/v1beta1 as served on https://127.0.0.1:PORT (0: do not)")
-	metricsNS := fs.String("metrics-api-namespace", "default", "namespace of the metrics API's ExternalName Service")
 	verbose := fs.Bool("v", false, "copy every component's output to stderr")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -84,21 +83,18 @@ func run(args []string, stderr io.Writer) error {
 		c.Stop()
 		logf("stopped")
 	}()
-	if *metricsPort > 0 {
-		if err := c.RegisterAPIService(ctx, "external.metrics.k8s.io", "v1beta1", *metricsNS, "renderqueue-metrics-api", *metricsPort); err != nil {
-			return err
-		}
-		logf("registered external.metrics.k8s.io/v1beta1 -> https://127.0.0.1:%d", *metricsPort)
-	}
 	if *envFile != "" {
 		lines := []string{
 			"export KUBECONFIG=" + shellQuote(c.Kubeconfig),
 			"export LOCALCLUSTER_DIR=" + shellQuote(stateDir),
 			"export LOCALCLUSTER_LOGS=" + shellQuote(c.LogDir()),
 			"export LOCALCLUSTER_PID=" + strconv.Itoa(os.Getpid()),
+			"export LOCALCLUSTER_PODS=" + shellQuote(filepath.Join(stateDir, "pods")),
+			"export LOCALCLUSTER_POD_CIDR=" + shellQuote(c.Network.CIDR.String()),
 		}
 		if c.Postgres != nil {
-			lines = append(lines, "export RENDERQUEUE_DSN="+shellQuote(c.Postgres.DSN))
+			lines = append(lines, "export RENDERQUEUE_DSN="+shellQuote(c.Postgres.DSN),
+				"export RENDERQUEUE_POD_DSN="+shellQuote(c.Postgres.TCPDSN))
 		}
 		tmp := *envFile + ".tmp"
 		if err := os.WriteFile(tmp, []byte(strings.Join(lines, "\n")+"\n"), 0o600); err != nil {

@@ -1,0 +1,583 @@
+package cluster
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// containerScript is run by bash as root in the container's new mount, UTS and IPC namespaces.
+// It builds the container's root filesystem — an overlay of this machine's root filesystem
+// (read-only lower layer) with a fresh tmpfs as the writable layer, so nothing a container
+// writes or mounts touches the machine's filesystem — pivots into it, mounts /proc, /sys, a
+// private /dev (tmpfs with the standard devices and /dev/shm) and the bind mounts, sets the
+// hostname, remounts / read-only for readOnlyRootFilesystem and execs the rest of its arguments
+// (setpriv ... -- env -i ... ENTRYPOINT ARGS), which keeps the pid. Everything comes in as
+// positional parameters, never interpolated into the script:
+//
+//	$1 root mount point   $2 writable layer mount point   $3 hostname   $4 working directory
+//	then operations:  bind SRC DST dir|file ro|rw|rox  ...  [rofs]  exec COMMAND...
+//
+// SRC is a path of this machine; DST a path in the container. Setup errors are written to fd 3
+// (and the script exits 1); "ok" is written there right before the exec.
+const containerScript = `set -u
+fail() { printf '%s\n' "$*" >&3; exit 1; }
+run() { local out; out=$("$@" 2>&1) || fail "$*: $out"; }
+root=$1 layer=$2 host=$3 workdir=$4
+shift 4
+run mount --make-rprivate /
+run mount -t tmpfs -o mode=0755 container-layer "$layer"
+run mkdir "$layer/upper" "$layer/work"
+run mount -t overlay container-root -o "lowerdir=/,upperdir=$layer/upper,workdir=$layer/work" "$root"
+run mkdir -p "$root/.oldroot"
+cd "$root" || fail "cd $root"
+run pivot_root . .oldroot
+cd / || fail "cd /"
+run mount -t proc proc /proc
+run mount -t sysfs -o ro,nosuid,nodev,noexec sysfs /sys
+run mount -t tmpfs -o mode=0755,nosuid,size=65536k dev /dev
+run mknod -m 0666 /dev/null c 1 3
+run mknod -m 0666 /dev/zero c 1 5
+run mknod -m 0666 /dev/full c 1 7
+run mknod -m 0666 /dev/random c 1 8
+run mknod -m 0666 /dev/urandom c 1 9
+run mknod -m 0666 /dev/tty c 5 0
+run ln -s /proc/self/fd /dev/fd
+run ln -s /proc/self/fd/0 /dev/stdin
+run ln -s /proc/self/fd/1 /dev/stdout
+run ln -s /proc/self/fd/2 /dev/stderr
+run mkdir -m 1777 /dev/shm
+run mount -t tmpfs -o mode=1777,nosuid,nodev,noexec,size=65536k shm /dev/shm
+rofs=0
+while [ $# -gt 0 ]; do
+  op=$1
+  shift
+  case $op in
+  bind)
+    src=$1 dst=$2 kind=$3 mode=$4
+    shift 4
+    if [ "$kind" = dir ]; then
+      run mkdir -p -- "$dst"
+    else
+      run mkdir -p -- "$(dirname -- "$dst")"
+      [ -e "$dst" ] || run touch -- "$dst"
+    fi
+    run mount --bind -- "/.oldroot$src" "$dst"
+    case $mode in
+    ro) run mount --options-mode=ignore -o remount,bind,ro,nosuid,nodev -- "$dst" ;;
+    rox) run mount --options-mode=ignore -o remount,bind,ro,nosuid,nodev,exec -- "$dst" ;;
+    esac
+    ;;
+  rofs) rofs=1 ;;
+  exec) break ;;
+  *) fail "unknown operation $op" ;;
+  esac
+done
+run umount -l /.oldroot
+run rmdir /.oldroot
+printf '%s' "$host" >/proc/sys/kernel/hostname || fail "setting the hostname to $host"
+run mkdir -p -- "$workdir"
+cd -- "$workdir" || fail "cd $workdir"
+if [ "$rofs" = 1 ]; then run mount --options-mode=ignore -o remount,bind,ro /; fi
+echo ok >&3
+exec 3>&-
+exec "$@"
+`
+
+// bindMount is a bind mount into a container.
+type bindMount struct {
+	src, dst string
+	file     bool
+	mode     string // ro, rw, rox
+}
+
+// startConfig is everything a container instance is started with.
+type startConfig struct {
+	argv       []string // argv[0] is the entrypoint path in the container
+	binary     string
+	binaryArgs []string
+	env        []string
+	uid, gid   int64
+	groups     []int64
+	noNewPrivs bool
+	bounding   string // setpriv --bounding-set value; "" keeps every capability (privileged)
+	readOnly   bool
+	hostname   string
+	workdir    string
+	mounts     []bindMount
+}
+
+// command is the bash command line that runs cfg in a new container; rootDir and layerDir are
+// empty directories of the container's own.
+func (cfg *startConfig) command(rootDir, layerDir string) []string {
+	args := []string{"-c", containerScript, "container-init", rootDir, layerDir, cfg.hostname, cfg.workdir}
+	mounts := append([]bindMount(nil), cfg.mounts...)
+	// Parents before children (as container runtimes sort them).
+	sort.SliceStable(mounts, func(i, j int) bool {
+		return strings.Count(path.Clean(mounts[i].dst), "/") < strings.Count(path.Clean(mounts[j].dst), "/")
+	})
+	for _, m := range mounts {
+		kind := "dir"
+		if m.file {
+			kind = "file"
+		}
+		args = append(args, "bind", m.src, m.dst, kind, m.mode)
+	}
+	if cfg.readOnly {
+		args = append(args, "rofs")
+	}
+	args = append(args, "exec", "setpriv",
+		"--reuid="+strconv.FormatInt(cfg.uid, 10), "--regid="+strconv.FormatInt(cfg.gid, 10))
+	if len(cfg.groups) > 0 {
+		gs := make([]string, len(cfg.groups))
+		for i, g := range cfg.groups {
+			gs[i] = strconv.FormatInt(g, 10)
+		}
+		args = append(args, "--groups="+strings.Join(gs, ","))
+	} else {
+		args = append(args, "--clear-groups")
+	}
+	if cfg.noNewPrivs {
+		args = append(args, "--no-new-privs")
+	}
+	args = append(args, "--inh-caps=-all")
+	if cfg.bounding != "" {
+		args = append(args, "--bounding-set="+cfg.bounding)
+	}
+	// setpriv re-arms the parent-death signal after changing the credentials (which clears
+	// it), so the container dies with the runner.
+	args = append(args, "--pdeathsig=KILL", "--", "env", "-i", "--")
+	args = append(args, cfg.env...)
+	args = append(args, cfg.argv[0])
+	args = append(args, cfg.binaryArgs...)
+	args = append(args, cfg.argv[1:]...)
+	return args
+}
+
+// startError is a container that could not be started (the runtime's StartError).
+type startError struct{ msg string }
+
+func (e *startError) Error() string { return e.msg }
+
+// startContainer starts cfg as a new container instance logging to logPath and waits until its
+// setup is done and the entrypoint is being exec'd.
+func startContainer(name string, cfg *startConfig, rootDir, layerDir, logPath string, tee io.Writer) (*Process, error) {
+	for _, d := range []string{rootDir, layerDir} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			return nil, fmt.Errorf("creating %s: %w", d, err)
+		}
+	}
+	pr, pw, err := os.Pipe()
+	if err != nil {
+		return nil, fmt.Errorf("creating a pipe: %w", err)
+	}
+	defer func() { _ = pr.Close() }()
+	cmd := exec.Command("/bin/bash", cfg.command(rootDir, layerDir)...)
+	cmd.Env = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL=C"}
+	cmd.ExtraFiles = []*os.File{pw}
+	p, err := startCmd(name, cmd, logPath, tee, syscall.CLONE_NEWNS|syscall.CLONE_NEWUTS|syscall.CLONE_NEWIPC)
+	_ = pw.Close()
+	if err != nil {
+		return nil, err
+	}
+	line, rerr := bufio.NewReader(pr).ReadString('\n')
+	line = strings.TrimSpace(line)
+	if line == "ok" {
+		return p, nil
+	}
+	p.Stop(time.Second)
+	if line == "" {
+		line = fmt.Sprintf("container setup ended without a word (%v); see %s", rerr, logPath)
+	}
+	return nil, &startError{msg: "starting the container: " + line}
+}
+
+// containerWorker runs one container of a Pod: starts it, probes it, restarts it per the restart
+// policy with kubelet's back-off, and keeps its status.
+type containerWorker struct {
+	w       *podWorker
+	spec    corev1.Container
+	init    bool // an init container
+	sidecar bool // an init container with restartPolicy Always
+
+	mu           sync.Mutex
+	state        corev1.ContainerState
+	last         corev1.ContainerState
+	instances    int // instances started (the restart count is instances-1)
+	ready        bool
+	started      bool
+	proc         *Process
+	logPaths     []string // per instance
+	containerID  string
+	imageID      string
+	user         *corev1.ContainerUser
+	lastFinished time.Time
+	stopGrace    time.Duration
+	killCh       chan string // a failed liveness/startup probe asks for a kill (with the reason)
+}
+
+func newContainerWorker(w *podWorker, spec corev1.Container, init, sidecar bool) *containerWorker {
+	return &containerWorker{
+		w: w, spec: spec, init: init, sidecar: sidecar,
+		state:  corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: "ContainerCreating"}},
+		killCh: make(chan string, 1),
+	}
+}
+
+// ref is the event reference of the container.
+func (c *containerWorker) ref() *corev1.ObjectReference {
+	pod := c.w.currentPod()
+	field := fmt.Sprintf("spec.containers{%s}", c.spec.Name)
+	if c.init {
+		field = fmt.Sprintf("spec.initContainers{%s}", c.spec.Name)
+	}
+	return &corev1.ObjectReference{Kind: "Pod", APIVersion: "v1", Namespace: pod.Namespace, Name: pod.Name, UID: pod.UID,
+		ResourceVersion: pod.ResourceVersion, FieldPath: field}
+}
+
+func (c *containerWorker) event(typ, reason, format string, args ...any) {
+	c.w.r.recorder.Eventf(c.ref(), typ, reason, format, args...)
+}
+
+func (c *containerWorker) logf(format string, args ...any) {
+	c.w.logf("container %s: %s", c.spec.Name, fmt.Sprintf(format, args...))
+}
+
+// setWaiting shows the container waiting with reason and message.
+func (c *containerWorker) setWaiting(reason, msg string) {
+	c.mu.Lock()
+	c.state = corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: reason, Message: msg}}
+	c.ready, c.started = false, false
+	c.mu.Unlock()
+	c.w.statusChanged()
+}
+
+// restartAfter reports whether a container that exited with code restarts.
+func (c *containerWorker) restartAfter(code int) bool {
+	if c.sidecar {
+		return true
+	}
+	policy := c.w.restartPolicy()
+	if c.init {
+		return code != 0 && policy != corev1.RestartPolicyNever
+	}
+	switch policy {
+	case corev1.RestartPolicyNever:
+		return false
+	case corev1.RestartPolicyOnFailure:
+		return code != 0
+	}
+	return true
+}
+
+// backoffKey identifies the container in the runner's back-off (as kubelet's key does).
+func (c *containerWorker) backoffKey() string {
+	return fmt.Sprintf("%s_%s_%s_%s", c.w.namespace, c.w.name, c.w.uid, c.spec.Name)
+}
+
+// wait blocks for d, or until ctx ends or kick fires; false when ctx ended.
+func wait(ctx context.Context, d time.Duration, kick <-chan struct{}) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+	case <-kick:
+	}
+	return true
+}
+
+// run is the container's life until it exits for good (the restart policy says no more; code is
+// its last exit code) or ctx ends (the Pod stops; the running instance is stopped with
+// stopGrace first).
+func (c *containerWorker) run(ctx context.Context) (finished bool, code int) {
+	r := c.w.r
+	pulledEvent := false
+	for {
+		if ctx.Err() != nil {
+			return false, 0
+		}
+		m, ok := r.image(c.spec.Image)
+		if !ok {
+			msg := fmt.Sprintf("image %q is not mapped to a local program by the local pod runner (it knows: %s; see RunnerOptions.Images)", c.spec.Image, r.knownImages())
+			c.setWaiting("ErrImagePull", msg)
+			c.event(corev1.EventTypeWarning, "Failed", "Failed to pull image %q: %s", c.spec.Image, msg)
+			c.logf("ErrImagePull: %s", msg)
+			if !wait(ctx, time.Second, nil) {
+				return false, 0
+			}
+			c.setWaiting("ImagePullBackOff", fmt.Sprintf("Back-off pulling image %q: ErrImagePull: %s", c.spec.Image, msg))
+			c.event(corev1.EventTypeNormal, "BackOff", "Back-off pulling image %q", c.spec.Image)
+			<-ctx.Done() // the mapping never changes
+			return false, 0
+		}
+		if !pulledEvent {
+			c.event(corev1.EventTypeNormal, "Pulled", "Container image %q mapped to the local program %s (%s)", c.spec.Image, m.Image.Binary, m.Name)
+			pulledEvent = true
+		}
+
+		// kubelet's crash-loop back-off, counted from when the last instance finished.
+		c.mu.Lock()
+		finishedAt := c.lastFinished
+		c.mu.Unlock()
+		if !finishedAt.IsZero() {
+			key := c.backoffKey()
+			if r.backoff.IsInBackOffSince(key, finishedAt) {
+				d := r.backoff.Get(key)
+				msg := fmt.Sprintf("back-off %s restarting failed container=%s pod=%s", d, c.spec.Name, c.w.format())
+				c.setWaiting("CrashLoopBackOff", msg)
+				c.event(corev1.EventTypeWarning, "BackOff", "Back-off restarting failed container %s in pod %s", c.spec.Name, c.w.format())
+				if !wait(ctx, time.Until(finishedAt.Add(d)), nil) {
+					return false, 0
+				}
+				continue
+			}
+			r.backoff.Next(key, finishedAt)
+		}
+
+		cfg, err := c.w.containerConfig(c, m.Image)
+		if err != nil {
+			var ce *configError
+			if errors.As(err, &ce) {
+				c.setWaiting(ce.reason, ce.msg)
+				c.event(corev1.EventTypeWarning, "Failed", "Error: %s", ce.msg)
+				c.logf("%s: %s (retrying)", ce.reason, ce.msg)
+				if !wait(ctx, r.o.RetryPeriod, c.w.kickCh()) {
+					return false, 0
+				}
+				continue
+			}
+			cfg = nil
+		}
+
+		term, again := c.runInstance(ctx, cfg, err)
+		if !again {
+			return false, 0
+		}
+		if !c.restartAfter(int(term.ExitCode)) {
+			return true, int(term.ExitCode) // state: terminated; lastState: the instance before
+		}
+		c.mu.Lock()
+		c.last = corev1.ContainerState{Terminated: term}
+		if term.Reason == "StartError" {
+			c.state = corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: "RunContainerError", Message: term.Message}}
+		}
+		c.mu.Unlock()
+		c.w.statusChanged()
+	}
+}
+
+// runInstance starts one instance (or records why it could not start) and supervises it until it
+// exits: the container's state is then its termination, which is returned. again is false when
+// ctx ended (the instance was stopped).
+func (c *containerWorker) runInstance(ctx context.Context, cfg *startConfig, cfgErr error) (term *corev1.ContainerStateTerminated, again bool) {
+	r := c.w.r
+	if ctx.Err() != nil {
+		return nil, false
+	}
+	c.mu.Lock()
+	c.instances++
+	n := c.instances - 1
+	c.containerID = fmt.Sprintf("local://%s-%s-%d", c.w.uid, c.spec.Name, n)
+	cdir := filepath.Join(c.w.dir, "containers", c.spec.Name)
+	logPath := filepath.Join(cdir, fmt.Sprintf("%d.log", n))
+	c.logPaths = append(c.logPaths, logPath)
+	c.mu.Unlock()
+	termPath := filepath.Join(cdir, fmt.Sprintf("%d.termination-log", n))
+
+	started := time.Now()
+	var proc *Process
+	err := cfgErr
+	if err == nil {
+		err = os.MkdirAll(cdir, 0o700)
+	}
+	if err == nil {
+		// kubelet's termination message file: a fresh, world-writable file per instance.
+		err = os.WriteFile(termPath, nil, 0o666)
+		if err == nil {
+			err = os.Chmod(termPath, 0o666)
+		}
+	}
+	if err == nil {
+		tp := c.spec.TerminationMessagePath
+		if tp == "" {
+			tp = corev1.TerminationMessagePathDefault
+		}
+		cfg.mounts = append(cfg.mounts, bindMount{src: termPath, dst: path.Clean(tp), file: true, mode: "rw"})
+		name := c.w.name + "/" + c.spec.Name
+		proc, err = startContainer(name, cfg, filepath.Join(cdir, "root"), filepath.Join(cdir, "layer"), logPath, r.o.ProcessLog)
+	}
+	if err != nil {
+		now := metav1.Now()
+		term := &corev1.ContainerStateTerminated{
+			ExitCode: 128, Reason: "StartError", Message: err.Error(), StartedAt: metav1.NewTime(started), FinishedAt: now,
+			ContainerID: c.containerID,
+		}
+		c.mu.Lock()
+		c.state = corev1.ContainerState{Terminated: term}
+		c.lastFinished = now.Time
+		c.mu.Unlock()
+		c.w.statusChanged()
+		c.event(corev1.EventTypeWarning, "Failed", "Error: %v", err)
+		c.logf("could not start: %v", err)
+		return term, ctx.Err() == nil
+	}
+
+	startedAt := metav1.Now()
+	c.mu.Lock()
+	c.proc = proc
+	c.state = corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: startedAt}}
+	c.user = &corev1.ContainerUser{Linux: &corev1.LinuxContainerUser{UID: cfg.uid, GID: cfg.gid, SupplementalGroups: cfg.groups}}
+	c.imageID = "local-runner://" + cfg.binary
+	c.ready = false
+	c.started = c.spec.StartupProbe == nil
+	c.stopGrace = 0
+	select {
+	case <-c.killCh:
+	default:
+	}
+	c.mu.Unlock()
+	c.w.statusChanged()
+	c.event(corev1.EventTypeNormal, "Created", "Created container %s", c.spec.Name)
+	c.event(corev1.EventTypeNormal, "Started", "Started container %s", c.spec.Name)
+	c.logf("started pid %d (instance %d): %s", proc.Pid(), n, strings.Join(cfg.argv, " "))
+
+	probeCtx, stopProbes := context.WithCancel(ctx)
+	var probes sync.WaitGroup
+	c.startProbes(probeCtx, &probes, startedAt.Time)
+	stopped := false
+	select {
+	case <-proc.Done():
+	case <-ctx.Done():
+		stopped = true
+		c.mu.Lock()
+		grace := c.stopGrace
+		c.mu.Unlock()
+		c.event(corev1.EventTypeNormal, "Killing", "Stopping container %s", c.spec.Name)
+		proc.Stop(grace)
+	case why := <-c.killCh:
+		grace := c.w.grace(nil)
+		c.event(corev1.EventTypeNormal, "Killing", "Container %s %s, will be restarted", c.spec.Name, why)
+		c.logf("%s: killing it (grace %s)", why, grace)
+		proc.Stop(grace)
+	}
+	stopProbes()
+	probes.Wait()
+
+	_, werr := proc.Exited()
+	code := exitCode(werr)
+	term = &corev1.ContainerStateTerminated{
+		ExitCode: int32(code), Reason: "Error", StartedAt: startedAt, FinishedAt: metav1.Now(), ContainerID: c.containerID,
+	}
+	if code == 0 {
+		term.Reason = "Completed"
+	}
+	term.Message = terminationMessage(termPath, logPath, c.spec.TerminationMessagePolicy, code)
+	c.mu.Lock()
+	c.proc = nil
+	c.ready, c.started = false, false
+	c.state = corev1.ContainerState{Terminated: term}
+	c.lastFinished = term.FinishedAt.Time
+	c.mu.Unlock()
+	c.w.statusChanged()
+	c.logf("pid %d exited with code %d", proc.Pid(), code)
+	return term, !stopped
+}
+
+// Kubelet's limits on termination messages.
+const (
+	maxTerminationMessage         = 4096
+	maxTerminationMessageLogLines = 80
+	maxTerminationMessageLogBytes = 2048
+)
+
+// terminationMessage is kubelet's: the termination message file (first 4 KiB), or with
+// FallbackToLogsOnError and a failed container, the end of its log (80 lines, 2 KiB).
+func terminationMessage(termPath, logPath string, policy corev1.TerminationMessagePolicy, code int) string {
+	if b, err := os.ReadFile(termPath); err == nil && len(b) > 0 {
+		if len(b) > maxTerminationMessage {
+			b = b[:maxTerminationMessage]
+		}
+		return string(b)
+	}
+	if policy != corev1.TerminationMessageFallbackToLogsOnError || code == 0 {
+		return ""
+	}
+	b, err := os.ReadFile(logPath)
+	if err != nil {
+		return ""
+	}
+	return logTail(b, maxTerminationMessageLogLines, maxTerminationMessageLogBytes)
+}
+
+// logTail is the last n lines of b, at most max bytes of them.
+func logTail(b []byte, n, max int) string {
+	s := strings.TrimRight(string(b), "\n")
+	lines := strings.Split(s, "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	out := strings.Join(lines, "\n") + "\n"
+	if len(out) > max {
+		out = out[len(out)-max:]
+	}
+	return out
+}
+
+// status is the container's ContainerStatus.
+func (c *containerWorker) status() corev1.ContainerStatus {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	restarts := int32(0)
+	if c.instances > 1 {
+		restarts = int32(c.instances - 1)
+	}
+	started := c.started
+	st := corev1.ContainerStatus{
+		Name: c.spec.Name, State: c.state, LastTerminationState: c.last, Ready: c.ready, RestartCount: restarts,
+		Image: c.spec.Image, ImageID: c.imageID, Started: &started, User: c.user,
+	}
+	if c.state.Running != nil || c.state.Terminated != nil {
+		st.ContainerID = c.containerID
+	}
+	return st
+}
+
+// setStopGrace sets the grace period the running instance gets when the context of run ends.
+func (c *containerWorker) setStopGrace(grace time.Duration) {
+	c.mu.Lock()
+	c.stopGrace = grace
+	c.mu.Unlock()
+}
+
+// exitCode is the exit code in a Wait error (0 for nil, 128+signal for a signalled process as
+// container runtimes report it, -1 when unknown).
+func exitCode(err error) int {
+	if err == nil {
+		return 0
+	}
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+			return 128 + int(ws.Signal())
+		}
+		return ee.ExitCode()
+	}
+	return -1
+}

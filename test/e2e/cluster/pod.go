@@ -1,0 +1,551 @@
+package cluster
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+)
+
+// podWorker runs one Pod: its sandbox (Pod IP, directory, volumes), init containers, containers
+// and status, until the Pod is deleted (then it stops the containers and deletes the Pod for
+// good) or the runner stops.
+type podWorker struct {
+	r         *Runner
+	uid       types.UID
+	namespace string
+	name      string
+	dir       string
+
+	statusCh chan struct{} // the status may have changed
+	kick     chan struct{} // a Secret or ConfigMap of the namespace changed, or the Pod did
+	stopCh   chan struct{} // closed when the Pod is to stop
+	stopOnce sync.Once
+	done     chan struct{}
+	writerWG sync.WaitGroup
+	writerCh chan struct{} // closed to end the status writer (after a last write)
+
+	mu         sync.Mutex
+	pod        *corev1.Pod // the latest seen
+	deleting   bool        // stopping because the Pod is being deleted
+	ip         netip.Addr  // from the pod network (invalid for hostNetwork Pods)
+	podIP      string
+	startTime  *metav1.Time
+	sandbox    bool // IP and directory ready
+	inits      []*containerWorker
+	apps       []*containerWorker
+	initsDone  bool
+	phase      corev1.PodPhase // a terminal phase once reached
+	conditions map[corev1.PodConditionType]corev1.PodCondition
+	lastStatus []byte
+	tokens     map[string]*projectedToken
+	ignored    map[string]bool // ignored fields already logged
+}
+
+func newPodWorker(r *Runner, pod *corev1.Pod) *podWorker {
+	w := &podWorker{
+		r: r, uid: pod.UID, namespace: pod.Namespace, name: pod.Name, dir: r.podDir(pod),
+		statusCh: make(chan struct{}, 1), kick: make(chan struct{}, 1), stopCh: make(chan struct{}), done: make(chan struct{}),
+		writerCh: make(chan struct{}),
+		pod:      pod.DeepCopy(), conditions: map[corev1.PodConditionType]corev1.PodCondition{},
+		tokens: map[string]*projectedToken{}, ignored: map[string]bool{},
+	}
+	for _, c := range pod.Spec.InitContainers {
+		sidecar := c.RestartPolicy != nil && *c.RestartPolicy == corev1.ContainerRestartPolicyAlways
+		w.inits = append(w.inits, newContainerWorker(w, c, true, sidecar))
+	}
+	for _, c := range pod.Spec.Containers {
+		w.apps = append(w.apps, newContainerWorker(w, c, false, false))
+	}
+	return w
+}
+
+func (w *podWorker) logf(format string, args ...any) {
+	w.r.o.Logf("runner: pod %s/%s: %s", w.namespace, w.name, fmt.Sprintf(format, args...))
+}
+
+// format is kubelet's format.Pod: name_namespace(uid).
+func (w *podWorker) format() string { return fmt.Sprintf("%s_%s(%s)", w.name, w.namespace, w.uid) }
+
+func (w *podWorker) currentPod() *corev1.Pod {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.pod
+}
+
+func (w *podWorker) restartPolicy() corev1.RestartPolicy {
+	p := w.currentPod().Spec.RestartPolicy
+	if p == "" {
+		return corev1.RestartPolicyAlways
+	}
+	return p
+}
+
+// update takes a newer version of the Pod.
+func (w *podWorker) update(pod *corev1.Pod) {
+	w.mu.Lock()
+	w.pod = pod.DeepCopy()
+	w.mu.Unlock()
+	if pod.DeletionTimestamp != nil {
+		w.requestStop(true)
+		return
+	}
+	w.kickVolumes()   // labels and annotations feed downwardAPI volumes
+	w.statusChanged() // readiness gates
+}
+
+// requestStop asks the worker to stop the Pod's containers: because the Pod is being deleted
+// (then it is deleted for good afterwards) or because the runner stops.
+func (w *podWorker) requestStop(deleting bool) {
+	w.mu.Lock()
+	if deleting {
+		w.deleting = true
+	}
+	w.mu.Unlock()
+	w.stopOnce.Do(func() { close(w.stopCh) })
+}
+
+func (w *podWorker) stopping() bool {
+	select {
+	case <-w.stopCh:
+		return true
+	default:
+		return false
+	}
+}
+
+func (w *podWorker) kickVolumes() {
+	select {
+	case w.kick <- struct{}{}:
+	default:
+	}
+}
+
+// kickCh fires when a Secret or ConfigMap of the Pod's namespace (or the Pod) changed.
+func (w *podWorker) kickCh() <-chan struct{} { return w.kick }
+
+func (w *podWorker) statusChanged() {
+	select {
+	case w.statusCh <- struct{}{}:
+	default:
+	}
+}
+
+// grace is the termination grace period: the Pod's deletion grace period when it is being
+// deleted, else the probe's or the Pod's terminationGracePeriodSeconds (default 30s), capped by
+// RunnerOptions.MaxGrace.
+func (w *podWorker) grace(probe *corev1.Probe) time.Duration {
+	pod := w.currentPod()
+	secs := int64(corev1.DefaultTerminationGracePeriodSeconds)
+	if pod.Spec.TerminationGracePeriodSeconds != nil {
+		secs = *pod.Spec.TerminationGracePeriodSeconds
+	}
+	if probe != nil && probe.TerminationGracePeriodSeconds != nil {
+		secs = *probe.TerminationGracePeriodSeconds
+	}
+	if pod.DeletionGracePeriodSeconds != nil {
+		secs = *pod.DeletionGracePeriodSeconds
+	}
+	g := time.Duration(secs) * time.Second
+	if max := w.r.o.MaxGrace; max > 0 && g > max {
+		g = max
+	}
+	return g
+}
+
+// run is the Pod's life on the Node.
+func (w *podWorker) run(ctx context.Context) {
+	defer close(w.done)
+	runCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		select {
+		case <-w.stopCh:
+		case <-ctx.Done():
+		}
+		cancel()
+	}()
+	w.writerWG.Add(1)
+	go w.statusWriter()
+	defer func() {
+		close(w.writerCh)
+		w.writerWG.Wait()
+	}()
+
+	pod := w.currentPod()
+	w.logIgnored(pod)
+	if err := w.setupSandbox(pod); err != nil {
+		w.logf("setting up: %v", err)
+		w.r.recorder.Eventf(pod, corev1.EventTypeWarning, "FailedCreatePodSandBox", "Failed to create pod sandbox: %v", err)
+		<-runCtx.Done()
+		w.finish()
+		return
+	}
+	w.statusChanged()
+
+	if w.mountVolumes(runCtx) {
+		var vwg sync.WaitGroup
+		vwg.Add(1)
+		go func() {
+			defer vwg.Done()
+			w.syncVolumesLoop(runCtx)
+		}()
+		var cwg sync.WaitGroup
+		if w.runInits(runCtx, &cwg) {
+			w.runApps(runCtx, &cwg)
+		}
+		<-runCtx.Done()
+		w.stopContainers(&cwg)
+		vwg.Wait()
+	} else {
+		<-runCtx.Done()
+	}
+	w.finish()
+}
+
+// finish releases the Pod IP and, for a deleted Pod, deletes it for good and removes its
+// directory (kept when the runner stops, for its logs).
+func (w *podWorker) finish() {
+	w.mu.Lock()
+	deleting := w.deleting
+	ip := w.ip
+	w.ip = netip.Addr{}
+	w.mu.Unlock()
+	if ip.IsValid() {
+		w.r.o.Network.Release(ip)
+	}
+	if !deleting {
+		return
+	}
+	w.flushStatus()
+	w.r.finalDelete(w.namespace, w.name, w.uid)
+	if err := os.RemoveAll(w.dir); err != nil {
+		w.logf("removing %s: %v", w.dir, err)
+	}
+	w.logf("deleted")
+}
+
+// setupSandbox allocates the Pod IP, creates the Pod's directory and its /etc/hosts.
+func (w *podWorker) setupSandbox(pod *corev1.Pod) error {
+	if err := os.MkdirAll(w.dir, 0o700); err != nil {
+		return fmt.Errorf("creating %s: %w", w.dir, err)
+	}
+	ip := loopbackIP.String()
+	var addr netip.Addr
+	if !pod.Spec.HostNetwork {
+		a, err := w.r.o.Network.Allocate(string(pod.UID))
+		if err != nil {
+			return err
+		}
+		addr, ip = a, a.String()
+	}
+	if err := os.WriteFile(filepath.Join(w.dir, "etc-hosts"), []byte(hostsFile(pod, ip)), 0o644); err != nil {
+		return fmt.Errorf("writing the hosts file: %w", err)
+	}
+	if err := os.WriteFile(filepath.Join(w.dir, "etc-hostname"), []byte(podHostname(pod)+"\n"), 0o644); err != nil {
+		return fmt.Errorf("writing the hostname file: %w", err)
+	}
+	now := metav1.Now()
+	w.mu.Lock()
+	w.ip, w.podIP, w.sandbox = addr, ip, true
+	w.startTime = &now
+	w.mu.Unlock()
+	w.logf("sandbox ready: Pod IP %s", ip)
+	return nil
+}
+
+// podHostname is the container's hostname: spec.hostname or the Pod name (63 characters at
+// most), or the FQDN with setHostnameAsFQDN.
+func podHostname(pod *corev1.Pod) string {
+	h := pod.Spec.Hostname
+	if h == "" {
+		h = pod.Name
+	}
+	if len(h) > 63 {
+		h = strings.TrimRight(h[:63], "-.")
+	}
+	if pod.Spec.SetHostnameAsFQDN != nil && *pod.Spec.SetHostnameAsFQDN && pod.Spec.Subdomain != "" {
+		return fmt.Sprintf("%s.%s.%s.svc.cluster.local", h, pod.Spec.Subdomain, pod.Namespace)
+	}
+	return h
+}
+
+// hostsFile is kubelet's managed /etc/hosts.
+func hostsFile(pod *corev1.Pod, ip string) string {
+	var b strings.Builder
+	b.WriteString("# Kubernetes-managed hosts file.\n127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n" +
+		"fe00::0\tip6-localnet\nfe00::0\tip6-mcastprefix\nfe00::1\tip6-allnodes\nfe00::2\tip6-allrouters\n")
+	h := podHostname(pod)
+	if pod.Spec.Subdomain != "" && !strings.Contains(h, ".") {
+		fmt.Fprintf(&b, "%s\t%s.%s.%s.svc.cluster.local\t%s\n", ip, h, pod.Spec.Subdomain, pod.Namespace, h)
+	} else {
+		fmt.Fprintf(&b, "%s\t%s\n", ip, h)
+	}
+	if len(pod.Spec.HostAliases) > 0 {
+		b.WriteString("\n# Entries added by HostAliases.\n")
+		for _, a := range pod.Spec.HostAliases {
+			fmt.Fprintf(&b, "%s\t%s\n", a.IP, strings.Join(a.Hostnames, "\t"))
+		}
+	}
+	return b.String()
+}
+
+// mountVolumes materialises the Pod's volumes, retrying (FailedMount) until they all are or the
+// Pod stops; false when it stopped first.
+func (w *podWorker) mountVolumes(ctx context.Context) bool {
+	lastErr := ""
+	for {
+		err := w.syncVolumes(ctx)
+		if err == nil {
+			return true
+		}
+		if ctx.Err() != nil {
+			return false
+		}
+		if msg := err.Error(); msg != lastErr {
+			lastErr = msg
+			w.logf("volumes not ready (retrying): %v", err)
+			w.r.recorder.Eventf(w.currentPod(), corev1.EventTypeWarning, "FailedMount", "MountVolume.SetUp failed: %v", err)
+		}
+		if !wait(ctx, w.r.o.RetryPeriod, w.kick) {
+			return false
+		}
+	}
+}
+
+// syncVolumesLoop keeps the volumes current (Secret and ConfigMap changes, token refresh,
+// downward API) until ctx ends.
+func (w *podWorker) syncVolumesLoop(ctx context.Context) {
+	for wait(ctx, w.r.o.VolumeSyncPeriod, w.kick) {
+		if err := w.syncVolumes(ctx); err != nil && ctx.Err() == nil {
+			w.logf("updating volumes: %v", err)
+		}
+	}
+}
+
+// runInits runs the init containers in order: each to completion (restarted on failure unless
+// the restart policy is Never), a sidecar (restartPolicy Always) until it has started. False when
+// the Pod stopped or failed first.
+func (w *podWorker) runInits(ctx context.Context, wg *sync.WaitGroup) bool {
+	for _, c := range w.inits {
+		if c.sidecar {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				c.run(ctx)
+			}()
+			for {
+				c.mu.Lock()
+				started := c.started
+				c.mu.Unlock()
+				if started {
+					break
+				}
+				if !wait(ctx, 100*time.Millisecond, nil) {
+					return false
+				}
+			}
+			continue
+		}
+		finished, code := c.run(ctx)
+		if !finished {
+			return false
+		}
+		if code != 0 { // restart policy Never
+			w.setPhase(corev1.PodFailed)
+			return false
+		}
+	}
+	w.mu.Lock()
+	w.initsDone = true
+	w.mu.Unlock()
+	w.statusChanged()
+	return true
+}
+
+// runApps starts the containers and, when they all finish for good (restart policy Never or
+// OnFailure), sets the terminal phase and stops the sidecars.
+func (w *podWorker) runApps(ctx context.Context, wg *sync.WaitGroup) {
+	var apps sync.WaitGroup
+	var mu sync.Mutex
+	failed := false
+	for _, c := range w.apps {
+		wg.Add(1)
+		apps.Add(1)
+		go func() {
+			defer wg.Done()
+			defer apps.Done()
+			finished, code := c.run(ctx)
+			if finished && code != 0 {
+				mu.Lock()
+				failed = true
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		apps.Wait()
+		if ctx.Err() != nil {
+			return
+		}
+		phase := corev1.PodSucceeded
+		if failed {
+			phase = corev1.PodFailed
+		}
+		w.setPhase(phase)
+	}()
+}
+
+// setPhase puts the Pod into a terminal phase: its sidecars are stopped and its IP released;
+// the worker then waits for the Pod's deletion.
+func (w *podWorker) setPhase(phase corev1.PodPhase) {
+	w.mu.Lock()
+	w.phase = phase
+	w.mu.Unlock()
+	w.logf("all containers finished: %s", phase)
+	for _, c := range w.inits {
+		if c.sidecar {
+			c.setStopGrace(w.grace(nil))
+		}
+	}
+	w.statusChanged()
+	// Sidecars stop with the Pod's context; a terminal Pod keeps its worker only to delete it
+	// for good later, so stopping here is the same as a runner stop.
+	go func() {
+		w.stopOnce.Do(func() { close(w.stopCh) })
+	}()
+}
+
+// stopContainers stops every running container: the app containers first, then the sidecars
+// (each gets the grace period), and waits for them.
+func (w *podWorker) stopContainers(wg *sync.WaitGroup) {
+	g := w.grace(nil)
+	for _, c := range append(append([]*containerWorker{}, w.apps...), w.inits...) {
+		c.setStopGrace(g)
+	}
+	wg.Wait()
+}
+
+// firstApp is the first app container.
+func (w *podWorker) firstApp() *containerWorker {
+	if len(w.apps) == 0 {
+		return nil
+	}
+	return w.apps[0]
+}
+
+// describe lists the app containers' processes.
+func (w *podWorker) describe() []PodProcess {
+	w.mu.Lock()
+	ip := w.podIP
+	w.mu.Unlock()
+	var out []PodProcess
+	for _, c := range w.apps {
+		c.mu.Lock()
+		p := PodProcess{Namespace: w.namespace, Name: w.name, UID: w.uid, Container: c.spec.Name, IP: ip}
+		if n := len(c.logPaths); n > 0 {
+			p.LogPath = c.logPaths[n-1]
+		}
+		if c.instances > 1 {
+			p.Restarts = c.instances - 1
+		}
+		if c.proc != nil {
+			if exited, _ := c.proc.Exited(); !exited {
+				p.Pid = c.proc.Pid()
+			}
+		}
+		c.mu.Unlock()
+		out = append(out, p)
+	}
+	return out
+}
+
+// logPath is the log of a container's current or previous instance.
+func (w *podWorker) logPath(container string, previous bool) (string, error) {
+	for _, c := range append(append([]*containerWorker{}, w.inits...), w.apps...) {
+		if c.spec.Name != container {
+			continue
+		}
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		n := len(c.logPaths)
+		switch {
+		case previous && n >= 2:
+			return c.logPaths[n-2], nil
+		case previous:
+			return "", fmt.Errorf("previous terminated container %q in pod %q not found", container, w.name)
+		case n == 0:
+			return "", fmt.Errorf("container %q in pod %q is waiting to start", container, w.name)
+		}
+		return c.logPaths[n-1], nil
+	}
+	return "", fmt.Errorf("container %s is not valid for pod %s", container, w.name)
+}
+
+// statusWriter writes the Pod's status whenever it changed, until writerCh is closed (then it
+// writes it a last time).
+func (w *podWorker) statusWriter() {
+	defer w.writerWG.Done()
+	for {
+		select {
+		case <-w.statusCh:
+			w.flushStatus()
+		case <-w.writerCh:
+			w.flushStatus()
+			return
+		}
+	}
+}
+
+// flushStatus writes the Pod's status if it differs from the last one written.
+func (w *podWorker) flushStatus() {
+	st := w.buildStatus()
+	body, err := json.Marshal(map[string]any{"status": st})
+	if err != nil {
+		w.logf("encoding the status: %v", err)
+		return
+	}
+	w.mu.Lock()
+	same := string(body) == string(w.lastStatus)
+	w.mu.Unlock()
+	if same {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	for attempt := 0; ; attempt++ {
+		_, err = w.r.o.Client.CoreV1().Pods(w.namespace).Patch(ctx, w.name, types.StrategicMergePatchType, body, metav1.PatchOptions{}, "status")
+		if err == nil || apierrors.IsNotFound(err) || attempt == 4 {
+			break
+		}
+		if !wait(ctx, 200*time.Millisecond, nil) {
+			break
+		}
+	}
+	if err != nil && !apierrors.IsNotFound(err) {
+		w.logf("writing the status: %v", err)
+		return
+	}
+	w.mu.Lock()
+	w.lastStatus = body
+	w.mu.Unlock()
+}
+
+// wasDeleted reports whether the worker stopped because the Pod was deleted.
+func (w *podWorker) wasDeleted() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.deleting
+}

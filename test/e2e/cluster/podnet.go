@@ -1,0 +1,142 @@
+package cluster
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"net/netip"
+	"os/exec"
+	"strings"
+	"sync"
+)
+
+// PodNetwork is the local cluster's pod CIDR, 10.244.N.0/24, made host-local with an AnyIP route
+// (`ip route add local 10.244.N.0/24 dev lo`): a process can bind to and reach every address in
+// it without a network interface per Pod. The API server accepts these addresses in
+// EndpointSlices (it rejects loopback ones), so Services that select Pods get real endpoints.
+type PodNetwork struct {
+	// CIDR is the pod network, e.g. 10.244.37.0/24.
+	CIDR netip.Prefix
+
+	mu    sync.Mutex
+	inUse map[netip.Addr]string
+}
+
+// podNetworkTries is how many /24s AddPodNetwork tries before giving up.
+const podNetworkTries = 32
+
+// AddPodNetwork picks a free 10.244.N.0/24 (N random, skipping any that overlaps a route already
+// on the machine, in any table) and adds the local route for it. Remove takes it away. It needs
+// root (CAP_NET_ADMIN) and the ip command (iproute2).
+func AddPodNetwork() (*PodNetwork, error) {
+	if _, err := exec.LookPath("ip"); err != nil {
+		return nil, fmt.Errorf("pod network: the ip command (iproute2) is needed: %w", err)
+	}
+	out, err := exec.Command("ip", "-4", "route", "show", "table", "all").CombinedOutput()
+	if err != nil {
+		return nil, fmt.Errorf("pod network: listing routes: %w: %s", err, bytes.TrimSpace(out))
+	}
+	routed := routedPrefixes(string(out))
+	start := rand.IntN(254) + 1
+	var lastErr error
+	for i := 0; i < 254 && i < podNetworkTries*8; i++ {
+		n := (start+i)%254 + 1
+		cidr := netip.MustParsePrefix(fmt.Sprintf("10.244.%d.0/24", n))
+		if overlapsAny(cidr, routed) {
+			continue
+		}
+		out, err := exec.Command("ip", "route", "add", "local", cidr.String(), "dev", "lo").CombinedOutput()
+		if err != nil {
+			// "File exists": another cluster took it between the listing and now.
+			lastErr = fmt.Errorf("ip route add local %s dev lo: %w: %s", cidr, err, bytes.TrimSpace(out))
+			if strings.Contains(string(out), "File exists") {
+				continue
+			}
+			return nil, fmt.Errorf("pod network: %w", lastErr)
+		}
+		return &PodNetwork{CIDR: cidr, inUse: map[netip.Addr]string{}}, nil
+	}
+	if lastErr == nil {
+		lastErr = errors.New("every 10.244.N.0/24 tried overlaps an existing route")
+	}
+	return nil, fmt.Errorf("pod network: no free 10.244.N.0/24: %w", lastErr)
+}
+
+// routedPrefixes parses the destinations of `ip -4 route show table all`.
+func routedPrefixes(out string) []netip.Prefix {
+	var ps []netip.Prefix
+	for _, line := range strings.Split(out, "\n") {
+		f := strings.Fields(line)
+		if len(f) == 0 {
+			continue
+		}
+		dst := f[0]
+		switch dst {
+		case "local", "broadcast", "unicast", "blackhole", "unreachable", "prohibit", "throw", "anycast", "multicast", "nat":
+			if len(f) < 2 {
+				continue
+			}
+			dst = f[1]
+		}
+		if dst == "default" {
+			continue
+		}
+		if !strings.Contains(dst, "/") {
+			dst += "/32"
+		}
+		if p, err := netip.ParsePrefix(dst); err == nil {
+			ps = append(ps, p.Masked())
+		}
+	}
+	return ps
+}
+
+func overlapsAny(p netip.Prefix, ps []netip.Prefix) bool {
+	for _, q := range ps {
+		if p.Overlaps(q) {
+			return true
+		}
+	}
+	return false
+}
+
+// Remove deletes the local route. Addresses still bound by processes stop working.
+func (n *PodNetwork) Remove() error {
+	out, err := exec.Command("ip", "route", "del", "local", n.CIDR.String(), "dev", "lo", "table", "local").CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("ip route del local %s: %w: %s", n.CIDR, err, bytes.TrimSpace(out))
+	}
+	return nil
+}
+
+// Allocate returns the lowest free address of the network (from .1; .0 and .255 are never
+// handed out) and records it as owner's.
+func (n *PodNetwork) Allocate(owner string) (netip.Addr, error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	for a := n.CIDR.Addr().Next(); n.CIDR.Contains(a); a = a.Next() {
+		if a.As4()[3] == 255 {
+			break
+		}
+		if _, used := n.inUse[a]; !used {
+			n.inUse[a] = owner
+			return a, nil
+		}
+	}
+	return netip.Addr{}, fmt.Errorf("pod network %s is full", n.CIDR)
+}
+
+// Release frees a.
+func (n *PodNetwork) Release(a netip.Addr) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	delete(n.inUse, a)
+}
+
+// Contains reports whether ip is in the pod network.
+func (n *PodNetwork) Contains(ip net.IP) bool {
+	a, ok := netip.AddrFromSlice(ip)
+	return ok && n.CIDR.Contains(a.Unmap())
+}
