@@ -206,6 +206,7 @@ func (w *podWorker) containerConfig(c *containerWorker, img Image) (*startConfig
 		noNewPrivs: sc.AllowPrivilegeEscalation != nil && !*sc.AllowPrivilegeEscalation,
 		bounding:   bounding,
 		readOnly:   sc.ReadOnlyRootFilesystem != nil && *sc.ReadOnlyRootFilesystem,
+		hostIPC:    pod.Spec.HostIPC,
 		hostname:   podHostname(pod),
 		workdir:    path.Clean("/" + workdir),
 		mounts:     mounts,

@@ -117,6 +117,7 @@ type startConfig struct {
 	noNewPrivs bool
 	bounding   string // setpriv --bounding-set value; "" keeps every capability (privileged)
 	readOnly   bool
+	hostIPC    bool
 	hostname   string
 	workdir    string
 	mounts     []bindMount
@@ -190,7 +191,11 @@ func startContainer(name string, cfg *startConfig, rootDir, layerDir, logPath st
 	cmd := exec.Command("/bin/bash", cfg.command(rootDir, layerDir)...)
 	cmd.Env = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL=C"}
 	cmd.ExtraFiles = []*os.File{pw}
-	p, err := startCmd(name, cmd, logPath, tee, syscall.CLONE_NEWNS|syscall.CLONE_NEWUTS|syscall.CLONE_NEWIPC)
+	flags := uintptr(syscall.CLONE_NEWNS | syscall.CLONE_NEWUTS | syscall.CLONE_NEWIPC)
+	if cfg.hostIPC {
+		flags &^= syscall.CLONE_NEWIPC
+	}
+	p, err := startCmd(name, cmd, logPath, tee, flags)
 	_ = pw.Close()
 	if err != nil {
 		return nil, err

@@ -38,14 +38,8 @@ func (w *podWorker) noteIgnored(key, format string, args ...any) {
 func (w *podWorker) logIgnored(pod *corev1.Pod) {
 	s := pod.Spec
 	var out []string
-	if s.ActiveDeadlineSeconds != nil {
-		out = append(out, "activeDeadlineSeconds")
-	}
 	if s.DNSConfig != nil || (s.DNSPolicy != "" && s.DNSPolicy != corev1.DNSClusterFirst) {
 		out = append(out, "dnsPolicy/dnsConfig")
-	}
-	if s.HostIPC {
-		out = append(out, "hostIPC (containers get their own IPC namespace)")
 	}
 	if s.HostUsers != nil && !*s.HostUsers {
 		out = append(out, "hostUsers: false (no user namespace)")

@@ -46,6 +46,8 @@ type podWorker struct {
 	apps       []*containerWorker
 	initsDone  bool
 	phase      corev1.PodPhase // a terminal phase once reached
+	reason     string          // status.reason and message (DeadlineExceeded)
+	message    string
 	conditions map[corev1.PodConditionType]corev1.PodCondition
 	lastStatus []byte
 	tokens     map[string]*projectedToken
@@ -192,6 +194,13 @@ func (w *podWorker) run(ctx context.Context) {
 		return
 	}
 	w.statusChanged()
+	if d := pod.Spec.ActiveDeadlineSeconds; d != nil {
+		deadline := time.AfterFunc(time.Duration(*d)*time.Second, func() {
+			w.r.recorder.Eventf(w.currentPod(), corev1.EventTypeWarning, "DeadlineExceeded", "Pod was active on the node longer than the specified deadline")
+			w.setPhase(corev1.PodFailed, "DeadlineExceeded", "Pod was active on the node longer than the specified deadline")
+		})
+		defer deadline.Stop()
+	}
 
 	if w.mountVolumes(runCtx) {
 		var vwg sync.WaitGroup
@@ -362,7 +371,7 @@ func (w *podWorker) runInits(ctx context.Context, wg *sync.WaitGroup) bool {
 			return false
 		}
 		if code != 0 { // restart policy Never
-			w.setPhase(corev1.PodFailed)
+			w.setPhase(corev1.PodFailed, "", "")
 			return false
 		}
 	}
@@ -404,17 +413,25 @@ func (w *podWorker) runApps(ctx context.Context, wg *sync.WaitGroup) {
 		if failed {
 			phase = corev1.PodFailed
 		}
-		w.setPhase(phase)
+		w.setPhase(phase, "", "")
 	}()
 }
 
-// setPhase puts the Pod into a terminal phase: its sidecars are stopped and its IP released;
-// the worker then waits for the Pod's deletion.
-func (w *podWorker) setPhase(phase corev1.PodPhase) {
+// setPhase puts the Pod into a terminal phase (with a reason and message for the status): its
+// remaining containers are stopped and its IP released.
+func (w *podWorker) setPhase(phase corev1.PodPhase, reason, message string) {
 	w.mu.Lock()
-	w.phase = phase
+	if w.phase != "" {
+		w.mu.Unlock()
+		return
+	}
+	w.phase, w.reason, w.message = phase, reason, message
 	w.mu.Unlock()
-	w.logf("all containers finished: %s", phase)
+	if reason != "" {
+		w.logf("%s: %s: %s", phase, reason, message)
+	} else {
+		w.logf("all containers finished: %s", phase)
+	}
 	for _, c := range w.inits {
 		if c.sidecar {
 			c.setStopGrace(w.grace(nil))

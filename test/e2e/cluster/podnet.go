@@ -7,9 +7,13 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/netip"
+	"os"
 	"os/exec"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 )
 
 // PodNetwork is the local cluster's pod CIDR, 10.244.N.0/24, made host-local with an AnyIP route
@@ -24,32 +28,56 @@ type PodNetwork struct {
 	inUse map[netip.Addr]string
 }
 
-// podNetworkTries is how many /24s AddPodNetwork tries before giving up.
-const podNetworkTries = 32
+// podNetworkProto tags the routes AddPodNetwork adds (`ip route ... proto 190`), so a route left
+// behind by a cluster whose process died can be recognised and removed.
+const podNetworkProto = "190"
+
+// PodNetworkStateDir holds a file per pod network in use, named after its /24 and holding the
+// pid of the process that owns it.
+const PodNetworkStateDir = "/run/renderqueue-local-cluster"
 
 // AddPodNetwork picks a free 10.244.N.0/24 (N random, skipping any that overlaps a route already
-// on the machine, in any table) and adds the local route for it. Remove takes it away. It needs
-// root (CAP_NET_ADMIN) and the ip command (iproute2).
+// on the machine, in any table), claims it in PodNetworkStateDir and adds the local route for
+// it; Remove takes both away. Routes and claims left by clusters whose process is gone are
+// removed first. It needs root (CAP_NET_ADMIN) and the ip command (iproute2).
 func AddPodNetwork() (*PodNetwork, error) {
 	if _, err := exec.LookPath("ip"); err != nil {
 		return nil, fmt.Errorf("pod network: the ip command (iproute2) is needed: %w", err)
 	}
+	if err := os.MkdirAll(PodNetworkStateDir, 0o755); err != nil {
+		return nil, fmt.Errorf("pod network: %w", err)
+	}
+	reclaimPodNetworks()
 	out, err := exec.Command("ip", "-4", "route", "show", "table", "all").CombinedOutput()
 	if err != nil {
 		return nil, fmt.Errorf("pod network: listing routes: %w: %s", err, bytes.TrimSpace(out))
 	}
 	routed := routedPrefixes(string(out))
-	start := rand.IntN(254) + 1
+	start := rand.IntN(254)
 	var lastErr error
-	for i := 0; i < 254 && i < podNetworkTries*8; i++ {
+	for i := 0; i < 254; i++ {
 		n := (start+i)%254 + 1
 		cidr := netip.MustParsePrefix(fmt.Sprintf("10.244.%d.0/24", n))
 		if overlapsAny(cidr, routed) {
 			continue
 		}
-		out, err := exec.Command("ip", "route", "add", "local", cidr.String(), "dev", "lo").CombinedOutput()
+		claim := claimPath(cidr)
+		f, err := os.OpenFile(claim, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o644)
 		if err != nil {
-			// "File exists": another cluster took it between the listing and now.
+			continue // another cluster's
+		}
+		_, werr := fmt.Fprintf(f, "%d\n", os.Getpid())
+		if cerr := f.Close(); werr == nil {
+			werr = cerr
+		}
+		if werr != nil {
+			_ = os.Remove(claim)
+			return nil, fmt.Errorf("pod network: writing %s: %w", claim, werr)
+		}
+		out, err := exec.Command("ip", "route", "add", "local", cidr.String(), "dev", "lo", "proto", podNetworkProto).CombinedOutput()
+		if err != nil {
+			_ = os.Remove(claim)
+			// "File exists": something else routed it between the listing and now.
 			lastErr = fmt.Errorf("ip route add local %s dev lo: %w: %s", cidr, err, bytes.TrimSpace(out))
 			if strings.Contains(string(out), "File exists") {
 				continue
@@ -59,9 +87,52 @@ func AddPodNetwork() (*PodNetwork, error) {
 		return &PodNetwork{CIDR: cidr, inUse: map[netip.Addr]string{}}, nil
 	}
 	if lastErr == nil {
-		lastErr = errors.New("every 10.244.N.0/24 tried overlaps an existing route")
+		lastErr = errors.New("every 10.244.N.0/24 overlaps an existing route or is claimed")
 	}
 	return nil, fmt.Errorf("pod network: no free 10.244.N.0/24: %w", lastErr)
+}
+
+func claimPath(cidr netip.Prefix) string {
+	return filepath.Join(PodNetworkStateDir, "podnet-"+cidr.Addr().String())
+}
+
+// reclaimPodNetworks removes the routes and claims of pod networks whose owning process is gone:
+// a claim whose pid does not run, and a tagged route without a claim (its owner removes the route
+// before the claim, and claims before it routes).
+func reclaimPodNetworks() {
+	out, err := exec.Command("ip", "-4", "route", "show", "table", "local", "proto", podNetworkProto).Output()
+	if err != nil {
+		return
+	}
+	for _, p := range routedPrefixes(string(out)) {
+		if !strings.HasPrefix(p.String(), "10.244.") || p.Bits() != 24 {
+			continue
+		}
+		claim := claimPath(p)
+		b, err := os.ReadFile(claim)
+		if err == nil {
+			pid, perr := strconv.Atoi(strings.TrimSpace(string(b)))
+			if perr == nil && pid > 0 && syscall.Kill(pid, 0) == nil {
+				continue // alive
+			}
+		} else if !os.IsNotExist(err) {
+			continue
+		}
+		_ = exec.Command("ip", "route", "del", "local", p.String(), "dev", "lo", "table", "local").Run()
+		_ = os.Remove(claim)
+	}
+	// claims without a route (the owner died between claiming and routing, or after removing it)
+	entries, _ := os.ReadDir(PodNetworkStateDir)
+	for _, e := range entries {
+		b, err := os.ReadFile(filepath.Join(PodNetworkStateDir, e.Name()))
+		if err != nil {
+			continue
+		}
+		pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+		if err == nil && pid > 0 && syscall.Kill(pid, 0) != nil {
+			_ = os.Remove(filepath.Join(PodNetworkStateDir, e.Name()))
+		}
+	}
 }
 
 // routedPrefixes parses the destinations of `ip -4 route show table all`.
@@ -102,11 +173,15 @@ func overlapsAny(p netip.Prefix, ps []netip.Prefix) bool {
 	return false
 }
 
-// Remove deletes the local route. Addresses still bound by processes stop working.
+// Remove deletes the local route, then the claim. Addresses still bound by processes stop
+// working.
 func (n *PodNetwork) Remove() error {
 	out, err := exec.Command("ip", "route", "del", "local", n.CIDR.String(), "dev", "lo", "table", "local").CombinedOutput()
 	if err != nil {
 		return fmt.Errorf("ip route del local %s: %w: %s", n.CIDR, err, bytes.TrimSpace(out))
+	}
+	if err := os.Remove(claimPath(n.CIDR)); err != nil && !os.IsNotExist(err) {
+		return fmt.Errorf("removing the claim of %s: %w", n.CIDR, err)
 	}
 	return nil
 }

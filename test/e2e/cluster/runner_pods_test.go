@@ -257,6 +257,21 @@ func TestRunnerPods(t *testing.T) {
 		},
 	})
 
+	// multi: an init container, then two containers on two ports of the Pod IP.
+	a := podtestContainer("a", "serve", "--listen", ":8080")
+	a.ReadinessProbe = &corev1.Probe{ProbeHandler: corev1.ProbeHandler{TCPSocket: &corev1.TCPSocketAction{Port: intstr.FromString("http")}}, PeriodSeconds: 1}
+	b := podtestContainer("b", "serve", "--listen", "0.0.0.0:8081")
+	b.Ports = nil
+	b.ReadinessProbe = &corev1.Probe{ProbeHandler: corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Path: "/readyz", Port: intstr.FromInt32(8081)}}, PeriodSeconds: 1}
+	create(t, c, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "multi"}, Spec: corev1.PodSpec{
+		InitContainers: []corev1.Container{podtestContainer("init", "crash", "--lines", "1", "--code", "0")},
+		Containers:     []corev1.Container{a, b},
+	}})
+
+	// deadline: activeDeadlineSeconds ends it.
+	create(t, c, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "deadline"}, Spec: corev1.PodSpec{
+		ActiveDeadlineSeconds: ptr.To[int64](2), Containers: []corev1.Container{podtestContainer("main", "serve", "--listen", ":8080")}}})
+
 	t.Run("secure", func(t *testing.T) {
 		p := eventuallyPod(t, c, "secure", 30*time.Second, "Ready", func(p *corev1.Pod) (bool, string) { return podReady(p), string(p.Status.Phase) })
 		if p.Spec.NodeName != DefaultNodeName || p.Status.Phase != corev1.PodRunning || p.Status.HostIP != "127.0.0.1" {
@@ -422,6 +437,31 @@ func TestRunnerPods(t *testing.T) {
 		})
 	})
 
+	t.Run("init-and-two-containers", func(t *testing.T) {
+		p := eventuallyPod(t, c, "multi", 30*time.Second, "Ready", func(p *corev1.Pod) (bool, string) { return podReady(p), string(p.Status.Phase) })
+		if len(p.Status.InitContainerStatuses) != 1 || p.Status.InitContainerStatuses[0].State.Terminated == nil ||
+			p.Status.InitContainerStatuses[0].State.Terminated.Reason != "Completed" {
+			t.Errorf("init container status %+v, want terminated Completed", p.Status.InitContainerStatuses)
+		}
+		for _, port := range []string{"8080", "8081"} {
+			resp, err := http.Get("http://" + p.Status.PodIP + ":" + port + "/readyz")
+			if err != nil {
+				t.Errorf("container on port %s: %v", port, err)
+				continue
+			}
+			_ = resp.Body.Close()
+		}
+	})
+
+	t.Run("active-deadline", func(t *testing.T) {
+		p := eventuallyPod(t, c, "deadline", 30*time.Second, "Failed with DeadlineExceeded", func(p *corev1.Pod) (bool, string) {
+			return p.Status.Phase == corev1.PodFailed && p.Status.Reason == "DeadlineExceeded", string(p.Status.Phase) + " " + p.Status.Reason
+		})
+		if s := p.Status.ContainerStatuses[0]; s.State.Terminated == nil || s.Ready {
+			t.Errorf("container after the deadline: %+v", s)
+		}
+	})
+
 	t.Run("deployment", func(t *testing.T) {
 		err := poll(ctx, 30*time.Second, 200*time.Millisecond, "Deployment pause available", func(ctx context.Context) (bool, string, error) {
 			d, err := c.Client.AppsV1().Deployments(testNS).Get(ctx, "pause", metav1.GetOptions{})
@@ -465,4 +505,41 @@ func containsInt(xs []int, x int) bool {
 		}
 	}
 	return false
+}
+
+// TestPodNetworkReclaim: the route and claim of a pod network whose owner died are removed.
+func TestPodNetworkReclaim(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root (routes)")
+	}
+	n, err := AddPodNetwork()
+	if err != nil {
+		t.Fatal(err)
+	}
+	routed := func() bool {
+		out, err := exec.Command("ip", "-4", "route", "show", "table", "local", n.CIDR.String()).Output()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return strings.Contains(string(out), n.CIDR.String())
+	}
+	if !routed() {
+		t.Fatalf("%s is not routed", n.CIDR)
+	}
+	// a pid that ran and is gone
+	cmd := exec.Command("true")
+	if err := cmd.Run(); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(claimPath(n.CIDR), []byte(fmt.Sprintf("%d\n", cmd.Process.Pid)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	reclaimPodNetworks()
+	if routed() {
+		_ = n.Remove()
+		t.Fatalf("the route of %s, whose owner is gone, is still there", n.CIDR)
+	}
+	if _, err := os.Stat(claimPath(n.CIDR)); !os.IsNotExist(err) {
+		t.Errorf("the claim of %s is still there: %v", n.CIDR, err)
+	}
 }

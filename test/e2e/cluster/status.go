@@ -33,7 +33,7 @@ func (w *podWorker) buildStatus() corev1.PodStatus {
 		st.PodIP = w.podIP
 		st.PodIPs = []corev1.PodIP{{IP: w.podIP}}
 	}
-	st.Phase = w.phase
+	st.Phase, st.Reason, st.Message = w.phase, w.reason, w.message
 	if st.Phase == "" {
 		st.Phase = podPhase(w.initsDone, inits, apps, w.restartPolicyLocked())
 	}
