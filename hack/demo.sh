@@ -5,15 +5,18 @@
 #   2. finds (first run: builds, ~10 min on 2 cores) kube-apiserver, etcd, kube-controller-manager
 #      and kubectl (hack/setup-envtest.sh)
 #   3. starts the local stack (test/e2e/cluster via bin/localcluster): a throwaway PostgreSQL, etcd,
-#      kube-apiserver with the aggregation layer, kube-controller-manager (Deployments, HPAs, ...),
-#      and a runner that plays kubelet for shard Pods: each runs the real keeper on 127.0.0.<n>
-#   4. kubectl apply -k config/default (CRD, RBAC, operator Deployment, metrics API component);
-#      there is no container runtime, so the operator runs here as a local process, authenticated
-#      as its ServiceAccount, and the metrics API's Service points at it (ExternalName 127.0.0.1)
+#      kube-apiserver with the aggregation layer, kube-controller-manager (Deployments, HPAs,
+#      EndpointSlices, ...), and a runner that plays scheduler and kubelet for one Node "local":
+#      every Pod runs there as a real process — bin/renderqueue for the renderqueue image — with
+#      its Pod IP from a local pod CIDR, volumes, env, security context and probes (see
+#      docs/local-cluster.md for what it honours and what not)
+#   4. kubectl apply --server-side -k config/default as shipped (CRD, RBAC, the operator
+#      Deployment, the metrics API component) and waits for the operator's rollout
 #   5. seeds $ROWS rows (default 200,000), applies config/samples (3 shards, 24 h window), waits
 #      for Ready, points an HPA at renderqueue_due, runs worker-sim against the shards
-#   6. prints what a user looks at: kubectl get renderqueues, kubectl describe renderqueue, the
-#      external metric, the HPA — before and after the workers ran — and the web console's URL
+#   6. prints what a user looks at: kubectl get renderqueues, kubectl get pods -A -o wide,
+#      kubectl describe renderqueue, the external metric, the HPA — before and after the workers ran
+#      — and the web console's URL (config/console is applied with config/default: see step 4)
 #
 # Everything it started is stopped on exit (Ctrl-C included), unless KEEP=1 or --keep: then it
 # stays up and the script prints how to reach and stop it.
@@ -21,8 +24,6 @@
 # prebuilt renderqueue binary instead of building bin/renderqueue).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# shellcheck source=hack/lib.sh
-. hack/lib.sh
 repo=$(pwd)
 
 ROWS=${ROWS:-200000}
@@ -54,24 +55,24 @@ show() {
 
 work=$(mktemp -d /tmp/renderqueue-demo.XXXXXX)
 cluster_pid=""
-operator_pid=""
 cleanup() {
   local rc=$?
   trap - EXIT INT TERM
   if [ "$rc" != 0 ]; then
-    for f in "$work/operator.log" "$work/localcluster.log"; do
-      if [ -s "$f" ]; then printf '\n-- last lines of %s:\n' "$f" >&2; tail -n 25 "$f" >&2; fi
-    done
+    if [ -s "$work/localcluster.log" ]; then
+      printf '\n-- last lines of %s:\n' "$work/localcluster.log" >&2
+      tail -n 25 "$work/localcluster.log" >&2
+    fi
+    if [ -n "${KUBECONFIG:-}" ] && [ -n "${kubectl:-}" ] && kill -0 "$cluster_pid" 2>/dev/null; then
+      printf '\n-- kubectl get pods -A -o wide:\n' >&2
+      "$kubectl" get pods -A -o wide >&2 || true
+      printf '\n-- kubectl -n renderqueue-system logs deployment/renderqueue-operator --tail=25:\n' >&2
+      "$kubectl" -n renderqueue-system logs deployment/renderqueue-operator --tail=25 >&2 || true
+    fi
   fi
   if [ "$KEEP" = 1 ] && [ "$rc" = 0 ]; then return 0; fi
-  if [ -n "$operator_pid" ] && kill -0 "$operator_pid" 2>/dev/null; then
-    note "stopping the operator (pid $operator_pid)"
-    kill -TERM "$operator_pid" 2>/dev/null || true
-    for _ in $(seq 1 100); do kill -0 "$operator_pid" 2>/dev/null || break; sleep 0.1; done
-    kill -KILL "$operator_pid" 2>/dev/null || true
-  fi
   if [ -n "$cluster_pid" ] && kill -0 "$cluster_pid" 2>/dev/null; then
-    note "stopping the local cluster: shard processes, kube-controller-manager, kube-apiserver, etcd, PostgreSQL (pid $cluster_pid)"
+    note "stopping the local cluster: every Pod's processes, kube-controller-manager, kube-apiserver, etcd, PostgreSQL (pid $cluster_pid)"
     kill -TERM "$cluster_pid" 2>/dev/null || true
     for _ in $(seq 1 600); do kill -0 "$cluster_pid" 2>/dev/null || break; sleep 0.1; done
     kill -KILL "$cluster_pid" 2>/dev/null || true
@@ -113,7 +114,7 @@ op_help=$("$rq" operator --help 2>&1 || true)
 [[ $op_help == *-metrics-api-secure-port* ]] || die "this build's \`renderqueue operator\` has no external metrics API (--metrics-api)"
 
 # ---------------------------------------------------------------------------------------------
-step "starting the local stack: PostgreSQL, etcd, kube-apiserver, kube-controller-manager, pod runner"
+step "starting the local stack: PostgreSQL, etcd, kube-apiserver, kube-controller-manager, pod runner (Node local)"
 bin/localcluster --repo "$repo" --assets "$KUBEBUILDER_ASSETS" --binary "$rq" --dir "$work/cluster" \
   --env-file "$work/env" >"$work/localcluster.log" 2>&1 &
 cluster_pid=$!
@@ -128,42 +129,32 @@ done
 sed 's/^/  /' "$work/localcluster.log"
 note "KUBECONFIG=$KUBECONFIG"
 
-step "installing renderqueue: kubectl apply -k config/default"
-k apply --server-side -k config/default | sed 's/^/  /'
+step "installing renderqueue: config/default with the config/console component (kubectl apply --server-side -k)"
+# The web console (docs/console.md) is a kustomize Component of config/default: an overlay of the
+# two, as shipped, plus the token Secret it needs. Applied in one go: turning the console on later
+# would roll the operator, and on this machine a surge operator Pod cannot bind the metrics API's
+# port while the old one holds it (docs/local-cluster.md).
+console_token=$(head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n')
+overlay="$work/install" # kustomize wants relative paths
+mkdir -p "$overlay"
+config=$(realpath --relative-to="$overlay" "$repo/config")
+printf '%s\n' 'apiVersion: kustomize.config.k8s.io/v1beta1' 'kind: Kustomization' \
+  "resources: [$config/default]" "components: [$config/console]" >"$overlay/kustomization.yaml"
+k create namespace renderqueue-system >/dev/null
+k -n renderqueue-system create secret generic renderqueue-console-token --from-literal=token="$console_token" >/dev/null
+k apply --server-side -k "$overlay" | sed 's/^/  /'
 k wait --for=condition=Established --timeout=60s crd/renderqueues.renderqueue.dev >/dev/null
-note "nothing here runs containers: the operator Deployment is scaled to 0 and the operator runs as a local process"
-k -n renderqueue-system scale deployment/renderqueue-operator --replicas=0 >/dev/null
+show k -n renderqueue-system rollout status deployment/renderqueue-operator --timeout=180s
+op_ip=$(k -n renderqueue-system get pods -l app.kubernetes.io/component=operator -o jsonpath='{.items[0].status.podIP}')
+console_url="http://$op_ip:8090/"
 
 step "database: migrate the schema, seed $ROWS rows ($OVERDUE overdue backlog)"
 "$rq" schema migrate --dsn "$RENDERQUEUE_DSN"
 "$rq" seed --dsn "$RENDERQUEUE_DSN" --rows "$ROWS" --overdue "$OVERDUE" --progress 0
-k create secret generic renderqueue-db --from-literal=dsn="$RENDERQUEUE_DSN" >/dev/null
-note "store Secret renderqueue-db created (key dsn)"
-
-step "starting the operator as ServiceAccount renderqueue-system/renderqueue-operator"
-opkc="$work/operator.kubeconfig"
-cp "$KUBECONFIG" "$opkc"
-token=$(k -n renderqueue-system create token renderqueue-operator --duration=24h)
-KUBECONFIG=$opkc k config unset users.user.client-certificate >/dev/null
-KUBECONFIG=$opkc k config unset users.user.client-key >/dev/null
-KUBECONFIG=$opkc k config set-credentials user --token="$token" >/dev/null
-mport=$(free_port)
-cport=$(free_port) # the web console (docs/console.md): on loopback, so no token
-console_url="http://127.0.0.1:$cport/"
-op_args=(operator --kubeconfig "$opkc" --keeper-image renderqueue:local --metrics-bind-address 0
-  --health-probe-bind-address "127.0.0.1:$(free_port)" --shard-poll-interval 2s
-  --metrics-api --metrics-api-bind-address 127.0.0.1 --metrics-api-secure-port "$mport"
-  --console --console-bind-address "127.0.0.1:$cport")
-"$rq" "${op_args[@]}" >"$work/operator.log" 2>&1 &
-operator_pid=$!
-note "operator pid $operator_pid, log $work/operator.log"
-# The aggregator cannot route to EndpointSlices on loopback addresses (the API server rejects
-  # them), so the metrics API's Service becomes an ExternalName Service naming 127.0.0.1, and the
-  # APIService uses the operator's port.
-k -n renderqueue-system delete service renderqueue-metrics-api --wait >/dev/null
-k -n renderqueue-system create service externalname renderqueue-metrics-api --external-name 127.0.0.1 >/dev/null
-k patch apiservice v1beta1.external.metrics.k8s.io --type=merge -p "{\"spec\":{\"service\":{\"port\":$mport}}}" >/dev/null
-note "external.metrics.k8s.io -> the operator's metrics API on https://127.0.0.1:$mport"
+# The shard Pods reach PostgreSQL over TCP on 127.0.0.1 (RENDERQUEUE_POD_DSN): their /tmp is their
+# own, so the server's socket directory is not there.
+k create secret generic renderqueue-db --from-literal=dsn="$RENDERQUEUE_POD_DSN" >/dev/null
+note "store Secret renderqueue-db created (key dsn: $RENDERQUEUE_POD_DSN)"
 
 step "applying config/samples: RenderQueue web (3 shards, 24 h window)"
 k apply -k config/samples | sed 's/^/  /'
@@ -175,9 +166,9 @@ for _ in $(seq 1 120); do
 done
 
 step "what a user looks at"
-note "web console: $console_url (KEEP=1 keeps it up)"
+note "web console: $console_url, token $console_token (KEEP=1 keeps it up)"
 show k get renderqueues
-show k get pods -l renderqueue.dev/queue=web -o wide
+show k get pods -A -o wide
 show k describe renderqueue web
 
 metric_path="/apis/external.metrics.k8s.io/v1beta1/namespaces/default/renderqueue_due?labelSelector=renderqueue.dev%2Fname%3Dweb"
@@ -197,7 +188,7 @@ spec:
     metadata: {labels: {app: render-workers}}
     spec:
       containers:
-        - {name: worker, image: "renderqueue:local", args: ["worker-sim"]}
+        - {name: worker, image: "registry.k8s.io/pause:3.10"}
 ---
 apiVersion: autoscaling/v2
 kind: HorizontalPodAutoscaler
@@ -225,7 +216,7 @@ for _ in $(seq 1 120); do
   sleep 0.5
 done
 show k get hpa render-workers
-note "(the worker Deployment's Pods stay Pending here: nothing runs containers but the shard runner)"
+note "(the worker Deployment's Pods run the pause image: stand-ins the HPA scales; the simulated workers below run on this machine)"
 
 step "worker-sim: $SIM_CONCURRENCY simulated render workers claiming from the 3 shards for ${SIM_SECONDS}s"
 k get secret web-api-token -o jsonpath='{.data.token}' | base64 -d >"$work/token"
@@ -234,7 +225,12 @@ shards=${shards%,}
 note "shards: $shards (token from Secret web-api-token)"
 "$rq" worker-sim --shard "$shards" --token-file "$work/token" --duration "${SIM_SECONDS}s" \
   --concurrency "$SIM_CONCURRENCY" --render-time "$SIM_RENDER_TIME" --progress 5s
-sleep 3 # two operator polls, so the status below includes the last completions
+sim_end=$(date -u +%Y-%m-%dT%H:%M:%SZ)
+note "waiting for a shard poll after the workers stopped (the operator polls every 10 s: --shard-poll-interval in config/manager)"
+for _ in $(seq 1 50); do
+  [[ "$(k get renderqueue web -o jsonpath='{.status.dueAsOf}')" > "$sim_end" ]] && break
+  sleep 0.5
+done
 
 step "after the workers ran"
 show k get renderqueues
@@ -249,12 +245,13 @@ if [ "$KEEP" = 1 ]; then
   export KUBECONFIG=$KUBECONFIG
   export PATH=$KUBEBUILDER_ASSETS:\$PATH      # kubectl
   kubectl get renderqueues; kubectl describe renderqueue web; kubectl get hpa
-  web console: $console_url
+  web console: $console_url (token: $console_token)
+  kubectl get pods -A -o wide; kubectl -n renderqueue-system logs deployment/renderqueue-operator
   bin/renderqueue status --url ${shards%%,*}
   PostgreSQL: $RENDERQUEUE_DSN
-  logs: $work (operator.log, localcluster.log, cluster/logs, cluster/pods/*/container.log)
+  logs: $work (localcluster.log, cluster/logs: control plane, cluster/pods/*/containers/*/N.log: containers)
 Stop it all with:
-  kill $operator_pid $cluster_pid; sleep 5; rm -rf $work
+  kill $cluster_pid; sleep 10; rm -rf $work
 EOF
 else
   step "done; stopping everything (KEEP=1 or --keep leaves it running)"

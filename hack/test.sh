@@ -74,8 +74,9 @@ fi
 
 # --- end-to-end (test/e2e, build tag e2e) --------------------------------------------------------
 # A local control plane (etcd, kube-apiserver, kube-controller-manager from KUBEBUILDER_ASSETS), a
-# throwaway PostgreSQL of its own, the operator and real keeper processes (test/e2e/cluster's
-# runner plays kubelet), kubectl and an HPA. About a minute; see `make e2e`.
+# throwaway PostgreSQL of its own, config/default applied as shipped, and every Pod — the operator's
+# and the keepers' — run by test/e2e/cluster's pod runner (scheduler and kubelet for one Node),
+# kubectl and an HPA. About 90 s, as root; see `make e2e` and docs/local-cluster.md.
 if [ "${run_e2e:-0}" = 1 ]; then
   echo "test: running the end-to-end test (go test -tags e2e ./test/e2e/...)" >&2
   go test -tags e2e -count=1 -timeout 15m ./test/e2e/...

@@ -82,7 +82,11 @@ func (k *KubeletServer) containerLogs(w http.ResponseWriter, req *http.Request) 
 	follow := q.Get("follow") == "true" && !previous
 	path, err := r.LogPath(ns, pod, container, previous)
 	if err != nil {
-		http.Error(w, err.Error(), http.StatusNotFound)
+		code := http.StatusBadRequest // as kubelet: no such container, or no (previous) instance yet
+		if r.worker(ns, pod) == nil {
+			code = http.StatusNotFound
+		}
+		http.Error(w, err.Error(), code)
 		return
 	}
 	b, err := os.ReadFile(path)

@@ -38,6 +38,7 @@ type podWorker struct {
 	mu         sync.Mutex
 	pod        *corev1.Pod // the latest seen
 	deleting   bool        // stopping because the Pod is being deleted
+	finalized  bool        // deleted for good
 	ip         netip.Addr  // from the pod network (invalid for hostNetwork Pods)
 	podIP      string
 	startTime  *metav1.Time
@@ -209,12 +210,15 @@ func (w *podWorker) run(ctx context.Context) {
 			defer vwg.Done()
 			w.syncVolumesLoop(runCtx)
 		}()
-		var cwg sync.WaitGroup
-		if w.runInits(runCtx, &cwg) {
-			w.runApps(runCtx, &cwg)
+		// Sidecars outlive the containers: they stop once the containers have stopped.
+		sideCtx, stopSidecars := context.WithCancel(context.Background())
+		defer stopSidecars()
+		var apps, sidecars sync.WaitGroup
+		if w.runInits(runCtx, sideCtx, &sidecars) {
+			w.runApps(runCtx, &apps)
 		}
 		<-runCtx.Done()
-		w.stopContainers(&cwg)
+		w.stopContainers(&apps, &sidecars, stopSidecars)
 		vwg.Wait()
 	} else {
 		<-runCtx.Done()
@@ -238,6 +242,9 @@ func (w *podWorker) finish() {
 	}
 	w.flushStatus()
 	w.r.finalDelete(w.namespace, w.name, w.uid)
+	w.mu.Lock()
+	w.finalized = true
+	w.mu.Unlock()
 	if err := os.RemoveAll(w.dir); err != nil {
 		w.logf("removing %s: %v", w.dir, err)
 	}
@@ -343,15 +350,15 @@ func (w *podWorker) syncVolumesLoop(ctx context.Context) {
 }
 
 // runInits runs the init containers in order: each to completion (restarted on failure unless
-// the restart policy is Never), a sidecar (restartPolicy Always) until it has started. False when
-// the Pod stopped or failed first.
-func (w *podWorker) runInits(ctx context.Context, wg *sync.WaitGroup) bool {
+// the restart policy is Never), a sidecar (restartPolicy Always) until it has started (it then
+// runs until sideCtx ends). False when the Pod stopped or failed first.
+func (w *podWorker) runInits(ctx, sideCtx context.Context, sidecars *sync.WaitGroup) bool {
 	for _, c := range w.inits {
 		if c.sidecar {
-			wg.Add(1)
+			sidecars.Add(1)
 			go func() {
-				defer wg.Done()
-				c.run(ctx)
+				defer sidecars.Done()
+				c.run(sideCtx)
 			}()
 			for {
 				c.mu.Lock()
@@ -432,27 +439,23 @@ func (w *podWorker) setPhase(phase corev1.PodPhase, reason, message string) {
 	} else {
 		w.logf("all containers finished: %s", phase)
 	}
-	for _, c := range w.inits {
-		if c.sidecar {
-			c.setStopGrace(w.grace(nil))
-		}
-	}
 	w.statusChanged()
-	// Sidecars stop with the Pod's context; a terminal Pod keeps its worker only to delete it
-	// for good later, so stopping here is the same as a runner stop.
-	go func() {
-		w.stopOnce.Do(func() { close(w.stopCh) })
-	}()
+	// What still runs (sidecars, or everything after a deadline) stops as on a runner stop; the
+	// Pod object stays until it is deleted (then the runner deletes it for good).
+	w.stopOnce.Do(func() { close(w.stopCh) })
 }
 
-// stopContainers stops every running container: the app containers first, then the sidecars
-// (each gets the grace period), and waits for them.
-func (w *podWorker) stopContainers(wg *sync.WaitGroup) {
+// stopContainers stops every running container (their context has ended) and waits for them:
+// the app containers first, then the sidecars (stopSidecars ends theirs); each gets the grace
+// period.
+func (w *podWorker) stopContainers(apps, sidecars *sync.WaitGroup, stopSidecars context.CancelFunc) {
 	g := w.grace(nil)
 	for _, c := range append(append([]*containerWorker{}, w.apps...), w.inits...) {
 		c.setStopGrace(g)
 	}
-	wg.Wait()
+	apps.Wait()
+	stopSidecars()
+	sidecars.Wait()
 }
 
 // firstApp is the first app container.
@@ -560,9 +563,10 @@ func (w *podWorker) flushStatus() {
 	w.mu.Unlock()
 }
 
-// wasDeleted reports whether the worker stopped because the Pod was deleted.
-func (w *podWorker) wasDeleted() bool {
+// wasDeleted reports whether the Pod was marked for deletion, and whether the worker deleted it
+// for good (it does not when the deletion came while it was already finishing).
+func (w *podWorker) wasDeleted() (deleting, finalized bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return w.deleting
+	return w.deleting, w.finalized
 }

@@ -113,7 +113,7 @@ type Runner struct {
 	noted   map[types.UID]string // what was logged about a Pod that is not run (binding, other node)
 	// finished holds the Pods whose worker ended (terminal phase, or the runner stopped them):
 	// they are never run again, only deleted for good once marked for deletion.
-	finished map[types.UID]bool
+	finished map[types.UID]string // the Pod's directory
 	binding  map[types.UID]bool
 	wg       sync.WaitGroup
 }
@@ -177,7 +177,7 @@ func NewRunner(o RunnerOptions) (*Runner, error) {
 		o: o, apiHost: u.Hostname(), apiPort: u.Port(),
 		backoff: flowcontrol.NewBackOff(o.CrashLoopBackOff, o.MaxCrashLoopBackOff),
 		workers: map[types.UID]*podWorker{}, noted: map[types.UID]string{}, binding: map[types.UID]bool{},
-		finished: map[types.UID]bool{},
+		finished: map[types.UID]string{},
 	}, nil
 }
 
@@ -351,16 +351,22 @@ func (r *Runner) observe(ctx context.Context, obj any) {
 		w.update(pod)
 		return
 	}
+	dir, finished := r.finished[pod.UID]
 	if pod.DeletionTimestamp != nil {
 		// Never started here, or finished: kubelet's final delete.
 		r.wg.Add(1)
 		go func() {
 			defer r.wg.Done()
 			r.finalDelete(pod.Namespace, pod.Name, pod.UID)
+			if dir != "" {
+				if err := os.RemoveAll(dir); err != nil {
+					r.o.Logf("runner: removing %s: %v", dir, err)
+				}
+			}
 		}()
 		return
 	}
-	if r.finished[pod.UID] || pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed {
+	if finished || pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed {
 		return
 	}
 	w := newPodWorker(r, pod)
@@ -373,10 +379,19 @@ func (r *Runner) observe(ctx context.Context, obj any) {
 		if r.workers[pod.UID] == w {
 			delete(r.workers, pod.UID)
 		}
-		if !w.wasDeleted() {
-			r.finished[pod.UID] = true
+		// Updates pass through observe under r.mu: a deletion that reached the worker is
+		// seen here, one that comes later finds no worker and is deleted for good there.
+		deleting, finalized := w.wasDeleted()
+		if !deleting {
+			r.finished[pod.UID] = w.dir
 		}
 		r.mu.Unlock()
+		if deleting && !finalized && ctx.Err() == nil {
+			r.finalDelete(pod.Namespace, pod.Name, pod.UID)
+			if err := os.RemoveAll(w.dir); err != nil {
+				r.o.Logf("runner: removing %s: %v", w.dir, err)
+			}
+		}
 	}()
 }
 

@@ -263,8 +263,11 @@ func TestRunnerPods(t *testing.T) {
 	b := podtestContainer("b", "serve", "--listen", "0.0.0.0:8081")
 	b.Ports = nil
 	b.ReadinessProbe = &corev1.Probe{ProbeHandler: corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Path: "/readyz", Port: intstr.FromInt32(8081)}}, PeriodSeconds: 1}
+	sidecar := podtestContainer("sidecar", "serve", "--listen", ":8082")
+	sidecar.Ports = nil
+	sidecar.RestartPolicy = ptr.To(corev1.ContainerRestartPolicyAlways)
 	create(t, c, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "multi"}, Spec: corev1.PodSpec{
-		InitContainers: []corev1.Container{podtestContainer("init", "crash", "--lines", "1", "--code", "0")},
+		InitContainers: []corev1.Container{podtestContainer("init", "crash", "--lines", "1", "--code", "0"), sidecar},
 		Containers:     []corev1.Container{a, b},
 	}})
 
@@ -421,6 +424,16 @@ func TestRunnerPods(t *testing.T) {
 		if term == nil || term.ExitCode != 0 || term.Reason != "Completed" || term.Message != "bye now" {
 			t.Errorf("state %+v, want terminated Completed with message %q", p.Status.ContainerStatuses[0].State, "bye now")
 		}
+		// A finished Pod is deleted for good once marked for deletion.
+		if err := c.Client.CoreV1().Pods(testNS).Delete(ctx, "message", metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		if err := poll(ctx, 30*time.Second, 200*time.Millisecond, "pod message deleted for good", func(ctx context.Context) (bool, string, error) {
+			_, err := c.Client.CoreV1().Pods(testNS).Get(ctx, "message", metav1.GetOptions{})
+			return apierrors.IsNotFound(err), fmt.Sprint(err), nil
+		}); err != nil {
+			t.Fatal(err)
+		}
 	})
 
 	t.Run("run-as-non-root", func(t *testing.T) {
@@ -439,11 +452,11 @@ func TestRunnerPods(t *testing.T) {
 
 	t.Run("init-and-two-containers", func(t *testing.T) {
 		p := eventuallyPod(t, c, "multi", 30*time.Second, "Ready", func(p *corev1.Pod) (bool, string) { return podReady(p), string(p.Status.Phase) })
-		if len(p.Status.InitContainerStatuses) != 1 || p.Status.InitContainerStatuses[0].State.Terminated == nil ||
-			p.Status.InitContainerStatuses[0].State.Terminated.Reason != "Completed" {
-			t.Errorf("init container status %+v, want terminated Completed", p.Status.InitContainerStatuses)
+		if len(p.Status.InitContainerStatuses) != 2 || p.Status.InitContainerStatuses[0].State.Terminated == nil ||
+			p.Status.InitContainerStatuses[0].State.Terminated.Reason != "Completed" || p.Status.InitContainerStatuses[1].State.Running == nil {
+			t.Errorf("init container statuses %+v, want the first terminated Completed, the sidecar running", p.Status.InitContainerStatuses)
 		}
-		for _, port := range []string{"8080", "8081"} {
+		for _, port := range []string{"8080", "8081", "8082"} {
 			resp, err := http.Get("http://" + p.Status.PodIP + ":" + port + "/readyz")
 			if err != nil {
 				t.Errorf("container on port %s: %v", port, err)
