@@ -28,7 +28,8 @@ type podWorker struct {
 	dir       string
 
 	statusCh chan struct{} // the status may have changed
-	kick     chan struct{} // a Secret or ConfigMap of the namespace changed, or the Pod did
+	kickMu   sync.Mutex
+	kick     chan struct{} // closed (and replaced) when a Secret or ConfigMap of the namespace, or the Pod, changed
 	stopCh   chan struct{} // closed when the Pod is to stop
 	stopOnce sync.Once
 	done     chan struct{}
@@ -58,7 +59,7 @@ type podWorker struct {
 func newPodWorker(r *Runner, pod *corev1.Pod) *podWorker {
 	w := &podWorker{
 		r: r, uid: pod.UID, namespace: pod.Namespace, name: pod.Name, dir: r.podDir(pod),
-		statusCh: make(chan struct{}, 1), kick: make(chan struct{}, 1), stopCh: make(chan struct{}), done: make(chan struct{}),
+		statusCh: make(chan struct{}, 1), kick: make(chan struct{}), stopCh: make(chan struct{}), done: make(chan struct{}),
 		writerCh: make(chan struct{}),
 		pod:      pod.DeepCopy(), conditions: map[corev1.PodConditionType]corev1.PodCondition{},
 		tokens: map[string]*projectedToken{}, ignored: map[string]bool{},
@@ -68,7 +69,11 @@ func newPodWorker(r *Runner, pod *corev1.Pod) *podWorker {
 		w.inits = append(w.inits, newContainerWorker(w, c, true, sidecar))
 	}
 	for _, c := range pod.Spec.Containers {
-		w.apps = append(w.apps, newContainerWorker(w, c, false, false))
+		cw := newContainerWorker(w, c, false, false)
+		if len(w.inits) > 0 {
+			cw.state.Waiting.Reason = "PodInitializing"
+		}
+		w.apps = append(w.apps, cw)
 	}
 	return w
 }
@@ -127,15 +132,20 @@ func (w *podWorker) stopping() bool {
 	}
 }
 
+// kickVolumes wakes everything waiting on kickCh.
 func (w *podWorker) kickVolumes() {
-	select {
-	case w.kick <- struct{}{}:
-	default:
-	}
+	w.kickMu.Lock()
+	close(w.kick)
+	w.kick = make(chan struct{})
+	w.kickMu.Unlock()
 }
 
-// kickCh fires when a Secret or ConfigMap of the Pod's namespace (or the Pod) changed.
-func (w *podWorker) kickCh() <-chan struct{} { return w.kick }
+// kickCh is closed when a Secret or ConfigMap of the Pod's namespace (or the Pod) changes next.
+func (w *podWorker) kickCh() <-chan struct{} {
+	w.kickMu.Lock()
+	defer w.kickMu.Unlock()
+	return w.kick
+}
 
 func (w *podWorker) statusChanged() {
 	select {
@@ -333,7 +343,7 @@ func (w *podWorker) mountVolumes(ctx context.Context) bool {
 			w.logf("volumes not ready (retrying): %v", err)
 			w.r.recorder.Eventf(w.currentPod(), corev1.EventTypeWarning, "FailedMount", "MountVolume.SetUp failed: %v", err)
 		}
-		if !wait(ctx, w.r.o.RetryPeriod, w.kick) {
+		if !wait(ctx, w.r.o.RetryPeriod, w.kickCh()) {
 			return false
 		}
 	}
@@ -342,7 +352,7 @@ func (w *podWorker) mountVolumes(ctx context.Context) bool {
 // syncVolumesLoop keeps the volumes current (Secret and ConfigMap changes, token refresh,
 // downward API) until ctx ends.
 func (w *podWorker) syncVolumesLoop(ctx context.Context) {
-	for wait(ctx, w.r.o.VolumeSyncPeriod, w.kick) {
+	for wait(ctx, w.r.o.VolumeSyncPeriod, w.kickCh()) {
 		if err := w.syncVolumes(ctx); err != nil && ctx.Err() == nil {
 			w.logf("updating volumes: %v", err)
 		}
