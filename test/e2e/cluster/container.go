@@ -232,15 +232,14 @@ type containerWorker struct {
 	imageID      string
 	user         *corev1.ContainerUser
 	lastFinished time.Time
-	stopGrace    time.Duration
-	killCh       chan string // a failed liveness/startup probe asks for a kill (with the reason)
+	killCh       chan killRequest // a failed liveness/startup probe asks for a kill
 }
 
 func newContainerWorker(w *podWorker, spec corev1.Container, init, sidecar bool) *containerWorker {
 	return &containerWorker{
 		w: w, spec: spec, init: init, sidecar: sidecar,
 		state:  corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: "ContainerCreating"}},
-		killCh: make(chan string, 1),
+		killCh: make(chan killRequest, 1),
 	}
 }
 
@@ -310,7 +309,7 @@ func wait(ctx context.Context, d time.Duration, kick <-chan struct{}) bool {
 
 // run is the container's life until it exits for good (the restart policy says no more; code is
 // its last exit code) or ctx ends (the Pod stops; the running instance is stopped with
-// stopGrace first).
+// the Pod's grace period first).
 func (c *containerWorker) run(ctx context.Context) (finished bool, code int) {
 	r := c.w.r
 	pulledEvent := false
@@ -452,7 +451,6 @@ func (c *containerWorker) runInstance(ctx context.Context, cfg *startConfig, cfg
 	c.imageID = "local-runner://" + cfg.binary
 	c.ready = false
 	c.started = c.spec.StartupProbe == nil
-	c.stopGrace = 0
 	select {
 	case <-c.killCh:
 	default:
@@ -470,16 +468,14 @@ func (c *containerWorker) runInstance(ctx context.Context, cfg *startConfig, cfg
 	select {
 	case <-proc.Done():
 	case <-ctx.Done():
+		// The Pod stops: its grace period (the deletion's, when it is being deleted).
 		stopped = true
-		c.mu.Lock()
-		grace := c.stopGrace
-		c.mu.Unlock()
 		c.event(corev1.EventTypeNormal, "Killing", "Stopping container %s", c.spec.Name)
-		proc.Stop(grace)
-	case why := <-c.killCh:
-		grace := c.w.grace(nil)
-		c.event(corev1.EventTypeNormal, "Killing", "Container %s %s, will be restarted", c.spec.Name, why)
-		c.logf("%s: killing it (grace %s)", why, grace)
+		proc.Stop(c.w.grace(nil))
+	case k := <-c.killCh:
+		grace := c.w.grace(k.probe)
+		c.event(corev1.EventTypeNormal, "Killing", "Container %s %s, will be restarted", c.spec.Name, k.why)
+		c.logf("%s: killing it (grace %s)", k.why, grace)
 		proc.Stop(grace)
 	}
 	stopProbes()
@@ -564,11 +560,10 @@ func (c *containerWorker) status() corev1.ContainerStatus {
 	return st
 }
 
-// setStopGrace sets the grace period the running instance gets when the context of run ends.
-func (c *containerWorker) setStopGrace(grace time.Duration) {
-	c.mu.Lock()
-	c.stopGrace = grace
-	c.mu.Unlock()
+// killRequest is a probe's request to kill the container (why, for the event).
+type killRequest struct {
+	why   string
+	probe *corev1.Probe
 }
 
 // exitCode is the exit code in a Wait error (0 for nil, 128+signal for a signalled process as

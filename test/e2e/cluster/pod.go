@@ -455,14 +455,10 @@ func (w *podWorker) setPhase(phase corev1.PodPhase, reason, message string) {
 	w.stopOnce.Do(func() { close(w.stopCh) })
 }
 
-// stopContainers stops every running container (their context has ended) and waits for them:
-// the app containers first, then the sidecars (stopSidecars ends theirs); each gets the grace
-// period.
+// stopContainers waits for every running container to stop (their context has ended; each gets
+// the Pod's grace period): the app containers first, then the sidecars (stopSidecars ends
+// theirs).
 func (w *podWorker) stopContainers(apps, sidecars *sync.WaitGroup, stopSidecars context.CancelFunc) {
-	g := w.grace(nil)
-	for _, c := range append(append([]*containerWorker{}, w.apps...), w.inits...) {
-		c.setStopGrace(g)
-	}
 	apps.Wait()
 	stopSidecars()
 	sidecars.Wait()

@@ -120,7 +120,7 @@ func (c *containerWorker) probeLoop(ctx context.Context, kind probeKind, p *core
 				return
 			}
 			if failures >= failure {
-				c.askKill("failed startup probe")
+				c.askKill("failed startup probe", p)
 				return
 			}
 		case probeReadiness:
@@ -137,16 +137,16 @@ func (c *containerWorker) probeLoop(ctx context.Context, kind probeKind, p *core
 			}
 		case probeLiveness:
 			if failures >= failure {
-				c.askKill("failed liveness probe")
+				c.askKill("failed liveness probe", p)
 				return
 			}
 		}
 	}
 }
 
-func (c *containerWorker) askKill(why string) {
+func (c *containerWorker) askKill(why string, p *corev1.Probe) {
 	select {
-	case c.killCh <- why:
+	case c.killCh <- killRequest{why: why, probe: p}:
 	default:
 	}
 }

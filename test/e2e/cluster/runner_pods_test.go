@@ -273,7 +273,7 @@ func TestRunnerPods(t *testing.T) {
 
 	// deadline: activeDeadlineSeconds ends it.
 	create(t, c, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "deadline"}, Spec: corev1.PodSpec{
-		ActiveDeadlineSeconds: ptr.To[int64](2), Containers: []corev1.Container{podtestContainer("main", "serve", "--listen", ":8080")}}})
+		ActiveDeadlineSeconds: ptr.To[int64](2), Containers: []corev1.Container{podtestContainer("main", "serve", "--listen", ":8080", "--term-delay", "1s")}}})
 
 	t.Run("secure", func(t *testing.T) {
 		p := eventuallyPod(t, c, "secure", 30*time.Second, "Ready", func(p *corev1.Pod) (bool, string) { return podReady(p), string(p.Status.Phase) })
@@ -382,8 +382,12 @@ func TestRunnerPods(t *testing.T) {
 			return s.RestartCount >= 1 && s.LastTerminationState.Terminated != nil, fmt.Sprintf("restarts %d", s.RestartCount)
 		})
 		s := p.Status.ContainerStatuses[0]
-		if term := s.LastTerminationState.Terminated; term.FinishedAt.Sub(term.StartedAt.Time) < 2*time.Second {
+		term := s.LastTerminationState.Terminated
+		if term.FinishedAt.Sub(term.StartedAt.Time) < 2*time.Second {
 			t.Errorf("killed %s after it started, before /healthz failed", term.FinishedAt.Sub(term.StartedAt.Time))
+		}
+		if term.ExitCode != 143 {
+			t.Errorf("killed with exit code %d, want 143 (SIGTERM first; podtest does not catch it)", term.ExitCode)
 		}
 		evs, err := c.Client.CoreV1().Events(testNS).List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=liveness"})
 		if err != nil {
@@ -470,8 +474,9 @@ func TestRunnerPods(t *testing.T) {
 		p := eventuallyPod(t, c, "deadline", 30*time.Second, "Failed with DeadlineExceeded", func(p *corev1.Pod) (bool, string) {
 			return p.Status.Phase == corev1.PodFailed && p.Status.Reason == "DeadlineExceeded", string(p.Status.Phase) + " " + p.Status.Reason
 		})
-		if s := p.Status.ContainerStatuses[0]; s.State.Terminated == nil || s.Ready {
-			t.Errorf("container after the deadline: %+v", s)
+		// SIGTERM, then the grace period (30 s by default) in which podtest exits 42 after 1 s
+		if s := p.Status.ContainerStatuses[0]; s.State.Terminated == nil || s.Ready || s.State.Terminated.ExitCode != 42 {
+			t.Errorf("container after the deadline: %+v, want stopped by SIGTERM with a grace period (exit 42), not ready", s)
 		}
 	})
 

@@ -1,10 +1,11 @@
 // Command podtest is the program the runner test (package cluster) runs as its Pods'
 // containers, mapped from the image "podtest". It reports what a container sees:
 //
-//	podtest serve --listen :8080 [--unhealthy-after 2s] [--files DIR]
+//	podtest serve --listen :8080 [--unhealthy-after 2s] [--files DIR] [--term-delay 1s]
 //	    serves GET /report (JSON: user, groups, hostname, capabilities, writes to / and /tmp,
 //	    the files under DIR, the environment, and who the API server says it is through
-//	    rest.InClusterConfig), /readyz, and /healthz (503 once --unhealthy-after has passed)
+//	    rest.InClusterConfig), /readyz, and /healthz (503 once --unhealthy-after has passed);
+//	    with --term-delay it exits 42 that long after a SIGTERM
 //	podtest crash --lines N --code C
 //	    prints N numbered lines and exits with C
 //	podtest message TEXT
@@ -18,6 +19,7 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -87,7 +89,18 @@ func serve(args []string) {
 	listen := fset.String("listen", ":8080", "listen address")
 	unhealthyAfter := fset.Duration("unhealthy-after", 0, "fail /healthz after this long (0: never)")
 	files := fset.String("files", "", "directory whose files to report")
+	termDelay := fset.Duration("term-delay", -1, "on SIGTERM, wait this long, then exit 42 (negative: SIGTERM kills as usual)")
 	_ = fset.Parse(args)
+	if *termDelay >= 0 {
+		sig := make(chan os.Signal, 1)
+		signal.Notify(sig, syscall.SIGTERM)
+		go func() {
+			<-sig
+			fmt.Printf("SIGTERM: exiting in %s\n", *termDelay)
+			time.Sleep(*termDelay)
+			os.Exit(42)
+		}()
+	}
 	start := time.Now()
 	rep := report(*files)
 	b, _ := json.Marshal(rep)
