@@ -46,8 +46,9 @@ func capName(c corev1.Capability) string {
 	return strings.TrimPrefix(strings.ToLower(string(c)), "cap_")
 }
 
-// boundingSet is setpriv's --bounding-set for the runtime default set plus add minus drop ("ALL"
-// allowed in both); "" for privileged (every capability).
+// boundingSet is setpriv's --bounding-set for the runtime default set with the container's add
+// and drop applied as containerd applies them: "ALL" in add, then "ALL" in drop, then the other
+// adds, then the other drops. "" for privileged (every capability).
 func boundingSet(caps *corev1.Capabilities, privileged bool) (string, error) {
 	if privileged {
 		return "", nil
@@ -57,12 +58,25 @@ func boundingSet(caps *corev1.Capabilities, privileged bool) (string, error) {
 		set[c] = true
 	}
 	if caps != nil {
+		has := func(list []corev1.Capability) bool {
+			for _, c := range list {
+				if capName(c) == "all" {
+					return true
+				}
+			}
+			return false
+		}
+		if has(caps.Add) {
+			for k := range knownCaps {
+				set[k] = true
+			}
+		}
+		if has(caps.Drop) {
+			set = map[string]bool{}
+		}
 		for _, c := range caps.Add {
 			n := capName(c)
 			if n == "all" {
-				for k := range knownCaps {
-					set[k] = true
-				}
 				continue
 			}
 			if !knownCaps[n] {
@@ -71,12 +85,7 @@ func boundingSet(caps *corev1.Capabilities, privileged bool) (string, error) {
 			set[n] = true
 		}
 		for _, c := range caps.Drop {
-			n := capName(c)
-			if n == "all" {
-				set = map[string]bool{}
-				continue
-			}
-			delete(set, n)
+			delete(set, capName(c))
 		}
 	}
 	names := make([]string, 0, len(set))

@@ -1,6 +1,18 @@
 package cluster
 
-import "testing"
+import (
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
 
 func TestRewriteListen(t *testing.T) {
 	for _, c := range []struct{ in, want string }{
@@ -34,5 +46,279 @@ func TestExpandVars(t *testing.T) {
 		if got := expandVars(c.in, env); got != c.want {
 			t.Errorf("expandVars(%q) = %q, want %q", c.in, got, c.want)
 		}
+	}
+}
+
+func TestRepositoryName(t *testing.T) {
+	for ref, want := range map[string]string{
+		"ghcr.io/renderqueue/renderqueue:latest":                   "renderqueue",
+		"registry.example.com:5000/team/renderqueue@sha256:abcdef": "renderqueue",
+		"registry.example.com:5000/renderqueue":                    "renderqueue",
+		"renderqueue:e2e":                                          "renderqueue",
+		"renderqueue":                                              "renderqueue",
+		"ghcr.io/renderqueue/renderqueue-tools:v1":                 "renderqueue-tools",
+		"localhost:5000/x/y/renderqueue:v1@sha256:00":              "renderqueue",
+		"registry.k8s.io/pause:3.10":                               "pause",
+	} {
+		if got := RepositoryName(ref); got != want {
+			t.Errorf("RepositoryName(%q) = %q, want %q", ref, got, want)
+		}
+	}
+}
+
+func TestPauseImageMatch(t *testing.T) {
+	m, err := PauseImage()
+	if err != nil {
+		t.Skip(err)
+	}
+	for ref, want := range map[string]bool{
+		"registry.k8s.io/pause:3.10": true, "registry.k8s.io/pause": true, "k8s.gcr.io/pause:3.2": true,
+		"registry.k8s.io/pause@sha256:00": true, "example.com/pause:1": false, "registry.k8s.io/pause-x:1": false,
+	} {
+		if got := m.Match(ref); got != want {
+			t.Errorf("pause matches %q: %v, want %v", ref, got, want)
+		}
+	}
+}
+
+func TestResolveArgv(t *testing.T) {
+	img := Image{Entrypoint: []string{"/renderqueue"}, Cmd: []string{"help"}}
+	for _, c := range []struct {
+		command, args, want []string
+		err                 bool
+	}{
+		{nil, nil, []string{"/renderqueue", "help"}, false},
+		{nil, []string{"keeper", "--listen", ":8080"}, []string{"/renderqueue", "keeper", "--listen", ":8080"}, false},
+		{[]string{"/renderqueue"}, []string{"operator"}, []string{"/renderqueue", "operator"}, false},
+		{[]string{"/renderqueue", "operator"}, nil, []string{"/renderqueue", "operator"}, false},
+		{[]string{"/bin/sh", "-c", "x"}, nil, nil, true},
+		{[]string{"renderqueue"}, nil, nil, true},
+	} {
+		got, err := resolveArgv(img, c.command, c.args)
+		if (err != nil) != c.err || (!c.err && strings.Join(got, " ") != strings.Join(c.want, " ")) {
+			t.Errorf("resolveArgv(%q, %q) = %q, %v; want %q (error %v)", c.command, c.args, got, err, c.want, c.err)
+		}
+	}
+	if _, err := resolveArgv(Image{}, nil, nil); err == nil {
+		t.Error("an image without entrypoint and a container without command ran")
+	}
+}
+
+func TestBoundingSet(t *testing.T) {
+	caps := func(add, drop []corev1.Capability) *corev1.Capabilities {
+		return &corev1.Capabilities{Add: add, Drop: drop}
+	}
+	for _, c := range []struct {
+		caps       *corev1.Capabilities
+		privileged bool
+		want       string
+		err        bool
+	}{
+		{caps(nil, []corev1.Capability{"ALL"}), false, "-all", false},
+		{caps([]corev1.Capability{"NET_BIND_SERVICE"}, []corev1.Capability{"ALL"}), false, "-all,+net_bind_service", false},
+		{caps([]corev1.Capability{"CAP_SYS_ADMIN"}, []corev1.Capability{"all"}), false, "-all,+sys_admin", false},
+		{caps(nil, []corev1.Capability{"NET_RAW", "MKNOD", "SETPCAP", "SETFCAP", "AUDIT_WRITE", "SYS_CHROOT", "KILL", "FSETID", "FOWNER", "DAC_OVERRIDE", "SETUID", "SETGID"}), false,
+			"-all,+chown,+net_bind_service", false},
+		{nil, false, "-all,+audit_write,+chown,+dac_override,+fowner,+fsetid,+kill,+mknod,+net_bind_service,+net_raw,+setfcap,+setgid,+setpcap,+setuid,+sys_chroot", false},
+		{caps([]corev1.Capability{"ALL"}, []corev1.Capability{"CHOWN"}), false, "", false}, // checked below
+		{caps(nil, []corev1.Capability{"ALL"}), true, "", false},
+		{caps([]corev1.Capability{"NOT_A_CAP"}, nil), false, "", true},
+	} {
+		got, err := boundingSet(c.caps, c.privileged)
+		if c.caps != nil && len(c.caps.Add) == 1 && c.caps.Add[0] == "ALL" {
+			if strings.Contains(got, "+chown") || !strings.Contains(got, "+sys_admin") {
+				t.Errorf("add ALL, drop CHOWN: %q", got)
+			}
+			continue
+		}
+		if (err != nil) != c.err || got != c.want {
+			t.Errorf("boundingSet(%+v, %v) = %q, %v; want %q (error %v)", c.caps, c.privileged, got, err, c.want, c.err)
+		}
+	}
+}
+
+func TestPodPhase(t *testing.T) {
+	running := corev1.ContainerStatus{State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{}}}
+	waiting := corev1.ContainerStatus{State: corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: "ContainerCreating"}}}
+	crashLoop := corev1.ContainerStatus{State: corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: "CrashLoopBackOff"}},
+		LastTerminationState: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: 1}}}
+	ok := corev1.ContainerStatus{State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: 0}}}
+	failed := corev1.ContainerStatus{State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: 2}}}
+	for _, c := range []struct {
+		name      string
+		initsDone bool
+		apps      []corev1.ContainerStatus
+		policy    corev1.RestartPolicy
+		want      corev1.PodPhase
+	}{
+		{"init running", false, []corev1.ContainerStatus{waiting}, corev1.RestartPolicyAlways, corev1.PodPending},
+		{"creating", true, []corev1.ContainerStatus{waiting}, corev1.RestartPolicyAlways, corev1.PodPending},
+		{"one creating, one running", true, []corev1.ContainerStatus{waiting, running}, corev1.RestartPolicyAlways, corev1.PodPending},
+		{"running", true, []corev1.ContainerStatus{running}, corev1.RestartPolicyAlways, corev1.PodRunning},
+		{"crash loop", true, []corev1.ContainerStatus{crashLoop}, corev1.RestartPolicyAlways, corev1.PodRunning},
+		{"all exited 0, Never", true, []corev1.ContainerStatus{ok, ok}, corev1.RestartPolicyNever, corev1.PodSucceeded},
+		{"one failed, Never", true, []corev1.ContainerStatus{ok, failed}, corev1.RestartPolicyNever, corev1.PodFailed},
+		{"one failed, OnFailure", true, []corev1.ContainerStatus{ok, failed}, corev1.RestartPolicyOnFailure, corev1.PodRunning},
+		{"exited, Always", true, []corev1.ContainerStatus{ok}, corev1.RestartPolicyAlways, corev1.PodRunning},
+	} {
+		if got := podPhase(c.initsDone, nil, c.apps, c.policy); got != c.want {
+			t.Errorf("%s: phase %s, want %s", c.name, got, c.want)
+		}
+	}
+}
+
+func TestTokenNeedsRefresh(t *testing.T) {
+	issued := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	exp := issued.Add(time.Hour)
+	for _, c := range []struct {
+		after time.Duration
+		want  bool
+	}{{0, false}, {47 * time.Minute, false}, {48 * time.Minute, true}, {59 * time.Minute, true}} {
+		if got := tokenNeedsRefresh(issued, exp, issued.Add(c.after)); got != c.want {
+			t.Errorf("a 1 h token after %s: refresh %v, want %v", c.after, got, c.want)
+		}
+	}
+	if !tokenNeedsRefresh(issued, issued.Add(48*time.Hour), issued.Add(25*time.Hour)) {
+		t.Error("a token older than 24 h is not refreshed")
+	}
+}
+
+func TestWriteAtomic(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "vol")
+	files := map[string]volFile{"token": {data: []byte("a"), mode: 0o600}, "sub/ca.crt": {data: []byte("ca"), mode: 0o644}}
+	if err := writeAtomic(dir, files, nil); err != nil {
+		t.Fatal(err)
+	}
+	read := func(p string) string {
+		b, err := os.ReadFile(filepath.Join(dir, p))
+		if err != nil {
+			return "error: " + err.Error()
+		}
+		return string(b)
+	}
+	if read("token") != "a" || read("sub/ca.crt") != "ca" {
+		t.Fatalf("token %q, sub/ca.crt %q", read("token"), read("sub/ca.crt"))
+	}
+	if fi, err := os.Stat(filepath.Join(dir, "token")); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Errorf("token mode %v (%v), want 0600", fi.Mode(), err)
+	}
+	if target, err := os.Readlink(filepath.Join(dir, "token")); err != nil || target != "..data/token" {
+		t.Errorf("token is not a link into ..data: %q %v", target, err)
+	}
+	first, _ := os.Readlink(filepath.Join(dir, "..data"))
+	// unchanged: nothing is written
+	if err := writeAtomic(dir, files, nil); err != nil {
+		t.Fatal(err)
+	}
+	if again, _ := os.Readlink(filepath.Join(dir, "..data")); again != first {
+		t.Errorf("an unchanged volume was rewritten (%s → %s)", first, again)
+	}
+	// changed: a new ..data, the old directory and a dropped file are gone
+	if err := writeAtomic(dir, map[string]volFile{"token": {data: []byte("b"), mode: 0o600}}, nil); err != nil {
+		t.Fatal(err)
+	}
+	second, _ := os.Readlink(filepath.Join(dir, "..data"))
+	if second == first || read("token") != "b" {
+		t.Errorf("after a change: ..data %s (was %s), token %q", second, first, read("token"))
+	}
+	if _, err := os.Lstat(filepath.Join(dir, "sub")); !os.IsNotExist(err) {
+		t.Errorf("a file no longer in the volume is still there: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, first)); !os.IsNotExist(err) {
+		t.Errorf("the old data directory %s is still there: %v", first, err)
+	}
+	// fsGroup: group-owned, group-readable
+	if os.Geteuid() == 0 {
+		g := int64(4321)
+		if err := writeAtomic(dir, map[string]volFile{"token": {data: []byte("c"), mode: 0o400}}, &g); err != nil {
+			t.Fatal(err)
+		}
+		fi, err := os.Stat(filepath.Join(dir, "token"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st := fi.Sys().(*syscall.Stat_t); int64(st.Gid) != g || fi.Mode().Perm() != 0o440 {
+			t.Errorf("with fsGroup: gid %d mode %v, want %d and 0440", st.Gid, fi.Mode().Perm(), g)
+		}
+	}
+	for _, bad := range []string{"../escape", "/abs", "a/../b", "..data", ""} {
+		if err := writeAtomic(dir, map[string]volFile{bad: {data: []byte("x")}}, nil); err == nil {
+			t.Errorf("the volume file path %q was accepted", bad)
+		}
+	}
+}
+
+func TestHostsFile(t *testing.T) {
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "web-shard-0", Namespace: "default"},
+		Spec: corev1.PodSpec{Hostname: "web-shard-0", Subdomain: "web-shards", HostAliases: []corev1.HostAlias{{IP: "10.1.2.3", Hostnames: []string{"db", "db.local"}}}}}
+	got := hostsFile(pod, "10.244.3.2")
+	for _, want := range []string{"127.0.0.1\tlocalhost\n", "10.244.3.2\tweb-shard-0.web-shards.default.svc.cluster.local\tweb-shard-0\n", "10.1.2.3\tdb\tdb.local\n"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("hosts file lacks %q:\n%s", want, got)
+		}
+	}
+	if h := podHostname(&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: strings.Repeat("a", 62) + "-b"}}); len(h) != 62 {
+		t.Errorf("a 64-character Pod name gives hostname %q (want 63 characters at most, no trailing '-')", h)
+	}
+}
+
+func TestTerminationMessageTails(t *testing.T) {
+	var b strings.Builder
+	for i := 1; i <= 100; i++ {
+		fmt.Fprintf(&b, "line %d\n", i)
+	}
+	got := logTail([]byte(b.String()), 80, 2048)
+	if !strings.HasPrefix(got, "line 21\n") || !strings.HasSuffix(got, "line 100\n") {
+		t.Errorf("80 lines: %q", got)
+	}
+	long := strings.Repeat("x", 3000) + "\n"
+	if got := logTail([]byte(long), 80, 2048); len(got) != 2048 {
+		t.Errorf("2 KiB: %d bytes", len(got))
+	}
+	if got := string(tailLines([]byte("a\nb\nc\n"), 2)); got != "b\nc\n" {
+		t.Errorf("tailLines 2 = %q", got)
+	}
+	if got := string(tailLines([]byte("a\nb"), 5)); got != "a\nb" {
+		t.Errorf("tailLines 5 = %q", got)
+	}
+}
+
+func TestRoutedPrefixes(t *testing.T) {
+	out := `default via 192.0.2.1 dev eth0
+192.0.2.0/24 dev eth0 proto kernel scope link src 192.0.2.2
+local 127.0.0.0/8 dev lo table local proto kernel scope host src 127.0.0.1
+local 10.244.7.0/24 dev lo table local proto 190 scope host
+broadcast 127.255.255.255 dev lo table local proto kernel scope link src 127.0.0.1
+10.244.9.5 via 192.0.2.1 dev eth0
+`
+	got := routedPrefixes(out)
+	for _, p := range []string{"10.244.7.0/24", "10.244.9.5/32", "127.0.0.0/8"} {
+		if !overlapsAny(netip.MustParsePrefix(p), got) {
+			t.Errorf("%s not found in %v", p, got)
+		}
+	}
+	if overlapsAny(netip.MustParsePrefix("10.244.8.0/24"), got) {
+		t.Errorf("10.244.8.0/24 reported routed: %v", got)
+	}
+}
+
+func TestPodNetworkAllocate(t *testing.T) {
+	n := &PodNetwork{CIDR: netip.MustParsePrefix("10.244.5.0/24"), inUse: map[netip.Addr]string{}}
+	a, _ := n.Allocate("a")
+	b, _ := n.Allocate("b")
+	if a.String() != "10.244.5.1" || b.String() != "10.244.5.2" {
+		t.Fatalf("first addresses %s, %s", a, b)
+	}
+	n.Release(a)
+	if c, _ := n.Allocate("c"); c != a {
+		t.Errorf("the lowest free address is %s, got %s", a, c)
+	}
+	for i := 0; i < 252; i++ { // .3 to .254
+		if _, err := n.Allocate("x"); err != nil {
+			t.Fatalf("allocation %d: %v", i+3, err)
+		}
+	}
+	if x, err := n.Allocate("full"); err == nil {
+		t.Errorf("a full /24 handed out %s", x)
 	}
 }

@@ -360,9 +360,9 @@ func prepareSubPath(p string, v corev1.Volume) (file bool, err error) {
 func writeAtomic(dir string, files map[string]volFile, fsGroup *int64) error {
 	want := map[string]volFile{}
 	for p, f := range files {
-		clean := strings.TrimPrefix(path.Clean("/"+p), "/")
-		if clean == "" || strings.HasPrefix(clean, "..") {
-			return fmt.Errorf("invalid volume file path %q", p)
+		clean := path.Clean(p)
+		if p == "" || path.IsAbs(p) || clean != p || strings.HasPrefix(clean, "..") {
+			return fmt.Errorf("invalid volume file path %q: must be relative, clean, without '..' and not start with '..'", p)
 		}
 		if fsGroup != nil {
 			f.mode |= 0o440
