@@ -31,6 +31,9 @@ type podtestReport struct {
 	Hostname  string            `json:"hostname"`
 	WriteRoot string            `json:"writeRoot"`
 	WriteTmp  string            `json:"writeTmp"`
+	WriteDir  string            `json:"writeDir"`
+	Reads     map[string]string `json:"reads"`
+	Writes    map[string]string `json:"writes"`
 	Status    map[string]string `json:"status"`
 	Env       map[string]string `json:"env"`
 	Files     map[string]struct {
@@ -178,7 +181,8 @@ func TestRunnerPods(t *testing.T) {
 	}})
 
 	// secure: the restricted security context, volumes, env, a readiness probe.
-	secure := podtestContainer("main", "serve", "--listen", ":8080", "--files", "/etc/files")
+	secure := podtestContainer("main", "serve", "--listen", ":8080", "--files", "/etc/files", "--read", "/etc/greeting.txt",
+		"--read", "/etc/hostname", "--write", "/data/$(POD_NAME)/other", "--read", "/tmp/secure-data")
 	secure.Env = []corev1.EnvVar{
 		{Name: "GREETING", ValueFrom: &corev1.EnvVarSource{ConfigMapKeyRef: &corev1.ConfigMapKeySelector{
 			LocalObjectReference: corev1.LocalObjectReference{Name: "conf"}, Key: "greeting"}}},
@@ -193,6 +197,8 @@ func TestRunnerPods(t *testing.T) {
 	secure.VolumeMounts = []corev1.VolumeMount{
 		{Name: "files", MountPath: "/etc/files"},
 		{Name: "tmp", MountPath: "/tmp"},
+		{Name: "conf", MountPath: "/etc/greeting.txt", SubPath: "greeting"},
+		{Name: "tmp", MountPath: "/data/secure", SubPathExpr: "$(POD_NAME)-data", ReadOnly: true},
 	}
 	secure.ReadinessProbe = &corev1.Probe{ProbeHandler: corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Path: "/readyz", Port: intstr.FromString("http")}},
 		PeriodSeconds: 1}
@@ -209,6 +215,7 @@ func TestRunnerPods(t *testing.T) {
 				{Name: "files", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{SecretName: "files", DefaultMode: ptr.To[int32](0o440),
 					Items: []corev1.KeyToPath{{Key: "key", Path: "sub/key"}}}}},
 				{Name: "tmp", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}},
+				{Name: "conf", VolumeSource: corev1.VolumeSource{ConfigMap: &corev1.ConfigMapVolumeSource{LocalObjectReference: corev1.LocalObjectReference{Name: "conf"}}}},
 			},
 		},
 	})
@@ -302,6 +309,16 @@ func TestRunnerPods(t *testing.T) {
 		}
 		if rep.WriteTmp != "" {
 			t.Errorf("writing to the emptyDir at /tmp: %s", rep.WriteTmp)
+		}
+		if !strings.Contains(rep.WriteDir, "read-only file system") {
+			t.Errorf("writing into the secret volume: %q, want a read-only file system error", rep.WriteDir)
+		}
+		// the subPathExpr directory was made in the emptyDir (a directory: reading it fails so)
+		if rep.Reads["/etc/greeting.txt"] != "hello" || rep.Reads["/etc/hostname"] != "secure\n" || !strings.Contains(rep.Reads["/tmp/secure-data"], "is a directory") {
+			t.Errorf("the subPath file, /etc/hostname, the subPathExpr directory in the emptyDir: %q", rep.Reads)
+		}
+		if !strings.Contains(rep.Writes["/data/secure/other"], "read-only file system") {
+			t.Errorf("a write through the read-only subPathExpr mount: %q", rep.Writes)
 		}
 		if rep.Status["NoNewPrivs"] != "1" || rep.Status["CapBnd"] != "0000000000000000" || rep.Status["CapEff"] != "0000000000000000" {
 			t.Errorf("no_new_privs and capabilities: %v", rep.Status)

@@ -1,9 +1,10 @@
 // Command podtest is the program the runner test (package cluster) runs as its Pods'
 // containers, mapped from the image "podtest". It reports what a container sees:
 //
-//	podtest serve --listen :8080 [--unhealthy-after 2s] [--files DIR] [--term-delay 1s]
-//	    serves GET /report (JSON: user, groups, hostname, capabilities, writes to / and /tmp,
-//	    the files under DIR, the environment, and who the API server says it is through
+//	podtest serve --listen :8080 [--unhealthy-after 2s] [--files DIR] [--write FILE]... [--read FILE]...
+//	             [--term-delay 1s]
+//	    serves GET /report (JSON: user, groups, hostname, capabilities, writes to /, /tmp and DIR,
+//	    the files under DIR, the --write files ("mark") and the --read files, the environment, and who the API server says it is through
 //	    rest.InClusterConfig), /readyz, and /healthz (503 once --unhealthy-after has passed);
 //	    with --term-delay it exits 42 that long after a SIGTERM
 //	podtest crash --lines N --code C
@@ -40,7 +41,10 @@ type Report struct {
 	Hostname  string            `json:"hostname"`
 	WriteRoot string            `json:"writeRoot"` // the error writing /podtest-write ("" = it worked)
 	WriteTmp  string            `json:"writeTmp"`
-	Status    map[string]string `json:"status"` // NoNewPrivs, CapBnd, CapEff of /proc/self/status
+	WriteDir  string            `json:"writeDir"` // the error writing into --files
+	Reads     map[string]string `json:"reads"`    // the --read files (or the error)
+	Writes    map[string]string `json:"writes"`   // the error writing each --write file ("" = it worked)
+	Status    map[string]string `json:"status"`   // NoNewPrivs, CapBnd, CapEff of /proc/self/status
 	Env       map[string]string `json:"env"`
 	Files     map[string]File   `json:"files"`
 	User      string            `json:"user"` // SelfSubjectReview through rest.InClusterConfig
@@ -90,6 +94,9 @@ func serve(args []string) {
 	unhealthyAfter := fset.Duration("unhealthy-after", 0, "fail /healthz after this long (0: never)")
 	files := fset.String("files", "", "directory whose files to report")
 	termDelay := fset.Duration("term-delay", -1, "on SIGTERM, wait this long, then exit 42 (negative: SIGTERM kills as usual)")
+	var reads, writes stringList
+	fset.Var(&reads, "read", "a file to report (repeatable)")
+	fset.Var(&writes, "write", "a file to write \"mark\" into, before the reads (repeatable)")
 	_ = fset.Parse(args)
 	if *termDelay >= 0 {
 		sig := make(chan os.Signal, 1)
@@ -102,7 +109,7 @@ func serve(args []string) {
 		}()
 	}
 	start := time.Now()
-	rep := report(*files)
+	rep := report(*files, writes, reads)
 	b, _ := json.Marshal(rep)
 	fmt.Printf("report %s\n", b)
 
@@ -134,8 +141,20 @@ func errString(err error) string {
 	return err.Error()
 }
 
-func report(dir string) Report {
-	r := Report{Argv: os.Args, UID: os.Getuid(), GID: os.Getgid(), Env: map[string]string{}, Files: map[string]File{}, Status: map[string]string{}}
+func report(dir string, writes, reads []string) Report {
+	r := Report{Argv: os.Args, UID: os.Getuid(), GID: os.Getgid(), Env: map[string]string{}, Files: map[string]File{}, Status: map[string]string{},
+		Reads: map[string]string{}, Writes: map[string]string{}}
+	for _, p := range writes {
+		r.Writes[p] = errString(os.WriteFile(p, []byte("mark"), 0o644))
+	}
+	for _, p := range reads {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			r.Reads[p] = "error: " + err.Error()
+		} else {
+			r.Reads[p] = string(b)
+		}
+	}
 	r.Groups, _ = os.Getgroups()
 	r.Hostname, _ = os.Hostname()
 	r.WriteRoot = errString(os.WriteFile("/podtest-write", []byte("x"), 0o644))
@@ -154,6 +173,7 @@ func report(dir string) Report {
 	}
 	if dir != "" {
 		walk(dir, "", r.Files)
+		r.WriteDir = errString(os.WriteFile(filepath.Join(dir, "podtest-write"), []byte("x"), 0o644))
 	}
 	const sa = "/var/run/secrets/kubernetes.io/serviceaccount"
 	ns, _ := os.ReadFile(sa + "/namespace")
@@ -212,4 +232,14 @@ func walk(dir, rel string, out map[string]File) {
 		}
 		out[r] = f
 	}
+}
+
+// stringList is a repeatable string flag.
+type stringList []string
+
+func (l *stringList) String() string { return strings.Join(*l, ",") }
+
+func (l *stringList) Set(s string) error {
+	*l = append(*l, s)
+	return nil
 }
