@@ -21,7 +21,7 @@
 # Everything it started is stopped on exit (Ctrl-C included), unless KEEP=1 or --keep: then it
 # stays up and the script prints how to reach and stop it.
 # Tunables (env): ROWS, OVERDUE, SIM_SECONDS, SIM_CONCURRENCY, SIM_RENDER_TIME, KEEP, DEMO_BINARY (a
-# prebuilt renderqueue binary instead of building bin/renderqueue).
+# prebuilt renderqueue binary instead of building bin/renderqueue). Needs root (the pod runner).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$(pwd)
@@ -35,7 +35,7 @@ KEEP=${KEEP:-0}
 for a in "$@"; do
   case "$a" in
     --keep) KEEP=1 ;;
-    -h | --help) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "demo: unknown argument $a (try --help)" >&2; exit 2 ;;
   esac
 done
@@ -44,6 +44,7 @@ t0=$SECONDS
 step() { printf '\n== [%3ds] %s\n' "$((SECONDS - t0))" "$*"; }
 note() { printf 'demo: %s\n' "$*"; }
 die() { printf 'demo: error: %s\n' "$*" >&2; exit 1; }
+[ "$(id -u)" = 0 ] || die "run it as root: the pod runner uses mount namespaces, overlay root filesystems and a local route for the pod network (docs/local-cluster.md)"
 # show prints a command as the user would type it (k is kubectl), then runs it.
 show() {
   local shown=("$@")

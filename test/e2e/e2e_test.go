@@ -359,6 +359,9 @@ func TestEndToEnd(t *testing.T) {
 	if testing.Short() {
 		t.Skip("e2e: skipped with -short")
 	}
+	if os.Geteuid() != 0 {
+		t.Skip("e2e: needs root (the pod runner: mount namespaces, overlay root filesystems, a local route for the pod network; docs/local-cluster.md)")
+	}
 	root := repoRoot(t)
 	as := assets(t)
 	work := t.TempDir()
