@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -435,6 +436,19 @@ func TestRunnerPods(t *testing.T) {
 		if p.Status.Phase != corev1.PodRunning || podReady(p) {
 			t.Errorf("a crash-looping Pod is %s, ready %v; want Running, not ready", p.Status.Phase, podReady(p))
 		}
+		// kubectl logs through the API server and the runner's kubelet API
+		for _, previous := range []bool{false, true} {
+			b, err := c.Client.CoreV1().Pods(testNS).GetLogs("crash", &corev1.PodLogOptions{TailLines: ptr.To[int64](2), Previous: previous}).DoRaw(ctx)
+			if err != nil || string(b) != "line 99\nline 100\n" {
+				t.Errorf("logs --tail=2 --previous=%v: %q, %v", previous, b, err)
+			}
+		}
+		if b, err := c.Client.CoreV1().Pods(testNS).GetLogs("crash", &corev1.PodLogOptions{LimitBytes: ptr.To[int64](7)}).DoRaw(ctx); err != nil || string(b) != "line 1\n" {
+			t.Errorf("logs --limit-bytes=7: %q, %v", b, err)
+		}
+		if _, err := c.Client.CoreV1().Pods(testNS).GetLogs("crash", &corev1.PodLogOptions{Container: "nope"}).DoRaw(ctx); err == nil {
+			t.Error("logs of a container the Pod does not have: no error")
+		}
 	})
 
 	t.Run("termination-message", func(t *testing.T) {
@@ -476,6 +490,18 @@ func TestRunnerPods(t *testing.T) {
 		if len(p.Status.InitContainerStatuses) != 2 || p.Status.InitContainerStatuses[0].State.Terminated == nil ||
 			p.Status.InitContainerStatuses[0].State.Terminated.Reason != "Completed" || p.Status.InitContainerStatuses[1].State.Running == nil {
 			t.Errorf("init container statuses %+v, want the first terminated Completed, the sidecar running", p.Status.InitContainerStatuses)
+		}
+		// kubectl logs -f: the stream starts with what is there and stays open
+		fctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		stream, err := c.Client.CoreV1().Pods(testNS).GetLogs("multi", &corev1.PodLogOptions{Container: "b", Follow: true}).Stream(fctx)
+		if err != nil {
+			t.Fatalf("logs -f: %v", err)
+		}
+		line, err := bufio.NewReader(stream).ReadString('\n')
+		_ = stream.Close()
+		if err != nil || !strings.HasPrefix(line, "report ") {
+			t.Errorf("logs -f of container b: first line %q, %v", line, err)
 		}
 		for _, port := range []string{"8080", "8081", "8082"} {
 			resp, err := http.Get("http://" + p.Status.PodIP + ":" + port + "/readyz")
