@@ -47,6 +47,9 @@ func (w *podWorker) logIgnored(pod *corev1.Pod) {
 	if s.RuntimeClassName != nil {
 		out = append(out, "runtimeClassName")
 	}
+	if s.OS != nil && s.OS.Name != corev1.Linux {
+		out = append(out, fmt.Sprintf("os %s (runs on linux)", s.OS.Name))
+	}
 	if len(s.ResourceClaims) > 0 {
 		out = append(out, "resourceClaims")
 	}

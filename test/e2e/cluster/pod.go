@@ -108,6 +108,9 @@ func (w *podWorker) update(pod *corev1.Pod) {
 		w.requestStop(true)
 		return
 	}
+	if len(pod.Spec.EphemeralContainers) > 0 {
+		w.noteIgnored("ephemeral", "ephemeral containers (kubectl debug) are not run")
+	}
 	w.kickVolumes()   // labels and annotations feed downwardAPI volumes
 	w.statusChanged() // readiness gates
 }
