@@ -44,6 +44,8 @@ type fakeShard struct {
 	badJSON   bool
 	wrongName bool
 	walkedAt  time.Time
+	// err is the status's error field (the keeper's own: a database it cannot reach, say).
+	err string
 }
 
 func newFakeShard(reader client.Reader, namespace, queue, name string) *fakeShard {
@@ -105,6 +107,7 @@ func (f *fakeShard) serve(w http.ResponseWriter, r *http.Request) {
 		Membership: shardapi.Membership{Epoch: epoch, Owned: owned, Incoming: incoming, PreparedEpoch: f.preparedEpoch},
 		Rows:       shardapi.Rows{Held: 1000, OwnedNotHeld: 5000},
 		DuePerSlot: map[string]int{},
+		Error:      f.err,
 	}
 	if f.wrongName {
 		st.Shard = f.name + "-impostor"

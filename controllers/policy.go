@@ -2,8 +2,10 @@ package controllers
 
 import (
 	"fmt"
+	"strings"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	rqv1 "github.com/renderqueue/renderqueue/api/v1alpha1"
@@ -16,6 +18,11 @@ const (
 	PhasePending = "Pending"
 	// PhaseUnreachable: the shard was asked and did not answer with a valid status.
 	PhaseUnreachable = "Unreachable"
+	// PhaseFailing: the shard did not answer and Kubernetes says why its keeper does not run (a
+	// container waiting with an error such as CreateContainerConfigError or CrashLoopBackOff, a
+	// terminated container, an unschedulable or failed Pod); the shard's error is
+	// "<Reason>: <message>" from the Pod's status (podProblem).
+	PhaseFailing = "Failing"
 )
 
 // condition is the outcome of a condition policy: the status, a CamelCase reason and a message
@@ -28,7 +35,145 @@ type condition struct {
 
 // reachable reports whether the operator read the shard's status in the last poll.
 func reachable(s rqv1.ShardStatus) bool {
-	return s.Phase != PhasePending && s.Phase != PhaseUnreachable
+	return s.Phase != PhasePending && s.Phase != PhaseUnreachable && s.Phase != PhaseFailing
+}
+
+// troubled reports whether the shard is not ready for a reason someone must look at: its Pod
+// cannot run the keeper, a Ready Pod does not answer, or the shard answers with an error while not
+// ready (its database unreachable, say). A Pod that is starting or a shard that is loading is not
+// troubled.
+func troubled(s rqv1.ShardStatus) bool {
+	switch s.Phase {
+	case PhaseFailing, PhaseUnreachable:
+		return true
+	case PhasePending:
+		return false
+	default:
+		return !s.Ready && s.Error != ""
+	}
+}
+
+// troubleKey identifies what is wrong with a shard, for events on a change: "Failing/<Reason>"
+// for a Failing shard (CrashLoopBackOff of "CrashLoopBackOff: ...", so a new back-off message is
+// not a new problem), "error/<error>" for a shard answering with an error while not ready, ""
+// otherwise (Unreachable has events of its own).
+func troubleKey(s rqv1.ShardStatus) string {
+	switch {
+	case s.Phase == PhaseFailing:
+		reason, _, _ := strings.Cut(s.Error, ":")
+		return PhaseFailing + "/" + reason
+	case s.Phase == PhaseUnreachable || !troubled(s):
+		return ""
+	default:
+		return "error/" + s.Error
+	}
+}
+
+// troubleMessage says what is wrong with a troubled shard, for people.
+func troubleMessage(s rqv1.ShardStatus) string {
+	if s.Phase == PhaseFailing {
+		return fmt.Sprintf("shard %s cannot run: %s", s.Name, s.Error)
+	}
+	return fmt.Sprintf("shard %s is %s: %s", s.Name, s.Phase, s.Error)
+}
+
+// maxProblemMessage bounds the part of a container's message quoted in a shard's error.
+const maxProblemMessage = 300
+
+// podProblem says why the Pod of a shard does not run its keeper, from the Pod's status as the
+// kubelet reports it: a CamelCase reason (the kubelet's own: CreateContainerConfigError,
+// CrashLoopBackOff, ImagePullBackOff, Unschedulable, Evicted, ...) and a message naming the
+// cause (`secret "renderqueue-db" not found`; for a crash loop the last exit code and the last
+// line of the container's termination message). ("", "") when nothing is known to be wrong: no
+// Pod, a Pod being deleted, containers creating or running.
+func podProblem(pod *corev1.Pod) (reason, message string) {
+	if pod == nil || pod.DeletionTimestamp != nil {
+		return "", ""
+	}
+	if pod.Status.Phase == corev1.PodFailed {
+		reason = pod.Status.Reason
+		if reason == "" {
+			reason = "PodFailed"
+		}
+		return reason, oneLine(pod.Status.Message)
+	}
+	for _, list := range [][]corev1.ContainerStatus{pod.Status.InitContainerStatuses, pod.Status.ContainerStatuses} {
+		for _, cs := range list {
+			if r, m := containerProblem(cs); r != "" {
+				return r, m
+			}
+		}
+	}
+	for _, c := range pod.Status.Conditions {
+		if c.Type == corev1.PodScheduled && c.Status == corev1.ConditionFalse {
+			reason = c.Reason
+			if reason == "" {
+				reason = "Unschedulable"
+			}
+			return reason, oneLine(c.Message)
+		}
+	}
+	return "", ""
+}
+
+// containerProblem is podProblem for one container status.
+func containerProblem(cs corev1.ContainerStatus) (reason, message string) {
+	switch {
+	case cs.State.Waiting != nil:
+		w := cs.State.Waiting
+		if w.Reason == "" || w.Reason == "ContainerCreating" || w.Reason == "PodInitializing" {
+			return "", ""
+		}
+		if w.Reason == "CrashLoopBackOff" {
+			msg := fmt.Sprintf("container %s restarted %d times", cs.Name, cs.RestartCount)
+			if t := cs.LastTerminationState.Terminated; t != nil {
+				msg = terminated(cs.Name, t) + fmt.Sprintf("; restarted %d times", cs.RestartCount)
+			}
+			return w.Reason, msg
+		}
+		return w.Reason, oneLine(w.Message)
+	case cs.State.Terminated != nil:
+		t := cs.State.Terminated
+		reason = t.Reason
+		if reason == "" {
+			reason = "Terminated"
+		}
+		return reason, terminated(cs.Name, t)
+	default:
+		return "", ""
+	}
+}
+
+// terminated describes a container's termination: "container keeper exited with code 1
+// (Error): <last line of its termination message>".
+func terminated(name string, t *corev1.ContainerStateTerminated) string {
+	msg := fmt.Sprintf("container %s exited with code %d", name, t.ExitCode)
+	if t.Signal != 0 {
+		msg = fmt.Sprintf("container %s was killed by signal %d", name, t.Signal)
+	}
+	if t.Reason != "" {
+		msg += " (" + t.Reason + ")"
+	}
+	if line := lastLine(t.Message); line != "" {
+		msg += ": " + line
+	}
+	return msg
+}
+
+// lastLine is the last non-empty line of s, shortened to maxProblemMessage: a termination
+// message taken from the container's log (FallbackToLogsOnError) ends with the fatal error.
+func lastLine(s string) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	return oneLine(lines[len(lines)-1])
+}
+
+// oneLine is s on one line, shortened to maxProblemMessage.
+func oneLine(s string) string {
+	s = strings.Join(strings.Fields(s), " ")
+	if len(s) > maxProblemMessage {
+		s = s[:maxProblemMessage] + "..."
+	}
+	return s
 }
 
 // andMore is " (and N more shards)" for n > 0.
@@ -49,16 +194,21 @@ func readyCondition(shards []rqv1.ShardStatus) condition {
 		return condition{metav1.ConditionFalse, rqv1.ReasonShardsNotReady, "no shards yet"}
 	}
 	ready := 0
-	var first *rqv1.ShardStatus
+	var first *rqv1.ShardStatus // the first troubled shard, else the first not ready
 	for i := range shards {
-		if shards[i].Ready {
+		switch {
+		case shards[i].Ready:
 			ready++
-		} else if first == nil {
+		case first == nil || (troubled(shards[i]) && !troubled(*first)):
 			first = &shards[i]
 		}
 	}
 	if first == nil {
 		return condition{metav1.ConditionTrue, rqv1.ReasonAllShardsReady, fmt.Sprintf("%d of %d shards ready", ready, len(shards))}
+	}
+	if first.Phase == PhaseFailing {
+		return condition{metav1.ConditionFalse, rqv1.ReasonShardsNotReady,
+			fmt.Sprintf("%d of %d shards ready; shard %s cannot run: %s", ready, len(shards), first.Name, first.Error)}
 	}
 	why := first.Phase
 	if first.Error != "" {
@@ -89,8 +239,11 @@ func exactCondition(shards []rqv1.ShardStatus, sumExact bool, notAdopted []strin
 	if len(unreachable) > 0 {
 		s := unreachable[0]
 		what := "unreachable"
-		if s.Phase == PhasePending {
+		switch s.Phase {
+		case PhasePending:
 			what = "not serving yet"
+		case PhaseFailing:
+			what = "not running"
 		}
 		msg := fmt.Sprintf("shard %s is %s", s.Name, what)
 		if s.Error != "" {
@@ -198,7 +351,7 @@ func progressingCondition(p *progress, shards []rqv1.ShardStatus, epoch int64) c
 	}
 	var loading []string
 	for _, s := range shards {
-		if !s.Ready && s.Phase != PhaseUnreachable {
+		if !s.Ready && s.Phase != PhaseUnreachable && s.Phase != PhaseFailing {
 			loading = append(loading, s.Name)
 		}
 	}

@@ -1,11 +1,11 @@
 package controllers
 
 import (
-	corev1 "k8s.io/api/core/v1"
 	"strings"
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	rqv1 "github.com/renderqueue/renderqueue/api/v1alpha1"
@@ -348,5 +348,159 @@ func TestPodTemplateHash(t *testing.T) {
 	rq3.Spec.Shards = 7
 	if h != podTemplateHash(rq3, "img:v1") {
 		t.Error("spec.shards changes the hash (it must not replace Pods)")
+	}
+}
+
+func TestPodProblem(t *testing.T) {
+	waiting := func(reason, msg string) corev1.ContainerStatus {
+		return corev1.ContainerStatus{Name: "keeper", State: corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: reason, Message: msg}}}
+	}
+	podWith := func(change func(*corev1.PodStatus)) *corev1.Pod {
+		p := &corev1.Pod{Status: corev1.PodStatus{Phase: corev1.PodPending}}
+		change(&p.Status)
+		return p
+	}
+	deleting := podWith(func(s *corev1.PodStatus) {
+		s.ContainerStatuses = []corev1.ContainerStatus{waiting("CrashLoopBackOff", "back-off")}
+	})
+	deleting.DeletionTimestamp = &metav1.Time{Time: time.Now()}
+	crashLoop := waiting("CrashLoopBackOff", "back-off 40s restarting failed container=keeper pod=web-shard-0")
+	crashLoop.RestartCount = 4
+	crashLoop.LastTerminationState.Terminated = &corev1.ContainerStateTerminated{ExitCode: 1, Reason: "Error",
+		Message: "time=... level=INFO msg=starting\nrenderqueue keeper: opening the store: bad DSN\n\n"}
+	for _, tc := range []struct {
+		name         string
+		pod          *corev1.Pod
+		reason, want string
+	}{
+		{"no Pod", nil, "", ""},
+		{"being deleted", deleting, "", ""},
+		{"scheduled, creating", podWith(func(s *corev1.PodStatus) {
+			s.ContainerStatuses = []corev1.ContainerStatus{waiting("ContainerCreating", "")}
+		}), "", ""},
+		{"running", podWith(func(s *corev1.PodStatus) {
+			s.Phase = corev1.PodRunning
+			s.ContainerStatuses = []corev1.ContainerStatus{{Name: "keeper", State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{}}}}
+		}), "", ""},
+		{"store Secret missing", podWith(func(s *corev1.PodStatus) {
+			s.ContainerStatuses = []corev1.ContainerStatus{waiting("CreateContainerConfigError", `secret "renderqueue-db" not found`)}
+		}), "CreateContainerConfigError", `secret "renderqueue-db" not found`},
+		{"key missing", podWith(func(s *corev1.PodStatus) {
+			s.ContainerStatuses = []corev1.ContainerStatus{waiting("CreateContainerConfigError", `couldn't find key dsn in Secret default/renderqueue-db`)}
+		}), "CreateContainerConfigError", "couldn't find key dsn in Secret default/renderqueue-db"},
+		{"image", podWith(func(s *corev1.PodStatus) {
+			s.ContainerStatuses = []corev1.ContainerStatus{waiting("ImagePullBackOff", "Back-off pulling image \"x\"\n")}
+		}), "ImagePullBackOff", `Back-off pulling image "x"`},
+		{"crash loop: the last exit and its last log line", podWith(func(s *corev1.PodStatus) {
+			s.Phase = corev1.PodRunning
+			s.ContainerStatuses = []corev1.ContainerStatus{crashLoop}
+		}), "CrashLoopBackOff", "container keeper exited with code 1 (Error): renderqueue keeper: opening the store: bad DSN; restarted 4 times"},
+		{"crash loop without a last state", podWith(func(s *corev1.PodStatus) {
+			s.ContainerStatuses = []corev1.ContainerStatus{waiting("CrashLoopBackOff", "")}
+		}), "CrashLoopBackOff", "container keeper restarted 0 times"},
+		{"terminated (restartPolicy Never)", podWith(func(s *corev1.PodStatus) {
+			s.ContainerStatuses = []corev1.ContainerStatus{{Name: "keeper", State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{
+				ExitCode: 137, Reason: "OOMKilled"}}}}
+		}), "OOMKilled", "container keeper exited with code 137 (OOMKilled)"},
+		{"an init container first", podWith(func(s *corev1.PodStatus) {
+			s.InitContainerStatuses = []corev1.ContainerStatus{{Name: "migrate", RestartCount: 3, State: corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: "CrashLoopBackOff"}},
+				LastTerminationState: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: 2, Message: "no schema"}}}}
+			s.ContainerStatuses = []corev1.ContainerStatus{waiting("PodInitializing", "")}
+		}), "CrashLoopBackOff", "container migrate exited with code 2: no schema; restarted 3 times"},
+		{"unschedulable", podWith(func(s *corev1.PodStatus) {
+			s.Conditions = []corev1.PodCondition{{Type: corev1.PodScheduled, Status: corev1.ConditionFalse, Reason: "Unschedulable",
+				Message: "0/3 nodes are available: 3 Insufficient memory."}}
+		}), "Unschedulable", "0/3 nodes are available: 3 Insufficient memory."},
+		{"evicted", podWith(func(s *corev1.PodStatus) {
+			s.Phase, s.Reason, s.Message = corev1.PodFailed, "Evicted", "The node was low on resource: memory."
+		}), "Evicted", "The node was low on resource: memory."},
+		{"a long message is shortened", podWith(func(s *corev1.PodStatus) {
+			s.ContainerStatuses = []corev1.ContainerStatus{waiting("CreateContainerError", strings.Repeat("x", 1000))}
+		}), "CreateContainerError", strings.Repeat("x", maxProblemMessage) + "..."},
+	} {
+		reason, msg := podProblem(tc.pod)
+		if reason != tc.reason || msg != tc.want {
+			t.Errorf("%s: podProblem = (%q, %q), want (%q, %q)", tc.name, reason, msg, tc.reason, tc.want)
+		}
+	}
+}
+
+func TestShardStatusFailing(t *testing.T) {
+	pod := &corev1.Pod{Status: corev1.PodStatus{ContainerStatuses: []corev1.ContainerStatus{{Name: "keeper",
+		State: corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: "CreateContainerConfigError", Message: `secret "renderqueue-db" not found`}}}}}}
+	got := shardStatus(shardReport{Name: "s", Pod: pod, Err: errString("the Pod has no IP yet")}, "0-9", nil)
+	if got.Phase != PhaseFailing || got.Error != `CreateContainerConfigError: secret "renderqueue-db" not found` || got.Ready {
+		t.Errorf("failing: %+v", got)
+	}
+	// a shard that answers speaks for itself, whatever the Pod's last state
+	pod.Status.ContainerStatuses[0].State = corev1.ContainerState{Running: &corev1.ContainerStateRunning{}}
+	got = shardStatus(shardReport{Name: "s", Pod: pod, Asked: true, Status: &shardapi.Status{Shard: "s", Status: shardapi.StatusUnready,
+		Error: "database unreachable: dial tcp 10.0.0.9:5432: connect: connection refused"}}, "0-9", nil)
+	if got.Phase != shardapi.StatusUnready || got.Error != "database unreachable: dial tcp 10.0.0.9:5432: connect: connection refused" || got.Ready {
+		t.Errorf("answering: %+v", got)
+	}
+}
+
+func TestReadyConditionNamesTheProblem(t *testing.T) {
+	loading := rqv1.ShardStatus{Name: "a", Phase: shardapi.StatusUnready}
+	starting := rqv1.ShardStatus{Name: "a", Phase: PhasePending, Error: "the Pod has no IP yet"}
+	failing := rqv1.ShardStatus{Name: "b", Phase: PhaseFailing, Error: `CreateContainerConfigError: secret "renderqueue-db" not found`}
+	dbDown := rqv1.ShardStatus{Name: "c", Phase: shardapi.StatusUnready, Error: "database unreachable: connection refused"}
+	for _, tc := range []struct {
+		name   string
+		shards []rqv1.ShardStatus
+		msg    string
+	}{
+		{"a failing shard before a loading one", []rqv1.ShardStatus{loading, failing},
+			`0 of 2 shards ready; shard b cannot run: CreateContainerConfigError: secret "renderqueue-db" not found`},
+		{"a failing shard before a starting one", []rqv1.ShardStatus{starting, failing}, "shard b cannot run: CreateContainerConfigError"},
+		{"a shard's own error before a loading one", []rqv1.ShardStatus{loading, dbDown, healthy("d")},
+			"1 of 3 shards ready; shard c is unready: database unreachable: connection refused"},
+		{"the first troubled shard", []rqv1.ShardStatus{dbDown, failing}, "shard c is unready: database unreachable"},
+	} {
+		checkCondition(t, tc.name, readyCondition(tc.shards), metav1.ConditionFalse, rqv1.ReasonShardsNotReady, tc.msg)
+	}
+	checkCondition(t, "exact: a failing shard", exactCondition([]rqv1.ShardStatus{healthy("a"), failing}, true, nil, 1),
+		metav1.ConditionFalse, rqv1.ReasonShardUnreachable, "shard b is not running (CreateContainerConfigError")
+	checkCondition(t, "progressing: a failing shard is not loading", progressingCondition(nil, []rqv1.ShardStatus{healthy("a"), failing}, 1),
+		metav1.ConditionFalse, rqv1.ReasonSettled)
+}
+
+func TestTransitionEventsOfFailingShards(t *testing.T) {
+	st := func(shards ...rqv1.ShardStatus) *rqv1.RenderQueueStatus {
+		return &rqv1.RenderQueueStatus{Shards: shards}
+	}
+	pending := rqv1.ShardStatus{Name: "a", Phase: PhasePending}
+	noSecret := rqv1.ShardStatus{Name: "a", Phase: PhaseFailing, Error: `CreateContainerConfigError: secret "renderqueue-db" not found`}
+	crash1 := rqv1.ShardStatus{Name: "a", Phase: PhaseFailing, Error: "CrashLoopBackOff: container keeper exited with code 1; restarted 1 times"}
+	crash2 := rqv1.ShardStatus{Name: "a", Phase: PhaseFailing, Error: "CrashLoopBackOff: container keeper exited with code 1; restarted 2 times"}
+	dbDown := rqv1.ShardStatus{Name: "a", Phase: shardapi.StatusUnready, Error: "database unreachable: connection refused"}
+	loading := rqv1.ShardStatus{Name: "a", Phase: shardapi.StatusUnready}
+	unreachable := rqv1.ShardStatus{Name: "a", Phase: PhaseUnreachable, Error: "refused"}
+	events := func(prev, next rqv1.ShardStatus) string {
+		var out []string
+		for _, e := range transitionEvents(st(prev), st(next), nil) {
+			out = append(out, e.Type+"/"+e.Reason+": "+e.Message)
+		}
+		return strings.Join(out, " | ")
+	}
+	for _, tc := range []struct {
+		name       string
+		prev, next rqv1.ShardStatus
+		want       string
+	}{
+		{"starts failing", pending, noSecret, `Warning/ShardFailing: shard a cannot run: CreateContainerConfigError: secret "renderqueue-db" not found`},
+		{"still failing", noSecret, noSecret, ""},
+		{"fails differently", noSecret, crash1, "Warning/ShardFailing: shard a cannot run: CrashLoopBackOff: container keeper exited with code 1; restarted 1 times"},
+		{"same reason, new message", crash1, crash2, ""},
+		{"database down", loading, dbDown, "Warning/ShardFailing: shard a is unready: database unreachable: connection refused"},
+		{"database back", dbDown, loading, "Normal/ShardRecovered: shard a recovered (was: database unreachable: connection refused); now unready"},
+		{"Secret back", noSecret, pending, `Normal/ShardRecovered: shard a recovered (was: CreateContainerConfigError: secret "renderqueue-db" not found); now Pending`},
+		{"failing to unreachable is the unreachable event only", crash1, unreachable, "Warning/ShardUnreachable: shard a is unreachable: refused"},
+		{"unreachable to failing", unreachable, crash1, "Warning/ShardFailing: shard a cannot run: CrashLoopBackOff: container keeper exited with code 1; restarted 1 times"},
+	} {
+		if got := events(tc.prev, tc.next); got != tc.want {
+			t.Errorf("%s: events %q, want %q", tc.name, got, tc.want)
+		}
 	}
 }

@@ -22,6 +22,12 @@ const (
 	EventShardUnreachable = rqv1.ReasonShardUnreachable
 	// EventShardReachable: a shard that was unreachable answers again.
 	EventShardReachable = "ShardReachable"
+	// EventShardFailing: a shard's Pod cannot run its keeper (PhaseFailing: the reason from the
+	// Pod's status), or the shard answers with an error while not ready (its database
+	// unreachable, say); emitted when the problem starts or changes.
+	EventShardFailing = "ShardFailing"
+	// EventShardRecovered: a shard that was failing is no longer (it may still be loading).
+	EventShardRecovered = "ShardRecovered"
 )
 
 // edgeAheadTolerance is how far a shard's edgeAheadSeconds may drift (it falls by a second every
@@ -54,6 +60,15 @@ func shardStatus(rep shardReport, owned string, prev *rqv1.ShardStatus) rqv1.Sha
 	s := rqv1.ShardStatus{Name: rep.Name, Slots: owned}
 	st := rep.Status
 	if st == nil {
+		// what Kubernetes says is wrong with the Pod names the cause better than the poll's
+		// "connection refused"
+		if reason, msg := podProblem(rep.Pod); reason != "" {
+			s.Phase, s.Error = PhaseFailing, reason
+			if msg != "" {
+				s.Error += ": " + msg
+			}
+			return s
+		}
 		s.Phase = PhaseUnreachable
 		// a Pod that is not Ready yet (its keeper starting) is pending, not unreachable: no
 		// warning for a shard that was never expected to answer
@@ -239,19 +254,28 @@ func transitionEvents(prev, next *rqv1.RenderQueueStatus, pods map[string]*corev
 			out = append(out, pendingEvent{Type: corev1.EventTypeNormal, Reason: n.Reason, Action: "Observe", Message: n.Message})
 		}
 	}
-	was := map[string]string{}
+	was := map[string]rqv1.ShardStatus{}
 	for _, s := range prev.Shards {
-		was[s.Name] = s.Phase
+		was[s.Name] = s
 	}
 	for _, s := range next.Shards {
-		p, known := was[s.Name]
+		ps, known := was[s.Name]
 		switch {
-		case s.Phase == PhaseUnreachable && p != PhaseUnreachable:
+		case s.Phase == PhaseUnreachable && ps.Phase != PhaseUnreachable:
 			out = append(out, pendingEvent{Type: corev1.EventTypeWarning, Reason: EventShardUnreachable, Action: "Poll",
 				Message: fmt.Sprintf("shard %s is unreachable: %s", s.Name, s.Error), Related: relatedPod(pods, s.Name)})
-		case known && p == PhaseUnreachable && reachable(s):
+		case known && ps.Phase == PhaseUnreachable && reachable(s):
 			out = append(out, pendingEvent{Type: corev1.EventTypeNormal, Reason: EventShardReachable, Action: "Poll",
 				Message: fmt.Sprintf("shard %s answers again (status %s)", s.Name, s.Phase), Related: relatedPod(pods, s.Name)})
+		}
+		key, prevKey := troubleKey(s), troubleKey(ps)
+		switch {
+		case key != "" && key != prevKey:
+			out = append(out, pendingEvent{Type: corev1.EventTypeWarning, Reason: EventShardFailing, Action: "Poll",
+				Message: troubleMessage(s), Related: relatedPod(pods, s.Name)})
+		case key == "" && prevKey != "" && s.Phase != PhaseUnreachable:
+			out = append(out, pendingEvent{Type: corev1.EventTypeNormal, Reason: EventShardRecovered, Action: "Poll",
+				Message: fmt.Sprintf("shard %s recovered (was: %s); now %s", s.Name, ps.Error, s.Phase), Related: relatedPod(pods, s.Name)})
 		}
 	}
 	return out

@@ -97,9 +97,35 @@ func (r *fakeRegistry) closeAll() {
 }
 
 // fakeKubelet marks shard Pods Running and Ready with an IP, as a kubelet would once their
-// readiness probe passes.
+// readiness probe passes, except the Pods a test holds (whose status the test writes).
 type fakeKubelet struct {
 	c client.Client
+
+	mu   sync.Mutex
+	held map[string]bool // namespace/name
+}
+
+// hold stops the kubelet from touching the Pod namespace/name (present or future).
+func (k *fakeKubelet) hold(namespace, name string) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.held == nil {
+		k.held = map[string]bool{}
+	}
+	k.held[namespace+"/"+name] = true
+}
+
+// release undoes hold.
+func (k *fakeKubelet) release(namespace, name string) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	delete(k.held, namespace+"/"+name)
+}
+
+func (k *fakeKubelet) isHeld(p *corev1.Pod) bool {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.held[p.Namespace+"/"+p.Name]
 }
 
 func (k *fakeKubelet) run(ctx context.Context) {
@@ -118,7 +144,7 @@ func (k *fakeKubelet) run(ctx context.Context) {
 		}
 		for i := range pods.Items {
 			p := &pods.Items[i]
-			if podReady(p) || p.DeletionTimestamp != nil {
+			if podReady(p) || p.DeletionTimestamp != nil || k.isHeld(p) {
 				continue
 			}
 			n++

@@ -360,7 +360,9 @@ type ShardStatus struct {
 	Slots string `json:"slots,omitempty"`
 
 	// Phase is the shard's queue state as it reports it (queued, empty, unready), or the
-	// operator's view when it cannot ask (Pending while the Pod starts, Unreachable).
+	// operator's view when it cannot ask (Pending while the Pod starts, Unreachable, Failing
+	// when the Pod's status says why the keeper does not run; Error then holds that reason and
+	// message, e.g. `CreateContainerConfigError: secret "renderqueue-db" not found`).
 	// +optional
 	Phase string `json:"phase,omitempty"`
 
@@ -409,7 +411,8 @@ type ShardStatus struct {
 	// +optional
 	PreparedEpoch int64 `json:"preparedEpoch,omitempty"`
 
-	// Error is the last error seen for this shard (unreachable, failed walk, ...), empty if none.
+	// Error is the last error seen for this shard (its Pod's problem, unreachable, the shard's
+	// own error such as a database it cannot reach, a failed walk, ...), empty if none.
 	// +optional
 	Error string `json:"error,omitempty"`
 }

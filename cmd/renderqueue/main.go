@@ -91,8 +91,27 @@ func run(args []string, stdout, stderr io.Writer) int {
 		if errors.Is(err, flag.ErrHelp) { // -h or --help: the flag set has printed the usage
 			return 0
 		}
-		_, _ = fmt.Fprintf(stderr, "renderqueue %s: %v\n", args[0], err)
+		msg := fmt.Sprintf("renderqueue %s: %v", args[0], err)
+		_, _ = fmt.Fprintln(stderr, msg)
+		writeTerminationMessage(terminationMessagePath, msg)
 		return 1
 	}
 	return 0
+}
+
+// terminationMessagePath is where Kubernetes reads a container's termination message from (the
+// default terminationMessagePath); the kubelet mounts it into every container.
+const terminationMessagePath = "/dev/termination-log"
+
+// writeTerminationMessage writes msg to the termination message file at path when it exists, so
+// that the Pod's status (lastState.terminated.message) and the operator's shard status say why
+// the process exited. Outside Kubernetes the file does not exist and nothing is written: it is
+// never created.
+func writeTerminationMessage(path, msg string) {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_TRUNC, 0)
+	if err != nil {
+		return
+	}
+	_, _ = f.WriteString(msg + "\n")
+	_ = f.Close()
 }

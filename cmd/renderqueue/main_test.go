@@ -2,6 +2,8 @@ package main
 
 import (
 	"bytes"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -40,5 +42,22 @@ func TestHelp(t *testing.T) {
 	var out, errb bytes.Buffer
 	if code := run([]string{"schema", "migrate", "--help"}, &out, &errb); code != 0 || !strings.Contains(errb.String(), "-dsn") {
 		t.Errorf("renderqueue schema migrate --help: exit %d, output:\n%s", code, errb.String())
+	}
+}
+
+func TestWriteTerminationMessage(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "termination-log")
+	if err := os.WriteFile(path, []byte("an older, longer message\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	writeTerminationMessage(path, "renderqueue keeper: bad flag")
+	if b, err := os.ReadFile(path); err != nil || string(b) != "renderqueue keeper: bad flag\n" {
+		t.Errorf("termination log %q, %v", b, err)
+	}
+	absent := filepath.Join(dir, "absent")
+	writeTerminationMessage(absent, "x")
+	if _, err := os.Stat(absent); !os.IsNotExist(err) {
+		t.Errorf("a termination log was created outside Kubernetes: %v", err)
 	}
 }
