@@ -254,9 +254,13 @@ func exactCondition(shards []rqv1.ShardStatus, sumExact bool, notAdopted []strin
 	}
 	if len(inexact) > 0 {
 		s := inexact[0]
+		why := s.Phase
+		if s.Error != "" {
+			why += ": " + s.Error
+		}
 		return condition{metav1.ConditionFalse, rqv1.ReasonShardInexact, fmt.Sprintf(
 			"shard %s does not vouch for its due count %d (status %s)%s; due is a lower bound",
-			s.Name, s.Due, s.Phase, andMore(len(inexact)-1))}
+			s.Name, s.Due, why, andMore(len(inexact)-1))}
 	}
 	if !sumExact {
 		msg := fmt.Sprintf("the owners of some slots have not adopted the assignment at epoch %d yet", epoch)

@@ -460,6 +460,8 @@ func TestReadyConditionNamesTheProblem(t *testing.T) {
 	} {
 		checkCondition(t, tc.name, readyCondition(tc.shards), metav1.ConditionFalse, rqv1.ReasonShardsNotReady, tc.msg)
 	}
+	checkCondition(t, "exact: a shard's own error", exactCondition([]rqv1.ShardStatus{healthy("a"), dbDown}, true, nil, 1),
+		metav1.ConditionFalse, rqv1.ReasonShardInexact, "shard c does not vouch for its due count 0 (status unready: database unreachable: connection refused)")
 	checkCondition(t, "exact: a failing shard", exactCondition([]rqv1.ShardStatus{healthy("a"), failing}, true, nil, 1),
 		metav1.ConditionFalse, rqv1.ReasonShardUnreachable, "shard b is not running (CreateContainerConfigError")
 	checkCondition(t, "progressing: a failing shard is not loading", progressingCondition(nil, []rqv1.ShardStatus{healthy("a"), failing}, 1),

@@ -9,11 +9,16 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
+	"regexp"
+	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/go-logr/logr"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	ctrlconfig "sigs.k8s.io/controller-runtime/pkg/client/config"
@@ -22,6 +27,7 @@ import (
 	"github.com/renderqueue/renderqueue/pkg/keeper"
 	"github.com/renderqueue/renderqueue/pkg/membership"
 	"github.com/renderqueue/renderqueue/pkg/rqwatch"
+	"github.com/renderqueue/renderqueue/pkg/store"
 	"github.com/renderqueue/renderqueue/pkg/store/postgres"
 )
 
@@ -95,23 +101,40 @@ func runKeeper(ctx context.Context, args []string, _, stderr io.Writer) error {
 	return serveShard(ctx, log, *dsn, *name, *listen, token, src)
 }
 
-// serveShard runs a shard with its HTTP API until ctx ends.
+// storeConnectTimeout bounds one attempt to open the store (a host that drops packets would
+// otherwise hold it for minutes).
+const storeConnectTimeout = 15 * time.Second
+
+// serveShard runs a shard with its HTTP API until ctx ends. The API serves at once: while the
+// database cannot be reached (or the DSN is wrong) the shard retries with back-off and serves
+// /healthz, and /v1/status as unready with the error; /readyz waits for the load.
 func serveShard(ctx context.Context, log logr.Logger, dsn, name, listen, token string, src keeper.SettingsSource) error {
 	settings, err := src.Initial(ctx)
 	if err != nil {
 		return fmt.Errorf("reading the shard's settings: %w", err)
 	}
-	st, err := postgres.Open(ctx, dsn, postgres.Options{Logger: log.WithName("store")})
-	if err != nil {
-		return fmt.Errorf("opening the store: %w", err)
+	var (
+		mu     sync.Mutex
+		opened *postgres.Store
+	)
+	open := func(ctx context.Context) (store.Store, error) {
+		ctx, cancel := context.WithTimeout(ctx, storeConnectTimeout)
+		defer cancel()
+		st, err := postgres.Open(ctx, dsn, postgres.Options{Logger: log.WithName("store")})
+		if err != nil {
+			return nil, errors.New(databaseError(err, dsn))
+		}
+		mu.Lock()
+		opened = st
+		mu.Unlock()
+		return st, nil
 	}
-	defer func() { _ = st.Close() }()
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		buildinfo.NewCollector("keeper", buildinfo.Read(version)))
 	shard, err := keeper.NewShard(keeper.Options{
-		Name: name, Store: st, Log: log.WithName("keeper"), Metrics: keeper.NewMetrics(reg),
+		Name: name, Open: open, Log: log.WithName("keeper"), Metrics: keeper.NewMetrics(reg),
 	}, settings)
 	if err != nil {
 		return err
@@ -133,18 +156,83 @@ func serveShard(ctx context.Context, log logr.Logger, dsn, name, listen, token s
 	defer cancel()
 	errs := make(chan error, 3)
 	updates := make(chan keeper.Settings, 1)
+	ran := make(chan struct{})
 	go func() { errs <- srv.Serve(ln) }()
-	go func() { errs <- shard.Run(ctx, updates) }()
+	go func() {
+		defer close(ran)
+		errs <- shard.Run(ctx, updates)
+	}()
 	go func() { errs <- src.Watch(ctx, updates) }()
 	err = <-errs
 	cancel()
 	shutdownCtx, done := context.WithTimeout(context.Background(), 5*time.Second)
 	defer done()
 	_ = srv.Shutdown(shutdownCtx)
+	<-ran
+	mu.Lock()
+	if opened != nil {
+		_ = opened.Close()
+	}
+	mu.Unlock()
 	if errors.Is(err, context.Canceled) || errors.Is(err, http.ErrServerClosed) {
 		return nil
 	}
 	return err
+}
+
+// databaseError is err (from opening the store with dsn) for the shard's status and log: on one
+// line, repeated lines dropped (pgx reports each connection attempt), and the DSN's password
+// masked wherever it appears (pgx masks it in what it quotes, best effort; this makes sure).
+// Host, port, user and database stay: they are what one needs to find the problem.
+func databaseError(err error, dsn string) string {
+	var lines []string
+	seen := map[string]bool{}
+	for _, l := range strings.Split(err.Error(), "\n") {
+		l = strings.TrimSpace(l)
+		if l != "" && !seen[l] {
+			seen[l] = true
+			lines = append(lines, l)
+		}
+	}
+	msg := strings.Join(lines, " ")
+	for _, pw := range dsnPasswords(dsn) {
+		msg = strings.ReplaceAll(msg, pw, "xxxxx")
+	}
+	msg = urlPassword.ReplaceAllString(msg, "${1}xxxxx@")
+	return kvPassword.ReplaceAllString(msg, "${1}xxxxx")
+}
+
+var (
+	// urlPassword matches the password of a URL's user information ("://user:PASSWORD@").
+	urlPassword = regexp.MustCompile(`(://[^:/@\s]*:)[^@\s]*@`)
+	// kvPassword matches a keyword/value password ("password=PASSWORD", quoted or not).
+	kvPassword = regexp.MustCompile(`(?i)(password\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s]+)`)
+)
+
+// dsnPasswords returns the forms the password of dsn may take in a message: as written and
+// URL-decoded (at least 3 characters long; shorter strings are too common to mask).
+func dsnPasswords(dsn string) []string {
+	var out []string
+	add := func(pw string) {
+		if len(pw) >= 3 && !slices.Contains(out, pw) {
+			out = append(out, pw)
+		}
+	}
+	if cfg, err := pgconn.ParseConfig(dsn); err == nil {
+		add(cfg.Password)
+	}
+	if m := urlPassword.FindStringSubmatch(dsn); m != nil {
+		pw := strings.TrimSuffix(strings.TrimPrefix(m[0], m[1]), "@")
+		add(pw)
+		if dec, err := url.PathUnescape(pw); err == nil {
+			add(dec)
+		}
+	}
+	if m := kvPassword.FindStringSubmatch(dsn); m != nil {
+		add(m[2])
+		add(strings.Trim(m[2], "'"))
+	}
+	return out
 }
 
 // readToken reads the bearer token from a file, or from RENDERQUEUE_TOKEN when no file is given.

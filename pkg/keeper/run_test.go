@@ -4,12 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/go-logr/logr"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/renderqueue/renderqueue/pkg/shardapi"
+	"github.com/renderqueue/renderqueue/pkg/store"
 	"github.com/renderqueue/renderqueue/pkg/store/postgres"
 	"github.com/renderqueue/renderqueue/pkg/store/postgres/pgtest"
 )
@@ -91,6 +94,86 @@ func TestRunRepairsAfterGap(t *testing.T) {
 	})
 	if w := sh.Status(time.Now()).LastWalk; w == nil || w.Repaired != 1 {
 		t.Fatalf("last walk %+v, want one repair", w)
+	}
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Fatalf("Run stopped with %v", err)
+	}
+}
+
+// TestRunOpensTheStoreWhenItCan: with Options.Open, Run serves an unready, inexact status with
+// Open's error while Open fails, adopts settings meanwhile, and loads once Open succeeds.
+func TestRunOpensTheStoreWhenItCan(t *testing.T) {
+	dsn := pgtest.NewDatabase(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var (
+		mu     sync.Mutex
+		reach  bool
+		tries  int
+		opened *postgres.Store
+	)
+	open := func(ctx context.Context) (store.Store, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		tries++
+		if !reach {
+			return nil, errors.New("connecting to the database: connection refused")
+		}
+		st, err := postgres.Open(ctx, dsn, postgres.Options{})
+		if err != nil {
+			return nil, err
+		}
+		if err := st.Migrate(ctx); err != nil {
+			_ = st.Close()
+			return nil, err
+		}
+		opened = st
+		return st, nil
+	}
+	defer func() {
+		mu.Lock()
+		defer mu.Unlock()
+		if opened != nil {
+			_ = opened.Close()
+		}
+	}()
+	if _, err := NewShard(Options{Name: "x", Log: logr.Discard()}, allSlots(time.Hour)); err == nil {
+		t.Fatal("a shard without Store or Open was accepted")
+	}
+	sh, err := NewShard(Options{Name: "lazy", Open: open, Log: logr.Discard(),
+		ConnectBackoffMin: 10 * time.Millisecond, ConnectBackoffMax: 20 * time.Millisecond}, allSlots(time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	updates := make(chan Settings, 1)
+	done := make(chan error, 1)
+	go func() { done <- sh.Run(ctx, updates) }()
+	eventually(t, "a few failed opens", 10*time.Second, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return tries >= 3
+	})
+	st := sh.Status(time.Now())
+	if st.Status != shardapi.StatusUnready || st.Exact || st.Complete || st.Error != "connecting to the database: connection refused" || sh.Ready() {
+		t.Fatalf("status while the store cannot be opened: %+v", st)
+	}
+	if _, err := sh.Claim(time.Now(), 10, 0); !errors.Is(err, ErrLoading) {
+		t.Fatalf("claim while the store cannot be opened: %v", err)
+	}
+	// settings arrive meanwhile and are adopted
+	next := allSlots(2 * time.Hour)
+	next.Epoch = 2
+	updates <- next
+	eventually(t, "the new settings", 10*time.Second, func() bool { return sh.Status(time.Now()).Window == 7200 })
+
+	mu.Lock()
+	reach = true
+	mu.Unlock()
+	eventually(t, "the load once the store opens", 10*time.Second, sh.Ready)
+	st = sh.Status(time.Now())
+	if !st.Exact || st.Error != "" || st.Membership.Epoch != 2 {
+		t.Fatalf("status once open: %+v", st)
 	}
 	cancel()
 	if err := <-done; !errors.Is(err, context.Canceled) {

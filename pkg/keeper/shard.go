@@ -81,8 +81,16 @@ func (s Settings) coreConfig() Config {
 type Options struct {
 	// Name is the shard's name, reported in status.
 	Name string
-	// Store is the schedule store.
+	// Store is the schedule store. Either Store or Open is required.
 	Store store.Store
+	// Open, when Store is nil, opens the store: Run calls it until it succeeds, with back-off
+	// (ConnectBackoffMin doubling up to ConnectBackoffMax). Until then the shard serves its
+	// status as unready, inexact, with Open's error (which must not hold secrets such as a
+	// password), and claims wait for the load.
+	Open func(ctx context.Context) (store.Store, error)
+	// ConnectBackoffMin and ConnectBackoffMax bound the pause between calls of Open;
+	// DefaultConnectBackoffMin and DefaultConnectBackoffMax when zero.
+	ConnectBackoffMin, ConnectBackoffMax time.Duration
 	// Clock returns the current time; time.Now when nil.
 	Clock func() time.Time
 	// Log receives the shard's log lines.
@@ -90,6 +98,12 @@ type Options struct {
 	// Metrics, when set, receives the shard's Prometheus metrics.
 	Metrics *Metrics
 }
+
+// Defaults of Options.ConnectBackoffMin and ConnectBackoffMax.
+const (
+	DefaultConnectBackoffMin = time.Second
+	DefaultConnectBackoffMax = 30 * time.Second
+)
 
 // WalkReport is the record of one walk.
 type WalkReport struct {
@@ -118,10 +132,15 @@ type gapState struct {
 // concurrent use.
 type Shard struct {
 	name  string
-	st    store.Store
 	clock func() time.Time
 	log   logr.Logger
 	m     *Metrics
+
+	// st is the store: set by NewShard, or by Run once open succeeds (under mu, before the
+	// first walk; everything that uses it runs after that walk or in Run).
+	st          store.Store
+	open        func(ctx context.Context) (store.Store, error)
+	openBackoff *backoff
 
 	walkMu sync.Mutex // one walk at a time
 
@@ -156,8 +175,14 @@ func NewShard(opts Options, s Settings) (*Shard, error) {
 	if err := s.Validate(); err != nil {
 		return nil, fmt.Errorf("shard settings: %w", err)
 	}
-	if opts.Store == nil {
-		return nil, errors.New("shard: no store")
+	if opts.Store == nil && opts.Open == nil {
+		return nil, errors.New("shard: no store (Options.Store or Options.Open)")
+	}
+	if opts.ConnectBackoffMin <= 0 {
+		opts.ConnectBackoffMin = DefaultConnectBackoffMin
+	}
+	if opts.ConnectBackoffMax < opts.ConnectBackoffMin {
+		opts.ConnectBackoffMax = max(DefaultConnectBackoffMax, opts.ConnectBackoffMin)
 	}
 	cfg := s.coreConfig()
 	cfg.FirstLease = rand.Uint64() >> 1 // tokens of an earlier process are not accepted
@@ -169,8 +194,9 @@ func NewShard(opts Options, s Settings) (*Shard, error) {
 		opts.Clock = time.Now
 	}
 	sh := &Shard{
-		name: opts.Name, st: opts.Store, clock: opts.Clock, log: opts.Log, m: opts.Metrics,
-		core: core, settings: s, wake: make(chan struct{}, 1),
+		name: opts.Name, st: opts.Store, open: opts.Open, clock: opts.Clock, log: opts.Log, m: opts.Metrics,
+		openBackoff: newBackoff(opts.ConnectBackoffMin, opts.ConnectBackoffMax),
+		core:        core, settings: s, wake: make(chan struct{}, 1),
 	}
 	for _, sl := range s.Owned.Slots() {
 		core.SetSlot(sl, SlotOwned)
@@ -453,6 +479,9 @@ func (s *Shard) UpdateSettings(ctx context.Context, ns Settings) error {
 // every WalkInterval (earlier with backoff after a failed walk, at once after a gap resumes or
 // slots arrive), and adopts settings from updates. It returns when ctx ends.
 func (s *Shard) Run(ctx context.Context, updates <-chan Settings) error {
+	if err := s.connect(ctx, updates); err != nil {
+		return err
+	}
 	backoff := newBackoff(time.Second, time.Minute)
 	for {
 		err := s.Subscribe(ctx)
@@ -523,6 +552,50 @@ func (s *Shard) Run(ctx context.Context, updates <-chan Settings) error {
 }
 
 var farFuture = time.Date(9999, 1, 1, 0, 0, 0, 0, time.UTC)
+
+// connect opens the store when the shard has none yet (Options.Open), retrying with back-off
+// until it succeeds or ctx ends; meanwhile the status carries the error and settings updates are
+// adopted. It returns only ctx's error.
+func (s *Shard) connect(ctx context.Context, updates <-chan Settings) error {
+	s.mu.Lock()
+	have := s.st != nil
+	s.mu.Unlock()
+	if have {
+		return nil
+	}
+	for {
+		st, err := s.open(ctx)
+		if err == nil {
+			s.mu.Lock()
+			s.st, s.lastErr = st, ""
+			s.mu.Unlock()
+			s.openBackoff.reset()
+			s.log.Info("Store open", "shard", s.name)
+			return nil
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		s.setErr(err)
+		wait := s.openBackoff.next()
+		s.log.Error(err, "Cannot open the store; the shard is unready, retrying", "shard", s.name, "retryIn", wait)
+		t := time.NewTimer(wait)
+	sleep:
+		for {
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return ctx.Err()
+			case ns := <-updates:
+				if err := s.UpdateSettings(ctx, ns); err != nil {
+					s.log.Error(err, "Rejected new settings", "shard", s.name)
+				}
+			case <-t.C:
+				break sleep
+			}
+		}
+	}
+}
 
 // consume applies the subscription's batches until ctx ends.
 func (s *Shard) consume(ctx context.Context) error {
