@@ -1,6 +1,7 @@
 package controllers
 
 import (
+	"fmt"
 	"net/http"
 	"time"
 
@@ -8,6 +9,7 @@ import (
 	. "github.com/onsi/gomega"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	rqv1 "github.com/renderqueue/renderqueue/api/v1alpha1"
@@ -116,5 +118,62 @@ var _ = Describe("A shard that cannot run", func() {
 		Eventually(func(g Gomega) {
 			g.Expect(eventMessage(g, rq, EventShardRecovered)).To(ContainSubstring("shard nodb-shard-0 recovered (was: " + dbErr + ")"))
 		}).WithTimeout(15 * time.Second).Should(Succeed())
+	})
+})
+
+var _ = Describe("A template that cannot run", func() {
+	It("is replaced by its fix at once, without waiting for Pods that will never be ready", func() {
+		ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("rq-%d-stuck", nsCounter.Add(1))}}
+		Expect(k8sClient.Create(suiteCtx, ns)).To(Succeed())
+		names := []string{rqv1.ShardName("stuck", 0), rqv1.ShardName("stuck", 1)}
+		for _, n := range names {
+			kubelet.hold(ns.Name, n)
+			fakes.add(newFakeShard(k8sClient, ns.Name, "stuck", n))
+		}
+		rq := &rqv1.RenderQueue{
+			ObjectMeta: metav1.ObjectMeta{Name: "stuck", Namespace: ns.Name},
+			Spec: rqv1.RenderQueueSpec{Shards: 2, Image: "registry.example/renderqueue:typo",
+				Store: rqv1.Store{SecretRef: rqv1.SecretKeyRef{Name: "pg", Key: "dsn"}}},
+		}
+		Expect(k8sClient.Create(suiteCtx, rq)).To(Succeed())
+		uids := map[string]types.UID{}
+		for _, n := range names {
+			Eventually(func(g Gomega) {
+				var pod corev1.Pod
+				g.Expect(k8sClient.Get(suiteCtx, client.ObjectKey{Namespace: ns.Name, Name: n}, &pod)).To(Succeed())
+				pod.Status = corev1.PodStatus{Phase: corev1.PodPending, ContainerStatuses: []corev1.ContainerStatus{{
+					Name: KeeperContainerName, Image: rq.Spec.Image,
+					State: corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{
+						Reason: "ImagePullBackOff", Message: `Back-off pulling image "registry.example/renderqueue:typo"`}},
+				}}}
+				g.Expect(k8sClient.Status().Update(suiteCtx, &pod)).To(Succeed())
+				uids[n] = pod.UID
+			}).WithTimeout(15 * time.Second).Should(Succeed())
+		}
+		Eventually(func(g Gomega) {
+			got := getQueue(g, rq)
+			g.Expect(condOf(got, rqv1.ConditionReady).Message).To(ContainSubstring("cannot run: ImagePullBackOff"))
+		}).WithTimeout(15 * time.Second).Should(Succeed())
+
+		By("fixing the image")
+		Eventually(func(g Gomega) {
+			got := getQueue(g, rq)
+			got.Spec.Image = testImage
+			g.Expect(k8sClient.Update(suiteCtx, got)).To(Succeed())
+		}).Should(Succeed())
+		// both Pods are replaced while neither is ready (the kubelet still holds them)
+		Eventually(func(g Gomega) {
+			for _, n := range names {
+				var pod corev1.Pod
+				g.Expect(k8sClient.Get(suiteCtx, client.ObjectKey{Namespace: ns.Name, Name: n}, &pod)).To(Succeed())
+				g.Expect(pod.UID).NotTo(Equal(uids[n]), n)
+				g.Expect(pod.Spec.Containers[0].Image).To(Equal(testImage), n)
+				g.Expect(podReady(&pod)).To(BeFalse(), n)
+			}
+		}).WithTimeout(20 * time.Second).Should(Succeed())
+		for _, n := range names {
+			kubelet.release(ns.Name, n)
+		}
+		settled(rq, 2)
 	})
 })

@@ -130,7 +130,9 @@ type rollingStep struct {
 // reconcileRollingUpdate replaces shard Pods built from an outdated template, one at a time:
 // it deletes one outdated Pod (the lowest index; reconcilePods recreates it from the current
 // template) only while every shard of keep has a Ready Pod that, when it can be asked, has
-// finished a walk. So at most one shard is ever down for replacement.
+// finished a walk. So at most one serving shard is ever down for replacement. Outdated Pods that
+// are not loaded serve nothing and are replaced at once, all of them: otherwise a template that
+// cannot run (a missing Secret, a bad DSN, a wrong image) could never be replaced by its fix.
 func (r *RenderQueueReconciler) reconcileRollingUpdate(ctx context.Context, rq *rqv1.RenderQueue, keep []string,
 	pods map[string]*corev1.Pod, reports map[string]shardReport, hash string) (rollingStep, error) {
 	var outdated []string
@@ -151,6 +153,31 @@ func (r *RenderQueueReconciler) reconcileRollingUpdate(ctx context.Context, rq *
 		return rollingStep{}, nil
 	}
 	updated := len(keep) - len(outdated)
+	var down []*corev1.Pod
+	for _, name := range outdated {
+		if !shardLoaded(pods[name], reports[name]) {
+			down = append(down, pods[name])
+		}
+	}
+	if len(down) > 0 {
+		var step rollingStep
+		var names []string
+		for _, victim := range down {
+			if err := r.deletePod(ctx, victim); err != nil {
+				return step, err
+			}
+			log.FromContext(ctx).Info("Replacing outdated shard Pod that is not ready", "pod", victim.Name,
+				"podTemplateHash", victim.Annotations[rqv1.AnnotationPodTemplateHash], "currentHash", hash)
+			names = append(names, victim.Name)
+			step.Events = append(step.Events, pendingEvent{Type: corev1.EventTypeNormal, Reason: EventShardReplacing, Action: "Replace",
+				Message: fmt.Sprintf("replacing shard Pod %s (template %s, current %s) at once: it is not ready, so it serves nothing",
+					victim.Name, victim.Annotations[rqv1.AnnotationPodTemplateHash], hash), Related: victim})
+		}
+		step.Progress = &progress{Reason: rqv1.ReasonRollingUpdate, Message: fmt.Sprintf(
+			"replacing shard Pods %s, which are not ready, at once; %d of %d shards run the current template",
+			strings.Join(names, ", "), updated, len(keep))}
+		return step, nil
+	}
 	if len(waiting) > 0 {
 		return rollingStep{Progress: &progress{Reason: rqv1.ReasonRollingUpdate, Message: fmt.Sprintf(
 			"%d of %d shards run the current template; waiting for %s to be ready and loaded",
