@@ -348,14 +348,15 @@ func finishedAt(w *rqv1.WalkSummary) string {
 }
 
 // progressingCondition: True while the operator changes the shards (p, from the membership and
-// rolling update steps) or a shard is loading; False (Settled) otherwise.
+// rolling update steps) or a shard is loading (not ready, not troubled: a shard that cannot run
+// or reports an error is not making progress); False (Settled) otherwise.
 func progressingCondition(p *progress, shards []rqv1.ShardStatus, epoch int64) condition {
 	if p != nil {
 		return condition{metav1.ConditionTrue, p.Reason, p.Message}
 	}
 	var loading []string
 	for _, s := range shards {
-		if !s.Ready && s.Phase != PhaseUnreachable && s.Phase != PhaseFailing {
+		if !s.Ready && !troubled(s) {
 			loading = append(loading, s.Name)
 		}
 	}

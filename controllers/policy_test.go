@@ -464,6 +464,8 @@ func TestReadyConditionNamesTheProblem(t *testing.T) {
 		metav1.ConditionFalse, rqv1.ReasonShardInexact, "shard c does not vouch for its due count 0 (status unready: database unreachable: connection refused)")
 	checkCondition(t, "exact: a failing shard", exactCondition([]rqv1.ShardStatus{healthy("a"), failing}, true, nil, 1),
 		metav1.ConditionFalse, rqv1.ReasonShardUnreachable, "shard b is not running (CreateContainerConfigError")
+	checkCondition(t, "progressing: a shard with an error is not loading", progressingCondition(nil, []rqv1.ShardStatus{healthy("a"), dbDown}, 1),
+		metav1.ConditionFalse, rqv1.ReasonSettled)
 	checkCondition(t, "progressing: a failing shard is not loading", progressingCondition(nil, []rqv1.ShardStatus{healthy("a"), failing}, 1),
 		metav1.ConditionFalse, rqv1.ReasonSettled)
 }
