@@ -432,11 +432,10 @@ func TestEndToEnd(t *testing.T) {
 		{"scale-to-4", e.stepScale},
 		{"kill-keeper", e.stepKillKeeper},
 		{"delete-pod", e.stepDeletePod},
-		// stepConsole (console_test.go) belongs here, before the outage. It is left out while
-		// pkg/console/browsertest maps every host but localhost and 127.* to NOTFOUND
-		// (--host-resolver-rules): Chromium cannot reach the console at the operator Pod's IP
-		// (net::ERR_NAME_NOT_RESOLVED). With 10.244.* excluded there too, it passes (~21 s).
+		{"console", e.stepConsole},
 		{"postgres-outage", e.stepPostgresOutage},
+		{"missing-secret", e.stepMissingSecret},
+		{"bad-dsn", e.stepBadDSN},
 	}
 	for _, s := range steps {
 		if !t.Run(s.name, func(t *testing.T) { e.t = t; s.run(t) }) {

@@ -4,7 +4,7 @@ package e2e
 
 // Steps for what goes wrong in a real install: the store Secret missing, and a DSN pointing at a
 // closed port. They run after the main steps (the sample queue `web` at 4 shards, exact, the
-// store Secret renderqueue-db holding e.c.Postgres.DSN) and leave the stack as they found it.
+// store Secret renderqueue-db holding e.c.Postgres.TCPDSN) and leave the stack as they found it.
 
 import (
 	"context"
@@ -22,6 +22,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	rqv1 "github.com/renderqueue/renderqueue/api/v1alpha1"
+	"github.com/renderqueue/renderqueue/test/e2e/cluster"
 )
 
 const storeSecret = "renderqueue-db" // config/samples' store Secret
@@ -37,7 +38,7 @@ func (e *env) stepMissingSecret(t *testing.T) {
 	defer func() {
 		if !restored {
 			_, _ = e.c.Kubectl(context.Background(), nil, "-n", namespace, "create", "secret", "generic", storeSecret,
-				"--from-literal=dsn="+e.c.Postgres.DSN)
+				"--from-literal=dsn="+e.c.Postgres.TCPDSN)
 		}
 	}()
 	e.kubectl("-n", namespace, "delete", "pod", pod, "--wait=true")
@@ -68,7 +69,7 @@ func (e *env) stepMissingSecret(t *testing.T) {
 	})
 	t.Logf("kubectl describe renderqueue %s (store Secret missing):\n%s", queueName, described)
 
-	e.kubectl("-n", namespace, "create", "secret", "generic", storeSecret, "--from-literal=dsn="+e.c.Postgres.DSN)
+	e.kubectl("-n", namespace, "create", "secret", "generic", storeSecret, "--from-literal=dsn="+e.c.Postgres.TCPDSN)
 	restored = true
 	t.Logf("recreated Secret %s", storeSecret)
 	e.exactAndTrue(2*time.Minute, 4)
@@ -200,4 +201,14 @@ func proxyPostgres(t *testing.T, port int, cfg *pgconn.Config) (stop func()) {
 		_ = ln.Close()
 		wg.Wait()
 	}
+}
+
+// freePort is a loopback TCP port that was free a moment ago.
+func freePort(t *testing.T) int {
+	t.Helper()
+	p, err := cluster.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
 }

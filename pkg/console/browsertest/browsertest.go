@@ -69,7 +69,7 @@ func New(t testing.TB, width, height int) context.Context {
 		chromedp.Flag("disable-dev-shm-usage", true),
 		chromedp.Flag("no-pings", true),
 		chromedp.Flag("metrics-recording-only", true),
-		chromedp.Flag("host-resolver-rules", "MAP * ~NOTFOUND, EXCLUDE localhost, EXCLUDE 127.*"),
+		chromedp.Flag("host-resolver-rules", "MAP * ~NOTFOUND, EXCLUDE localhost, EXCLUDE 127.*, EXCLUDE 10.*"),
 		chromedp.Flag("hide-scrollbars", true),
 		chromedp.Flag("font-render-hinting", "none"),
 	}
