@@ -280,7 +280,10 @@ func TestInstallWithoutMetricsAPI(t *testing.T) {
 		if k.Kind == "Deployment" && k.Name == operatorName {
 			want = want.DeepCopy()
 			c := operatorContainer(t, manifest{path: full.path, objs: []*unstructured.Unstructured{want}})
-			c["args"] = slices.DeleteFunc(c["args"].([]any), func(a any) bool { return a == "--metrics-api" })
+			c["args"] = slices.DeleteFunc(c["args"].([]any), func(a any) bool {
+				s, _ := a.(string)
+				return s == "--metrics-api" || strings.HasPrefix(s, "--metrics-api-")
+			})
 			if slices.Contains(args(operatorContainer(t, without)), "--metrics-api") {
 				t.Errorf("%s runs the operator with --metrics-api, without the component's bindings", without.path)
 			}
