@@ -437,15 +437,23 @@ func TestRunnerPods(t *testing.T) {
 			t.Errorf("a crash-looping Pod is %s, ready %v; want Running, not ready", p.Status.Phase, podReady(p))
 		}
 		// kubectl logs through the API server and the runner's kubelet API
-		for _, previous := range []bool{false, true} {
-			b, err := c.Client.CoreV1().Pods(testNS).GetLogs("crash", &corev1.PodLogOptions{TailLines: ptr.To[int64](2), Previous: previous}).DoRaw(ctx)
-			if err != nil || string(b) != "line 99\nline 100\n" {
-				t.Errorf("logs --tail=2 --previous=%v: %q, %v", previous, b, err)
+		// The Pod keeps crash-looping meanwhile: a new instance's log is empty for the moment
+		// between its start and its first write, so each read is polled until it shows the
+		// expected lines (it must, within a few restarts).
+		logsEqual := func(what string, opts *corev1.PodLogOptions, want string) {
+			t.Helper()
+			if err := poll(ctx, 10*time.Second, 50*time.Millisecond, what, func(ctx context.Context) (bool, string, error) {
+				b, err := c.Client.CoreV1().Pods(testNS).GetLogs("crash", opts).DoRaw(ctx)
+				return err == nil && string(b) == want, fmt.Sprintf("%q, %v", b, err), nil
+			}); err != nil {
+				t.Error(err)
 			}
 		}
-		if b, err := c.Client.CoreV1().Pods(testNS).GetLogs("crash", &corev1.PodLogOptions{LimitBytes: ptr.To[int64](7)}).DoRaw(ctx); err != nil || string(b) != "line 1\n" {
-			t.Errorf("logs --limit-bytes=7: %q, %v", b, err)
+		for _, previous := range []bool{false, true} {
+			logsEqual(fmt.Sprintf("logs --tail=2 --previous=%v", previous),
+				&corev1.PodLogOptions{TailLines: ptr.To[int64](2), Previous: previous}, "line 99\nline 100\n")
 		}
+		logsEqual("logs --limit-bytes=7", &corev1.PodLogOptions{LimitBytes: ptr.To[int64](7)}, "line 1\n")
 		if _, err := c.Client.CoreV1().Pods(testNS).GetLogs("crash", &corev1.PodLogOptions{Container: "nope"}).DoRaw(ctx); err == nil {
 			t.Error("logs of a container the Pod does not have: no error")
 		}
