@@ -229,7 +229,8 @@ func (c *Core) before(a, b uint32) bool {
 func (c *Core) expireLeases(nowMs int64) {
 	for len(c.expiry) > 0 && c.expiry[0].expires <= nowMs {
 		e := heap.Pop((*expiryHeap)(&c.expiry)).(leaseExpiry)
-		if l, ok := c.leases[e.id]; ok && l.token == e.token {
+		// an extended lease has a later entry of its own: only the current expiry ends it
+		if l, ok := c.leases[e.id]; ok && l.token == e.token && l.expires <= nowMs {
 			c.endLease(e.id)
 		}
 	}
@@ -272,6 +273,21 @@ func (c *Core) Release(now time.Time, key string, token uint64) error {
 	}
 	c.endLease(id)
 	return nil
+}
+
+// Extend sets key's current lease (token) to expire leaseFor after now, later or sooner than it
+// would have: for a render that outlasts its lease, or to hand the row out again sooner. A lease
+// that is no longer current is refused (ErrLeaseLost, ErrNotHeld) and nothing changes.
+func (c *Core) Extend(now time.Time, key string, token uint64, leaseFor time.Duration) (time.Time, error) {
+	nowMs := now.UnixMilli()
+	id, err := c.leaseOf(nowMs, key, token)
+	if err != nil {
+		return time.Time{}, err
+	}
+	expires := nowMs + leaseFor.Milliseconds()
+	c.leases[id] = lease{token: token, expires: expires}
+	heap.Push((*expiryHeap)(&c.expiry), leaseExpiry{expires: expires, id: id, token: token})
+	return time.UnixMilli(expires).UTC(), nil
 }
 
 // Completing checks that token is key's current lease at now, like CheckLease, and returns what

@@ -29,13 +29,13 @@ const MaxLease = 24 * time.Hour
 // HandlerOptions configure the shard's HTTP API.
 type HandlerOptions struct {
 	// Token is the bearer token required on the mutating endpoints (/v1/claim, /v1/complete,
-	// /v1/release). Empty means no authentication (only with --insecure-no-auth).
+	// /v1/release, /v1/extend). Empty means no authentication (only with --insecure-no-auth).
 	Token string
 	// Gatherer serves /metrics; nil serves no metrics.
 	Gatherer prometheus.Gatherer
 }
 
-// Handler returns the shard's HTTP API: POST /v1/claim, /v1/complete, /v1/release,
+// Handler returns the shard's HTTP API: POST /v1/claim, /v1/complete, /v1/release, /v1/extend,
 // GET /v1/status, /metrics, /healthz, /readyz.
 func (s *Shard) Handler(opts HandlerOptions) http.Handler {
 	mux := http.NewServeMux()
@@ -57,6 +57,7 @@ func (s *Shard) Handler(opts HandlerOptions) http.Handler {
 	mux.HandleFunc("POST /v1/claim", auth(s.serveClaim))
 	mux.HandleFunc("POST /v1/complete", auth(s.serveComplete))
 	mux.HandleFunc("POST /v1/release", auth(s.serveRelease))
+	mux.HandleFunc("POST /v1/extend", auth(s.serveExtend))
 	mux.HandleFunc("GET /v1/status", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusOK, s.RecentStatus(StatusMaxAge))
 	})
@@ -128,13 +129,9 @@ func (s *Shard) serveClaim(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, fmt.Sprintf("n must be within 1..%d, got %d", shardapi.MaxClaim, req.N))
 		return
 	}
-	if math.IsNaN(req.LeaseSeconds) || req.LeaseSeconds < 0 || req.LeaseSeconds > MaxLease.Seconds() {
-		writeError(w, http.StatusBadRequest, fmt.Sprintf("leaseSeconds must be within 0..%v (0 = the default), got %v", MaxLease.Seconds(), req.LeaseSeconds))
-		return
-	}
-	leaseFor := time.Duration(req.LeaseSeconds * float64(time.Second))
-	if req.LeaseSeconds > 0 && leaseFor < time.Millisecond {
-		writeError(w, http.StatusBadRequest, fmt.Sprintf("leaseSeconds %v is below one millisecond", req.LeaseSeconds))
+	leaseFor, err := leaseSeconds(req.LeaseSeconds)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
 		return
 	}
 	rows, err := s.Claim(s.clock(), req.N, leaseFor)
@@ -150,6 +147,18 @@ func (s *Shard) serveClaim(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	writeJSON(w, http.StatusOK, resp)
+}
+
+// leaseSeconds checks a request's leaseSeconds (0 = the shard's default) and converts it.
+func leaseSeconds(sec float64) (time.Duration, error) {
+	if math.IsNaN(sec) || sec < 0 || sec > MaxLease.Seconds() {
+		return 0, fmt.Errorf("leaseSeconds must be within 0..%v (0 = the default), got %v", MaxLease.Seconds(), sec)
+	}
+	d := time.Duration(sec * float64(time.Second))
+	if sec > 0 && d < time.Millisecond {
+		return 0, fmt.Errorf("leaseSeconds %v is below one millisecond", sec)
+	}
+	return d, nil
 }
 
 // FormatLease and ParseLease convert lease tokens to and from their wire form.
@@ -264,4 +273,37 @@ func (s *Shard) serveRelease(w http.ResponseWriter, r *http.Request) {
 	}
 	res, ok := itemResults(items, s.Release(s.clock(), items))
 	writeJSON(w, http.StatusOK, shardapi.ReleaseResponse{Released: ok, Results: res})
+}
+
+func (s *Shard) serveExtend(w http.ResponseWriter, r *http.Request) {
+	var req shardapi.ExtendRequest
+	if !decode(w, r, &req) {
+		return
+	}
+	leaseFor, err := leaseSeconds(req.LeaseSeconds)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, "nothing extended: "+err.Error())
+		return
+	}
+	keys, leases := make([]string, len(req.Items)), make([]string, len(req.Items))
+	for i, it := range req.Items {
+		keys[i], leases[i] = it.Key, it.Lease
+	}
+	items, err := parseItems(keys, leases, nil)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, "nothing extended: "+err.Error())
+		return
+	}
+	expires, errs := s.Extend(s.clock(), items, leaseFor)
+	resp := shardapi.ExtendResponse{Results: make([]shardapi.ExtendResult, len(items))}
+	for i := range items {
+		resp.Results[i].Key = items[i].Key
+		if errs[i] != nil {
+			resp.Results[i].Error = errs[i].Error()
+			continue
+		}
+		resp.Results[i].LeaseExpires = &expires[i]
+		resp.Extended++
+	}
+	writeJSON(w, http.StatusOK, resp)
 }

@@ -104,3 +104,19 @@ func (s *Shard) Release(now time.Time, items []CompleteItem) []error {
 	}
 	return out
 }
+
+// Extend sets each item's lease to expire leaseFor (the default lease when 0) after now; a lease
+// that is no longer current gets an error and stays ended. It returns each lease's new expiry
+// or its error, in item order.
+func (s *Shard) Extend(now time.Time, items []CompleteItem, leaseFor time.Duration) ([]time.Time, []error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if leaseFor == 0 {
+		leaseFor = s.settings.LeaseDuration
+	}
+	expires, errs := make([]time.Time, len(items)), make([]error, len(items))
+	for i, it := range items {
+		expires[i], errs[i] = s.core.Extend(now, it.Key, it.Lease, leaseFor)
+	}
+	return expires, errs
+}

@@ -1,5 +1,5 @@
 // Package shardapi is the wire contract of a keeper shard's HTTP API: the JSON bodies of
-// /v1/claim, /v1/complete, /v1/release and /v1/status. The keeper serves it; the operator, the
+// /v1/claim, /v1/complete, /v1/release, /v1/extend and /v1/status. The keeper serves it; the operator, the
 // metrics provider, the worker simulator and users' tools read it. Fields may be added; none may
 // change meaning (docs/design.md, "What a shard vouches for"). Every time is RFC 3339 and every duration is seconds.
 package shardapi
@@ -210,6 +210,34 @@ type Lease struct {
 type ReleaseResponse struct {
 	Released int          `json:"released"`
 	Results  []ItemResult `json:"results"`
+}
+
+// ExtendRequest is the body of POST /v1/extend: keep rows leased while their render runs.
+type ExtendRequest struct {
+	Items []Lease `json:"items"`
+	// LeaseSeconds sets each lease to expire this long after now (0 means the shard's default
+	// lease): an extension for a render that outlasts its lease, or a shorter lease to have the
+	// row handed out again sooner. At most the longest lease a claim may ask for.
+	LeaseSeconds float64 `json:"leaseSeconds,omitempty"`
+}
+
+// ExtendResponse is the reply to POST /v1/extend.
+type ExtendResponse struct {
+	// Extended is the number of leases moved.
+	Extended int `json:"extended"`
+	// Results has one entry per item, in request order. A lease that is no longer current
+	// (expired, released, completed, or the row left the shard) is refused with an error and
+	// stays ended.
+	Results []ExtendResult `json:"results"`
+}
+
+// ExtendResult is the outcome of one item of an extend request.
+type ExtendResult struct {
+	Key string `json:"key"`
+	// LeaseExpires is the lease's new expiry; absent when Error is set.
+	LeaseExpires *time.Time `json:"leaseExpires,omitempty"`
+	// Error is empty when the lease was extended.
+	Error string `json:"error,omitempty"`
 }
 
 // Error is the body of every 4xx and 5xx reply.
