@@ -359,6 +359,13 @@ type ShardStatus struct {
 	// +optional
 	Slots string `json:"slots,omitempty"`
 
+	// URL is the base URL of the shard's HTTP API (http://<Pod IP>:8080) while its Pod has an IP
+	// and is not being deleted; render workers discover the shards from it (pkg/client's
+	// RenderQueueDiscovery), so they need read access to this object only, not to Pods.
+	// +kubebuilder:validation:MaxLength=512
+	// +optional
+	URL string `json:"url,omitempty"`
+
 	// Phase is the shard's queue state as it reports it (queued, empty, unready), or the
 	// operator's view when it cannot ask (Pending while the Pod starts, Unreachable, Failing
 	// when the Pod's status says why the keeper does not run; Error then holds that reason and
