@@ -25,6 +25,16 @@ import (
 	"github.com/renderqueue/renderqueue/pkg/store/memstore"
 )
 
+// TB is the part of testing.TB a Cluster uses.
+type TB interface {
+	Helper()
+	Errorf(format string, args ...any)
+	Fatalf(format string, args ...any)
+	Cleanup(func())
+}
+
+var _ TB = testing.TB(nil)
+
 // Options configure a Cluster. The zero value gives the defaults.
 type Options struct {
 	// Token is the shards' bearer token; empty runs them without authentication.
@@ -37,7 +47,7 @@ type Options struct {
 
 // Cluster is a set of real keeper shards over one in-memory store.
 type Cluster struct {
-	t     testing.TB
+	t     TB
 	ctx   context.Context
 	opts  Options
 	store *CountingStore
@@ -116,7 +126,7 @@ func (s *CountingStore) LastDue(key string) time.Time {
 
 // NewCluster returns a cluster of the named shards, the slots spread over them, each loaded
 // and serving. The shards stop when the test ends.
-func NewCluster(t testing.TB, opts Options, names ...string) *Cluster {
+func NewCluster(t TB, opts Options, names ...string) *Cluster {
 	t.Helper()
 	if opts.Lease == 0 {
 		opts.Lease = time.Minute
@@ -326,7 +336,7 @@ func (c *Cluster) Rebalance(between func(phase string), target ...string) {
 
 // NewLoadingShard serves a shard that never loads (it answers claims with 503, as a shard does
 // during its first walk) and returns its base URL.
-func NewLoadingShard(t testing.TB) string {
+func NewLoadingShard(t TB) string {
 	t.Helper()
 	sh, err := keeper.NewShard(keeper.Options{Name: "loading", Store: memstore.New(memstore.Options{}), Log: logr.Discard()},
 		keeper.Settings{LeaseDuration: time.Minute, SubmittedBoost: 2, UrgentMaxShare: 0.2, Owned: membership.AllSlots()})
