@@ -93,7 +93,10 @@ func TestToolFlagErrors(t *testing.T) {
 		{[]string{"seed", "--dsn", "x", "--rows", "10", "--homepages", "5", "--overdue", "11"}, "overdue 11"},
 		{[]string{"worker-sim"}, "--shard"},
 		{[]string{"worker-sim", "--shard", "localhost:1"}, "not an http(s) URL"},
-		{[]string{"worker-sim", "--shard", "http://x", "--token-file", "/nonexistent/token"}, "token file"},
+		{[]string{"worker-sim", "--shard", "http://x", "--token-file", "/nonexistent/token"}, "API token"},
+		{[]string{"worker-sim", "--shard", "http://x", "--dns", "a:1"}, "exclude each other"},
+		{[]string{"worker-sim", "--renderqueue", "web", "--namespace", ""}, "needs --namespace"},
+		{[]string{"worker-sim", "--dns", "web-shards"}, "HOST:PORT"},
 		{[]string{"status"}, "--url"},
 	} {
 		var out, errb bytes.Buffer

@@ -6,70 +6,105 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
+	"net"
+	"net/http"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
+	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/renderqueue/renderqueue/pkg/client"
 	"github.com/renderqueue/renderqueue/pkg/workersim"
 )
 
 // runWorkerSim is `renderqueue worker-sim`: simulated render workers against keeper shards
-// (pkg/workersim).
+// (pkg/workersim on pkg/client).
 func runWorkerSim(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("worker-sim", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
-		_, _ = fmt.Fprintln(stderr, "usage: renderqueue worker-sim --shard URL[,URL...] [flags]")
+		_, _ = fmt.Fprintln(stderr, "usage: renderqueue worker-sim (--renderqueue NAME [--namespace NS] | --dns HOST:PORT | --shard URL[,URL...]) [flags]")
 		_, _ = fmt.Fprintln(stderr, "\nClaims due rows from keeper shards, sleeps a simulated render time, completes them.")
+		_, _ = fmt.Fprintln(stderr, "Shards are found through the RenderQueue object (status.shards[].url, followed as it")
+		_, _ = fmt.Fprintln(stderr, "changes), the headless Service's DNS name, or a fixed list.")
 		fs.PrintDefaults()
 	}
-	shards := fs.String("shard", os.Getenv("RENDERQUEUE_SHARDS"), "keeper shard base URL(s), comma-separated, taken round robin (default $RENDERQUEUE_SHARDS)")
+	shards := fs.String("shard", os.Getenv("RENDERQUEUE_SHARDS"), "keeper shard base URL(s), comma-separated (default $RENDERQUEUE_SHARDS)")
+	dnsName := fs.String("dns", "", "discover the shards as the addresses of this name, HOST:PORT (the headless Service <name>-shards, port 8080)")
+	rqName := fs.String("renderqueue", "", "discover the shards through this RenderQueue's status (needs get/list/watch on it)")
+	namespace := fs.String("namespace", os.Getenv("POD_NAMESPACE"), "namespace of --renderqueue (default $POD_NAMESPACE)")
+	kubeconfig := fs.String("kubeconfig", "", "kubeconfig file for --renderqueue (default: $KUBECONFIG, then in-cluster)")
 	tokenFile := fs.String("token-file", "", "file holding the API bearer token (default: $RENDERQUEUE_TOKEN)")
-	concurrency := fs.Int("concurrency", 8, "simulated workers")
-	batch := fs.Int("batch", 10, "rows per claim")
+	concurrency := fs.Int("concurrency", 8, "rows rendering at once")
+	batch := fs.Int("batch", 10, "most rows per claim")
 	renderTime := fs.Duration("render-time", 50*time.Millisecond, "mean simulated render time per row")
 	jitter := fs.Float64("jitter", 0.5, "render time spread: uniform within render-time·[1−jitter, 1+jitter]")
-	lease := fs.Duration("lease", 0, "lease to ask for (0: the shard's default)")
+	lease := fs.Duration("lease", 0, "lease to ask for and extend by (0: the shard's default)")
 	duration := fs.Duration("duration", 0, "stop after this long (0: run until interrupted)")
-	backoff := fs.Duration("backoff", 100*time.Millisecond, "first wait after a 503 or an empty claim (doubles up to 2s)")
+	backoff := fs.Duration("backoff", 100*time.Millisecond, "first wait after an empty claim, a 503 or an error (per shard, doubles up to 5s, jittered)")
 	seedVal := fs.Uint64("seed", 1, "random seed of the render time jitter")
 	progressEvery := fs.Duration("progress", 5*time.Second, "progress line interval on stderr (0: none)")
+	metricsAddr := fs.String("metrics-listen", "", "serve the worker's Prometheus metrics at this address's /metrics (e.g. :9090; empty: none)")
+	verbose := fs.Bool("v", false, "log the client's decisions (back-off, failed renders)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
-	var urls []string
-	for _, u := range strings.Split(*shards, ",") {
-		if u = strings.TrimSpace(u); u != "" {
-			urls = append(urls, u)
-		}
+	level := slog.LevelInfo
+	if *verbose {
+		level = slog.LevelDebug - 1
 	}
-	if len(urls) == 0 {
-		return errors.New("--shard (or RENDERQUEUE_SHARDS) is required")
+	log := logr.FromSlogHandler(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+
+	discovery, where, err := workerDiscovery(*shards, *dnsName, *rqName, *namespace, *kubeconfig)
+	if err != nil {
+		return err
 	}
-	token := os.Getenv("RENDERQUEUE_TOKEN")
-	if *tokenFile != "" {
-		b, err := os.ReadFile(*tokenFile)
-		if err != nil {
-			return fmt.Errorf("reading the token file: %w", err)
-		}
-		token = strings.TrimSpace(string(b))
-		if token == "" {
-			return fmt.Errorf("token file %s is empty", *tokenFile)
-		}
+	token, err := readToken(*tokenFile)
+	if err != nil {
+		return err
 	}
 	if *duration < 0 {
 		return fmt.Errorf("--duration %v is negative", *duration)
 	}
-	sim, err := workersim.New(workersim.Config{
-		Shards: urls, Token: token, Concurrency: *concurrency, Batch: *batch,
-		RenderTime: *renderTime, Jitter: *jitter, LeaseSeconds: lease.Seconds(),
-		Backoff: *backoff, Seed: *seedVal,
-	})
+	if *backoff <= 0 {
+		return fmt.Errorf("--backoff %v is not positive", *backoff)
+	}
+	reg := prometheus.NewRegistry()
+	metrics, err := client.NewMetrics(reg)
 	if err != nil {
 		return err
+	}
+	bo := client.DefaultBackoff
+	bo.Duration = *backoff
+	c, err := client.New(client.Options{Discovery: discovery, Token: token, Batch: *batch, Lease: *lease, Backoff: bo, Metrics: metrics, Log: log})
+	if err != nil {
+		return err
+	}
+	defer func() { _ = c.Close() }()
+	sim, err := workersim.New(workersim.Config{Client: c, Concurrency: *concurrency, RenderTime: *renderTime, Jitter: *jitter, Seed: *seedVal})
+	if err != nil {
+		return err
+	}
+	if *metricsAddr != "" {
+		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+		ln, err := net.Listen("tcp", *metricsAddr)
+		if err != nil {
+			return fmt.Errorf("--metrics-listen: %w", err)
+		}
+		mux := http.NewServeMux()
+		mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+		go func() { _ = srv.Serve(ln) }()
+		defer func() { _ = srv.Close() }()
 	}
 	if *duration > 0 {
 		var cancel context.CancelFunc
@@ -77,16 +112,17 @@ func runWorkerSim(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		defer cancel()
 	}
 	start := time.Now()
-	line := func(st workersim.Stats) string {
+	line := func(st client.Stats) string {
 		el := time.Since(start).Seconds()
-		s := fmt.Sprintf("%.1fs: claimed %d in %d claims, completed %d (%.1f/s), rejected %d, released %d, empty claims %d, 503s %d, errors %d",
-			el, st.Claimed, st.Claims, st.Completed, float64(st.Completed)/max(el, 1e-9), st.Rejected, st.Released, st.Empty, st.Unavailable, st.Errors)
+		s := fmt.Sprintf("%.1fs: %d shards, claimed %d in %d claims, completed %d (%.1f/s), rejected %d, released %d, extended %d, empty claims %d, 503s %d, errors %d",
+			el, len(c.Shards()), st.Claimed, st.Claims, st.Completed, float64(st.Completed)/max(el, 1e-9), st.Rejected, st.Released, st.Extended,
+			st.Empty, st.Unavailable, st.Errors)
 		if st.LastError != "" {
 			s += " (last: " + st.LastError + ")"
 		}
 		return s
 	}
-	_, _ = fmt.Fprintf(stderr, "worker-sim: %d workers, batch %d, render %v ±%.0f%%, shards %s\n", *concurrency, *batch, *renderTime, *jitter*100, strings.Join(urls, ", "))
+	_, _ = fmt.Fprintf(stderr, "worker-sim: %d workers, batch %d, render %v ±%.0f%%, shards from %s\n", *concurrency, *batch, *renderTime, *jitter*100, where)
 	runErr := make(chan error, 1)
 	go func() { runErr <- sim.Run(ctx) }()
 	var tick <-chan time.Time
@@ -105,5 +141,51 @@ func runWorkerSim(ctx context.Context, args []string, stdout, stderr io.Writer) 
 			}
 			return err
 		}
+	}
+}
+
+// workerDiscovery builds the one discovery the flags name, and says where it looks.
+func workerDiscovery(shards, dnsName, rqName, namespace, kubeconfig string) (client.Discovery, string, error) {
+	var urls []string
+	for _, u := range strings.Split(shards, ",") {
+		if u = strings.TrimSpace(u); u != "" {
+			urls = append(urls, u)
+		}
+	}
+	given := 0
+	for _, set := range []bool{len(urls) > 0, dnsName != "", rqName != ""} {
+		if set {
+			given++
+		}
+	}
+	switch {
+	case given == 0:
+		return nil, "", errors.New("say where the shards are: --renderqueue NAME, --dns HOST:PORT or --shard URL (or RENDERQUEUE_SHARDS)")
+	case given > 1:
+		return nil, "", errors.New("--renderqueue, --dns and --shard exclude each other: give one")
+	case rqName != "":
+		if namespace == "" {
+			return nil, "", errors.New("--renderqueue needs --namespace (or POD_NAMESPACE)")
+		}
+		cfg, err := restConfig(kubeconfig)
+		if err != nil {
+			return nil, "", err
+		}
+		d, err := client.RenderQueueDiscovery(cfg, namespace, rqName)
+		return d, "renderqueue " + namespace + "/" + rqName, err
+	case dnsName != "":
+		host, p, err := net.SplitHostPort(dnsName)
+		if err != nil {
+			return nil, "", fmt.Errorf("--dns %q: want HOST:PORT, e.g. web-shards.default.svc:8080: %w", dnsName, err)
+		}
+		port, err := strconv.Atoi(p)
+		if err != nil {
+			return nil, "", fmt.Errorf("--dns %q: port %q is not a number", dnsName, p)
+		}
+		d, err := client.DNSDiscovery(host, port, 0)
+		return d, "DNS name " + dnsName, err
+	default:
+		d, err := client.StaticDiscovery(urls...)
+		return d, strings.Join(urls, ", "), err
 	}
 }
