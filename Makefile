@@ -13,8 +13,9 @@ IMG ?= ghcr.io/renderqueue/renderqueue:$(VERSION)
 .PHONY: all build test bench fmt vet lint run tidy manifests generate verify-generated dist verify-dist e2e demo docker-build
 all: build
 
-build: ## Build bin/renderqueue.
+build: ## Build bin/renderqueue (and bin/kubectl-renderqueue, the kubectl plugin: a link to it).
 	$(GO) build -o bin/renderqueue ./cmd/renderqueue
+	ln -sf renderqueue bin/kubectl-renderqueue
 
 test: ## Run every test (starts a throwaway PostgreSQL; builds envtest binaries once; installs promtool when missing).
 	hack/test.sh $(PKGS)

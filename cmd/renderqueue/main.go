@@ -67,7 +67,7 @@ func usage(w io.Writer, cmds map[string]command) {
 }
 
 func main() {
-	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+	os.Exit(run(pluginArgs(os.Args), os.Stdout, os.Stderr))
 }
 
 func run(args []string, stdout, stderr io.Writer) int {

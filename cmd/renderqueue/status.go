@@ -9,30 +9,81 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
+	"github.com/spf13/pflag"
+	"k8s.io/cli-runtime/pkg/genericclioptions"
+
+	"github.com/renderqueue/renderqueue/pkg/client"
+	"github.com/renderqueue/renderqueue/pkg/shardapi"
 	"github.com/renderqueue/renderqueue/pkg/statusview"
 )
 
-// runStatus is `renderqueue status --url URL`: print a keeper shard's /v1/status for people
-// (pkg/statusview).
-func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("status", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() {
-		_, _ = fmt.Fprintln(stderr, "usage: renderqueue status --url URL[,URL...] [--json]")
-		_, _ = fmt.Fprintln(stderr, "\nPrints a readable summary of each keeper shard's GET /v1/status.")
-		fs.PrintDefaults()
+// pluginName is the name under which the binary is the kubectl plugin `kubectl renderqueue`.
+const pluginName = "kubectl-renderqueue"
+
+// pluginArgs turns the arguments of `kubectl renderqueue NAME [flags]` (the binary run as, or
+// linked as, kubectl-renderqueue) into those of `renderqueue status NAME [flags]`; other
+// invocations' arguments pass unchanged. argv includes the program name.
+func pluginArgs(argv []string) []string {
+	if len(argv) == 0 || strings.TrimSuffix(filepath.Base(argv[0]), ".exe") != pluginName {
+		return argv[1:]
 	}
+	args := argv[1:]
+	if len(args) > 0 && args[0] == "status" {
+		args = args[1:]
+	}
+	return append([]string{"status"}, args...)
+}
+
+// runStatus is `renderqueue status`: a readable summary of keeper shards' /v1/status, either of
+// each shard given by URL, or of a whole RenderQueue read through the Kubernetes API (kubectl's
+// flags: --kubeconfig, --context, -n), its shards through the API server's Pod proxy — the
+// command behind the `kubectl renderqueue` plugin (pkg/statusview).
+func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := pflag.NewFlagSet("status", pflag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.SortFlags = false
 	urls := fs.String("url", os.Getenv("RENDERQUEUE_SHARDS"), "keeper shard base URL(s), comma-separated (default $RENDERQUEUE_SHARDS)")
+	rqName := fs.String("renderqueue", "", "show this RenderQueue: its shards as a table, read through the API server's Pod proxy (or give NAME as the argument)")
 	asJSON := fs.Bool("json", false, "print the raw status JSON instead")
 	timeout := fs.Duration("timeout", 10*time.Second, "per-shard request timeout")
+	kube := genericclioptions.NewConfigFlags(false)
+	kube.AddFlags(fs)
+	fs.Usage = func() {
+		_, _ = fmt.Fprintln(stderr, "usage: renderqueue status NAME [-n NAMESPACE] [--context CONTEXT] [--kubeconfig FILE] [--json]")
+		_, _ = fmt.Fprintln(stderr, "       renderqueue status --url URL[,URL...] [--json]")
+		_, _ = fmt.Fprintln(stderr, "       kubectl renderqueue NAME [-n NAMESPACE]   (this binary linked as kubectl-renderqueue on PATH)")
+		_, _ = fmt.Fprintln(stderr, "\nWith a RenderQueue NAME: its shards' state, exactness, due, edge, last walk and p99 lateness as a")
+		_, _ = fmt.Fprintln(stderr, "table, and what comes due by hour as a chart; the shards are read through the API server's Pod")
+		_, _ = fmt.Fprintln(stderr, "proxy (needs get on renderqueues and pods/proxy). With --url: each shard's /v1/status in full.")
+		_, _ = fmt.Fprintln(stderr, "\nflags:")
+		fs.PrintDefaults()
+	}
 	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, pflag.ErrHelp) {
+			return flag.ErrHelp
+		}
 		return err
 	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("unexpected arguments %q", fs.Args())
+	switch {
+	case fs.NArg() > 1:
+		return fmt.Errorf("unexpected arguments %q: give one RenderQueue name", fs.Args()[1:])
+	case fs.NArg() == 1 && *rqName != "" && fs.Arg(0) != *rqName:
+		return fmt.Errorf("two RenderQueue names: %q and --renderqueue %q", fs.Arg(0), *rqName)
+	case fs.NArg() == 1:
+		*rqName = fs.Arg(0)
+	}
+	if *timeout <= 0 {
+		return fmt.Errorf("--timeout %v is not positive", *timeout)
+	}
+	if *rqName != "" {
+		if fs.Changed("url") {
+			return errors.New("--url and a RenderQueue name exclude each other: give one")
+		}
+		return queueStatus(ctx, kube, *rqName, *asJSON, *timeout, stdout)
 	}
 	var list []string
 	for _, u := range strings.Split(*urls, ",") {
@@ -41,12 +92,12 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		}
 	}
 	if len(list) == 0 {
-		return errors.New("--url (or RENDERQUEUE_SHARDS) is required")
+		return errors.New("give a RenderQueue NAME, or --url (or RENDERQUEUE_SHARDS)")
 	}
-	client := &http.Client{Timeout: *timeout}
+	hc := &http.Client{Timeout: *timeout}
 	var errs []error
 	for i, u := range list {
-		st, err := statusview.Fetch(ctx, client, u)
+		st, err := client.GetStatus(ctx, hc, u)
 		if err != nil {
 			errs = append(errs, err)
 			continue
@@ -59,11 +110,55 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 			enc.SetIndent("", "  ")
 			err = enc.Encode(st)
 		} else {
-			err = statusview.Write(stdout, st)
+			err = statusview.Write(stdout, *st)
 		}
 		if err != nil {
 			return fmt.Errorf("printing the status of %s: %w", u, err)
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// queueJSON is the --json form of the queue view.
+type queueJSON struct {
+	Namespace string      `json:"namespace"`
+	Name      string      `json:"name"`
+	Due       int64       `json:"due"`
+	DueExact  bool        `json:"dueExact"`
+	Shards    []shardJSON `json:"shards"`
+}
+
+type shardJSON struct {
+	Name   string           `json:"name"`
+	Status *shardapi.Status `json:"status"`
+	Error  string           `json:"error,omitempty"`
+}
+
+func queueStatus(ctx context.Context, kube *genericclioptions.ConfigFlags, name string, asJSON bool, timeout time.Duration, stdout io.Writer) error {
+	ns, _, err := kube.ToRawKubeConfigLoader().Namespace()
+	if err != nil {
+		return fmt.Errorf("the namespace: %w", err)
+	}
+	cfg, err := kube.ToRESTConfig()
+	if err != nil {
+		return fmt.Errorf("the Kubernetes client configuration: %w", err)
+	}
+	q, err := statusview.LoadQueue(ctx, cfg, ns, name, timeout)
+	if err != nil {
+		return err
+	}
+	if !asJSON {
+		return statusview.WriteQueue(stdout, q)
+	}
+	out := queueJSON{Namespace: ns, Name: name, Due: q.RenderQueue.Status.Due, DueExact: q.RenderQueue.Status.DueExact}
+	for _, s := range q.Shards {
+		sj := shardJSON{Name: s.Name, Status: s.Status}
+		if s.Err != nil {
+			sj.Error = s.Err.Error()
+		}
+		out.Shards = append(out.Shards, sj)
+	}
+	enc := json.NewEncoder(stdout)
+	enc.SetIndent("", "  ")
+	return enc.Encode(out)
 }

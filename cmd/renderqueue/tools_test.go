@@ -98,6 +98,8 @@ func TestToolFlagErrors(t *testing.T) {
 		{[]string{"worker-sim", "--renderqueue", "web", "--namespace", ""}, "needs --namespace"},
 		{[]string{"worker-sim", "--dns", "web-shards"}, "HOST:PORT"},
 		{[]string{"status"}, "--url"},
+		{[]string{"status", "a", "b"}, "unexpected arguments"},
+		{[]string{"status", "web", "--url", "http://x"}, "exclude each other"},
 	} {
 		var out, errb bytes.Buffer
 		if code := run(tc.args, &out, &errb); code == 0 || !strings.Contains(errb.String(), tc.want) {
@@ -131,5 +133,18 @@ func TestStatusCommand(t *testing.T) {
 	}
 	if code := run([]string{"status", "--url", srv.URL + "/nope"}, &out, &errb); code == 0 {
 		t.Error("status of a missing shard: code 0")
+	}
+}
+
+func TestPluginArgs(t *testing.T) {
+	for _, tc := range []struct{ argv, want []string }{
+		{[]string{"/usr/local/bin/renderqueue", "status", "--url", "u"}, []string{"status", "--url", "u"}},
+		{[]string{"/usr/local/bin/kubectl-renderqueue", "web", "-n", "shop"}, []string{"status", "web", "-n", "shop"}},
+		{[]string{"kubectl-renderqueue", "status", "web"}, []string{"status", "web"}},
+		{[]string{"kubectl-renderqueue"}, []string{"status"}},
+	} {
+		if got := pluginArgs(tc.argv); strings.Join(got, " ") != strings.Join(tc.want, " ") {
+			t.Errorf("pluginArgs(%q) = %q, want %q", tc.argv, got, tc.want)
+		}
 	}
 }

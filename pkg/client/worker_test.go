@@ -506,3 +506,20 @@ func TestOptionsValidated(t *testing.T) {
 		}
 	}
 }
+
+func TestGetStatus(t *testing.T) {
+	cl := clienttest.NewCluster(t, clienttest.Options{Token: "tok"}, "web-shard-0")
+	cl.Upsert(overdue("product", 3)...)
+	waitUntil(t, "the rows held", func() bool { return cl.Due() == 3 })
+	st, err := client.GetStatus(context.Background(), http.DefaultClient, cl.URLs()[0]+"/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Shard != "web-shard-0" || st.Due != 3 || !st.Complete {
+		t.Fatalf("status %+v", st)
+	}
+	var se *client.StatusError
+	if _, err := client.GetStatus(context.Background(), http.DefaultClient, cl.URLs()[0]+"/nope"); !errors.As(err, &se) || se.Code != 404 {
+		t.Fatalf("status of a wrong URL: %v, want a 404 StatusError", err)
+	}
+}

@@ -14,8 +14,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	rqv1 "github.com/renderqueue/renderqueue/api/v1alpha1"
+	rqclient "github.com/renderqueue/renderqueue/pkg/client"
 	"github.com/renderqueue/renderqueue/pkg/shardapi"
-	"github.com/renderqueue/renderqueue/pkg/statusview"
 )
 
 // DefaultShardTimeout bounds one shard's GET /v1/status made by the console.
@@ -140,12 +140,12 @@ func (s *source) shards(ctx context.Context, rq *rqv1.RenderQueue) []shardReport
 func fetchShardStatus(ctx context.Context, hc *http.Client, base, name string, timeout time.Duration) (*shardapi.Status, error) {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	st, err := statusview.Fetch(ctx, hc, base)
+	st, err := rqclient.GetStatus(ctx, hc, base)
 	if err != nil {
 		return nil, fmt.Errorf("unreachable: %w", err)
 	}
 	if st.Shard != name {
 		return nil, fmt.Errorf("%s/v1/status reports shard %q, not %q", base, st.Shard, name)
 	}
-	return &st, nil
+	return st, nil
 }

@@ -1,15 +1,15 @@
-// Package statusview fetches a keeper shard's GET /v1/status (shardapi.Status) and prints it for
-// people: queue state, due and exactness, the edge, rows held, lateness, due by class and route,
-// what is coming, and the last verification walk (`renderqueue status`).
+// Package statusview prints keeper shards' GET /v1/status (shardapi.Status, read with
+// pkg/client) for people: one shard in full — queue state, due and exactness, the edge, rows held,
+// lateness, due by class and route, what is coming, and the last verification walk
+// (`renderqueue status --url`) — or a whole RenderQueue as a per-shard table with the
+// coming-due-by-hour profile as a text chart (`renderqueue status --renderqueue`, the
+// `kubectl renderqueue` plugin), its shards read through the API server's Pod proxy.
 package statusview
 
 import (
-	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"math"
-	"net/http"
 	"sort"
 	"strconv"
 	"strings"
@@ -18,35 +18,6 @@ import (
 
 	"github.com/renderqueue/renderqueue/pkg/shardapi"
 )
-
-// maxStatusBytes bounds the status body read (per-slot due makes it a few tens of kilobytes).
-const maxStatusBytes = 32 << 20
-
-// Fetch reads GET <baseURL>/v1/status.
-func Fetch(ctx context.Context, client *http.Client, baseURL string) (shardapi.Status, error) {
-	var st shardapi.Status
-	u := strings.TrimRight(baseURL, "/") + "/v1/status"
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
-	if err != nil {
-		return st, fmt.Errorf("building the status request: %w", err)
-	}
-	resp, err := client.Do(req)
-	if err != nil {
-		return st, fmt.Errorf("GET %s: %w", u, err)
-	}
-	defer func() { _ = resp.Body.Close() }()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, maxStatusBytes))
-	if err != nil {
-		return st, fmt.Errorf("GET %s: reading the reply: %w", u, err)
-	}
-	if resp.StatusCode != http.StatusOK {
-		return st, fmt.Errorf("GET %s: %s: %s", u, resp.Status, strings.TrimSpace(string(body)))
-	}
-	if err := json.Unmarshal(body, &st); err != nil {
-		return st, fmt.Errorf("GET %s: decoding the status: %w", u, err)
-	}
-	return st, nil
-}
 
 // Write prints st for people.
 func Write(w io.Writer, st shardapi.Status) error {

@@ -1,10 +1,7 @@
 package statusview
 
 import (
-	"context"
 	"encoding/json"
-	"net/http"
-	"net/http/httptest"
 	"strings"
 	"testing"
 
@@ -118,26 +115,5 @@ func TestSeconds(t *testing.T) {
 		if got := num(in); got != want {
 			t.Errorf("num(%d) = %q, want %q", in, got, want)
 		}
-	}
-}
-
-func TestFetch(t *testing.T) {
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path != "/v1/status" || r.Method != http.MethodGet {
-			http.Error(w, `{"error":"not found"}`, http.StatusNotFound)
-			return
-		}
-		_, _ = w.Write([]byte(canned))
-	}))
-	defer srv.Close()
-	st, err := Fetch(context.Background(), srv.Client(), srv.URL+"/")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if st.Shard != "web-shard-1" || st.Due != 4211 || st.LastWalk == nil || st.LastWalk.Scanned != 694232 {
-		t.Errorf("fetched %+v", st)
-	}
-	if _, err := Fetch(context.Background(), srv.Client(), srv.URL+"/nope"); err == nil || !strings.Contains(err.Error(), "404") {
-		t.Errorf("Fetch of a bad URL: %v", err)
 	}
 }

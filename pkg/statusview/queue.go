@@ -1,0 +1,225 @@
+package statusview
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync"
+	"text/tabwriter"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/rest"
+
+	rqv1 "github.com/renderqueue/renderqueue/api/v1alpha1"
+	"github.com/renderqueue/renderqueue/pkg/client"
+	"github.com/renderqueue/renderqueue/pkg/shardapi"
+)
+
+// Queue is what the queue view shows: a RenderQueue and each of its shards' /v1/status.
+type Queue struct {
+	// RenderQueue is the object as read from the API server.
+	RenderQueue *rqv1.RenderQueue
+	// Shards has one entry per shard of the RenderQueue's status, in its order.
+	Shards []ShardRead
+	// Now is when the shards were read (for "last walk ... ago").
+	Now time.Time
+}
+
+// ShardRead is one shard's /v1/status, or why it could not be read.
+type ShardRead struct {
+	Name string
+	// Phase is the shard's phase in the RenderQueue's status (used when Status is nil).
+	Phase  string
+	Status *shardapi.Status
+	Err    error
+}
+
+// KeeperPort is the port of a shard's HTTP API when its status carries no URL to take it from.
+const KeeperPort = 8080
+
+// LoadQueue reads the RenderQueue namespace/name and every shard's GET /v1/status through the
+// API server's Pod proxy (GET /api/v1/namespaces/NS/pods/SHARD:PORT/proxy/v1/status), with cfg's
+// credentials: the user needs get on renderqueues and on pods/proxy, and no network path to the
+// Pods. Shards are read in parallel, each bounded by timeout; one that cannot be read is shown
+// with its error.
+func LoadQueue(ctx context.Context, cfg *rest.Config, namespace, name string, timeout time.Duration) (Queue, error) {
+	dc, err := dynamic.NewForConfig(cfg)
+	if err != nil {
+		return Queue{}, fmt.Errorf("building a Kubernetes client: %w", err)
+	}
+	u, err := dc.Resource(rqv1.GroupVersion.WithResource("renderqueues")).Namespace(namespace).Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return Queue{}, fmt.Errorf("reading renderqueue %s/%s: %w", namespace, name, err)
+	}
+	var rq rqv1.RenderQueue
+	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &rq); err != nil {
+		return Queue{}, fmt.Errorf("decoding renderqueue %s/%s: %w", namespace, name, err)
+	}
+	hc, err := rest.HTTPClientFor(cfg)
+	if err != nil {
+		return Queue{}, fmt.Errorf("building an HTTP client for the API server: %w", err)
+	}
+	q := Queue{RenderQueue: &rq, Shards: make([]ShardRead, len(rq.Status.Shards)), Now: time.Now()}
+	var wg sync.WaitGroup
+	for i, s := range rq.Status.Shards {
+		q.Shards[i] = ShardRead{Name: s.Name, Phase: s.Phase}
+		wg.Go(func() {
+			sctx, cancel := context.WithTimeout(ctx, timeout)
+			defer cancel()
+			q.Shards[i].Status, q.Shards[i].Err = client.GetStatus(sctx, hc, podProxyURL(cfg.Host, namespace, s))
+		})
+	}
+	wg.Wait()
+	return q, nil
+}
+
+// podProxyURL is the API server's proxy to the shard's Pod port (the port of its status URL).
+func podProxyURL(host, namespace string, s rqv1.ShardStatus) string {
+	port := strconv.Itoa(KeeperPort)
+	if u, err := url.Parse(s.URL); err == nil && u.Port() != "" {
+		port = u.Port()
+	}
+	return strings.TrimRight(host, "/") + "/api/v1/namespaces/" + url.PathEscape(namespace) + "/pods/" +
+		url.PathEscape(net.JoinHostPort(s.Name, port)) + "/proxy"
+}
+
+// WriteQueue prints the queue view: a summary line, a table of the shards (state, exact, due,
+// edge ahead, last walk, p99 lateness relative to cadence) and the coming-due-by-hour profile of
+// the shards read, as a text chart.
+func WriteQueue(w io.Writer, q Queue) error {
+	p := &printer{w: w}
+	rq := q.RenderQueue
+	due := "due " + num(int(rq.Status.Due)) + " (exact)"
+	if !rq.Status.DueExact {
+		due = "due ≥ " + num(int(rq.Status.Due)) + " (a lower bound: not every shard is reachable and exact)"
+	}
+	p.f("renderqueue %s/%s: %d shards (%d ready), %s\n", rq.Namespace, rq.Name, len(q.Shards), rq.Status.ReadyShards, due)
+	if len(q.Shards) == 0 {
+		p.f("  no shards in the status yet\n")
+		return p.err
+	}
+	var tb strings.Builder
+	tw := tabwriter.NewWriter(&tb, 0, 0, 2, ' ', 0)
+	_, _ = fmt.Fprintf(tw, "SHARD\tSTATE\tEXACT\tDUE\tEDGE AHEAD\tLAST WALK\tP99 LATE/CADENCE\n")
+	var coming [24]int
+	read, cut := 0, false
+	var problems []string
+	for _, s := range q.Shards {
+		st := s.Status
+		if st == nil {
+			state := strings.ToLower(orDash(s.Phase))
+			_, _ = fmt.Fprintf(tw, "%s\t%s\t-\t-\t-\t-\t-\n", s.Name, state)
+			if s.Err != nil {
+				problems = append(problems, fmt.Sprintf("%s: %v", s.Name, s.Err))
+			}
+			continue
+		}
+		read++
+		for h := 0; h < len(st.Coming.ByHour) && h < len(coming); h++ {
+			coming[h] += st.Coming.ByHour[h]
+		}
+		cut = cut || st.Coming.CutAtWindow
+		dueCell := num(st.Due)
+		if !st.Exact {
+			dueCell = "≥ " + dueCell
+		}
+		_, _ = fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%.2f\n", s.Name, orDash(st.Status), yesNo(st.Exact), dueCell,
+			edgeAhead(st), lastWalk(st, q.Now), st.Lateness.P99Relative)
+		if st.Error != "" {
+			problems = append(problems, fmt.Sprintf("%s: %s", s.Name, st.Error))
+		}
+	}
+	_ = tw.Flush() // a strings.Builder does not fail
+	for _, line := range strings.SplitAfter(tb.String(), "\n") {
+		if line != "" {
+			p.f("  %s", line)
+		}
+	}
+	for _, pr := range problems {
+		p.f("  ! %s\n", pr)
+	}
+	if read > 0 {
+		total, peak := 0, 0
+		for _, n := range coming {
+			total += n
+			peak = max(peak, n)
+		}
+		of := ""
+		if read < len(q.Shards) {
+			of = fmt.Sprintf(", %d of %d shards", read, len(q.Shards))
+		}
+		note := ""
+		if cut {
+			note = "; cut at the window"
+		}
+		p.f("  coming due by hour (held rows%s%s): %s in 24h, peak %s/h\n", of, note, num(total), num(peak))
+		p.f("    %s\n", Spark(coming[:]))
+		p.f("    %-12s%12s\n", "now", "+24h")
+	}
+	return p.err
+}
+
+func edgeAhead(st *shardapi.Status) string {
+	switch {
+	case st.EdgeAheadSeconds != nil && *st.EdgeAheadSeconds < 0:
+		return "LAGGING " + Seconds(-*st.EdgeAheadSeconds)
+	case st.EdgeAheadSeconds != nil:
+		return Seconds(*st.EdgeAheadSeconds)
+	case st.Window == 0 && st.LastWalk != nil && st.LastWalk.FinishedAt != nil:
+		return "unbounded"
+	default:
+		return "-"
+	}
+}
+
+func lastWalk(st *shardapi.Status, now time.Time) string {
+	wk := st.LastWalk
+	if wk == nil {
+		if st.WalkingSince != nil {
+			return "loading"
+		}
+		return "none yet"
+	}
+	var s string
+	if wk.FinishedAt != nil {
+		s = Seconds(now.Sub(*wk.FinishedAt).Seconds()) + " ago"
+	} else {
+		s = "started " + Seconds(now.Sub(wk.StartedAt).Seconds()) + " ago"
+	}
+	switch {
+	case wk.Failed:
+		s += " FAILED"
+	case wk.Partial:
+		s += fmt.Sprintf(" PARTIAL (%d unread)", wk.UnreadSegments)
+	}
+	return s
+}
+
+// sparks are the bar heights of Spark, lowest first.
+var sparks = []rune("▁▂▃▄▅▆▇█")
+
+// Spark draws counts as a line of bars scaled to the largest: a zero is a space, any other count
+// at least the lowest bar.
+func Spark(counts []int) string {
+	peak := 0
+	for _, n := range counts {
+		peak = max(peak, n)
+	}
+	out := make([]rune, len(counts))
+	for i, n := range counts {
+		switch {
+		case n <= 0:
+			out[i] = ' '
+		default:
+			out[i] = sparks[min(len(sparks)-1, (n*len(sparks)-1)/peak)]
+		}
+	}
+	return string(out)
+}

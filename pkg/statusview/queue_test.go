@@ -1,0 +1,146 @@
+package statusview
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	crclient "sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+
+	rqv1 "github.com/renderqueue/renderqueue/api/v1alpha1"
+	"github.com/renderqueue/renderqueue/pkg/shardapi"
+)
+
+func cannedQueue(t *testing.T) Queue {
+	t.Helper()
+	var s1 shardapi.Status
+	if err := json.Unmarshal([]byte(canned), &s1); err != nil {
+		t.Fatal(err)
+	}
+	s1.Coming.ByHour = []int{310, 290, 0, 120, 800, 1600, 40, 0, 0, 0, 0, 0, 5, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 900}
+	s0 := s1
+	s0.Shard, s0.Due, s0.Exact, s0.Status = "web-shard-0", 10, false, shardapi.StatusUnready
+	behind := -90.0
+	s0.EdgeAheadSeconds = &behind
+	wk := *s1.LastWalk
+	wk.Partial, wk.UnreadSegments = true, 2
+	s0.LastWalk = &wk
+	s0.Lateness.P99Relative = 0.1
+	s0.Coming.ByHour = make([]int, 24)
+	s0.Coming.ByHour[5] = 1600
+	s0.Error = "walk partial: 2 segments unread"
+	return Queue{
+		RenderQueue: &rqv1.RenderQueue{
+			ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "web"},
+			Status:      rqv1.RenderQueueStatus{Due: 4221, DueExact: false, ReadyShards: 2},
+		},
+		Shards: []ShardRead{
+			{Name: "web-shard-0", Phase: "unready", Status: &s0},
+			{Name: "web-shard-1", Phase: "queued", Status: &s1},
+			{Name: "web-shard-2", Phase: "Pending", Err: errors.New("the server is currently unable to handle the request")},
+		},
+		Now: s1.AsOf,
+	}
+}
+
+const wantQueue = `renderqueue default/web: 3 shards (2 ready), due ≥ 4,221 (a lower bound: not every shard is reachable and exact)
+  SHARD        STATE    EXACT  DUE    EDGE AHEAD     LAST WALK                      P99 LATE/CADENCE
+  web-shard-0  unready  NO     ≥ 10   LAGGING 1m30s  19m57s ago PARTIAL (2 unread)  0.10
+  web-shard-1  queued   yes    4,211  23h20m         19m57s ago                     0.90
+  web-shard-2  pending  -      -      -              -                              -
+  ! web-shard-0: walk partial: 2 segments unread
+  ! web-shard-2: the server is currently unable to handle the request
+  coming due by hour (held rows, 2 of 3 shards): 5,665 in 24h, peak 3,200/h
+    ▁▁ ▁▂█▁     ▁          ▃
+    now                 +24h
+`
+
+func TestWriteQueueCanned(t *testing.T) {
+	var b strings.Builder
+	if err := WriteQueue(&b, cannedQueue(t)); err != nil {
+		t.Fatal(err)
+	}
+	if b.String() != wantQueue {
+		t.Errorf("got:\n%s\nwant:\n%s", b.String(), wantQueue)
+	}
+}
+
+func TestSpark(t *testing.T) {
+	for in, want := range map[string]string{"0 0": "  ", "1 8": "▁█", "8 4 1 0": "█▄▁ ", "100 1": "█▁"} {
+		var counts []int
+		for _, f := range strings.Fields(in) {
+			var n int
+			if err := json.Unmarshal([]byte(f), &n); err != nil {
+				t.Fatal(err)
+			}
+			counts = append(counts, n)
+		}
+		if got := Spark(counts); got != want {
+			t.Errorf("Spark(%s) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+// TestLoadQueueThroughTheAPIServer reads a RenderQueue from a real API server. Its shard Pods do
+// not exist (envtest runs no kubelet), so the Pod proxy answers each with an error, which the view
+// shows per shard instead of failing; the proxy path itself is exercised by the e2e.
+func TestLoadQueueThroughTheAPIServer(t *testing.T) {
+	if os.Getenv("KUBEBUILDER_ASSETS") == "" {
+		t.Skip("KUBEBUILDER_ASSETS is not set: run `make test` or `export KUBEBUILDER_ASSETS=$(hack/setup-envtest.sh | tail -n 1)`")
+	}
+	env := &envtest.Environment{CRDDirectoryPaths: []string{filepath.Join("..", "..", "config", "crd", "bases")}, ErrorIfCRDPathMissing: true}
+	cfg, err := env.Start()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = env.Stop() }()
+	scheme := runtime.NewScheme()
+	if err := rqv1.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	k, err := crclient.New(cfg, crclient.Options{Scheme: scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	rq := &rqv1.RenderQueue{ObjectMeta: metav1.ObjectMeta{Name: "web", Namespace: "default"},
+		Spec: rqv1.RenderQueueSpec{Shards: 2, Store: rqv1.Store{SecretRef: rqv1.SecretKeyRef{Name: "db"}}}}
+	if err := k.Create(ctx, rq); err != nil {
+		t.Fatal(err)
+	}
+	rq.Status.Shards = []rqv1.ShardStatus{{Name: "web-shard-0", Phase: "queued", URL: "http://10.244.0.7:8080"}, {Name: "web-shard-1", Phase: "Pending"}}
+	rq.Status.Due = 12
+	if err := k.Status().Update(ctx, rq); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := LoadQueue(ctx, cfg, "default", "nope", time.Second); err == nil || !strings.Contains(err.Error(), "not found") {
+		t.Fatalf("a missing RenderQueue: %v", err)
+	}
+	q, err := LoadQueue(ctx, cfg, "default", "web", 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(q.Shards) != 2 || q.Shards[0].Name != "web-shard-0" || q.Shards[0].Err == nil || q.Shards[1].Err == nil {
+		t.Fatalf("shards %+v: want both, each with the proxy's error", q.Shards)
+	}
+	if !strings.Contains(q.Shards[0].Err.Error(), "/api/v1/namespaces/default/pods/web-shard-0:8080/proxy/v1/status") {
+		t.Errorf("shard 0 was not asked through the Pod proxy: %v", q.Shards[0].Err)
+	}
+	var b strings.Builder
+	if err := WriteQueue(&b, q); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range []string{"renderqueue default/web: 2 shards (0 ready), due ≥ 12", "web-shard-1  pending", "! web-shard-0: GET "} {
+		if !strings.Contains(b.String(), s) {
+			t.Errorf("missing %q in:\n%s", s, b.String())
+		}
+	}
+}
