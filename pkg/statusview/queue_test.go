@@ -40,7 +40,7 @@ func cannedQueue(t *testing.T) Queue {
 	return Queue{
 		RenderQueue: &rqv1.RenderQueue{
 			ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "web"},
-			Status:      rqv1.RenderQueueStatus{Due: 4221, DueExact: false, ReadyShards: 2},
+			Status:     rqv1.RenderQueueStatus{Due: 4221, DueExact: false, ReadyShards: 2},
 		},
 		Shards: []ShardRead{
 			{Name: "web-shard-0", Phase: "unready", Status: &s0},
