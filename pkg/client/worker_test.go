@@ -215,7 +215,7 @@ func TestBackoffOnEmptyAndUnavailable(t *testing.T) {
 // it and takes the rows of the other.
 func TestUnavailableShardIsSkipped(t *testing.T) {
 	cl := clienttest.NewCluster(t, clienttest.Options{}, "a")
-	loading := clienttest.NewLoadingShard(t)
+	loading := clienttest.NewLoadingShard(t, clienttest.Options{})
 	rows := overdue("product", 50)
 	cl.Upsert(rows...)
 	waitUntil(t, "the rows held", func() bool { return cl.Due() == len(rows) })

@@ -9,6 +9,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"net/http/httptest"
 	"sort"
 	"sync"
@@ -43,6 +44,8 @@ type Options struct {
 	Lease time.Duration
 	// Window is the shards' window (0: hold every row).
 	Window time.Duration
+	// Wrap, when set, wraps each shard's HTTP handler (to record the traffic, say).
+	Wrap func(http.Handler) http.Handler
 }
 
 // Cluster is a set of real keeper shards over one in-memory store.
@@ -239,7 +242,11 @@ func (c *Cluster) publish(givers map[string]bool) {
 		}
 		ctx, cancel := context.WithCancel(c.ctx)
 		s := &Shard{Name: name, Keeper: sh, updates: make(chan keeper.Settings, 8), cancel: cancel, done: make(chan error, 1)}
-		s.srv = httptest.NewServer(sh.Handler(keeper.HandlerOptions{Token: c.opts.Token}))
+		var h http.Handler = sh.Handler(keeper.HandlerOptions{Token: c.opts.Token})
+		if c.opts.Wrap != nil {
+			h = c.opts.Wrap(h)
+		}
+		s.srv = httptest.NewServer(h)
 		s.URL = s.srv.URL
 		go func() { s.done <- sh.Run(ctx, s.updates) }()
 		c.shards[name] = s
@@ -335,15 +342,19 @@ func (c *Cluster) Rebalance(between func(phase string), target ...string) {
 }
 
 // NewLoadingShard serves a shard that never loads (it answers claims with 503, as a shard does
-// during its first walk) and returns its base URL.
-func NewLoadingShard(t TB) string {
+// during its first walk), with opts' token and wrapper, and returns its base URL.
+func NewLoadingShard(t TB, opts Options) string {
 	t.Helper()
 	sh, err := keeper.NewShard(keeper.Options{Name: "loading", Store: memstore.New(memstore.Options{}), Log: logr.Discard()},
 		keeper.Settings{LeaseDuration: time.Minute, SubmittedBoost: 2, UrgentMaxShare: 0.2, Owned: membership.AllSlots()})
 	if err != nil {
 		t.Fatalf("clienttest: %v", err)
 	}
-	srv := httptest.NewServer(sh.Handler(keeper.HandlerOptions{}))
+	var h http.Handler = sh.Handler(keeper.HandlerOptions{Token: opts.Token})
+	if opts.Wrap != nil {
+		h = opts.Wrap(h)
+	}
+	srv := httptest.NewServer(h)
 	t.Cleanup(srv.Close)
 	return srv.URL
 }
