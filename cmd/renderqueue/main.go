@@ -30,8 +30,9 @@ func commands() map[string]command {
 		"schema":     {summary: "migrate the database schema (schema migrate --dsn ...)", run: runSchema},
 		"seed":       {summary: "write synthetic schedule rows (seed --dsn ... --rows N)", run: runSeed},
 		"worker-sim": {summary: "simulated render workers claiming from keeper shards (worker-sim --shard URL)", run: runWorkerSim},
-		"status":     {summary: "print keeper shards' /v1/status for people (status --url URL)", run: runStatus},
+		"status":     {summary: "print a RenderQueue's shards (status NAME -n NS) or shards' /v1/status (status --url URL)", run: runStatus},
 		"simulate":   {summary: "the keeper core on virtual time: how late each class renders with N workers (simulate --load 0.8)", run: runSimulate},
+		"upsert":     {summary: "add or change schedule rows given as NDJSON on stdin (upsert --dsn ...)", run: runUpsert},
 		"version":    {summary: "print the version", run: runVersion},
 	}
 }

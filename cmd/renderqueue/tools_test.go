@@ -5,6 +5,8 @@ import (
 	"context"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -146,5 +148,64 @@ func TestPluginArgs(t *testing.T) {
 		if got := pluginArgs(tc.argv); strings.Join(got, " ") != strings.Join(tc.want, " ") {
 			t.Errorf("pluginArgs(%q) = %q, want %q", tc.argv, got, tc.want)
 		}
+	}
+}
+
+// TestUpsert writes good and bad NDJSON lines into a real database: the good ones are written, the
+// bad ones reported by line number and not written, nothing half-written.
+func TestUpsert(t *testing.T) {
+	dsn := pgtest.NewDatabase(t)
+	var out, errb bytes.Buffer
+	if code := run([]string{"schema", "migrate", "--dsn", dsn}, &out, &errb); code != 0 {
+		t.Fatalf("migrate: %s", errb.String())
+	}
+	in := filepath.Join(t.TempDir(), "rows.ndjson")
+	rows := `{"key":"https://shop.example.com/p/1","cadence":"96h","route":"product","source":"submitted","due":"2026-12-01T10:00:00Z"}
+{"key":"https://shop.example.com/p/2","cadence":"1h","due":"2026-12-01T10:00:00Z","urgent":true}
+{"key":"https://shop.example.com/p/3","cadence":"1h"}
+{"key":"https://shop.example.com/p/4","cadence":"24h","unscheduled":true}
+{"key":"https://shop.example.com/p/5","cadence":"1h","due":"2026-12-01T10:00:00Z","route":"` + strings.Repeat("r", 300) + `"}
+{"key":"https://shop.example.com/p/1","cadence":"48h","route":"product","due":"2026-12-03T10:00:00Z"}
+`
+	if err := os.WriteFile(in, []byte(rows), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out.Reset()
+	errb.Reset()
+	code := run([]string{"upsert", "--dsn", dsn, "--file", in, "--batch", "2"}, &out, &errb)
+	if code != 1 || !strings.Contains(errb.String(), "2 bad lines were not written") {
+		t.Fatalf("upsert with bad lines: code %d, stderr %q", code, errb.String())
+	}
+	for _, s := range []string{"line 3: neither due nor", "line 5: route is 300 bytes"} {
+		if !strings.Contains(errb.String(), s) {
+			t.Errorf("stderr %q does not say %q", errb.String(), s)
+		}
+	}
+	if !strings.Contains(out.String(), "read 6 lines: wrote 4 rows in 2 transactions, 2 bad lines (not written)") {
+		t.Errorf("stdout %q", out.String())
+	}
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = conn.Close(ctx) }()
+	var n, unscheduled, urgent int
+	var cadence int64
+	if err := conn.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE due_at IS NULL), count(*) FILTER (WHERE urgent),
+		max(cadence_ms) FILTER (WHERE key = 'https://shop.example.com/p/1') FROM render_schedule`).Scan(&n, &unscheduled, &urgent, &cadence); err != nil {
+		t.Fatal(err)
+	}
+	if n != 3 || unscheduled != 1 || urgent != 1 || cadence != (48*time.Hour).Milliseconds() {
+		t.Fatalf("rows %d (unscheduled %d, urgent %d), p/1 cadence %d ms: want p/1 (rewritten by line 6), p/2, p/4", n, unscheduled, urgent, cadence)
+	}
+	// only good lines: exit 0
+	out.Reset()
+	errb.Reset()
+	if err := os.WriteFile(in, []byte(`{"key":"https://shop.example.com/p/9","cadence":"1h","due":"2026-12-01T10:00:00Z"}`+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if code := run([]string{"upsert", "--dsn", dsn, "--file", in}, &out, &errb); code != 0 || !strings.Contains(out.String(), "wrote 1 rows") {
+		t.Fatalf("good upsert: code %d, out %q, err %q", code, out.String(), errb.String())
 	}
 }
