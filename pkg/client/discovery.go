@@ -97,7 +97,7 @@ func (d *dnsDiscovery) Run(ctx context.Context, update func([]Shard)) error {
 		switch {
 		case ctx.Err() != nil:
 			return nil
-		case err != nil && !(errors.As(err, &nf) && nf.IsNotFound):
+		case err != nil && (!errors.As(err, &nf) || !nf.IsNotFound):
 			// keep the last set: a DNS hiccup must not empty the worker fleet
 		default:
 			sort.Strings(addrs)

@@ -98,7 +98,7 @@ type closingStore struct {
 
 func (c *closingStore) Upsert(ctx context.Context, rows []schedule.Row) ([]schedule.Row, error) {
 	if c.left == 0 {
-		_ = c.Store.Close()
+		_ = c.Close()
 	}
 	c.left--
 	return c.Store.Upsert(ctx, rows)

@@ -145,7 +145,7 @@ func NewCluster(t TB, opts Options, names ...string) *Cluster {
 		c.mu.Lock()
 		defer c.mu.Unlock()
 		for _, s := range c.shards {
-			<-s.done
+			_ = <-s.done // the shard's Run ends with the context's error
 			s.srv.Close()
 		}
 	})
@@ -242,7 +242,7 @@ func (c *Cluster) publish(givers map[string]bool) {
 		}
 		ctx, cancel := context.WithCancel(c.ctx)
 		s := &Shard{Name: name, Keeper: sh, updates: make(chan keeper.Settings, 8), cancel: cancel, done: make(chan error, 1)}
-		var h http.Handler = sh.Handler(keeper.HandlerOptions{Token: c.opts.Token})
+		h := sh.Handler(keeper.HandlerOptions{Token: c.opts.Token})
 		if c.opts.Wrap != nil {
 			h = c.opts.Wrap(h)
 		}
@@ -350,7 +350,7 @@ func NewLoadingShard(t TB, opts Options) string {
 	if err != nil {
 		t.Fatalf("clienttest: %v", err)
 	}
-	var h http.Handler = sh.Handler(keeper.HandlerOptions{Token: opts.Token})
+	h := sh.Handler(keeper.HandlerOptions{Token: opts.Token})
 	if opts.Wrap != nil {
 		h = opts.Wrap(h)
 	}
