@@ -145,7 +145,9 @@ func NewCluster(t TB, opts Options, names ...string) *Cluster {
 		c.mu.Lock()
 		defer c.mu.Unlock()
 		for _, s := range c.shards {
-			_ = <-s.done // the shard's Run ends with the context's error
+			if err := <-s.done; !errors.Is(err, context.Canceled) {
+				t.Errorf("clienttest: shard %s stopped with %v", s.Name, err)
+			}
 			s.srv.Close()
 		}
 	})
