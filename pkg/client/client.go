@@ -97,7 +97,8 @@ type Item struct {
 // Completion is one rendered row for Client.Complete.
 type Completion struct {
 	Item Item
-	// NextDue overrides the row's next render time; zero means now + its cadence.
+	// NextDue overrides the row's next render time; zero leaves it to the RenderQueue's
+	// reschedule policy (by default the row's own schedule: due + whole cadences).
 	NextDue time.Time
 }
 
@@ -659,7 +660,11 @@ func do(ctx context.Context, hc *http.Client, method, u, token string, body []by
 		return nil, &StatusError{Method: method, URL: u, Code: resp.StatusCode, Message: msg}
 	}
 	if err := json.Unmarshal(data, out); err != nil {
-		return nil, fmt.Errorf("%s %s: decoding the reply: %w", method, u, err)
+		what := "reply"
+		if strings.HasSuffix(u, "/v1/status") {
+			what = "status"
+		}
+		return nil, fmt.Errorf("%s %s: decoding the %s: %w", method, u, what, err)
 	}
 	return resp.Header, nil
 }

@@ -27,8 +27,8 @@
 // # Workers
 //
 // Run is the worker API, in the style of River or Oban: it keeps up to concurrency rows
-// rendering with a Handler. A nil error completes the row (at Result.NextDue when set, else now +
-// its cadence); an error releases it at once, or, wrapped with RetryAfter, leaves it leased so
+// rendering with a Handler. A nil error completes the row (at Result.NextDue when set, else by the
+// RenderQueue's reschedule policy); an error releases it at once, or, wrapped with RetryAfter, leaves it leased so
 // that it is handed out again after the given time. Leases of rows still rendering are extended
 // before they lapse (POST /v1/extend); when an extension is refused the row was handed to
 // someone else, and the handler's context is cancelled with ErrLeaseLost. When Run's context is

@@ -19,7 +19,8 @@ type Handler func(ctx context.Context, it Item) (Result, error)
 
 // Result is a successful render.
 type Result struct {
-	// NextDue overrides the row's next render time; zero means now + its cadence.
+	// NextDue overrides the row's next render time; zero leaves it to the RenderQueue's
+	// spec.priority.reschedule policy (by default the row's own schedule: due + whole cadences).
 	NextDue time.Time
 }
 

@@ -175,7 +175,7 @@ type CompleteRequest struct {
 type Completion struct {
 	Key   string `json:"key"`
 	Lease string `json:"lease"`
-	// NextDue is the next render time; absent means now + cadence.
+	// NextDue is the next render time; absent leaves it to the reschedule policy.
 	NextDue *time.Time `json:"nextDue,omitempty"`
 }
 

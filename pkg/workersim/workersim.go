@@ -2,7 +2,8 @@
 // renderer of the demo and the samples. It is a pkg/client worker whose handler "renders" each
 // row for a simulated time: the library discovers the shards (a static list, the headless
 // Service's DNS name, or the RenderQueue object), spreads the claims, backs off, completes each
-// row on the shard that leased it (nextDue empty: now + cadence), keeps long renders' leases,
+// row on the shard that leased it (nextDue empty: the shard's
+// reschedule policy), keeps long renders' leases,
 // and on cancellation completes what was rendered and releases the rest.
 package workersim
 
