@@ -664,7 +664,7 @@ func do(ctx context.Context, hc *http.Client, method, u, token string, body []by
 		if strings.HasSuffix(u, "/v1/status") {
 			what = "status"
 		}
-		return nil, fmt.Errorf("%s %s: decoding the %s: %w", method, u, what, err)
+		return nil, fmt.Errorf("%s %s: %w the %s: %w", method, u, errDecoding, what, err)
 	}
 	return resp.Header, nil
 }
@@ -677,6 +677,27 @@ func GetStatus(ctx context.Context, hc *http.Client, baseURL string) (*shardapi.
 		return nil, err
 	}
 	return &st, nil
+}
+
+// errDecoding marks a reply that does not decode.
+var errDecoding = errors.New("decoding")
+
+// GetShardStatus is GetStatus, checked to come from the shard named name (a Pod IP now used by
+// another shard answers for that one). A shard that could not be asked or did not answer (no
+// connection, a timeout) is an error starting with "unreachable: "; a reply that is not a status
+// of that shard says what it is.
+func GetShardStatus(ctx context.Context, hc *http.Client, baseURL, name string) (*shardapi.Status, error) {
+	st, err := GetStatus(ctx, hc, baseURL)
+	var se *StatusError
+	switch {
+	case err != nil && (errors.As(err, &se) || errors.Is(err, errDecoding)):
+		return nil, err
+	case err != nil:
+		return nil, fmt.Errorf("unreachable: %w", err)
+	case st.Shard != name:
+		return nil, fmt.Errorf("%s/v1/status reports shard %q, not %q", strings.TrimRight(baseURL, "/"), st.Shard, name)
+	}
+	return st, nil
 }
 
 // checkBaseURL validates a shard base URL and returns it without a trailing slash.

@@ -525,3 +525,24 @@ func TestGetStatus(t *testing.T) {
 		t.Fatalf("status of a wrong URL: %v, want a 404 StatusError", err)
 	}
 }
+
+func TestGetShardStatus(t *testing.T) {
+	cl := clienttest.NewCluster(t, clienttest.Options{}, "web-shard-0")
+	base := cl.URLs()[0]
+	if st, err := client.GetShardStatus(context.Background(), http.DefaultClient, base, "web-shard-0"); err != nil || st.Shard != "web-shard-0" {
+		t.Fatalf("the right shard: %v %v", st, err)
+	}
+	if _, err := client.GetShardStatus(context.Background(), http.DefaultClient, base, "web-shard-1"); err == nil ||
+		!strings.Contains(err.Error(), `reports shard "web-shard-0", not "web-shard-1"`) {
+		t.Fatalf("another shard's address: %v", err)
+	}
+	if _, err := client.GetShardStatus(context.Background(), http.DefaultClient, "http://127.0.0.1:1", "x"); err == nil ||
+		!strings.HasPrefix(err.Error(), "unreachable: ") {
+		t.Fatalf("nothing listening: %v", err)
+	}
+	var se *client.StatusError
+	if _, err := client.GetShardStatus(context.Background(), http.DefaultClient, base+"/nope", "web-shard-0"); !errors.As(err, &se) ||
+		strings.HasPrefix(err.Error(), "unreachable") {
+		t.Fatalf("a 404: %v", err)
+	}
+}

@@ -140,12 +140,5 @@ func (s *source) shards(ctx context.Context, rq *rqv1.RenderQueue) []shardReport
 func fetchShardStatus(ctx context.Context, hc *http.Client, base, name string, timeout time.Duration) (*shardapi.Status, error) {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	st, err := rqclient.GetStatus(ctx, hc, base)
-	if err != nil {
-		return nil, fmt.Errorf("unreachable: %w", err)
-	}
-	if st.Shard != name {
-		return nil, fmt.Errorf("%s/v1/status reports shard %q, not %q", base, st.Shard, name)
-	}
-	return st, nil
+	return rqclient.GetShardStatus(ctx, hc, base, name)
 }
