@@ -211,7 +211,10 @@ func TestShardStatusEdgeAheadIsStable(t *testing.T) {
 func TestShardStatusUnreachableAndPending(t *testing.T) {
 	ready := &corev1.Pod{Status: corev1.PodStatus{Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}}}
 	// a Ready Pod that does not answer is unreachable
-	got := shardStatus(shardReport{Name: "s", Pod: ready, Asked: true, Err: errString("unreachable: refused")}, "0-9", nil)
+	got := shardStatus(shardReport{Name: "s", Pod: ready, Asked: true, URL: "http://10.244.0.7:8080", Err: errString("unreachable: refused")}, "0-9", nil)
+	if got.URL != "http://10.244.0.7:8080" {
+		t.Errorf("an unreachable shard's URL %q, want the one it was asked at (workers back off from it themselves)", got.URL)
+	}
 	if got.Phase != PhaseUnreachable || got.Error != "unreachable: refused" || got.Ready || got.Slots != "0-9" {
 		t.Errorf("unreachable: %+v", got)
 	}

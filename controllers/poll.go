@@ -48,6 +48,9 @@ type shardReport struct {
 	Err error
 	// Asked is false when the shard was not asked at all (no Pod, no IP).
 	Asked bool
+	// URL is the base URL the shard was asked at (when Asked): status.shards[].url, where render
+	// workers find it.
+	URL string
 }
 
 // Reachable reports whether the shard answered with a valid status.
@@ -76,7 +79,7 @@ func pollShards(ctx context.Context, hc *http.Client, resolve ShardURLResolver, 
 			out[i].Err = err
 			continue
 		}
-		out[i].Asked = true
+		out[i].Asked, out[i].URL = true, base
 		wg.Go(func() {
 			st, err := fetchStatus(ctx, hc, base, timeout)
 			if err == nil && st.Shard != name {

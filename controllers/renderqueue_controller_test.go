@@ -238,6 +238,7 @@ var _ = Describe("RenderQueue status", func() {
 		Expect(s1.Name).To(Equal("web-shard-1"))
 		Expect(s1.Slots).To(Equal("342-682"))
 		Expect(s1.Phase).To(Equal("queued"))
+		Expect(s1.URL).To(HavePrefix("http://127.0.0.1:"), "the URL the shard was polled at, for render workers")
 		Expect(s1.RowsHeld).To(BeEquivalentTo(1000))
 		Expect(s1.RowsOwned).To(BeEquivalentTo(6000))
 		Expect(s1.Due).To(BeEquivalentTo(20))

@@ -57,7 +57,7 @@ func secTime(t *time.Time) *metav1.Time {
 // shardStatus builds one shard's status from its report. owned is its slots in the committed
 // assignment; prev its previous status (nil if none), for edgeAheadSeconds.
 func shardStatus(rep shardReport, owned string, prev *rqv1.ShardStatus) rqv1.ShardStatus {
-	s := rqv1.ShardStatus{Name: rep.Name, Slots: owned}
+	s := rqv1.ShardStatus{Name: rep.Name, Slots: owned, URL: rep.URL}
 	st := rep.Status
 	if st == nil {
 		// what Kubernetes says is wrong with the Pod names the cause better than the poll's
