@@ -2,10 +2,7 @@ package controllers
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
-	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"strconv"
@@ -14,14 +11,12 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
+	rqclient "github.com/renderqueue/renderqueue/pkg/client"
 	"github.com/renderqueue/renderqueue/pkg/shardapi"
 )
 
 // DefaultShardPollTimeout bounds one GET /v1/status of a shard.
 const DefaultShardPollTimeout = 2 * time.Second
-
-// maxStatusBytes bounds the body of a shard's /v1/status read by the operator.
-const maxStatusBytes = 4 << 20
 
 // ShardURLResolver returns the base URL ("http://10.0.0.7:8080") of the shard served by pod.
 // It fails when the shard cannot be asked yet (no Pod IP).
@@ -56,7 +51,8 @@ type shardReport struct {
 // Reachable reports whether the shard answered with a valid status.
 func (r shardReport) Reachable() bool { return r.Status != nil }
 
-// pollShards reads every shard's /v1/status in parallel, each bounded by timeout. names lists the
+// pollShards reads every shard's /v1/status in parallel (pkg/client, checked to come from the
+// shard asked for), each bounded by timeout. names lists the
 // shards in order; pods maps a shard name to its Pod (absent: no Pod). The result is in the order
 // of names.
 func pollShards(ctx context.Context, hc *http.Client, resolve ShardURLResolver, timeout time.Duration,
@@ -81,50 +77,11 @@ func pollShards(ctx context.Context, hc *http.Client, resolve ShardURLResolver, 
 		}
 		out[i].Asked, out[i].URL = true, base
 		wg.Go(func() {
-			st, err := fetchStatus(ctx, hc, base, timeout)
-			if err == nil && st.Shard != name {
-				err = fmt.Errorf("%s/v1/status reports shard %q, not %q", base, st.Shard, name)
-				st = nil
-			}
-			out[i].Status, out[i].Err = st, err
+			sctx, cancel := context.WithTimeout(ctx, timeout)
+			defer cancel()
+			out[i].Status, out[i].Err = rqclient.GetShardStatus(sctx, hc, base, name)
 		})
 	}
 	wg.Wait()
 	return out
-}
-
-// fetchStatus GETs base/v1/status and decodes it.
-func fetchStatus(ctx context.Context, hc *http.Client, base string, timeout time.Duration) (*shardapi.Status, error) {
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	url := base + "/v1/status"
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	if err != nil {
-		return nil, fmt.Errorf("building GET %s: %w", url, err)
-	}
-	req.Header.Set("Accept", "application/json")
-	resp, err := hc.Do(req)
-	if err != nil {
-		return nil, fmt.Errorf("unreachable: %w", err)
-	}
-	defer func() { _ = resp.Body.Close() }()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, maxStatusBytes))
-	if err != nil {
-		return nil, fmt.Errorf("unreachable: reading GET %s: %w", url, err)
-	}
-	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("GET %s: HTTP %d: %s", url, resp.StatusCode, truncate(string(body), 200))
-	}
-	var st shardapi.Status
-	if err := json.Unmarshal(body, &st); err != nil {
-		return nil, fmt.Errorf("GET %s: bad JSON: %w", url, err)
-	}
-	return &st, nil
-}
-
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return s[:n] + "..."
 }

@@ -55,7 +55,7 @@ func TestPollShards(t *testing.T) {
 	}{
 		"s-ok":       {true, true, ""},
 		"s-slow":     {false, true, "unreachable"},
-		"s-garbage":  {false, true, "bad JSON"},
+		"s-garbage":  {false, true, "decoding the status"},
 		"s-impostor": {false, true, `reports shard "s-ok", not "s-impostor"`},
 		"s-noip":     {false, false, "no IP"},
 		"s-nopod":    {false, false, "no Pod"},

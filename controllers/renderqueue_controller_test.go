@@ -303,8 +303,8 @@ var _ = Describe("RenderQueue status", func() {
 			break_ func(f *fakeShard)
 			err    string
 		}{
-			{"an HTTP error", func(f *fakeShard) { f.failWith = 503 }, "HTTP 503"},
-			{"bad JSON", func(f *fakeShard) { f.badJSON = true }, "bad JSON"},
+			{"an HTTP error", func(f *fakeShard) { f.failWith = 503 }, "503 Service Unavailable"},
+			{"bad JSON", func(f *fakeShard) { f.badJSON = true }, "decoding the status"},
 			{"the wrong shard name", func(f *fakeShard) { f.wrongName = true }, `reports shard "web-shard-0-impostor"`},
 		} {
 			By("a shard answering with " + tc.what)
