@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"sync/atomic"
 	"testing"
@@ -73,18 +74,6 @@ func shardNames(c *client.Client) []string {
 	return out
 }
 
-func equal(a, b []string) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
-}
-
 // TestRenderQueueDiscoveryFollowsRebalance runs a worker that discovers the shards through a
 // RenderQueue on a real API server while the slots are rebalanced from one shard to three and
 // then onto one of the new shards alone, its first shard stopped. The status is written as the
@@ -105,7 +94,7 @@ func TestRenderQueueDiscoveryFollowsRebalance(t *testing.T) {
 	cl := clienttest.NewCluster(t, clienttest.Options{Token: "t0k"}, "web-shard-0")
 	first := overdue("product", 400)
 	cl.Upsert(first...)
-	waitUntil(t, "the first rows held", func() bool { return cl.Due() == len(first) })
+	clienttest.Eventually(t, "the first rows held", func() bool { return cl.Due() == len(first) })
 	publishStatus(t, k, rq, cl)
 
 	d, err := client.RenderQueueDiscovery(cfg, "default", "web")
@@ -128,18 +117,18 @@ func TestRenderQueueDiscoveryFollowsRebalance(t *testing.T) {
 			return client.Result{}, nil
 		})
 	}()
-	waitUntil(t, "the worker to discover web-shard-0", func() bool { return equal(shardNames(c), []string{"web-shard-0"}) })
-	waitUntil(t, "the worker to start completing", func() bool { return len(cl.Store().Completions()) > 20 })
+	clienttest.Eventually(t, "the worker to discover web-shard-0", func() bool { return slices.Equal(shardNames(c), []string{"web-shard-0"}) })
+	clienttest.Eventually(t, "the worker to start completing", func() bool { return len(cl.Store().Completions()) > 20 })
 
 	// scale to three: the new shards appear in the status as the operator creates them
 	cl.Rebalance(func(phase string) { publishStatus(t, k, rq, cl) }, "web-shard-0", "web-shard-1", "web-shard-2")
-	waitUntil(t, "the worker to discover three shards", func() bool {
-		return equal(shardNames(c), []string{"web-shard-0", "web-shard-1", "web-shard-2"})
+	clienttest.Eventually(t, "the worker to discover three shards", func() bool {
+		return slices.Equal(shardNames(c), []string{"web-shard-0", "web-shard-1", "web-shard-2"})
 	})
 	// more work, spread over the three
 	second := overdue("category", 400)
 	cl.Upsert(second...)
-	waitUntil(t, "rows completed on the new shards", func() bool {
+	clienttest.Eventually(t, "rows completed on the new shards", func() bool {
 		done := cl.Store().Completions()
 		n := 0
 		for _, r := range second {
@@ -150,10 +139,10 @@ func TestRenderQueueDiscoveryFollowsRebalance(t *testing.T) {
 	// down to web-shard-1 alone: web-shard-0 is stopped as soon as its slots moved
 	cl.Rebalance(func(phase string) { publishStatus(t, k, rq, cl) }, "web-shard-1")
 	publishStatus(t, k, rq, cl)
-	waitUntil(t, "the worker to drop the removed shards", func() bool { return equal(shardNames(c), []string{"web-shard-1"}) })
+	clienttest.Eventually(t, "the worker to drop the removed shards", func() bool { return slices.Equal(shardNames(c), []string{"web-shard-1"}) })
 
 	all := append(append([]schedule.Row(nil), first...), second...)
-	waitUntil(t, "every row completed", func() bool {
+	clienttest.Eventually(t, "every row completed", func() bool {
 		done := cl.Store().Completions()
 		for _, r := range all {
 			if done[r.Key] == 0 {

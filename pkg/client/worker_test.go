@@ -49,18 +49,6 @@ func static(t *testing.T, urls ...string) client.Discovery {
 	return d
 }
 
-// waitUntil polls cond every 5 ms for up to 30 s.
-func waitUntil(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
 // checkOnce fails unless every row was completed exactly once.
 func checkOnce(t *testing.T, cs *clienttest.CountingStore, rows []schedule.Row) {
 	t.Helper()
@@ -83,7 +71,7 @@ func TestRunCompletesEveryRowOnceAcrossShards(t *testing.T) {
 	cl := clienttest.NewCluster(t, clienttest.Options{Token: "s3cret"}, "a", "b", "c")
 	rows := overdue("product", 300)
 	cl.Upsert(rows...)
-	waitUntil(t, "the shards to hold every due row", func() bool { return cl.Due() == len(rows) })
+	clienttest.Eventually(t, "the shards to hold every due row", func() bool { return cl.Due() == len(rows) })
 
 	reg := prometheus.NewRegistry()
 	m, err := client.NewMetrics(reg)
@@ -105,7 +93,7 @@ func TestRunCompletesEveryRowOnceAcrossShards(t *testing.T) {
 			return client.Result{}, nil
 		})
 	}()
-	waitUntil(t, "every row completed", func() bool { return len(cl.Store().Completions()) == len(rows) })
+	clienttest.Eventually(t, "every row completed", func() bool { return len(cl.Store().Completions()) == len(rows) })
 	cancel()
 	if err := <-runErr; err != nil {
 		t.Fatalf("Run: %v", err)
@@ -150,7 +138,7 @@ func TestClaimFindsTheShardWithWork(t *testing.T) {
 		}
 	}
 	cl.Upsert(rows...)
-	waitUntil(t, "shard c to hold the rows", func() bool { return cl.Due() == len(rows) })
+	clienttest.Eventually(t, "shard c to hold the rows", func() bool { return cl.Due() == len(rows) })
 	for i := range 4 {
 		c := newClient(t, client.Options{Discovery: static(t, cl.URLs()...)})
 		items, err := c.Claim(context.Background(), 5)
@@ -194,9 +182,9 @@ func TestBackoffOnEmptyAndUnavailable(t *testing.T) {
 	}()
 	// back-off steps 20, 40, 80, 160, 320, 320, ... ms (jitter up to +50%): after 5 empty
 	// claims each further claim waits at least 320 ms
-	waitUntil(t, "six empty claims", func() bool { return claims.Load() >= 6 })
+	clienttest.Eventually(t, "six empty claims", func() bool { return claims.Load() >= 6 })
 	start, n0 := time.Now(), claims.Load()
-	waitUntil(t, "three more empty claims", func() bool { return claims.Load() >= n0+3 })
+	clienttest.Eventually(t, "three more empty claims", func() bool { return claims.Load() >= n0+3 })
 	if el := time.Since(start); el < 3*320*time.Millisecond-50*time.Millisecond {
 		t.Fatalf("three claims within %v: the back-off did not grow to its cap of 320 ms", el)
 	}
@@ -205,7 +193,7 @@ func TestBackoffOnEmptyAndUnavailable(t *testing.T) {
 	}
 	rows := overdue("late", 5)
 	cl.Upsert(rows...)
-	waitUntil(t, "the rows to be completed after they appeared", func() bool { return len(cl.Store().Completions()) == 5 })
+	clienttest.Eventually(t, "the rows to be completed after they appeared", func() bool { return len(cl.Store().Completions()) == 5 })
 	cancel()
 	if err := <-runErr; err != nil {
 		t.Fatal(err)
@@ -220,7 +208,7 @@ func TestUnavailableShardIsSkipped(t *testing.T) {
 	loading := clienttest.NewLoadingShard(t, clienttest.Options{})
 	rows := overdue("product", 50)
 	cl.Upsert(rows...)
-	waitUntil(t, "the rows held", func() bool { return cl.Due() == len(rows) })
+	clienttest.Eventually(t, "the rows held", func() bool { return cl.Due() == len(rows) })
 	c := newClient(t, client.Options{Discovery: static(t, append(cl.URLs(), loading)...)})
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -228,8 +216,8 @@ func TestUnavailableShardIsSkipped(t *testing.T) {
 	go func() {
 		runErr <- c.Run(ctx, 4, func(context.Context, client.Item) (client.Result, error) { return client.Result{}, nil })
 	}()
-	waitUntil(t, "every row completed", func() bool { return len(cl.Store().Completions()) == len(rows) })
-	waitUntil(t, "a 503 from the loading shard", func() bool { return c.Stats().Unavailable > 0 })
+	clienttest.Eventually(t, "every row completed", func() bool { return len(cl.Store().Completions()) == len(rows) })
+	clienttest.Eventually(t, "a 503 from the loading shard", func() bool { return c.Stats().Unavailable > 0 })
 	cancel()
 	if err := <-runErr; err != nil {
 		t.Fatal(err)
@@ -254,7 +242,7 @@ func TestLeaseExtension(t *testing.T) {
 	cl := clienttest.NewCluster(t, clienttest.Options{}, "a")
 	rows := overdue("slow", 3)
 	cl.Upsert(rows...)
-	waitUntil(t, "the rows held", func() bool { return cl.Due() == len(rows) })
+	clienttest.Eventually(t, "the rows held", func() bool { return cl.Due() == len(rows) })
 
 	c := newClient(t, client.Options{Discovery: static(t, cl.URLs()...), Lease: 400 * time.Millisecond, Batch: 1})
 	// the low-level calls: extend a current lease, refuse a released one
@@ -288,7 +276,7 @@ func TestLeaseExtension(t *testing.T) {
 			}
 		})
 	}()
-	waitUntil(t, "every row completed", func() bool { return len(cl.Store().Completions()) == len(rows) })
+	clienttest.Eventually(t, "every row completed", func() bool { return len(cl.Store().Completions()) == len(rows) })
 	cancel()
 	if err := <-runErr; err != nil {
 		t.Fatal(err)
@@ -306,7 +294,7 @@ func TestLeaseLostCancelsTheRender(t *testing.T) {
 	cl := clienttest.NewCluster(t, clienttest.Options{}, "a")
 	rows := overdue("stolen", 1)
 	cl.Upsert(rows...)
-	waitUntil(t, "the row held", func() bool { return cl.Due() == 1 })
+	clienttest.Eventually(t, "the row held", func() bool { return cl.Due() == 1 })
 	c := newClient(t, client.Options{Discovery: static(t, cl.URLs()...), Lease: 300 * time.Millisecond})
 	other := newClient(t, client.Options{Discovery: static(t, cl.URLs()...)})
 	started := make(chan client.Item, 1)
@@ -347,7 +335,7 @@ func TestShutdownDrainsAndReleases(t *testing.T) {
 	cl := clienttest.NewCluster(t, clienttest.Options{}, "a")
 	rows := overdue("product", 20)
 	cl.Upsert(rows...)
-	waitUntil(t, "the rows held", func() bool { return cl.Due() == len(rows) })
+	clienttest.Eventually(t, "the rows held", func() bool { return cl.Due() == len(rows) })
 	c := newClient(t, client.Options{Discovery: static(t, cl.URLs()...), DrainTimeout: 300 * time.Millisecond})
 	ctx, cancel := context.WithCancel(context.Background())
 	var mu sync.Mutex
@@ -402,7 +390,7 @@ func TestShutdownReleasesClaimedButNotStarted(t *testing.T) {
 	cl := clienttest.NewCluster(t, clienttest.Options{}, "a")
 	rows := overdue("product", 20)
 	cl.Upsert(rows...)
-	waitUntil(t, "the rows held", func() bool { return cl.Due() == len(rows) })
+	clienttest.Eventually(t, "the rows held", func() bool { return cl.Due() == len(rows) })
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	// the first claim's answer arrives just after the worker was told to stop
@@ -427,7 +415,7 @@ func TestRetryAfterKeepsTheRowLeased(t *testing.T) {
 	cl := clienttest.NewCluster(t, clienttest.Options{}, "a")
 	rows := overdue("flaky", 2)
 	cl.Upsert(rows...)
-	waitUntil(t, "the rows held", func() bool { return cl.Due() == len(rows) })
+	clienttest.Eventually(t, "the rows held", func() bool { return cl.Due() == len(rows) })
 	c := newClient(t, client.Options{Discovery: static(t, cl.URLs()...)})
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -449,7 +437,7 @@ func TestRetryAfterKeepsTheRowLeased(t *testing.T) {
 			return client.Result{}, nil
 		})
 	}()
-	waitUntil(t, "the released row rendered again and completed", func() bool { return cl.Store().Completions()[rows[1].Key] == 1 })
+	clienttest.Eventually(t, "the released row rendered again and completed", func() bool { return cl.Store().Completions()[rows[1].Key] == 1 })
 	cancel()
 	if err := <-runErr; err != nil {
 		t.Fatal(err)
@@ -481,7 +469,7 @@ func TestDNSDiscovery(t *testing.T) {
 	go func() {
 		runErr <- c.Run(ctx, 2, func(context.Context, client.Item) (client.Result, error) { return client.Result{}, nil })
 	}()
-	waitUntil(t, "every row completed", func() bool { return len(cl.Store().Completions()) == len(rows) })
+	clienttest.Eventually(t, "every row completed", func() bool { return len(cl.Store().Completions()) == len(rows) })
 	cancel()
 	if err := <-runErr; err != nil {
 		t.Fatal(err)
@@ -512,7 +500,7 @@ func TestOptionsValidated(t *testing.T) {
 func TestGetStatus(t *testing.T) {
 	cl := clienttest.NewCluster(t, clienttest.Options{Token: "tok"}, "web-shard-0")
 	cl.Upsert(overdue("product", 3)...)
-	waitUntil(t, "the rows held", func() bool { return cl.Due() == 3 })
+	clienttest.Eventually(t, "the rows held", func() bool { return cl.Due() == 3 })
 	st, err := client.GetStatus(context.Background(), http.DefaultClient, cl.URLs()[0]+"/")
 	if err != nil {
 		t.Fatal(err)

@@ -257,16 +257,21 @@ func (s *Shard) serveComplete(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, shardapi.CompleteResponse{Completed: ok, Results: res})
 }
 
+// parseLeases validates the items of a release or extend request.
+func parseLeases(in []shardapi.Lease) ([]CompleteItem, error) {
+	keys, leases := make([]string, len(in)), make([]string, len(in))
+	for i, it := range in {
+		keys[i], leases[i] = it.Key, it.Lease
+	}
+	return parseItems(keys, leases, nil)
+}
+
 func (s *Shard) serveRelease(w http.ResponseWriter, r *http.Request) {
 	var req shardapi.ReleaseRequest
 	if !decode(w, r, &req) {
 		return
 	}
-	keys, leases := make([]string, len(req.Items)), make([]string, len(req.Items))
-	for i, it := range req.Items {
-		keys[i], leases[i] = it.Key, it.Lease
-	}
-	items, err := parseItems(keys, leases, nil)
+	items, err := parseLeases(req.Items)
 	if err != nil {
 		writeError(w, http.StatusBadRequest, "nothing released: "+err.Error())
 		return
@@ -285,11 +290,7 @@ func (s *Shard) serveExtend(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, "nothing extended: "+err.Error())
 		return
 	}
-	keys, leases := make([]string, len(req.Items)), make([]string, len(req.Items))
-	for i, it := range req.Items {
-		keys[i], leases[i] = it.Key, it.Lease
-	}
-	items, err := parseItems(keys, leases, nil)
+	items, err := parseLeases(req.Items)
 	if err != nil {
 		writeError(w, http.StatusBadRequest, "nothing extended: "+err.Error())
 		return

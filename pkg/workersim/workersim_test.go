@@ -25,17 +25,6 @@ func newClient(t *testing.T, urls []string, token string) *client.Client {
 	return c
 }
 
-func waitUntil(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
 // TestSimulatesRendersAgainstRealShards: the simulator renders every due row of two real keeper
 // shards once, then stops cleanly, leaving nothing leased.
 func TestSimulatesRendersAgainstRealShards(t *testing.T) {
@@ -46,7 +35,7 @@ func TestSimulatesRendersAgainstRealShards(t *testing.T) {
 			Cadence: 24 * time.Hour, Route: "product"}
 	}
 	cl.Upsert(rows...)
-	waitUntil(t, "the rows held", func() bool { return cl.Due() == len(rows) })
+	clienttest.Eventually(t, "the rows held", func() bool { return cl.Due() == len(rows) })
 	sim, err := New(Config{Client: newClient(t, cl.URLs(), "tok"), Concurrency: 6, RenderTime: 2 * time.Millisecond, Jitter: 0.5, Seed: 3})
 	if err != nil {
 		t.Fatal(err)
@@ -54,7 +43,7 @@ func TestSimulatesRendersAgainstRealShards(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- sim.Run(ctx) }()
-	waitUntil(t, "every row completed", func() bool { return sim.Stats().Completed == int64(len(rows)) })
+	clienttest.Eventually(t, "every row completed", func() bool { return sim.Stats().Completed == int64(len(rows)) })
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatal(err)
@@ -79,7 +68,7 @@ func TestCancelReleasesUnrendered(t *testing.T) {
 		rows[i] = schedule.Row{Key: fmt.Sprintf("k%d", i), Due: time.Now().Add(-time.Minute), HasDue: true, Cadence: time.Hour}
 	}
 	cl.Upsert(rows...)
-	waitUntil(t, "the rows held", func() bool { return cl.Due() == len(rows) })
+	clienttest.Eventually(t, "the rows held", func() bool { return cl.Due() == len(rows) })
 	c, err := client.New(client.Options{Discovery: mustStatic(t, cl.URLs()), DrainTimeout: 50 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)

@@ -278,10 +278,17 @@ func (c *Cluster) waitReady(name string) {
 
 func (c *Cluster) waitFor(what string, cond func() bool) {
 	c.t.Helper()
+	Eventually(c.t, what, cond)
+}
+
+// Eventually polls cond every 5 ms until it holds, failing the test after 30 s with what it was
+// waiting for.
+func Eventually(t TB, what string, cond func() bool) {
+	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	for !cond() {
 		if time.Now().After(deadline) {
-			c.t.Fatalf("clienttest: timed out waiting for %s", what)
+			t.Fatalf("timed out waiting for %s", what)
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
