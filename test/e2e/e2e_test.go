@@ -428,6 +428,7 @@ func TestEndToEnd(t *testing.T) {
 		{"install", e.stepInstall},
 		{"ready", e.stepReady},
 		{"describe", e.stepDescribe},
+		{"kubectl-renderqueue", e.stepPlugin},
 		{"hpa", e.stepHPA},
 		{"scale-to-4", e.stepScale},
 		{"kill-keeper", e.stepKillKeeper},
@@ -436,6 +437,7 @@ func TestEndToEnd(t *testing.T) {
 		{"postgres-outage", e.stepPostgresOutage},
 		{"missing-secret", e.stepMissingSecret},
 		{"bad-dsn", e.stepBadDSN},
+		{"workers", e.stepWorkers},
 	}
 	for _, s := range steps {
 		if !t.Run(s.name, func(t *testing.T) { e.t = t; s.run(t) }) {
