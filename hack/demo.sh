@@ -13,14 +13,15 @@
 #   4. kubectl apply --server-side -k config/default as shipped (CRD, RBAC, the operator
 #      Deployment, the metrics API component) and waits for the operator's rollout
 #   5. seeds $ROWS rows (default 200,000), applies config/samples (3 shards, 24 h window), waits
-#      for Ready, points an HPA at renderqueue_due, runs worker-sim against the shards
+#      for Ready, shows `kubectl renderqueue web` (the plugin), applies config/samples/workers (render
+#      worker Pods on pkg/client and their HPA on renderqueue_due) and lets them render
 #   6. prints what a user looks at: kubectl get renderqueues, kubectl get pods -A -o wide,
 #      kubectl describe renderqueue, the external metric, the HPA — before and after the workers ran
 #      — and the web console's URL (config/console is applied with config/default: see step 4)
 #
 # Everything it started is stopped on exit (Ctrl-C included), unless KEEP=1 or --keep: then it
 # stays up and the script prints how to reach and stop it.
-# Tunables (env): ROWS, OVERDUE, SIM_SECONDS, SIM_CONCURRENCY, SIM_RENDER_TIME, KEEP, DEMO_BINARY (a
+# Tunables (env): ROWS, OVERDUE, SIM_SECONDS (how long the workers render), KEEP, DEMO_BINARY (a
 # prebuilt renderqueue binary instead of building bin/renderqueue). Needs root (the pod runner).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -29,8 +30,6 @@ repo=$(pwd)
 ROWS=${ROWS:-200000}
 OVERDUE=${OVERDUE:-2000}
 SIM_SECONDS=${SIM_SECONDS:-20}
-SIM_CONCURRENCY=${SIM_CONCURRENCY:-8}
-SIM_RENDER_TIME=${SIM_RENDER_TIME:-50ms}
 KEEP=${KEEP:-0}
 for a in "$@"; do
   case "$a" in
@@ -50,6 +49,7 @@ show() {
   local shown=("$@")
   if [ "$1" = k ]; then shown[0]=kubectl; fi
   if [ "$1" = "${rq:-}" ]; then shown[0]=bin/renderqueue; fi
+  if [ "$1" = kr ]; then shown=(kubectl renderqueue "${@:2}"); fi
   printf '\n$ %s\n' "${shown[*]}"
   "$@"
 }
@@ -176,37 +176,15 @@ metric_path="/apis/external.metrics.k8s.io/v1beta1/namespaces/default/renderqueu
 k wait --for=condition=Available --timeout=60s apiservice/v1beta1.external.metrics.k8s.io >/dev/null
 show k get --raw "$metric_path"
 echo
-step "an HPA on renderqueue_due: one render worker per 500 due rows"
-k apply -f - >/dev/null <<'EOF'
-apiVersion: apps/v1
-kind: Deployment
-metadata:
-  name: render-workers
-spec:
-  replicas: 1
-  selector: {matchLabels: {app: render-workers}}
-  template:
-    metadata: {labels: {app: render-workers}}
-    spec:
-      containers:
-        - {name: worker, image: "registry.k8s.io/pause:3.10"}
----
-apiVersion: autoscaling/v2
-kind: HorizontalPodAutoscaler
-metadata:
-  name: render-workers
-spec:
-  scaleTargetRef: {apiVersion: apps/v1, kind: Deployment, name: render-workers}
-  minReplicas: 1
-  maxReplicas: 20
-  metrics:
-    - type: External
-      external:
-        metric:
-          name: renderqueue_due
-          selector: {matchLabels: {renderqueue.dev/name: web}}
-        target: {type: AverageValue, averageValue: "500"}
-EOF
+step "kubectl renderqueue web: every shard read through the API server's Pod proxy (the kubectl plugin)"
+plugin_dir=$work/plugin
+mkdir -p "$plugin_dir"
+ln -sf "$rq" "$plugin_dir/kubectl-renderqueue"
+kr() { PATH="$plugin_dir:$PATH" k renderqueue "$@"; }
+show kr web
+
+step "render workers as Pods: config/samples/workers (worker-sim on pkg/client, shards found through the RenderQueue) and their HPA on renderqueue_due (one worker per 500 due rows)"
+k apply -k config/samples/workers | sed 's/^/  /'
 note "waiting for the HPA controller to read the metric (ScalingActive) and scale"
 # (Its first status after a rescale still averages over the old replica count; wait until the
 # status reports the replicas it asked for.)
@@ -217,28 +195,23 @@ for _ in $(seq 1 120); do
   sleep 0.5
 done
 show k get hpa render-workers
-note "(the worker Deployment's Pods run the pause image: stand-ins the HPA scales; the simulated workers below run on this machine)"
-
-step "worker-sim: $SIM_CONCURRENCY simulated render workers claiming from the 3 shards for ${SIM_SECONDS}s"
-k get secret web-api-token -o jsonpath='{.data.token}' | base64 -d >"$work/token"
-shards=$(k get pods -l renderqueue.dev/queue=web -o jsonpath='{range .items[*]}http://{.status.podIP}:8080,{end}')
-shards=${shards%,}
-note "shards: $shards (token from Secret web-api-token)"
-"$rq" worker-sim --shard "$shards" --token-file "$work/token" --duration "${SIM_SECONDS}s" \
-  --concurrency "$SIM_CONCURRENCY" --render-time "$SIM_RENDER_TIME" --progress 5s
+show k get pods -l app.kubernetes.io/name=render-workers -o wide
+note "letting the workers render for ${SIM_SECONDS}s"
+sleep "$SIM_SECONDS"
+show k logs -l app.kubernetes.io/name=render-workers --tail=2 --prefix
 sim_end=$(date -u +%Y-%m-%dT%H:%M:%SZ)
-note "waiting for a shard poll after the workers stopped (the operator polls every 10 s: --shard-poll-interval in config/manager)"
+note "waiting for a shard poll after that (the operator polls every 10 s: --shard-poll-interval in config/manager)"
 for _ in $(seq 1 50); do
   [[ "$(k get renderqueue web -o jsonpath='{.status.dueAsOf}')" > "$sim_end" ]] && break
   sleep 0.5
 done
 
-step "after the workers ran"
+step "after the workers ran for ${SIM_SECONDS}s"
 show k get renderqueues
 show k get --raw "$metric_path"
 echo
 show k get hpa render-workers
-show "$rq" status --url "${shards%%,*}"
+show kr web
 
 if [ "$KEEP" = 1 ]; then
   step "still running (KEEP=1)"
@@ -248,7 +221,7 @@ if [ "$KEEP" = 1 ]; then
   kubectl get renderqueues; kubectl describe renderqueue web; kubectl get hpa
   web console: $console_url (token: $console_token)
   kubectl get pods -A -o wide; kubectl -n renderqueue-system logs deployment/renderqueue-operator
-  bin/renderqueue status --url ${shards%%,*}
+  PATH=$plugin_dir:\$PATH kubectl renderqueue web
   PostgreSQL: $RENDERQUEUE_DSN
   logs: $work (localcluster.log, cluster/logs: control plane, cluster/pods/*/containers/*/N.log: containers)
 Stop it all with:
