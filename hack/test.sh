@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Runs the whole test suite with everything it needs: a throwaway PostgreSQL cluster (unless
 # RENDERQUEUE_TEST_DSN already names one), the envtest binaries, headless Chromium for the
-# console's browser tests and, for the monitoring tests, promtool and prometheus (each installed
-# when missing: hack/chromium.sh, hack/prometheus.sh).
+# console's browser tests and, for the monitoring tests and the end-to-end test, promtool and
+# prometheus (each installed when missing: hack/chromium.sh, hack/prometheus.sh).
 # Usage: hack/test.sh [go test flags/packages...]   (default: ./...)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -48,14 +48,17 @@ if [ $# -eq 1 ] && [ "$1" = ./... ]; then
   run_monitoring=${run_monitoring:-1}
 fi
 
-# promtool is required, not optional, when the monitoring tests run: a machine that cannot get it
-# fails here rather than skipping the rule tests.
-if [ "${run_monitoring:-0}" = 1 ] && [ -z "${RENDERQUEUE_PROMTOOL:-}" ]; then
+# promtool and prometheus are required, not optional, when the monitoring tests or the end-to-end
+# test (which runs a Prometheus against the local cluster) run: a machine that cannot get them
+# fails here rather than skipping those checks.
+need_prom=0
+if [ "${run_monitoring:-0}" = 1 ] || [ "${run_e2e:-0}" = 1 ]; then need_prom=1; fi
+if [ "$need_prom" = 1 ] && [ -z "${RENDERQUEUE_PROMTOOL:-}" ]; then
   echo "test: locating promtool and prometheus (installing Debian's prometheus package when missing)" >&2
   RENDERQUEUE_PROMTOOL=$(hack/prometheus.sh promtool | tail -n 1)
   export RENDERQUEUE_PROMTOOL
 fi
-if [ "${run_monitoring:-0}" = 1 ] && [ -z "${RENDERQUEUE_PROMETHEUS:-}" ]; then
+if [ "$need_prom" = 1 ] && [ -z "${RENDERQUEUE_PROMETHEUS:-}" ]; then
   RENDERQUEUE_PROMETHEUS=$(hack/prometheus.sh prometheus | tail -n 1)
   export RENDERQUEUE_PROMETHEUS
 fi
@@ -76,7 +79,8 @@ fi
 # A local control plane (etcd, kube-apiserver, kube-controller-manager from KUBEBUILDER_ASSETS), a
 # throwaway PostgreSQL of its own, config/default applied as shipped, and every Pod — the operator's
 # and the keepers' — run by test/e2e/cluster's pod runner (scheduler and kubelet for one Node),
-# kubectl and an HPA. About 90 s, as root; see `make e2e` and docs/local-cluster.md.
+# kubectl and an HPA, and a Prometheus (RENDERQUEUE_PROMETHEUS) scraping the operator and the shards
+# with the alert rules. About 2 min, as root; see `make e2e` and docs/local-cluster.md.
 if [ "${run_e2e:-0}" = 1 ]; then
   echo "test: running the end-to-end test (go test -tags e2e ./test/e2e/...)" >&2
   go test -tags e2e -count=1 -timeout 15m ./test/e2e/...
