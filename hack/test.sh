@@ -80,7 +80,7 @@ fi
 # throwaway PostgreSQL of its own, config/default applied as shipped, and every Pod — the operator's
 # and the keepers' — run by test/e2e/cluster's pod runner (scheduler and kubelet for one Node),
 # kubectl and an HPA, and a Prometheus (RENDERQUEUE_PROMETHEUS) scraping the operator and the shards
-# with the alert rules. About 2 min, as root; see `make e2e` and docs/local-cluster.md.
+# with the alert rules. About 3.5 min, as root; see `make e2e` and docs/local-cluster.md.
 if [ "${run_e2e:-0}" = 1 ]; then
   echo "test: running the end-to-end test (go test -tags e2e ./test/e2e/...)" >&2
   go test -tags e2e -count=1 -timeout 15m ./test/e2e/...
