@@ -8,28 +8,12 @@ import (
 	"strings"
 	"time"
 
+	"github.com/renderqueue/renderqueue/internal/textfmt"
 	"github.com/renderqueue/renderqueue/pkg/statusview"
 )
 
 // num formats an integer with thousands separators: 1234567 → "1,234,567".
-func num(n int64) string {
-	s := strconv.FormatInt(n, 10)
-	neg := strings.HasPrefix(s, "-")
-	if neg {
-		s = s[1:]
-	}
-	var b strings.Builder
-	for i, c := range s {
-		if i > 0 && (len(s)-i)%3 == 0 {
-			b.WriteByte(',')
-		}
-		b.WriteRune(c)
-	}
-	if neg {
-		return "-" + b.String()
-	}
-	return b.String()
-}
+func num(n int64) string { return textfmt.Thousands(n) }
 
 // ago says how long before now t was, compactly ("42s ago", "3h20m ago"; "in 5s" for the future).
 func ago(t, now time.Time) string {

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+
+	"github.com/renderqueue/renderqueue/internal/textfmt"
 )
 
 // Describe says in one line what a configuration runs: the order and the policy it uses.
@@ -136,23 +138,8 @@ func rel(v float64) string {
 	return strconv.FormatFloat(v, 'f', 3, 64)
 }
 
-// thousands writes n with thousands separators.
-func thousands(n int) string {
-	s := strconv.Itoa(n)
-	neg := strings.HasPrefix(s, "-")
-	s = strings.TrimPrefix(s, "-")
-	var b strings.Builder
-	for i, ch := range s {
-		if i > 0 && (len(s)-i)%3 == 0 {
-			b.WriteByte(',')
-		}
-		b.WriteRune(ch)
-	}
-	if neg {
-		return "-" + b.String()
-	}
-	return b.String()
-}
+// thousands formats an integer with thousands separators.
+func thousands(n int) string { return textfmt.Thousands(int64(n)) }
 
 type errWriter struct {
 	w   io.Writer

@@ -16,6 +16,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/renderqueue/renderqueue/internal/textfmt"
 	"github.com/renderqueue/renderqueue/pkg/shardapi"
 )
 
@@ -229,21 +230,4 @@ func Seconds(s float64) string {
 }
 
 // num formats an integer with thousands separators.
-func num(n int) string {
-	s := strconv.Itoa(n)
-	neg := strings.HasPrefix(s, "-")
-	if neg {
-		s = s[1:]
-	}
-	var b strings.Builder
-	for i, c := range s {
-		if i > 0 && (len(s)-i)%3 == 0 {
-			b.WriteByte(',')
-		}
-		b.WriteRune(c)
-	}
-	if neg {
-		return "-" + b.String()
-	}
-	return b.String()
-}
+func num(n int) string { return textfmt.Thousands(int64(n)) }
