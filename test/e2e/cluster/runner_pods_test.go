@@ -279,9 +279,10 @@ func TestRunnerPods(t *testing.T) {
 		Containers:     []corev1.Container{a, b},
 	}})
 
-	// deadline: activeDeadlineSeconds ends it.
+	// deadline: activeDeadlineSeconds ends it. (Long enough that the process has installed its SIGTERM
+	// handler before the deadline even on a loaded machine: a SIGTERM before that ends it with 143.)
 	create(t, c, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "deadline"}, Spec: corev1.PodSpec{
-		ActiveDeadlineSeconds: ptr.To[int64](2), Containers: []corev1.Container{podtestContainer("main", "serve", "--listen", ":8080", "--term-delay", "1s")}}})
+		ActiveDeadlineSeconds: ptr.To[int64](8), Containers: []corev1.Container{podtestContainer("main", "serve", "--listen", ":8080", "--term-delay", "1s")}}})
 
 	t.Run("secure", func(t *testing.T) {
 		p := eventuallyPod(t, c, "secure", 30*time.Second, "Ready", func(p *corev1.Pod) (bool, string) { return podReady(p), string(p.Status.Phase) })
@@ -522,8 +523,12 @@ func TestRunnerPods(t *testing.T) {
 	})
 
 	t.Run("active-deadline", func(t *testing.T) {
-		p := eventuallyPod(t, c, "deadline", 30*time.Second, "Failed with DeadlineExceeded", func(p *corev1.Pod) (bool, string) {
-			return p.Status.Phase == corev1.PodFailed && p.Status.Reason == "DeadlineExceeded", string(p.Status.Phase) + " " + p.Status.Reason
+		// The phase turns Failed when the deadline passes; the container's own status follows once
+		// it has stopped, so wait for both.
+		p := eventuallyPod(t, c, "deadline", 30*time.Second, "Failed with DeadlineExceeded, the container stopped", func(p *corev1.Pod) (bool, string) {
+			stopped := len(p.Status.ContainerStatuses) > 0 && p.Status.ContainerStatuses[0].State.Terminated != nil
+			return p.Status.Phase == corev1.PodFailed && p.Status.Reason == "DeadlineExceeded" && stopped,
+				fmt.Sprintf("%s %s stopped=%v", p.Status.Phase, p.Status.Reason, stopped)
 		})
 		// SIGTERM, then the grace period (30 s by default) in which podtest exits 42 after 1 s
 		if s := p.Status.ContainerStatuses[0]; s.State.Terminated == nil || s.Ready || s.State.Terminated.ExitCode != 42 {
