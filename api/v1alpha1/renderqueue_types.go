@@ -8,9 +8,11 @@ import (
 // RenderQueueSpec is the desired state of a RenderQueue: how many keeper shards, what they hold,
 // how they prioritise, where the schedule lives, and how their Pods are scheduled.
 //
-// Durations are Go duration strings ("90s", "60m", "24h", "1h30m"). They are pointers so that Go
-// clients leave them unset (and the API server applies the default) rather than sending "0s";
-// read them with the WindowDuration, VerifyIntervalDuration and LeaseDurationValue methods.
+// Durations are Go duration strings ("90s", "60m", "24h", "1h30m"), each bounded by the API
+// server to what the keeper handles (no value a Go time.Duration cannot hold gets in). They are
+// pointers so that Go clients leave them unset (and the API server applies the default) rather
+// than sending "0s"; read them with the WindowDuration, VerifyIntervalDuration and
+// LeaseDurationValue methods.
 type RenderQueueSpec struct {
 	// Shards is the number of keeper shards (Pods named <name>-shard-<i>), 1..256. The 1024 hash
 	// slots are spread evenly over them; changing it rebalances slots with a two-phase handoff.
@@ -21,12 +23,11 @@ type RenderQueueSpec struct {
 	Shards int32 `json:"shards,omitempty"`
 
 	// Window is how far ahead of now a shard holds rows: a row is held iff it is due before
-	// now + window. 0 (the default) holds every owned row.
+	// now + window. 0 (the default) holds every owned row; otherwise from 1m to 8760h (a year).
 	// +kubebuilder:default="0s"
 	// +kubebuilder:validation:Type=string
 	// +kubebuilder:validation:MaxLength=64
-	// +kubebuilder:validation:Pattern=`^-?(0|(([0-9]+(\.[0-9]*)?|\.[0-9]+)(ns|us|µs|μs|ms|s|m|h))+)$`
-	// +kubebuilder:validation:XValidation:rule="!self.startsWith('-')",message="window must not be negative"
+	// +kubebuilder:validation:XValidation:rule="self.matches('^(0|(([0-9]{1,5}([.][0-9]*)?|[.][0-9]+)h|([0-9]{1,7}([.][0-9]*)?|[.][0-9]+)m|([0-9]{1,9}([.][0-9]*)?|[.][0-9]+)s|([0-9]{1,12}([.][0-9]*)?|[.][0-9]+)ms|([0-9]{1,15}([.][0-9]*)?|[.][0-9]+)(us|µs|μs)|([0-9]{1,18}([.][0-9]*)?|[.][0-9]+)ns)+)$') && (duration(self) == duration('0s') || (duration(self) >= duration('1m') && duration(self) <= duration('8760h')))",message="window must be 0 (hold every owned row) or a duration from 1m to 8760h, such as 24h or 36h30m"
 	// +optional
 	Window *metav1.Duration `json:"window,omitempty"`
 
@@ -34,12 +35,11 @@ type RenderQueueSpec struct {
 	// window set, a shard walks at least every window/3 whatever this says: a larger value is
 	// accepted and clamped by the keeper (so that lengthening the window never needs two edits),
 	// and 0 then means "every window/3". With window 0, 0 turns periodic verification off.
-	// Defaults to 60m.
+	// Otherwise from 10s to 8760h. Defaults to 60m.
 	// +kubebuilder:default="60m"
 	// +kubebuilder:validation:Type=string
 	// +kubebuilder:validation:MaxLength=64
-	// +kubebuilder:validation:Pattern=`^-?(0|(([0-9]+(\.[0-9]*)?|\.[0-9]+)(ns|us|µs|μs|ms|s|m|h))+)$`
-	// +kubebuilder:validation:XValidation:rule="!self.startsWith('-')",message="verifyInterval must not be negative"
+	// +kubebuilder:validation:XValidation:rule="self.matches('^(0|(([0-9]{1,5}([.][0-9]*)?|[.][0-9]+)h|([0-9]{1,7}([.][0-9]*)?|[.][0-9]+)m|([0-9]{1,9}([.][0-9]*)?|[.][0-9]+)s|([0-9]{1,12}([.][0-9]*)?|[.][0-9]+)ms|([0-9]{1,15}([.][0-9]*)?|[.][0-9]+)(us|µs|μs)|([0-9]{1,18}([.][0-9]*)?|[.][0-9]+)ns)+)$') && (duration(self) == duration('0s') || (duration(self) >= duration('10s') && duration(self) <= duration('8760h')))",message="verifyInterval must be 0 or a duration from 10s to 8760h, such as 60m"
 	// +optional
 	VerifyInterval *metav1.Duration `json:"verifyInterval,omitempty"`
 
@@ -49,12 +49,11 @@ type RenderQueueSpec struct {
 	Priority Priority `json:"priority,omitempty"`
 
 	// LeaseDuration is how long a claimed row stays leased to a render worker before it is handed
-	// out again, unless completed or released first. Must be positive; defaults to 5m.
+	// out again, unless completed or released first. From 1s to 24h; defaults to 5m.
 	// +kubebuilder:default="5m"
 	// +kubebuilder:validation:Type=string
 	// +kubebuilder:validation:MaxLength=64
-	// +kubebuilder:validation:Pattern=`^-?(0|(([0-9]+(\.[0-9]*)?|\.[0-9]+)(ns|us|µs|μs|ms|s|m|h))+)$`
-	// +kubebuilder:validation:XValidation:rule="!self.startsWith('-') && duration(self) > duration('0s')",message="leaseDuration must be positive"
+	// +kubebuilder:validation:XValidation:rule="self.matches('^(0|(([0-9]{1,5}([.][0-9]*)?|[.][0-9]+)h|([0-9]{1,7}([.][0-9]*)?|[.][0-9]+)m|([0-9]{1,9}([.][0-9]*)?|[.][0-9]+)s|([0-9]{1,12}([.][0-9]*)?|[.][0-9]+)ms|([0-9]{1,15}([.][0-9]*)?|[.][0-9]+)(us|µs|μs)|([0-9]{1,18}([.][0-9]*)?|[.][0-9]+)ns)+)$') && duration(self) >= duration('1s') && duration(self) <= duration('24h')",message="leaseDuration must be a duration from 1s to 24h, such as 5m"
 	// +optional
 	LeaseDuration *metav1.Duration `json:"leaseDuration,omitempty"`
 
@@ -62,8 +61,10 @@ type RenderQueueSpec struct {
 	Store Store `json:"store"`
 
 	// Image is the container image of the keeper shards. Empty means the operator's own image
-	// (the same binary runs `renderqueue keeper`).
+	// (the same binary runs `renderqueue keeper`). An operator started with --allowed-images
+	// runs only the images it allows (the RenderQueue gets no Pods and says why otherwise).
 	// +kubebuilder:validation:MaxLength=1024
+	// +kubebuilder:validation:XValidation:rule="!self.matches('[[:space:]]')",message="image must be an image reference without whitespace, such as ghcr.io/renderqueue/renderqueue:v0.1.0"
 	// +optional
 	Image string `json:"image,omitempty"`
 
@@ -256,11 +257,11 @@ type Priority struct {
 
 // Floor reserves a share of every claim batch for one class of rows.
 type Floor struct {
-	// Cadence of the class's rows, e.g. "96h" or "1h30m"; at least 1ms, whole milliseconds.
+	// Cadence of the class's rows, e.g. "96h" or "1h30m"; whole milliseconds from 1ms to 87600h
+	// (the cadences rows may have).
 	// +kubebuilder:validation:Type=string
 	// +kubebuilder:validation:MaxLength=64
-	// +kubebuilder:validation:Pattern=`^-?(0|(([0-9]+(\.[0-9]*)?|\.[0-9]+)(ns|us|µs|μs|ms|s|m|h))+)$`
-	// +kubebuilder:validation:XValidation:rule="!self.startsWith('-') && duration(self) >= duration('1ms')",message="floor cadence must be at least 1ms"
+	// +kubebuilder:validation:XValidation:rule="self.matches('^(0|(([0-9]{1,5}([.][0-9]*)?|[.][0-9]+)h|([0-9]{1,7}([.][0-9]*)?|[.][0-9]+)m|([0-9]{1,9}([.][0-9]*)?|[.][0-9]+)s|([0-9]{1,12}([.][0-9]*)?|[.][0-9]+)ms|([0-9]{1,15}([.][0-9]*)?|[.][0-9]+)(us|µs|μs)|([0-9]{1,18}([.][0-9]*)?|[.][0-9]+)ns)+)$') && duration(self) >= duration('1ms') && duration(self) <= duration('87600h') && int(duration(self)) % 1000000 == 0",message="floor cadence must be a duration of whole milliseconds from 1ms to 87600h, such as 96h or 1h30m"
 	Cadence metav1.Duration `json:"cadence"`
 
 	// Source of the class's rows: submitted (from a sitemap) or discovered (by the crawler).
@@ -283,15 +284,16 @@ type Store struct {
 
 // SecretKeyRef names one key of a Secret in the same namespace.
 type SecretKeyRef struct {
-	// Name of the Secret. Required.
+	// Name of the Secret: a Secret name (lower-case alphanumerics, '-' and '.'). Required.
 	// +kubebuilder:validation:MaxLength=253
-	// +kubebuilder:validation:XValidation:rule="self != ''",message="store.secretRef.name must name the Secret holding the PostgreSQL DSN"
+	// +kubebuilder:validation:XValidation:rule="self.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*$')",message="store.secretRef.name must name the Secret holding the PostgreSQL DSN: lower-case alphanumerics, '-' and '.', starting and ending with an alphanumeric"
 	Name string `json:"name"`
 
-	// Key within the Secret whose value is the DSN. Defaults to "dsn".
+	// Key within the Secret whose value is the DSN: alphanumerics, '-', '_' and '.', not "." or
+	// "..", not starting with "..". Defaults to "dsn".
 	// +kubebuilder:default="dsn"
 	// +kubebuilder:validation:MaxLength=253
-	// +kubebuilder:validation:Pattern=`^[-._a-zA-Z0-9]+$`
+	// +kubebuilder:validation:XValidation:rule="self.matches('^[-._a-zA-Z0-9]+$') && self != '.' && !self.startsWith('..')",message="store.secretRef.key must be a Secret key: alphanumerics, '-', '_' and '.', not '.' or '..' and not starting with '..'"
 	// +optional
 	Key string `json:"key,omitempty"`
 }
@@ -580,8 +582,13 @@ type ShardSlots struct {
 // keeper shards that hold the due rows of their hash slots, hand render workers the most overdue
 // work first, and report exactly how much work is due.
 //
+// The name is a DNS label of at most 53 characters starting with a letter (MaxNameLength), so
+// that the names of its children — shard Pods <name>-shard-<i> with i up to 255, their host
+// names and labels, the Service <name>-shards — are valid.
+//
 // +kubebuilder:object:root=true
 // +kubebuilder:resource:shortName=rq,categories=renderqueue
+// +kubebuilder:validation:XValidation:rule="self.metadata.name.size() <= 53 && self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')",message="metadata.name must be at most 53 characters of lower-case alphanumerics and '-', starting with a letter and ending with an alphanumeric: the shard Pods (<name>-shard-<i>), their host names and labels and the Service <name>-shards are named after it"
 // +kubebuilder:subresource:status
 // +kubebuilder:subresource:scale:specpath=.spec.shards,statuspath=.status.currentShards,selectorpath=.status.selector
 // +kubebuilder:printcolumn:name="Shards",type=integer,JSONPath=`.spec.shards`
@@ -599,6 +606,9 @@ type RenderQueue struct {
 	// Status is the observed state, written by the operator.
 	// +optional
 	Status RenderQueueStatus `json:"status,omitempty"`
+
+	// decodeErr is set by UnmarshalJSON when spec or status did not decode (DecodeErr).
+	decodeErr string `json:"-"`
 }
 
 // RenderQueueList is a list of RenderQueues.

@@ -1,11 +1,13 @@
 package v1alpha1_test
 
 import (
+	"encoding/json"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
@@ -67,76 +69,226 @@ func floors(f ...map[string]any) []any {
 	return out
 }
 
+// Messages of the CRD's rules, as the table expects them.
+const (
+	windowMsg     = "window must be 0 (hold every owned row) or a duration from 1m to 8760h"
+	verifyMsg     = "verifyInterval must be 0 or a duration from 10s to 8760h"
+	leaseMsg      = "leaseDuration must be a duration from 1s to 24h"
+	cadenceMsg    = "floor cadence must be a duration of whole milliseconds from 1ms to 87600h"
+	secretNameMsg = "store.secretRef.name must name the Secret holding the PostgreSQL DSN: lower-case alphanumerics"
+	secretKeyMsg  = "store.secretRef.key must be a Secret key"
+	imageMsg      = "image must be an image reference without whitespace"
+)
+
+// rejected counts the invalid specs the API server rejected (each table entry that passed).
+var rejected atomic.Int32
+
+var _ = AfterSuite(func() {
+	AddReportEntry("invalid specs tried and rejected", rejected.Load())
+	GinkgoWriter.Printf("invalid specs rejected by the API server with a message naming the field: %d\n", rejected.Load())
+})
+
+// goChecked says whether RenderQueue.Validate, the Go mirror of the rules the operator and the
+// keeper rely on (for objects stored before the rules), checks field.
+func goChecked(field string) bool {
+	for _, p := range []string{"metadata.name", "spec.shards", "spec.window", "spec.verifyInterval", "spec.leaseDuration",
+		"spec.store", "spec.image"} {
+		if field == p || strings.HasPrefix(field, p+".") || strings.HasPrefix(field, p+"[") {
+			return true
+		}
+	}
+	return (strings.HasPrefix(field, "spec.priority.floors[") && strings.HasSuffix(field, ".cadence")) ||
+		(strings.HasPrefix(field, "spec.imagePullSecrets[") && strings.HasSuffix(field, ".name"))
+}
+
+// expectGoValidation decodes u as the operator does and checks that Validate agrees with the API
+// server: valid objects pass; an invalid one fails, naming the field (its top-level part when the
+// value does not even decode), when Validate checks that field.
+func expectGoValidation(u *unstructured.Unstructured, field string, valid bool) {
+	GinkgoHelper()
+	u = u.DeepCopy()
+	if u.GetName() == "" {
+		u.SetName("rq-go")
+	}
+	data, err := u.MarshalJSON()
+	Expect(err).NotTo(HaveOccurred())
+	var rq rqv1.RenderQueue
+	Expect(json.Unmarshal(data, &rq)).To(Succeed(), "a RenderQueue must always decode")
+	err = rq.Validate()
+	if valid {
+		Expect(err).NotTo(HaveOccurred(), "Validate rejects what the API server accepted")
+		return
+	}
+	if !goChecked(field) {
+		return
+	}
+	Expect(err).To(HaveOccurred(), "Validate accepts %s, which the API server rejects", field)
+	parts := strings.SplitN(field, ".", 3)
+	top := strings.Join(parts[:min(2, len(parts))], ".")
+	top, _, _ = strings.Cut(top, "[")
+	Expect(err.Error()).To(ContainSubstring(top))
+}
+
 var _ = Describe("RenderQueue validation", func() {
-	DescribeTable("rejects an invalid spec with a clear message",
-		func(path string, value any, message string) {
-			err := k8sClient.Create(ctx, withField(path, value))
-			Expect(err).To(HaveOccurred(), "spec.%s = %v was accepted", path, value)
+	DescribeTable("rejects an invalid spec with a message naming the field",
+		func(path string, value any, field, message string) {
+			u := withField(path, value)
+			err := k8sClient.Create(ctx, u)
+			Expect(err).To(HaveOccurred(), "%s = %v was accepted", path, value)
 			Expect(apierrors.IsInvalid(err)).To(BeTrue(), "not an Invalid error: %v", err)
+			Expect(err.Error()).To(ContainSubstring(field))
 			Expect(err.Error()).To(ContainSubstring(message))
+			rejected.Add(1)
+			expectGoValidation(u, field, false)
 		},
-		Entry("no shards", "shards", int64(0), "shards must be between 1 and 256"),
-		Entry("negative shards", "shards", int64(-3), "shards must be between 1 and 256"),
-		Entry("too many shards", "shards", int64(257), "shards must be between 1 and 256"),
-		Entry("negative window", "window", "-1h", "window must not be negative"),
-		Entry("malformed window", "window", "3 days", "spec.window in body should match"),
-		Entry("window in days", "window", "1d", "spec.window in body should match"),
-		Entry("negative verifyInterval", "verifyInterval", "-5m", "verifyInterval must not be negative"),
-		Entry("zero leaseDuration", "leaseDuration", "0s", "leaseDuration must be positive"),
-		Entry("negative leaseDuration", "leaseDuration", "-30s", "leaseDuration must be positive"),
-		Entry("malformed leaseDuration", "leaseDuration", "five minutes", "spec.leaseDuration in body should match"),
-		Entry("zero submittedBoost", "priority.submittedBoost", "0", "submittedBoost must be a decimal number greater than 0 and at most 1000"),
-		Entry("negative submittedBoost", "priority.submittedBoost", "-2", "submittedBoost must be a decimal number greater than 0 and at most 1000"),
-		Entry("huge submittedBoost", "priority.submittedBoost", "1000.5", "submittedBoost must be a decimal number greater than 0 and at most 1000"),
-		Entry("non-decimal submittedBoost", "priority.submittedBoost", "1e3", "submittedBoost must be a decimal number greater than 0 and at most 1000"),
-		Entry("urgentMaxShare above 1", "priority.urgentMaxShare", "1.5", "urgentMaxShare must be a decimal number from 0 to 1"),
-		Entry("negative urgentMaxShare", "priority.urgentMaxShare", "-0.1", "urgentMaxShare must be a decimal number from 0 to 1"),
-		Entry("percent urgentMaxShare", "priority.urgentMaxShare", "20%", "urgentMaxShare must be a decimal number from 0 to 1"),
-		Entry("no store", "store", remove, "spec.store: Required value"),
-		Entry("no store secret", "store.secretRef", remove, "spec.store.secretRef: Required value"),
-		Entry("no store secret name", "store.secretRef.name", remove, "spec.store.secretRef.name: Required value"),
-		Entry("empty store secret name", "store.secretRef.name", "", "store.secretRef.name must name the Secret holding the PostgreSQL DSN"),
-		Entry("bad store secret key", "store.secretRef.key", "a/b", "spec.store.secretRef.key in body should match"),
-		Entry("bad imagePullPolicy", "imagePullPolicy", "Sometimes", "spec.imagePullPolicy: Unsupported value"),
-		Entry("floor share 0", "priority.floors", floors(floor("96h", "discovered", "0")), "floor share must be a decimal number greater than 0 and at most 1"),
-		Entry("floor share above 1", "priority.floors", floors(floor("96h", "discovered", "1.5")), "floor share must be a decimal number greater than 0 and at most 1"),
-		Entry("floor share percent", "priority.floors", floors(floor("96h", "discovered", "5%")), "floor share must be a decimal number greater than 0 and at most 1"),
-		Entry("floors past 1", "priority.floors", floors(floor("1h", "submitted", "0.6"), floor("96h", "discovered", "0.5")), "floors: shares must not sum past 1"),
-		Entry("floor class twice", "priority.floors", floors(floor("1h", "submitted", "0.1"), floor("1h", "submitted", "0.2")), "floors: at most one floor per class"),
-		Entry("floor source", "priority.floors", floors(floor("1h", "crawler", "0.1")), "Unsupported value: \"crawler\""),
-		Entry("floor cadence 0", "priority.floors", floors(floor("0s", "submitted", "0.1")), "floor cadence must be at least 1ms"),
-		Entry("floor cadence malformed", "priority.floors", floors(floor("hourly", "submitted", "0.1")), "cadence in body should match"),
-		Entry("floor without share", "priority.floors", floors(map[string]any{"cadence": "1h", "source": "submitted"}), "share: Required value"),
-		Entry("bad reschedule", "priority.reschedule", "Later", "spec.priority.reschedule: Unsupported value"),
+		Entry("no shards", "shards", int64(0), "spec.shards", "shards must be between 1 and 256"),
+		Entry("negative shards", "shards", int64(-3), "spec.shards", "shards must be between 1 and 256"),
+		Entry("too many shards", "shards", int64(257), "spec.shards", "shards must be between 1 and 256"),
+
+		Entry("negative window", "window", "-1h", "spec.window", windowMsg),
+		Entry("malformed window", "window", "3 days", "spec.window", windowMsg),
+		Entry("window in days", "window", "1d", "spec.window", windowMsg),
+		Entry("window without unit", "window", "24", "spec.window", windowMsg),
+		Entry("window that overflows a Go duration", "window", "2562048h", "spec.window", windowMsg),
+		Entry("window of 2ns", "window", "2ns", "spec.window", windowMsg),
+		Entry("window just under 1m", "window", "59.999s", "spec.window", windowMsg),
+		Entry("window over a year", "window", "8760h1ns", "spec.window", windowMsg),
+		Entry("window of many digits", "window", "9999999999999999999ns", "spec.window", windowMsg),
+		Entry("window of repeated hours that overflow", "window", "99999h99999h99999h99999h99999h99999h99999h99999h99999h", "spec.window", windowMsg),
+
+		Entry("negative verifyInterval", "verifyInterval", "-5m", "spec.verifyInterval", verifyMsg),
+		Entry("verifyInterval of 1ms", "verifyInterval", "1ms", "spec.verifyInterval", verifyMsg),
+		Entry("verifyInterval just under 10s", "verifyInterval", "9s", "spec.verifyInterval", verifyMsg),
+		Entry("verifyInterval over a year", "verifyInterval", "8761h", "spec.verifyInterval", verifyMsg),
+		Entry("verifyInterval that overflows", "verifyInterval", "2562048h", "spec.verifyInterval", verifyMsg),
+
+		Entry("zero leaseDuration", "leaseDuration", "0s", "spec.leaseDuration", leaseMsg),
+		Entry("negative leaseDuration", "leaseDuration", "-30s", "spec.leaseDuration", leaseMsg),
+		Entry("malformed leaseDuration", "leaseDuration", "five minutes", "spec.leaseDuration", leaseMsg),
+		Entry("leaseDuration of 1ns", "leaseDuration", "1ns", "spec.leaseDuration", leaseMsg),
+		Entry("sub-second leaseDuration", "leaseDuration", "500ms", "spec.leaseDuration", leaseMsg),
+		Entry("leaseDuration over 24h", "leaseDuration", "24h0m1s", "spec.leaseDuration", leaseMsg),
+		Entry("leaseDuration that overflows", "leaseDuration", "2562048h", "spec.leaseDuration", leaseMsg),
+
+		Entry("zero submittedBoost", "priority.submittedBoost", "0", "spec.priority.submittedBoost", "submittedBoost must be a decimal number greater than 0 and at most 1000"),
+		Entry("negative submittedBoost", "priority.submittedBoost", "-2", "spec.priority.submittedBoost", "submittedBoost must be a decimal number greater than 0 and at most 1000"),
+		Entry("huge submittedBoost", "priority.submittedBoost", "1000.5", "spec.priority.submittedBoost", "submittedBoost must be a decimal number greater than 0 and at most 1000"),
+		Entry("non-decimal submittedBoost", "priority.submittedBoost", "1e3", "spec.priority.submittedBoost", "submittedBoost must be a decimal number greater than 0 and at most 1000"),
+		Entry("urgentMaxShare above 1", "priority.urgentMaxShare", "1.5", "spec.priority.urgentMaxShare", "urgentMaxShare must be a decimal number from 0 to 1"),
+		Entry("negative urgentMaxShare", "priority.urgentMaxShare", "-0.1", "spec.priority.urgentMaxShare", "urgentMaxShare must be a decimal number from 0 to 1"),
+		Entry("percent urgentMaxShare", "priority.urgentMaxShare", "20%", "spec.priority.urgentMaxShare", "urgentMaxShare must be a decimal number from 0 to 1"),
+		Entry("floor share 0", "priority.floors", floors(floor("96h", "discovered", "0")), "spec.priority.floors[0].share", "floor share must be a decimal number greater than 0 and at most 1"),
+		Entry("floor share above 1", "priority.floors", floors(floor("96h", "discovered", "1.5")), "spec.priority.floors[0].share", "floor share must be a decimal number greater than 0 and at most 1"),
+		Entry("floor share percent", "priority.floors", floors(floor("96h", "discovered", "5%")), "spec.priority.floors[0].share", "floor share must be a decimal number greater than 0 and at most 1"),
+		Entry("floors past 1", "priority.floors", floors(floor("1h", "submitted", "0.6"), floor("96h", "discovered", "0.5")), "spec.priority.floors", "floors: shares must not sum past 1"),
+		Entry("floor class twice", "priority.floors", floors(floor("1h", "submitted", "0.1"), floor("1h", "submitted", "0.2")), "spec.priority.floors", "floors: at most one floor per class"),
+		Entry("floor source", "priority.floors", floors(floor("1h", "crawler", "0.1")), "spec.priority.floors[0].source", "Unsupported value: \"crawler\""),
+		Entry("floor cadence 0", "priority.floors", floors(floor("0s", "submitted", "0.1")), "spec.priority.floors[0].cadence", cadenceMsg),
+		Entry("floor cadence malformed", "priority.floors", floors(floor("hourly", "submitted", "0.1")), "spec.priority.floors[0].cadence", cadenceMsg),
+		Entry("floor cadence of a fraction of a millisecond", "priority.floors", floors(floor("1500us", "submitted", "0.1")), "spec.priority.floors[0].cadence", cadenceMsg),
+		Entry("floor cadence over 10 years", "priority.floors", floors(floor("87601h", "submitted", "0.1")), "spec.priority.floors[0].cadence", cadenceMsg),
+		Entry("floor cadence that overflows", "priority.floors", floors(floor("2562048h", "submitted", "0.1")), "spec.priority.floors[0].cadence", cadenceMsg),
+		Entry("floor without share", "priority.floors", floors(map[string]any{"cadence": "1h", "source": "submitted"}), "spec.priority.floors[0].share", "Required value"),
+		Entry("bad reschedule", "priority.reschedule", "Later", "spec.priority.reschedule", "Unsupported value"),
+
+		Entry("no store", "store", remove, "spec.store", "Required value"),
+		Entry("no store secret", "store.secretRef", remove, "spec.store.secretRef", "Required value"),
+		Entry("no store secret name", "store.secretRef.name", remove, "spec.store.secretRef.name", "Required value"),
+		Entry("empty store secret name", "store.secretRef.name", "", "spec.store.secretRef.name", secretNameMsg),
+		Entry("store secret name with a slash", "store.secretRef.name", "other-ns/pg", "spec.store.secretRef.name", secretNameMsg),
+		Entry("upper-case store secret name", "store.secretRef.name", "PG", "spec.store.secretRef.name", secretNameMsg),
+		Entry("store secret name with an underscore", "store.secretRef.name", "pg_main", "spec.store.secretRef.name", secretNameMsg),
+		Entry("store secret name ending in a dot", "store.secretRef.name", "pg.", "spec.store.secretRef.name", secretNameMsg),
+		Entry("store secret name of 254 characters", "store.secretRef.name", strings.Repeat("p", 254), "spec.store.secretRef.name", "Too long"),
+		Entry("store secret key with a slash", "store.secretRef.key", "a/b", "spec.store.secretRef.key", secretKeyMsg),
+		Entry("store secret key '.'", "store.secretRef.key", ".", "spec.store.secretRef.key", secretKeyMsg),
+		Entry("store secret key '..'", "store.secretRef.key", "..", "spec.store.secretRef.key", secretKeyMsg),
+		Entry("store secret key starting with '..'", "store.secretRef.key", "..dsn", "spec.store.secretRef.key", secretKeyMsg),
+
+		Entry("image with a space", "image", "registry.example/renderqueue :v1", "spec.image", imageMsg),
+		Entry("image with a trailing newline", "image", "registry.example/renderqueue:v1\n", "spec.image", imageMsg),
+		Entry("bad imagePullPolicy", "imagePullPolicy", "Sometimes", "spec.imagePullPolicy", "Unsupported value"),
+	)
+
+	DescribeTable("rejects a name its children could not carry, with a message naming metadata.name",
+		func(name string) {
+			u := minimal()
+			unstructured.RemoveNestedField(u.Object, "metadata", "generateName")
+			u.SetName(name)
+			err := k8sClient.Create(ctx, u)
+			Expect(err).To(HaveOccurred(), "the name %q was accepted", name)
+			Expect(apierrors.IsInvalid(err)).To(BeTrue(), "not an Invalid error: %v", err)
+			Expect(err.Error()).To(ContainSubstring("metadata.name must be at most 53 characters of lower-case alphanumerics and '-', starting with a letter"))
+			rejected.Add(1)
+			expectGoValidation(u, "metadata.name", false)
+		},
+		Entry("54 characters (shard 255's Pod name would be 64)", strings.Repeat("w", 54)),
+		Entry("a dot (the shards' Service name cannot hold one)", "web.prod"),
+		Entry("a leading digit (the shards' Service name must start with a letter)", "1web"),
+		Entry("upper case", "Web"),
+		Entry("an underscore", "web_prod"),
 	)
 
 	DescribeTable("accepts valid edge cases",
 		func(path string, value any) {
-			Expect(k8sClient.Create(ctx, withField(path, value))).To(Succeed())
+			u := withField(path, value)
+			Expect(k8sClient.Create(ctx, u)).To(Succeed())
+			expectGoValidation(u, "spec."+path, true)
 		},
 		Entry("one shard", "shards", int64(1)),
 		Entry("256 shards", "shards", int64(256)),
 		Entry("window 0", "window", "0"),
+		Entry("window 0s", "window", "0s"),
+		Entry("window of 1m", "window", "1m"),
+		Entry("window of 60s", "window", "60s"),
+		Entry("window of a year", "window", "8760h"),
+		Entry("window of a year in minutes", "window", "525600m"),
 		Entry("fractional window", "window", "1.5h"),
 		Entry("compound window", "window", "36h30m"),
 		Entry("verifyInterval 0", "verifyInterval", "0s"),
+		Entry("verifyInterval of 10s", "verifyInterval", "10s"),
+		Entry("verifyInterval of a year", "verifyInterval", "8760h"),
+		Entry("leaseDuration of 1s", "leaseDuration", "1s"),
+		Entry("leaseDuration of 1000ms", "leaseDuration", "1000ms"),
+		Entry("leaseDuration of 24h", "leaseDuration", "24h"),
 		Entry("urgentMaxShare 0", "priority.urgentMaxShare", "0"),
 		Entry("urgentMaxShare 1", "priority.urgentMaxShare", "1"),
 		Entry("submittedBoost below 1", "priority.submittedBoost", "0.5"),
-		Entry("sub-second lease", "leaseDuration", "500ms"),
 		Entry("floors summing to exactly 1", "priority.floors", floors(floor("1h", "submitted", "0.1"), floor("1h", "discovered", "0.2"), floor("96h", "discovered", "0.7"))),
 		Entry("one floor of 1", "priority.floors", floors(floor("24h", "submitted", "1"))),
+		Entry("floor cadence of 1ms", "priority.floors", floors(floor("1ms", "submitted", "0.1"))),
+		Entry("floor cadence of 1.5s", "priority.floors", floors(floor("1.5s", "submitted", "0.1"))),
+		Entry("floor cadence of 10 years", "priority.floors", floors(floor("87600h", "submitted", "0.1"))),
 		Entry("reschedule AfterRender", "priority.reschedule", "AfterRender"),
+		Entry("store secret name with dots", "store.secretRef.name", "pg.main.example"),
+		Entry("store secret name of 253 characters", "store.secretRef.name", strings.Repeat("p", 253)),
+		Entry("store secret key with dots, dashes and underscores", "store.secretRef.key", "DSN_v2.main-db"),
+		Entry("image by digest", "image", "registry.example:5000/team/renderqueue@sha256:"+strings.Repeat("a", 64)),
+	)
+
+	DescribeTable("accepts names its children can carry",
+		func(name string) {
+			u := minimal()
+			unstructured.RemoveNestedField(u.Object, "metadata", "generateName")
+			u.SetName(name)
+			Expect(k8sClient.Create(ctx, u)).To(Succeed())
+			expectGoValidation(u, "metadata.name", true)
+		},
+		Entry("one letter", "w"),
+		Entry("53 characters", "w"+strings.Repeat("-9", 26)),
 	)
 
 	// The shard Pod fields: a RenderQueue the API server admits must give Pods it admits too.
 	DescribeTable("rejects invalid shard Pod fields with a message naming the field",
 		func(path string, value any, field, message string) {
-			err := k8sClient.Create(ctx, withField(path, value))
+			u := withField(path, value)
+			err := k8sClient.Create(ctx, u)
 			Expect(err).To(HaveOccurred(), "spec.%s = %v was accepted", path, value)
 			Expect(apierrors.IsInvalid(err)).To(BeTrue(), "not an Invalid error: %v", err)
 			Expect(err.Error()).To(ContainSubstring(field))
 			Expect(err.Error()).To(ContainSubstring(message))
+			rejected.Add(1)
+			expectGoValidation(u, field, false)
 		},
 		Entry("label key with a space", "podLabels", map[string]any{"cost center": "42"},
 			"spec.podLabels", "podLabels keys must be label keys"),
@@ -233,7 +385,9 @@ var _ = Describe("RenderQueue validation", func() {
 
 	DescribeTable("accepts valid shard Pod fields",
 		func(path string, value any) {
-			Expect(k8sClient.Create(ctx, withField(path, value))).To(Succeed())
+			u := withField(path, value)
+			Expect(k8sClient.Create(ctx, u)).To(Succeed())
+			expectGoValidation(u, "spec."+path, true)
 		},
 		Entry("labels with and without prefix, an empty value", "podLabels",
 			map[string]any{"team": "render", "example.com/cost-center": "42", "canary": "", "app.kubernetes.io/part-of": "prerender"}),

@@ -28,6 +28,11 @@ import (
 // SettingsFor derives shard's settings from its RenderQueue. Malformed slot text is an error,
 // never a partial membership.
 func SettingsFor(rq *rqv1.RenderQueue, shard string) (keeper.Settings, error) {
+	// an object stored before the CRD's rules (a lease of 1ns, a window that does not decode) is
+	// refused, never read with zeroed or out-of-range fields
+	if err := rq.Validate(); err != nil {
+		return keeper.Settings{}, fmt.Errorf("renderqueue %s/%s: %w", rq.Namespace, rq.Name, err)
+	}
 	boost, err := rq.Spec.Priority.SubmittedBoostValue()
 	if err != nil {
 		return keeper.Settings{}, fmt.Errorf("renderqueue %s/%s: %w", rq.Namespace, rq.Name, err)

@@ -53,6 +53,7 @@ func TestSettingsFor(t *testing.T) {
 			rq.Status.Membership.Assignment = []rqv1.ShardSlots{{Shard: "web-shard-1", Slots: "5-3"}}
 		}, "", "", "owned slots of web-shard-1"},
 		{"bad decimal", func(rq *rqv1.RenderQueue) { rq.Spec.Priority.SubmittedBoost = "x" }, "", "", "submittedBoost"},
+		{"a lease stored before the CRD's bounds", func(rq *rqv1.RenderQueue) { rq.Spec.LeaseDuration = dur(time.Nanosecond) }, "", "", "spec.leaseDuration"},
 		{"floors past 1", func(rq *rqv1.RenderQueue) {
 			rq.Spec.Priority.Floors = []rqv1.Floor{{Cadence: metav1.Duration{Duration: time.Hour}, Source: "submitted", Share: "0.6"},
 				{Cadence: metav1.Duration{Duration: 96 * time.Hour}, Source: "discovered", Share: "0.5"}}

@@ -1,0 +1,165 @@
+package v1alpha1
+
+import (
+	"encoding/json"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+	kjson "sigs.k8s.io/json"
+)
+
+// Bounds the API server enforces (the CEL rules of renderqueue_types.go) and Validate checks
+// again in Go, for objects stored before the rules were tightened.
+const (
+	// MaxNameLength is the longest RenderQueue name: its shard Pods are named
+	// <name>-shard-<i> (i up to MaxShards-1), and a Pod's host name and a label value hold at
+	// most 63 characters.
+	MaxNameLength = 63 - len("-shard-255")
+	// MinWindow and MaxWindow bound a non-zero spec.window.
+	MinWindow, MaxWindow = time.Minute, 8760 * time.Hour
+	// MinVerifyInterval and MaxVerifyInterval bound a non-zero spec.verifyInterval.
+	MinVerifyInterval, MaxVerifyInterval = 10 * time.Second, 8760 * time.Hour
+	// MinLeaseDuration and MaxLeaseDuration bound spec.leaseDuration (the keeper's longest
+	// lease a claim may ask for is 24h too).
+	MinLeaseDuration, MaxLeaseDuration = time.Second, 24 * time.Hour
+	// MinFloorCadence and MaxFloorCadence bound a floor's cadence (the cadences a row may have).
+	MinFloorCadence, MaxFloorCadence = time.Millisecond, 87600 * time.Hour
+)
+
+// UnmarshalJSON decodes a RenderQueue. A spec or status that does not decode into these types
+// (an object stored before the CRD's validation was tightened, such as a window of 2562048h,
+// which overflows a Go duration) does not fail the decode: the object is returned with its type
+// and object metadata, whatever of spec and status decodes, and DecodeErr naming the field. So
+// one such object cannot fail a list of RenderQueues (an informer's, and so every consumer of the
+// operator's cache); the operator reports it on the object itself and leaves it alone.
+func (rq *RenderQueue) UnmarshalJSON(data []byte) error {
+	type plain RenderQueue // without this method
+	var p plain
+	err := kjson.UnmarshalCaseSensitivePreserveInts(data, &p)
+	if err == nil {
+		*rq = RenderQueue(p)
+		return nil
+	}
+	var parts struct {
+		metav1.TypeMeta `json:",inline"`
+		ObjectMeta      metav1.ObjectMeta          `json:"metadata,omitempty"`
+		Spec            map[string]json.RawMessage `json:"spec,omitempty"`
+		Status          map[string]json.RawMessage `json:"status,omitempty"`
+	}
+	if perr := kjson.UnmarshalCaseSensitivePreserveInts(data, &parts); perr != nil {
+		return err // not a RenderQueue at all: the original error
+	}
+	*rq = RenderQueue{TypeMeta: parts.TypeMeta, ObjectMeta: parts.ObjectMeta}
+	var problems []string
+	decodeFields := func(section string, fields map[string]json.RawMessage, into any) {
+		for _, name := range slices.Sorted(maps.Keys(fields)) {
+			one, merr := json.Marshal(map[string]json.RawMessage{name: fields[name]})
+			if merr == nil {
+				merr = kjson.UnmarshalCaseSensitivePreserveInts(one, into)
+			}
+			if merr != nil {
+				problems = append(problems, fmt.Sprintf("%s.%s: %v", section, name, merr))
+			}
+		}
+	}
+	decodeFields("spec", parts.Spec, &rq.Spec)
+	decodeFields("status", parts.Status, &rq.Status)
+	if len(problems) == 0 {
+		problems = append(problems, err.Error())
+	}
+	rq.decodeErr = strings.Join(problems, "; ")
+	return nil
+}
+
+// DecodeErr is the reason the object's spec or status did not decode (see UnmarshalJSON), nil
+// when it decoded whole. An object with a DecodeErr has the fields that failed left at their
+// zero values: never write it back.
+func (rq *RenderQueue) DecodeErr() error {
+	if rq.decodeErr == "" {
+		return nil
+	}
+	return fmt.Errorf("the RenderQueue does not decode: %s", rq.decodeErr)
+}
+
+// Validate checks what the operator and the keeper rely on: the object decoded whole
+// (DecodeErr), its name gives valid child names, the durations are within their bounds, the
+// Secret references are Secret names and keys, the image has no whitespace. The API server
+// enforces the same rules on every write since they were added; Validate catches objects stored
+// before. The error names each field.
+func (rq *RenderQueue) Validate() error {
+	if err := rq.DecodeErr(); err != nil {
+		return err
+	}
+	var errs field.ErrorList
+	name := field.NewPath("metadata", "name")
+	if len(rq.Name) > MaxNameLength {
+		errs = append(errs, field.TooLong(name, rq.Name, MaxNameLength))
+	}
+	for _, msg := range validation.IsDNS1035Label(rq.Name) {
+		errs = append(errs, field.Invalid(name, rq.Name, msg))
+	}
+	spec := field.NewPath("spec")
+	s := &rq.Spec
+	if s.Shards < 1 || s.Shards > MaxShards {
+		errs = append(errs, field.Invalid(spec.Child("shards"), s.Shards, fmt.Sprintf("must be between 1 and %d", MaxShards)))
+	}
+	errs = append(errs, durationBounds(spec.Child("window"), s.Window, true, MinWindow, MaxWindow)...)
+	errs = append(errs, durationBounds(spec.Child("verifyInterval"), s.VerifyInterval, true, MinVerifyInterval, MaxVerifyInterval)...)
+	errs = append(errs, durationBounds(spec.Child("leaseDuration"), s.LeaseDuration, false, MinLeaseDuration, MaxLeaseDuration)...)
+	for i, f := range s.Priority.Floors {
+		p := spec.Child("priority", "floors").Index(i).Child("cadence")
+		c := f.Cadence
+		errs = append(errs, durationBounds(p, &c, false, MinFloorCadence, MaxFloorCadence)...)
+		if c.Duration%time.Millisecond != 0 {
+			errs = append(errs, field.Invalid(p, c.Duration.String(), "must be whole milliseconds"))
+		}
+	}
+	ref := spec.Child("store", "secretRef")
+	for _, msg := range validation.IsDNS1123Subdomain(s.Store.SecretRef.Name) {
+		errs = append(errs, field.Invalid(ref.Child("name"), s.Store.SecretRef.Name, msg))
+	}
+	if key := s.Store.SecretRef.Key; key != "" {
+		for _, msg := range validation.IsConfigMapKey(key) {
+			errs = append(errs, field.Invalid(ref.Child("key"), key, msg))
+		}
+	}
+	for i, p := range s.ImagePullSecrets {
+		for _, msg := range validation.IsDNS1123Subdomain(p.Name) {
+			errs = append(errs, field.Invalid(spec.Child("imagePullSecrets").Index(i).Child("name"), p.Name, msg))
+		}
+	}
+	if strings.ContainsFunc(s.Image, isSpace) {
+		errs = append(errs, field.Invalid(spec.Child("image"), s.Image, "must not contain whitespace"))
+	}
+	return errs.ToAggregate()
+}
+
+// durationBounds checks d (unset is fine: the default applies) against [lo, hi], and 0 when
+// zeroOK.
+func durationBounds(p *field.Path, d *metav1.Duration, zeroOK bool, lo, hi time.Duration) field.ErrorList {
+	if d == nil || (zeroOK && d.Duration == 0) {
+		return nil
+	}
+	if d.Duration < lo || d.Duration > hi {
+		what := fmt.Sprintf("must be from %v to %v", lo, hi)
+		if zeroOK {
+			what = fmt.Sprintf("must be 0 or from %v to %v", lo, hi)
+		}
+		return field.ErrorList{field.Invalid(p, d.Duration.String(), what)}
+	}
+	return nil
+}
+
+func isSpace(r rune) bool {
+	switch r {
+	case ' ', '\t', '\n', '\r', '\v', '\f':
+		return true
+	}
+	return false
+}
