@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -206,10 +207,15 @@ func TestInstallYAML(t *testing.T) {
 	if got := m.get(t, keyOf(crd)); !equality.Semantic.DeepEqual(got.Object, crd.Object) {
 		t.Errorf("the CRD in %s differs from crd/bases (run `make manifests dist`)", m.path)
 	}
-	// So is the operator's ClusterRole.
-	role := readObject(t, filepath.Join("rbac", "role.yaml"))
-	if got := m.get(t, keyOf(role)); !equality.Semantic.DeepEqual(got.Object["rules"], role.Object["rules"]) {
-		t.Errorf("the ClusterRole in %s differs from rbac/role.yaml (run `make manifests dist`)", m.path)
+	// So are the operator's ClusterRole and leader election Role, each bound to the operator.
+	for _, role := range readManifest(t, filepath.Join("rbac", "role.yaml")).objs {
+		k := keyOf(role)
+		if got := m.get(t, k); !equality.Semantic.DeepEqual(got.Object["rules"], role.Object["rules"]) {
+			t.Errorf("the %s %s in %s differs from rbac/role.yaml (run `make manifests dist`)", k.Kind, k.Name, m.path)
+		}
+		if !boundToOperator(m, k) {
+			t.Errorf("%s: no binding gives the %s %s to the operator's ServiceAccount", m.path, k.Kind, k.Name)
+		}
 	}
 
 	c := operatorContainer(t, m)
@@ -245,6 +251,31 @@ func TestInstallYAML(t *testing.T) {
 			t.Errorf("Service %s selects %s=%s, which the operator's Pods (labels %v) do not carry", svcName, k, v, podLabels)
 		}
 	}
+}
+
+// boundToOperator reports whether a binding in m gives the role k to the operator's ServiceAccount.
+func boundToOperator(m manifest, k key) bool {
+	for _, o := range m.objs {
+		if o.GetKind() != "RoleBinding" && o.GetKind() != "ClusterRoleBinding" {
+			continue
+		}
+		if o.GetKind() == "RoleBinding" && o.GetNamespace() != k.Namespace && k.Kind == "Role" {
+			continue
+		}
+		kind, _, _ := unstructured.NestedString(o.Object, "roleRef", "kind")
+		name, _, _ := unstructured.NestedString(o.Object, "roleRef", "name")
+		if kind != k.Kind || name != k.Name {
+			continue
+		}
+		subjects, _, _ := unstructured.NestedSlice(o.Object, "subjects")
+		for _, s := range subjects {
+			s := s.(map[string]any)
+			if s["kind"] == "ServiceAccount" && s["name"] == operatorName && s["namespace"] == operatorNS {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // TestInstallWithoutMetricsAPI checks dist/install-without-metrics-api.yaml against
@@ -363,4 +394,108 @@ func TestInstallFilesApply(t *testing.T) {
 	if out := run("-n", operatorNS, "get", "deployment", operatorName, "-o", "jsonpath={.spec.template.spec.containers[0].args}"); !strings.Contains(out, "--metrics-api") {
 		t.Errorf("after applying install.yaml the operator's args are %s, without --metrics-api", out)
 	}
+}
+
+// kustomize renders the overlay dir with the kubectl of KUBEBUILDER_ASSETS (kubectl's built-in
+// kustomize; skipped without it).
+func kustomize(t *testing.T, dir string) manifest {
+	t.Helper()
+	assets := os.Getenv("KUBEBUILDER_ASSETS")
+	if assets == "" {
+		t.Skip("KUBEBUILDER_ASSETS is not set, so there is no kubectl to render config/ with: run `make test` or " +
+			"`export KUBEBUILDER_ASSETS=$(hack/setup-envtest.sh | tail -n 1)`")
+	}
+	out, err := exec.Command(filepath.Join(assets, "kubectl"), "kustomize", dir).Output()
+	if err != nil {
+		var exit *exec.ExitError
+		if errors.As(err, &exit) {
+			t.Fatalf("kubectl kustomize %s: %v\n%s", dir, err, exit.Stderr)
+		}
+		t.Fatalf("kubectl kustomize %s: %v", dir, err)
+	}
+	path := filepath.Join(t.TempDir(), "rendered.yaml")
+	if err := os.WriteFile(path, out, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	m := readManifest(t, path)
+	m.path = "config/" + dir
+	return m
+}
+
+// TestNamespacedOverlay checks config/namespaced against config/default: the same objects except
+// that the operator's ClusterRole is bound by one RoleBinding per namespace of --watch-namespaces
+// (and by no ClusterRoleBinding), and the operator gets that flag.
+func TestNamespacedOverlay(t *testing.T) {
+	def := kustomize(t, "default")
+	nsd := kustomize(t, "namespaced")
+
+	if o := nsd.byKey()[key{"ClusterRoleBinding", "", operatorName}]; o != nil {
+		t.Errorf("%s binds the operator's ClusterRole cluster-wide", nsd.path)
+	}
+	var watched []string
+	for _, a := range args(operatorContainer(t, nsd)) {
+		if v, ok := strings.CutPrefix(a, "--watch-namespaces="); ok {
+			watched = append(watched, strings.Split(v, ",")...)
+		}
+	}
+	if len(watched) == 0 {
+		t.Fatalf("%s: the operator has no --watch-namespaces", nsd.path)
+	}
+	bound := map[string]bool{}
+	for _, o := range nsd.objs {
+		kind, _, _ := unstructured.NestedString(o.Object, "roleRef", "kind")
+		name, _, _ := unstructured.NestedString(o.Object, "roleRef", "name")
+		if o.GetKind() == "RoleBinding" && kind == "ClusterRole" && name == operatorName {
+			if !boundToOperator(manifest{objs: []*unstructured.Unstructured{o}}, key{"ClusterRole", "", operatorName}) {
+				t.Errorf("RoleBinding %s/%s does not name the operator's ServiceAccount", o.GetNamespace(), o.GetName())
+			}
+			bound[o.GetNamespace()] = true
+		}
+	}
+	for _, ns := range watched {
+		if !bound[ns] {
+			t.Errorf("%s watches namespace %s but grants the operator nothing there (no RoleBinding to ClusterRole %s)", nsd.path, ns, operatorName)
+		}
+		delete(bound, ns)
+	}
+	for ns := range bound {
+		t.Errorf("%s grants the operator namespace %s, which it does not watch", nsd.path, ns)
+	}
+	if !boundToOperator(nsd, key{"Role", operatorNS, operatorName}) {
+		t.Errorf("%s: the leader election Role is not bound", nsd.path)
+	}
+
+	// everything else is config/default's
+	want := def.byKey()
+	delete(want, key{"ClusterRoleBinding", "", operatorName})
+	for k, o := range nsd.byKey() {
+		w := want[k]
+		switch {
+		case k.Kind == "RoleBinding" && watchedBinding(o):
+			continue
+		case w == nil:
+			t.Errorf("%s has %s %s/%s, which config/default does not", nsd.path, k.Kind, k.Namespace, k.Name)
+			continue
+		case k.Kind == "Deployment" && k.Name == operatorName:
+			o = o.DeepCopy()
+			c := operatorContainer(t, manifest{path: nsd.path, objs: []*unstructured.Unstructured{o}})
+			c["args"] = slices.DeleteFunc(c["args"].([]any), func(a any) bool {
+				return strings.HasPrefix(a.(string), "--watch-namespaces=")
+			})
+		}
+		if !equality.Semantic.DeepEqual(o.Object, w.Object) {
+			t.Errorf("%s %s/%s differs between config/default and config/namespaced", k.Kind, k.Namespace, k.Name)
+		}
+		delete(want, k)
+	}
+	for k := range want {
+		t.Errorf("%s lacks %s %s/%s of config/default", nsd.path, k.Kind, k.Namespace, k.Name)
+	}
+}
+
+// watchedBinding reports whether o binds the operator's ClusterRole in a namespace.
+func watchedBinding(o *unstructured.Unstructured) bool {
+	kind, _, _ := unstructured.NestedString(o.Object, "roleRef", "kind")
+	name, _, _ := unstructured.NestedString(o.Object, "roleRef", "name")
+	return kind == "ClusterRole" && name == operatorName
 }

@@ -22,16 +22,25 @@ func ChildSelector() labels.Selector {
 	return labels.NewSelector().Add(*req)
 }
 
-// CacheOptions scope the manager's cache to what the operator manages: of the child kinds (Pods,
-// Secrets, Services, ServiceAccounts, Roles, RoleBindings, PodDisruptionBudgets) only objects
-// labelled renderqueue.dev/queue are listed, watched and held, never every Pod or Secret of the
-// cluster; RenderQueues are held whole. The reconciler reads nothing else: the store Secret a
-// RenderQueue names is only referenced from the shard Pods, never read by the operator.
-func CacheOptions() cache.Options {
+// CacheOptions scope the manager's cache to what the operator manages: of the child kinds it
+// reads (Pods, Services, ServiceAccounts, Roles, RoleBindings, PodDisruptionBudgets) only
+// objects labelled renderqueue.dev/queue are listed, watched and held, never every Pod of the
+// cluster; RenderQueues are held whole. Secrets are not read at all: the token Secret is only
+// created, and the store Secret a RenderQueue names is only referenced from the shard Pods.
+//
+// namespaces, when given (--watch-namespaces), limits every cached kind to those namespaces, so
+// that the operator needs its RBAC only there; none means every namespace.
+func CacheOptions(namespaces ...string) cache.Options {
 	children := cache.ByObject{Label: ChildSelector()}
-	return cache.Options{ByObject: map[client.Object]cache.ByObject{
+	var defaults map[string]cache.Config
+	if len(namespaces) > 0 {
+		defaults = map[string]cache.Config{}
+		for _, ns := range namespaces {
+			defaults[ns] = cache.Config{}
+		}
+	}
+	return cache.Options{DefaultNamespaces: defaults, ByObject: map[client.Object]cache.ByObject{
 		&corev1.Pod{}:                   children,
-		&corev1.Secret{}:                children,
 		&corev1.Service{}:               children,
 		&corev1.ServiceAccount{}:        children,
 		&rbacv1.Role{}:                  children,

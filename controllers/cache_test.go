@@ -15,7 +15,7 @@ import (
 )
 
 var _ = Describe("The operator's cache", func() {
-	It("holds the RenderQueue's children, not unlabelled Pods and Secrets such as the store Secret", func() {
+	It("holds the RenderQueue's children, not unlabelled Pods; and the operator reads no Secret at all", func() {
 		rq, _ := newQueue("cached", 1, 1)
 		ns := rq.Namespace
 		// the store Secret the RenderQueue names, and someone else's Pod, both unlabelled
@@ -25,36 +25,39 @@ var _ = Describe("The operator's cache", func() {
 		other := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "other", Namespace: ns},
 			Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "busybox"}}}}
 		Expect(k8sClient.Create(suiteCtx, other)).To(Succeed())
-		// labelled objects created after them: once the cache holds these, it has seen the
-		// unlabelled ones too if it were to hold them
-		sentinelSecret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "sentinel", Namespace: ns,
-			Labels: map[string]string{rqv1.LabelQueue: "none"}}}
-		Expect(k8sClient.Create(suiteCtx, sentinelSecret)).To(Succeed())
+		// a labelled Pod created after them: once the cache holds it, it has seen the
+		// unlabelled one too if it were to hold it
 		sentinelPod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "sentinel", Namespace: ns,
 			Labels: map[string]string{rqv1.LabelQueue: "none"}},
 			Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "busybox"}}}}
 		Expect(k8sClient.Create(suiteCtx, sentinelPod)).To(Succeed())
 
 		Eventually(func(g Gomega) {
-			g.Expect(mgrCache.Get(suiteCtx, client.ObjectKeyFromObject(sentinelSecret), &corev1.Secret{})).To(Succeed())
 			g.Expect(mgrCache.Get(suiteCtx, client.ObjectKeyFromObject(sentinelPod), &corev1.Pod{})).To(Succeed())
 			// the operator's own children are there
-			g.Expect(mgrCache.Get(suiteCtx, client.ObjectKey{Namespace: ns, Name: TokenSecretName(rq)}, &corev1.Secret{})).To(Succeed())
 			g.Expect(mgrCache.Get(suiteCtx, client.ObjectKey{Namespace: ns, Name: rqv1.ShardName(rq.Name, 0)}, &corev1.Pod{})).To(Succeed())
 		}).Should(Succeed())
 
-		err := mgrCache.Get(suiteCtx, client.ObjectKeyFromObject(store), &corev1.Secret{})
-		Expect(apierrors.IsNotFound(err)).To(BeTrue(), "the unlabelled store Secret is in the operator's cache (err %v)", err)
-		err = mgrCache.Get(suiteCtx, client.ObjectKeyFromObject(other), &corev1.Pod{})
+		err := mgrCache.Get(suiteCtx, client.ObjectKeyFromObject(other), &corev1.Pod{})
 		Expect(apierrors.IsNotFound(err)).To(BeTrue(), "an unlabelled Pod is in the operator's cache (err %v)", err)
-
-		var secrets corev1.SecretList
-		Expect(mgrCache.List(suiteCtx, &secrets, client.InNamespace(ns))).To(Succeed())
 		var pods corev1.PodList
 		Expect(mgrCache.List(suiteCtx, &pods, client.InNamespace(ns))).To(Succeed())
-		for _, o := range append(objectsOf(secrets.Items), objectsOf(pods.Items)...) {
+		for _, o := range objectsOf(pods.Items) {
 			Expect(o.GetLabels()).To(HaveKey(rqv1.LabelQueue), "%s in the cache has no %s label", o.GetName(), rqv1.LabelQueue)
 		}
+
+		By("the token Secret exists, created by an operator that may not read Secrets")
+		var token corev1.Secret
+		Expect(k8sClient.Get(suiteCtx, client.ObjectKey{Namespace: ns, Name: TokenSecretName(rq)}, &token)).To(Succeed())
+		Expect(ownedBy(&token, rq)).To(BeTrue())
+		operator, err := client.New(operatorCfg, client.Options{Scheme: k8sClient.Scheme()})
+		Expect(err).NotTo(HaveOccurred())
+		for _, name := range []string{store.Name, token.Name} {
+			err = operator.Get(suiteCtx, client.ObjectKey{Namespace: ns, Name: name}, &corev1.Secret{})
+			Expect(apierrors.IsForbidden(err)).To(BeTrue(), "the operator's credentials read the Secret %s (err %v)", name, err)
+		}
+		err = operator.List(suiteCtx, &corev1.SecretList{}, client.InNamespace(ns))
+		Expect(apierrors.IsForbidden(err)).To(BeTrue(), "the operator's credentials list Secrets (err %v)", err)
 	})
 })
 

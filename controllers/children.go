@@ -11,7 +11,6 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
@@ -20,13 +19,10 @@ import (
 	rqv1 "github.com/renderqueue/renderqueue/api/v1alpha1"
 )
 
-// reconcileChildren makes sure the companions of the shard Pods exist and are current: the API
-// token Secret (created once, never rewritten), the shard ServiceAccount with a Role reading only
-// this RenderQueue, the headless Service and the PodDisruptionBudget. Every one is owned by rq.
+// reconcileChildren makes sure the companions of the shard Pods exist and are current: the shard
+// ServiceAccount with a Role reading only this RenderQueue, the headless Service and the
+// PodDisruptionBudget. Every one is owned by rq. (The API token Secret is ensureTokenSecret's.)
 func (r *RenderQueueReconciler) reconcileChildren(ctx context.Context, rq *rqv1.RenderQueue) error {
-	if err := r.reconcileTokenSecret(ctx, rq); err != nil {
-		return err
-	}
 	var steps []childStep
 	sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: ShardServiceAccountName(rq), Namespace: rq.Namespace}}
 	steps = append(steps, childStep{"shard ServiceAccount", sa, func() error {
@@ -127,19 +123,25 @@ type childStep struct {
 	set  func() error
 }
 
-// reconcileTokenSecret creates the API token Secret with a random token when it does not exist.
-// An existing Secret is never rewritten, so the token is not rotated by accident; an operator
-// rotates it by deleting the Secret (and restarting the shards).
-func (r *RenderQueueReconciler) reconcileTokenSecret(ctx context.Context, rq *rqv1.RenderQueue) error {
-	name := TokenSecretName(rq)
-	var existing corev1.Secret
-	err := r.Get(ctx, types.NamespacedName{Namespace: rq.Namespace, Name: name}, &existing)
-	if err == nil {
+// ensureTokenSecret creates the API token Secret with a random token unless it exists. The
+// operator may create Secrets but not read them (RBAC cannot grant reading only the Secrets it
+// labels), so it never looks: a creation the API server refuses as AlreadyExists means the Secret
+// is there, and an existing Secret is never rewritten, so the token is not rotated by accident
+// (an operator rotates it by deleting the Secret and the shard Pods). It tries once per
+// RenderQueue and process, and again before creating any shard Pod, so a deleted Secret is
+// recreated before a Pod that mounts it.
+func (r *RenderQueueReconciler) ensureTokenSecret(ctx context.Context, rq *rqv1.RenderQueue, keep []string, pods map[string]*corev1.Pod) error {
+	missingPod := false
+	for _, name := range keep {
+		if pods[name] == nil {
+			missingPod = true
+			break
+		}
+	}
+	if _, known := r.tokens.Load(rq.UID); known && !missingPod {
 		return nil
 	}
-	if !apierrors.IsNotFound(err) {
-		return fmt.Errorf("reading the token Secret %s: %w", name, err)
-	}
+	name := TokenSecretName(rq)
 	token, err := randomToken()
 	if err != nil {
 		return err
@@ -152,13 +154,15 @@ func (r *RenderQueueReconciler) reconcileTokenSecret(ctx context.Context, rq *rq
 	if err := controllerutil.SetControllerReference(rq, secret, r.Scheme); err != nil {
 		return fmt.Errorf("owning the token Secret %s: %w", name, err)
 	}
-	if err := r.Create(ctx, secret); err != nil {
-		if apierrors.IsAlreadyExists(err) {
-			return nil // created meanwhile (a stale cache); it is kept as it is
-		}
+	switch err := r.Create(ctx, secret); {
+	case err == nil:
+		log.FromContext(ctx).Info("Created the API token Secret", "secret", name)
+	case apierrors.IsAlreadyExists(err):
+		// there already; kept as it is
+	default:
 		return fmt.Errorf("creating the token Secret %s: %w", name, err)
 	}
-	log.FromContext(ctx).Info("Created the API token Secret", "secret", name)
+	r.tokens.Store(rq.UID, struct{}{})
 	return nil
 }
 

@@ -69,11 +69,15 @@ func shardsToKeep(rq *rqv1.RenderQueue, persisted membership.Assignment) []strin
 
 // reconcilePods creates the missing shard Pods of keep (recreating deleted ones under the same
 // name) and deletes shard Pods not in keep (surplus shards whose slots have moved off). It
-// updates pods to match.
+// updates pods to match. A Pod the API server refuses (refusedByAPIServer: a missing
+// PriorityClass, a quota, an admission policy) does not stop the others, nor the poll and the
+// status after it: it is returned as the ShardPodRefused blocker, which the Reconciled condition
+// and its event show. Other errors (the API server not answering) are returned.
 func (r *RenderQueueReconciler) reconcilePods(ctx context.Context, rq *rqv1.RenderQueue, keep []string,
-	pods map[string]*corev1.Pod, hash string) ([]pendingEvent, error) {
+	pods map[string]*corev1.Pod, hash string) ([]pendingEvent, *blocker, error) {
 	logger := log.FromContext(ctx)
 	var events []pendingEvent
+	var refused []string
 	wanted := map[string]bool{}
 	for _, name := range keep {
 		wanted[name] = true
@@ -82,13 +86,18 @@ func (r *RenderQueueReconciler) reconcilePods(ctx context.Context, rq *rqv1.Rend
 		}
 		pod := desiredShardPod(rq, r.KeeperImage, name, hash)
 		if err := controllerutil.SetControllerReference(rq, pod, r.Scheme); err != nil {
-			return events, fmt.Errorf("owning the shard Pod %s: %w", name, err)
+			return events, nil, fmt.Errorf("owning the shard Pod %s: %w", name, err)
 		}
 		if err := r.Create(ctx, pod); err != nil {
 			if apierrors.IsAlreadyExists(err) {
 				continue // the cache has not seen it yet
 			}
-			return events, fmt.Errorf("creating the shard Pod %s: %w", name, err)
+			if refusedByAPIServer(err) {
+				logger.Info("The API server refused a shard Pod", "pod", name, "error", err.Error())
+				refused = append(refused, fmt.Sprintf("shard Pod %s: %v", name, err))
+				continue
+			}
+			return events, nil, fmt.Errorf("creating the shard Pod %s: %w", name, err)
 		}
 		logger.Info("Created shard Pod", "pod", name)
 		pods[name] = pod
@@ -100,14 +109,21 @@ func (r *RenderQueueReconciler) reconcilePods(ctx context.Context, rq *rqv1.Rend
 			continue
 		}
 		if err := r.deletePod(ctx, pod); err != nil {
-			return events, err
+			return events, nil, err
 		}
 		logger.Info("Deleted surplus shard Pod", "pod", name)
 		delete(pods, name)
 		events = append(events, pendingEvent{Type: corev1.EventTypeNormal, Reason: EventShardRemoved, Action: "Delete",
 			Message: fmt.Sprintf("deleted shard Pod %s: it is beyond spec.shards and owns no slots", name), Related: pod})
 	}
-	return events, nil
+	if len(refused) > 0 {
+		msg := "the API server refused " + strings.Join(refused, "; ")
+		if len(refused) > 1 {
+			msg = fmt.Sprintf("the API server refused %d shard Pods: %s", len(refused), strings.Join(refused, "; "))
+		}
+		return events, &blocker{Reason: rqv1.ReasonShardPodRefused, Message: msg}, nil
+	}
+	return events, nil, nil
 }
 
 // deletePod deletes pod, only if it is still the Pod the caller saw (UID precondition), so a stale

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -61,6 +62,14 @@ type RenderQueueReconciler struct {
 	Now func() time.Time
 	// Metrics counts the handoffs of each RenderQueue; nil counts nothing.
 	Metrics *Metrics
+	// AllowedImages are the keeper images the operator runs besides KeeperImage; the zero value
+	// allows any. A RenderQueue whose spec.image it does not allow gets no Pods and the condition
+	// Reconciled=False, reason ImageNotAllowed.
+	AllowedImages ImageAllowlist
+
+	// tokens holds the UIDs of the RenderQueues whose API token Secret this process has created
+	// or found (see ensureTokenSecret).
+	tokens sync.Map
 }
 
 func (r *RenderQueueReconciler) pollInterval() time.Duration {
@@ -98,27 +107,39 @@ func (r *RenderQueueReconciler) now() time.Time {
 	return time.Now()
 }
 
-// +kubebuilder:rbac:groups=renderqueue.dev,resources=renderqueues,verbs=get;list;watch;update;patch
-// +kubebuilder:rbac:groups=renderqueue.dev,resources=renderqueues/status,verbs=get;update;patch
+// The operator's RBAC (config/rbac/role.yaml, generated from these markers; docs/security.md
+// says why each rule is there). Everything below is namespaced: the ClusterRole is bound
+// cluster-wide by default, or per namespace with --watch-namespaces (config/namespaced). Secrets
+// are only created (the token Secret), never read: RBAC cannot grant reading by label, and the
+// operator needs no Secret's content. Leader election's Lease is in the operator's own
+// namespace only.
+//
+// +kubebuilder:rbac:groups=renderqueue.dev,resources=renderqueues,verbs=get;list;watch
+// +kubebuilder:rbac:groups=renderqueue.dev,resources=renderqueues/status,verbs=get;patch
 // +kubebuilder:rbac:groups=renderqueue.dev,resources=renderqueues/finalizers,verbs=update
 // +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch;create;delete
-// +kubebuilder:rbac:groups="",resources=services;serviceaccounts;secrets,verbs=get;list;watch;create;update;patch
-// +kubebuilder:rbac:groups=policy,resources=poddisruptionbudgets,verbs=get;list;watch;create;update;patch
-// +kubebuilder:rbac:groups=rbac.authorization.k8s.io,resources=roles;rolebindings,verbs=get;list;watch;create;update;patch
+// +kubebuilder:rbac:groups="",resources=secrets,verbs=create
+// +kubebuilder:rbac:groups="",resources=services;serviceaccounts,verbs=get;list;watch;create;update
+// +kubebuilder:rbac:groups=policy,resources=poddisruptionbudgets,verbs=get;list;watch;create;update
+// +kubebuilder:rbac:groups=rbac.authorization.k8s.io,resources=roles;rolebindings,verbs=get;list;watch;create;update
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
-// +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
-// +kubebuilder:rbac:groups=coordination.k8s.io,resources=leases,verbs=get;list;watch;create;update;patch;delete
+// +kubebuilder:rbac:groups=coordination.k8s.io,namespace=renderqueue-system,resources=leases,verbs=get;create;update
 
 // Reconcile brings one RenderQueue's children, shard Pods and slot membership towards its spec
 // and writes what its shards report into its status. The steps, in order:
 //
-//  1. children: token Secret, ServiceAccount/Role/RoleBinding, headless Service, PDB;
-//  2. Pods: create missing shard Pods (the target shards and every shard the persisted
-//     assignment gives slots to), delete surplus ones that own no slots;
-//  3. poll every shard's /v1/status in parallel;
-//  4. membership: first assignment, handoff steps, new rebalances;
-//  5. rolling replacement of outdated Pods, one at a time, while the membership is settled;
-//  6. status and conditions, patched only when they changed; then the events.
+//  1. what stops it: a spec that does not decode or breaks the API's rules, an image the
+//     operator does not run (Reconciled=False; steps 2, 3, 5 and 6 are skipped, the existing
+//     shards are still polled);
+//  2. children: ServiceAccount/Role/RoleBinding, headless Service, PDB (a name taken by an
+//     object the operator does not manage is a ChildConflict: as in 1);
+//  3. Pods: create missing shard Pods (the target shards and every shard the persisted
+//     assignment gives slots to) and, before that, the API token Secret; delete surplus ones that
+//     own no slots. A Pod the API server refuses is ShardPodRefused; the rest goes on;
+//  4. poll every shard's /v1/status in parallel;
+//  5. membership: first assignment, handoff steps, new rebalances;
+//  6. rolling replacement of outdated Pods, one at a time, while the membership is settled;
+//  7. status and conditions, patched only when they changed; then the events.
 //
 // It requeues after the poll interval to poll again.
 func (r *RenderQueueReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
@@ -132,32 +153,48 @@ func (r *RenderQueueReconciler) Reconcile(ctx context.Context, req ctrl.Request)
 		return ctrl.Result{}, fmt.Errorf("reading RenderQueue %s: %w", req.NamespacedName, err)
 	}
 	if rq.DeletionTimestamp != nil {
+		r.tokens.Delete(rq.UID)
 		return ctrl.Result{}, nil // the garbage collector removes the children
 	}
 	now := r.now().Truncate(time.Second) // the API server stores times to the second
 	r.Metrics.track(rq.Namespace, rq.Name)
 
-	if err := r.reconcileChildren(ctx, &rq); err != nil {
-		var conflict *childConflictError
-		if errors.As(err, &conflict) {
-			r.emit(&rq, []pendingEvent{{Type: corev1.EventTypeWarning, Reason: EventChildConflict, Action: "Create", Message: conflict.Error()}})
-		}
-		return ctrl.Result{}, err
-	}
 	persisted, err := assignmentFromStatus(rq.Status.Membership)
 	if err != nil {
 		return ctrl.Result{}, err
 	}
-	hash := podTemplateHash(&rq, r.KeeperImage)
+	blocked := r.specBlocker(&rq)
+	if blocked == nil {
+		if err := r.reconcileChildren(ctx, &rq); err != nil {
+			var conflict *childConflictError
+			if !errors.As(err, &conflict) {
+				return ctrl.Result{}, err
+			}
+			blocked = &blocker{Reason: rqv1.ReasonChildConflict, Message: conflict.Error()}
+		}
+	}
 	pods, err := r.listShardPods(ctx, &rq)
 	if err != nil {
 		return ctrl.Result{}, err
 	}
-	keep := shardsToKeep(&rq, persisted)
-	podEvents, err := r.reconcilePods(ctx, &rq, keep, pods, hash)
-	r.emit(&rq, podEvents)
-	if err != nil {
-		return ctrl.Result{}, err
+	hash := podTemplateHash(&rq, r.KeeperImage)
+	var keep []string
+	if blocked != nil {
+		// only the shards that exist: nothing is created for a spec the operator cannot act on
+		keep = persisted.Shards()
+		sortShards(&rq, keep)
+		logger.V(1).Info("Not reconciling the shards", "reason", blocked.Reason, "message", blocked.Message)
+	} else {
+		keep = shardsToKeep(&rq, persisted)
+		if err := r.ensureTokenSecret(ctx, &rq, keep, pods); err != nil {
+			return ctrl.Result{}, err
+		}
+		podEvents, refused, err := r.reconcilePods(ctx, &rq, keep, pods, hash)
+		r.emit(&rq, podEvents)
+		if err != nil {
+			return ctrl.Result{}, err
+		}
+		blocked = refused
 	}
 
 	hc := r.HTTPClient
@@ -175,22 +212,26 @@ func (r *RenderQueueReconciler) Reconcile(ctx context.Context, req ctrl.Request)
 	}
 
 	next := rq.Status.DeepCopy()
-	mstep, err := r.reconcileMembership(ctx, &rq, next, reports, pods, now)
-	if err != nil {
-		return ctrl.Result{}, err
-	}
-	prog := mstep.Progress
-	settled := next.Membership.Handoff == nil || next.Membership.Handoff.State != rqv1.HandoffPreparing
-	if prog == nil && settled && rq.Status.Membership.Phase == next.Membership.Phase {
-		rstep, err := r.reconcileRollingUpdate(ctx, &rq, keep, pods, byName, hash)
-		r.emit(&rq, rstep.Events)
+	var mstep membershipStep
+	var prog *progress
+	if blocked == nil || blocked.Reason == rqv1.ReasonShardPodRefused {
+		mstep, err = r.reconcileMembership(ctx, &rq, next, reports, pods, now)
 		if err != nil {
 			return ctrl.Result{}, err
 		}
-		prog = rstep.Progress
+		prog = mstep.Progress
+		settled := next.Membership.Handoff == nil || next.Membership.Handoff.State != rqv1.HandoffPreparing
+		if prog == nil && settled && rq.Status.Membership.Phase == next.Membership.Phase {
+			rstep, err := r.reconcileRollingUpdate(ctx, &rq, keep, pods, byName, hash)
+			r.emit(&rq, rstep.Events)
+			if err != nil {
+				return ctrl.Result{}, err
+			}
+			prog = rstep.Progress
+		}
 	}
 
-	if err := computeStatus(&rq, next, statusInputs{reports: reports, progress: prog, now: now}); err != nil {
+	if err := computeStatus(&rq, next, statusInputs{reports: reports, progress: prog, blocked: blocked, now: now}); err != nil {
 		return ctrl.Result{}, err
 	}
 	prev := rq.Status.DeepCopy()
@@ -227,13 +268,13 @@ func (r *RenderQueueReconciler) emit(rq *rqv1.RenderQueue, evs []pendingEvent) {
 }
 
 // SetupWithManager registers the reconciler with mgr: it watches RenderQueues (spec changes,
-// including the scale subresource) and every child kind it owns.
+// including the scale subresource) and every child kind it owns except the token Secret, which
+// it only creates (it may not read Secrets; see ensureTokenSecret).
 func (r *RenderQueueReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	return ctrl.NewControllerManagedBy(mgr).
 		For(&rqv1.RenderQueue{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		Owns(&corev1.Pod{}).
 		Owns(&corev1.Service{}).
-		Owns(&corev1.Secret{}).
 		Owns(&corev1.ServiceAccount{}).
 		Owns(&rbacv1.Role{}).
 		Owns(&rbacv1.RoleBinding{}).

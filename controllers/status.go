@@ -161,7 +161,10 @@ func slotCounts(field string, m map[string]int, within membership.SlotSet) (map[
 type statusInputs struct {
 	reports  []shardReport
 	progress *progress
-	now      time.Time
+	// blocked is what stops the operator from acting on the spec (the Reconciled condition);
+	// nil when nothing does.
+	blocked *blocker
+	now     time.Time
 }
 
 // computeStatus fills next (already carrying the membership step's result) with the shards,
@@ -221,6 +224,7 @@ func computeStatus(rq *rqv1.RenderQueue, next *rqv1.RenderQueueStatus, in status
 	setCondition(next, rq.Generation, in.now, rqv1.ConditionEdgeHealthy, edgeCondition(shards))
 	setCondition(next, rq.Generation, in.now, rqv1.ConditionWalksComplete, walksCondition(shards))
 	setCondition(next, rq.Generation, in.now, rqv1.ConditionProgressing, progressingCondition(in.progress, shards, epoch))
+	setCondition(next, rq.Generation, in.now, rqv1.ConditionReconciled, reconciledCondition(in.blocked))
 	return nil
 }
 
@@ -236,12 +240,13 @@ func setCondition(st *rqv1.RenderQueueStatus, generation int64, now time.Time, t
 }
 
 // transitionEvents returns the events an operator must notice in the change from prev to next:
-// a condition turning bad (EdgeLagging, PartialWalk, WalkFailed) or recovering, and a shard
-// becoming unreachable or reachable again. Nothing when nothing changed, so a steady state emits
+// a condition turning bad (EdgeLagging, PartialWalk, WalkFailed; InvalidSpec, ImageNotAllowed,
+// ChildConflict, ShardPodRefused) or recovering, and a shard becoming unreachable or reachable
+// again. Nothing when nothing changed, so a steady state emits
 // nothing on later polls.
 func transitionEvents(prev, next *rqv1.RenderQueueStatus, pods map[string]*corev1.Pod) []pendingEvent {
 	var out []pendingEvent
-	for _, typ := range []string{rqv1.ConditionEdgeHealthy, rqv1.ConditionWalksComplete} {
+	for _, typ := range []string{rqv1.ConditionEdgeHealthy, rqv1.ConditionWalksComplete, rqv1.ConditionReconciled} {
 		n := meta.FindStatusCondition(next.Conditions, typ)
 		if n == nil || n.Status == metav1.ConditionUnknown {
 			continue

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -16,7 +17,9 @@ import (
 	. "github.com/onsi/gomega"
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
@@ -26,6 +29,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+	"sigs.k8s.io/yaml"
 
 	rqv1 "github.com/renderqueue/renderqueue/api/v1alpha1"
 )
@@ -38,15 +42,21 @@ const (
 	testRebalanceTimeout = 10 * time.Second
 	testRetryAfter       = time.Minute
 	testImage            = "registry.example/renderqueue:v1"
+	// testAllowedImages is the reconciler's --allowed-images.
+	testAllowedImages = "registry.example/renderqueue:*"
+	// operatorUserName is the user the reconciler runs as.
+	operatorUserName = "renderqueue-operator"
 )
 
 var (
-	testEnv   *envtest.Environment
-	cfg       *rest.Config
-	k8sClient client.Client
-	suiteCtx  context.Context
-	fakes     *fakeRegistry
-	kubelet   *fakeKubelet
+	testEnv *envtest.Environment
+	cfg     *rest.Config
+	// operatorCfg is the reconciler's: the user operatorUserName, with the operator's RBAC.
+	operatorCfg *rest.Config
+	k8sClient   client.Client
+	suiteCtx    context.Context
+	fakes       *fakeRegistry
+	kubelet     *fakeKubelet
 	// mgrCache is the reconciler's cache (what it reads through its client).
 	mgrCache cache.Cache
 	// testMetrics holds the reconciler's metrics (NewMetrics, NewQueueCollector).
@@ -182,7 +192,10 @@ var _ = BeforeSuite(func() {
 	fakes = &fakeRegistry{shards: map[string]*fakeShard{}}
 	kubelet = &fakeKubelet{c: k8sClient}
 
-	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
+	// The reconciler runs as a user holding exactly the operator's RBAC (config/rbac/role.yaml,
+	// bound cluster-wide as config/rbac does), so every test also shows that RBAC is enough.
+	operatorCfg = operatorUser(filepath.Join("..", "config", "rbac", "role.yaml"))
+	mgr, err := ctrl.NewManager(operatorCfg, ctrl.Options{
 		Scheme:  scheme,
 		Cache:   CacheOptions(), // as the operator runs it
 		Metrics: metricsserver.Options{BindAddress: "0"},
@@ -200,6 +213,8 @@ var _ = BeforeSuite(func() {
 		RebalanceRetryAfter: testRetryAfter,
 		ResolveShardURL:     fakes.resolve,
 	}
+	rec.AllowedImages, err = ParseImageAllowlist([]string{testAllowedImages})
+	Expect(err).NotTo(HaveOccurred())
 	testMetrics = prometheus.NewPedanticRegistry()
 	rec.Metrics, err = NewMetrics(testMetrics)
 	Expect(err).NotTo(HaveOccurred())
@@ -220,6 +235,40 @@ var _ = BeforeSuite(func() {
 		Expect(testEnv.Stop()).To(Succeed())
 	})
 })
+
+// operatorUser creates the objects of the RBAC manifest rolePath (the operator's ClusterRole and
+// its leader-election Role), binds the ClusterRole cluster-wide to the user operatorUserName
+// (and the Role in its namespace) and returns that user's client configuration.
+func operatorUser(rolePath string) *rest.Config {
+	GinkgoHelper()
+	data, err := os.ReadFile(rolePath)
+	Expect(err).NotTo(HaveOccurred())
+	subjects := []rbacv1.Subject{{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: operatorUserName}}
+	for _, doc := range strings.Split(string(data), "\n---") {
+		if strings.TrimSpace(strings.Trim(doc, "-")) == "" {
+			continue
+		}
+		var u unstructured.Unstructured
+		Expect(yaml.Unmarshal([]byte(doc), &u.Object)).To(Succeed())
+		if ns := u.GetNamespace(); ns != "" {
+			Expect(client.IgnoreAlreadyExists(k8sClient.Create(suiteCtx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}))).To(Succeed())
+		}
+		Expect(k8sClient.Create(suiteCtx, &u)).To(Succeed())
+		ref := rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: u.GetKind(), Name: u.GetName()}
+		meta := metav1.ObjectMeta{Name: u.GetName(), Namespace: u.GetNamespace()}
+		switch u.GetKind() {
+		case "ClusterRole":
+			Expect(k8sClient.Create(suiteCtx, &rbacv1.ClusterRoleBinding{ObjectMeta: meta, RoleRef: ref, Subjects: subjects})).To(Succeed())
+		case "Role":
+			Expect(k8sClient.Create(suiteCtx, &rbacv1.RoleBinding{ObjectMeta: meta, RoleRef: ref, Subjects: subjects})).To(Succeed())
+		default:
+			Fail(fmt.Sprintf("%s holds a %s", rolePath, u.GetKind()))
+		}
+	}
+	user, err := testEnv.AddUser(envtest.User{Name: operatorUserName}, nil)
+	Expect(err).NotTo(HaveOccurred())
+	return user.Config()
+}
 
 func readAll(r io.Reader) string {
 	b, err := io.ReadAll(r)

@@ -14,6 +14,12 @@ const (
 	// ConditionProgressing is True while the operator is changing the shards (Rebalancing,
 	// Loading, RollingUpdate), False (Settled) otherwise.
 	ConditionProgressing = "Progressing"
+	// ConditionReconciled is True (ReconcileSucceeded) when the operator can make the shards
+	// what the spec asks; False names what stops it: InvalidSpec, ImageNotAllowed,
+	// ChildConflict (nothing is created or replaced; the existing shards keep running and are
+	// still polled) or ShardPodRefused (the API server refused a shard Pod; everything else
+	// goes on).
+	ConditionReconciled = "Reconciled"
 )
 
 // Condition reasons (CamelCase, as Kubernetes conventions ask).
@@ -52,6 +58,20 @@ const (
 	ReasonLoading = "Loading"
 	// ReasonRollingUpdate: shard Pods are being replaced one at a time.
 	ReasonRollingUpdate = "RollingUpdate"
+	// ReasonReconcileSucceeded: Reconciled is True.
+	ReasonReconcileSucceeded = "ReconcileSucceeded"
+	// ReasonInvalidSpec: Reconciled is False: the object does not decode or breaks a rule of the
+	// API (stored before the rule); the message names the field.
+	ReasonInvalidSpec = "InvalidSpec"
+	// ReasonImageNotAllowed: Reconciled is False: spec.image is not among the operator's
+	// --allowed-images.
+	ReasonImageNotAllowed = "ImageNotAllowed"
+	// ReasonChildConflict: Reconciled is False: a child's name is taken by an object the
+	// operator does not manage.
+	ReasonChildConflict = "ChildConflict"
+	// ReasonShardPodRefused: Reconciled is False: the API server refused to create a shard Pod
+	// (a missing PriorityClass, a quota, an admission policy); the message quotes it.
+	ReasonShardPodRefused = "ShardPodRefused"
 )
 
 // Labels set on every child object of a RenderQueue.

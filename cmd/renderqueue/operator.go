@@ -9,11 +9,13 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/validation"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -91,6 +93,8 @@ type operatorOptions struct {
 	rebalanceTimeout    time.Duration
 	rebalanceRetryAfter time.Duration
 	verbose             bool
+	watchNamespaces     []string
+	allowedImages       []string
 }
 
 // runOperator is `renderqueue operator`: the controller-runtime manager running the RenderQueue
@@ -117,6 +121,12 @@ func runOperator(ctx context.Context, args []string, _, stderr io.Writer) error 
 	fs.DurationVar(&o.rebalanceRetryAfter, "rebalance-retry-after", controllers.DefaultRebalanceRetryAfter,
 		"pause after a rolled back rebalance before it is tried again")
 	fs.BoolVar(&o.verbose, "v", false, "log reconcile details")
+	fs.Func("watch-namespaces", "comma-separated namespaces whose RenderQueues the operator reconciles and where it reads and "+
+		"creates their children; its RBAC is then needed only there (config/namespaced). Default: every namespace",
+		func(v string) error { o.watchNamespaces = append(o.watchNamespaces, splitList(v)...); return nil })
+	fs.Func("allowed-images", "comma-separated keeper images a RenderQueue's spec.image may name: an image reference, or a "+
+		"prefix ending in /*, :* or @*; the operator's own --keeper-image is always allowed. Default: any image",
+		func(v string) error { o.allowedImages = append(o.allowedImages, splitList(v)...); return nil })
 	exts := operatorExtensions()
 	for _, e := range exts {
 		e.Flags(fs)
@@ -132,6 +142,15 @@ func runOperator(ctx context.Context, args []string, _, stderr io.Writer) error 
 	}
 	if o.pollInterval <= 0 || o.pollTimeout <= 0 || o.rebalanceTimeout <= 0 || o.rebalanceRetryAfter <= 0 {
 		return errors.New("--shard-poll-interval, --shard-poll-timeout, --rebalance-timeout and --rebalance-retry-after must be positive")
+	}
+	for _, ns := range o.watchNamespaces {
+		if errs := validation.IsDNS1123Label(ns); len(errs) > 0 {
+			return fmt.Errorf("--watch-namespaces: %q is not a namespace name: %s", ns, strings.Join(errs, "; "))
+		}
+	}
+	allowed, err := controllers.ParseImageAllowlist(o.allowedImages)
+	if err != nil {
+		return fmt.Errorf("--allowed-images: %w", err)
 	}
 
 	level := slog.LevelInfo
@@ -154,7 +173,7 @@ func runOperator(ctx context.Context, args []string, _, stderr io.Writer) error 
 	}
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:                  scheme,
-		Cache:                   controllers.CacheOptions(),
+		Cache:                   controllers.CacheOptions(o.watchNamespaces...),
 		Metrics:                 metricsserver.Options{BindAddress: o.metricsAddr, SecureServing: o.metricsSecure, CertDir: o.metricsCertDir},
 		HealthProbeBindAddress:  o.probeAddr,
 		LeaderElection:          o.leaderElect,
@@ -179,6 +198,7 @@ func runOperator(ctx context.Context, args []string, _, stderr io.Writer) error 
 		RebalanceTimeout:    o.rebalanceTimeout,
 		RebalanceRetryAfter: o.rebalanceRetryAfter,
 		Metrics:             handoffs,
+		AllowedImages:       allowed,
 	}
 	if err := rec.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the RenderQueue controller: %w", err)
@@ -195,7 +215,8 @@ func runOperator(ctx context.Context, args []string, _, stderr io.Writer) error 
 		return fmt.Errorf("adding the readiness check: %w", err)
 	}
 	log.Info("Operator starting", "keeperImage", o.keeperImage, "leaderElect", o.leaderElect,
-		"shardPollInterval", o.pollInterval, "rebalanceTimeout", o.rebalanceTimeout)
+		"shardPollInterval", o.pollInterval, "rebalanceTimeout", o.rebalanceTimeout,
+		"watchNamespaces", o.watchNamespaces, "allowedImages", allowed.String())
 	if err := mgr.Start(ctx); err != nil {
 		return fmt.Errorf("running the manager: %w", err)
 	}
@@ -237,6 +258,17 @@ func setupOperatorMetrics(mgr ctrl.Manager, reg prometheus.Registerer, log logr.
 		return nil, fmt.Errorf("serving the scaler endpoint: %w", err)
 	}
 	return handoffs, nil
+}
+
+// splitList splits a comma-separated flag value, dropping empty entries.
+func splitList(v string) []string {
+	var out []string
+	for _, e := range strings.Split(v, ",") {
+		if e = strings.TrimSpace(e); e != "" {
+			out = append(out, e)
+		}
+	}
+	return out
 }
 
 // restConfig loads the Kubernetes client configuration: the kubeconfig file when given, else

@@ -200,11 +200,12 @@ var goodWhenTrue = map[string]bool{
 	rqv1.ConditionEdgeHealthy:   true,
 	rqv1.ConditionWalksComplete: true,
 	rqv1.ConditionProgressing:   false,
+	rqv1.ConditionReconciled:    true,
 }
 
 // conditionOrder is the order conditions are shown in; others follow by type.
 var conditionOrder = []string{rqv1.ConditionReady, rqv1.ConditionExact, rqv1.ConditionEdgeHealthy,
-	rqv1.ConditionWalksComplete, rqv1.ConditionProgressing}
+	rqv1.ConditionWalksComplete, rqv1.ConditionProgressing, rqv1.ConditionReconciled}
 
 func conditionTone(c metav1.Condition) string {
 	switch c.Status {

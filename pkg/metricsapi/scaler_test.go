@@ -92,6 +92,8 @@ func TestScalerEndpoint(t *testing.T) {
 	})
 	k8s, err := client.New(admin, client.Options{Scheme: scheme})
 	g.Expect(err).NotTo(HaveOccurred())
+	// role.yaml holds the leader election Role in the operator's namespace
+	g.Expect(k8s.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "renderqueue-system"}})).To(Succeed())
 	for _, f := range []string{"role.yaml", "role_binding.yaml"} {
 		applyYAML(ctx, t, k8s, filepath.Join("..", "..", "config", "rbac", f))
 	}
