@@ -18,8 +18,10 @@
 //
 // The pure core is [Values]; [Provider] reads RenderQueues through a controller-runtime
 // client.Reader and implements the custom-metrics-apiserver ExternalMetricsProvider; [Server]
-// runs the aggregated API server (delegated authentication and authorization, TLS with a
-// self-signed certificate when none is given) and is a controller-runtime manager.Runnable.
+// runs the aggregated API server (delegated authentication and authorization; TLS with the
+// certificate of a Secret shared by the replicas, whose CA it writes into its APIService's
+// caBundle (certs.go), with given certificate files, or self-signed) and is a controller-runtime
+// manager.Runnable.
 //
 // For clusters where another adapter (KEDA) owns external.metrics.k8s.io, [NewScalerHandler]
 // serves the same figure, under the same rule, as plain JSON for KEDA's metrics-api trigger

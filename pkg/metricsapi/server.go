@@ -6,8 +6,11 @@ import (
 	"flag"
 	"fmt"
 	"net"
+	"time"
 
 	"github.com/go-logr/logr"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	openapinamer "k8s.io/apiserver/pkg/endpoints/openapi"
 	genericapiserver "k8s.io/apiserver/pkg/server"
 	"k8s.io/client-go/informers"
@@ -63,13 +66,34 @@ type Options struct {
 	Listener net.Listener
 
 	// TLSCertFile and TLSKeyFile are the serving certificate and key (PEM), e.g. from
-	// cert-manager. Both or neither. When neither is set a self-signed certificate is used:
-	// read from CertDir (apiserver.crt, apiserver.key) when there, generated and written there
-	// when not, and kept in memory when CertDir is empty. The APIService must then skip TLS
-	// verification (insecureSkipTLSVerify) since no CA vouches for it.
+	// cert-manager (whose cainjector then fills in the APIService's caBundle). Both or neither.
+	// When neither is set: the certificate of CertSecret when that is set; otherwise a
+	// self-signed certificate, read from CertDir (apiserver.crt, apiserver.key) when there,
+	// generated and written there when not, and kept in memory when CertDir is empty — the
+	// APIService must then skip TLS verification (insecureSkipTLSVerify), since no CA vouches
+	// for it.
 	TLSCertFile, TLSKeyFile string
 	// CertDir is where the self-signed certificate is kept; see TLSCertFile.
 	CertDir string
+
+	// CertSecret ("namespace/name") is a Secret holding a CA and a serving certificate it
+	// signed for Service, shared by every replica: created by the first, renewed by any that
+	// finds it expiring (the serving certificate a year, renewed 30 days before its end; the CA
+	// ten years, renewed a year before, the old one kept in the bundle until it expires), read
+	// by all every CertRefresh, and served without a restart. Its CA bundle is written into the
+	// APIService (its spec.caBundle, insecureSkipTLSVerify off) when that points at Service.
+	// Needs RBAC to create Secrets in its namespace, get and update that one, and get and patch
+	// that APIService (config/metrics-api).
+	CertSecret string
+	// Service ("namespace/name") is the Service in front of the server: the serving
+	// certificate's DNS names, and the only Service whose APIService gets the CA bundle.
+	// Required with CertSecret.
+	Service string
+	// APIService is the APIService whose caBundle is kept current; DefaultAPIService when empty.
+	APIService string
+	// CertRefresh is how often CertSecret and the APIService are checked; DefaultCertRefresh
+	// when zero.
+	CertRefresh time.Duration
 
 	// Logger receives the provider's request errors (V(1)) and the server's lifecycle. The
 	// generic API server underneath logs through klog.
@@ -92,6 +116,13 @@ func (o *Options) BindFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.TLSKeyFile, "metrics-api-tls-private-key-file", o.TLSKeyFile, "private key of --metrics-api-tls-cert-file (PEM)")
 	fs.StringVar(&o.CertDir, "metrics-api-cert-dir", o.CertDir,
 		"directory for the self-signed certificate (apiserver.crt/.key) when no --metrics-api-tls-cert-file is given; empty: in memory")
+	fs.StringVar(&o.CertSecret, "metrics-api-cert-secret", o.CertSecret,
+		"namespace/name of a Secret keeping the metrics API's CA and serving certificate, shared by every replica; its CA "+
+			"bundle is written into the APIService (no insecureSkipTLSVerify). Needs --metrics-api-service")
+	fs.StringVar(&o.Service, "metrics-api-service", o.Service,
+		"namespace/name of the Service in front of the metrics API (the certificate's DNS names)")
+	fs.StringVar(&o.APIService, "metrics-api-apiservice", o.APIService,
+		"the APIService whose caBundle --metrics-api-cert-secret keeps current (default "+DefaultAPIService+")")
 	fs.StringVar(&o.AuthKubeconfig, "metrics-api-auth-kubeconfig", o.AuthKubeconfig,
 		"kubeconfig for delegated authentication/authorization (TokenReview, SubjectAccessReview); empty: the operator's own credentials")
 }
@@ -101,6 +132,9 @@ func (o *Options) BindFlags(fs *flag.FlagSet) {
 type Server struct {
 	server *cmapiserver.CustomMetricsAdapterServer
 	log    logr.Logger
+	// certs keeps the certificate of Options.CertSecret current; nil without it.
+	certs       *servingCerts
+	certRefresh time.Duration
 }
 
 var (
@@ -121,6 +155,23 @@ func NewServer(opts Options) (*Server, error) {
 	}
 	if (opts.TLSCertFile == "") != (opts.TLSKeyFile == "") {
 		return nil, fmt.Errorf("metrics API: give both the TLS certificate and its key, or neither (cert %q, key %q)", opts.TLSCertFile, opts.TLSKeyFile)
+	}
+	var certs *servingCerts
+	if opts.CertSecret != "" && opts.TLSCertFile == "" {
+		var err error
+		if certs, err = newServingCerts(opts); err != nil {
+			return nil, err
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		// the Secret must be there to serve at all; the APIService is retried every CertRefresh
+		bundle, err := certs.syncSecret(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("metrics API: %w", err)
+		}
+		if err := certs.syncAPIService(ctx, bundle); err != nil {
+			opts.Logger.Error(err, "Not writing the metrics API's CA bundle into its APIService now; retrying", "every", certs.refresh(opts))
+		}
 	}
 
 	o := cmoptions.NewCustomMetricsAdapterServerOptions()
@@ -182,17 +233,65 @@ func NewServer(opts Options) (*Server, error) {
 	if err := o.ApplyTo(serverConfig); err != nil {
 		return nil, fmt.Errorf("metrics API: configure server: %w", err)
 	}
+	if certs != nil {
+		serverConfig.SecureServing.Cert = certs
+	}
 	config := &cmapiserver.Config{GenericConfig: &serverConfig.Config}
 	srv, err := config.Complete(informerFactory).New(serverName, nil, NewProvider(opts.Reader, opts.Logger))
 	if err != nil {
 		return nil, fmt.Errorf("metrics API: build server: %w", err)
 	}
-	return &Server{server: srv, log: opts.Logger}, nil
+	s := &Server{server: srv, log: opts.Logger, certs: certs}
+	if certs != nil {
+		s.certRefresh = certs.refresh(opts)
+	}
+	return s, nil
+}
+
+// newServingCerts builds the keeper of Options.CertSecret's certificate (not synced yet).
+func newServingCerts(opts Options) (*servingCerts, error) {
+	secret, err := parseNamespacedName("metrics API: --metrics-api-cert-secret", opts.CertSecret)
+	if err != nil {
+		return nil, err
+	}
+	if opts.Service == "" {
+		return nil, errors.New("metrics API: --metrics-api-cert-secret needs --metrics-api-service (the certificate's DNS names)")
+	}
+	svc, err := parseNamespacedName("metrics API: --metrics-api-service", opts.Service)
+	if err != nil {
+		return nil, err
+	}
+	scheme := runtime.NewScheme()
+	if err := corev1.AddToScheme(scheme); err != nil {
+		return nil, fmt.Errorf("metrics API: %w", err)
+	}
+	// a direct client: the Secret and the APIService are read by name (RBAC grants no list)
+	c, err := client.New(opts.RESTConfig, client.Options{Scheme: scheme})
+	if err != nil {
+		return nil, fmt.Errorf("metrics API: client for the certificate Secret: %w", err)
+	}
+	api := opts.APIService
+	if api == "" {
+		api = DefaultAPIService
+	}
+	return &servingCerts{c: c, secret: secret, service: svc, apiService: api, dnsNames: serviceDNSNames(svc),
+		log: opts.Logger, now: time.Now}, nil
+}
+
+// refresh is opts.CertRefresh or its default.
+func (s *servingCerts) refresh(opts Options) time.Duration {
+	if opts.CertRefresh > 0 {
+		return opts.CertRefresh
+	}
+	return DefaultCertRefresh
 }
 
 // Start serves until ctx is done, then shuts down gracefully. It implements manager.Runnable.
 func (s *Server) Start(ctx context.Context) error {
 	s.log.Info("serving the external metrics API", "metrics", Metrics())
+	if s.certs != nil {
+		go s.certs.run(ctx, s.certRefresh)
+	}
 	if err := s.server.GenericAPIServer.PrepareRun().RunWithContext(ctx); err != nil {
 		return fmt.Errorf("metrics API server: %w", err)
 	}

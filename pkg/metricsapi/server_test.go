@@ -73,10 +73,11 @@ func TestServer(t *testing.T) {
 	k8s, err := client.New(admin, client.Options{Scheme: scheme})
 	g.Expect(err).NotTo(HaveOccurred())
 
-	// The component's RBAC, as written (the APIService and Service need the aggregator and a
-	// Pod network, which the e2e suite provides).
+	// The component's RBAC, as written (the APIService comes in the aggregator subtest).
+	g.Expect(k8s.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "renderqueue-system"}})).To(Succeed())
 	for _, f := range []string{"clusterrolebinding-auth-delegator.yaml", "rolebinding-auth-reader.yaml",
-		"clusterrole-external-metrics-reader.yaml", "clusterrolebinding-hpa.yaml"} {
+		"clusterrole-external-metrics-reader.yaml", "clusterrolebinding-hpa.yaml",
+		"role-cert-secret.yaml", "rolebinding-cert-secret.yaml", "clusterrole-apiservice.yaml", "clusterrolebinding-apiservice.yaml"} {
 		applyYAML(ctx, t, k8s, filepath.Join("..", "..", "config", "metrics-api", f))
 	}
 
@@ -98,14 +99,17 @@ func TestServer(t *testing.T) {
 	createRQ(ctx, t, k8s, ns, "fresh", map[string]string{"team": "c"}, nil)
 
 	// The server: delegation as the operator's ServiceAccount (so the component's bindings are
-	// what makes it work), through a kubeconfig file as the operator passes its own; RenderQueues
-	// read with the test's client.
+	// what makes it work), through a kubeconfig file as the operator passes its own; its
+	// certificate kept in a Secret as the component runs it, with the operator's RBAC;
+	// RenderQueues read with the test's client.
 	delegation := writeKubeconfig(t, admin, operatorSA)
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	g.Expect(err).NotTo(HaveOccurred())
-	certDir := t.TempDir()
+	asOperator := rest.CopyConfig(admin)
+	asOperator.Impersonate = rest.ImpersonationConfig{UserName: operatorSA}
 	srv, err := metricsapi.NewServer(metricsapi.Options{
-		Reader: k8s, RESTConfig: admin, AuthKubeconfig: delegation, Listener: lis, CertDir: certDir, Logger: testr.New(t),
+		Reader: k8s, RESTConfig: asOperator, AuthKubeconfig: delegation, Listener: lis, Logger: testr.New(t),
+		CertSecret: certSecret, Service: svcName, CertRefresh: 500 * time.Millisecond,
 	})
 	g.Expect(err).NotTo(HaveOccurred())
 	srvCtx, stopSrv := context.WithCancel(ctx)
@@ -124,12 +128,14 @@ func TestServer(t *testing.T) {
 	})
 
 	// Clients as the HPA controller: the admin's certificate impersonating the HPA's
-	// ServiceAccount, trusting the self-signed certificate the server wrote to CertDir.
+	// ServiceAccount, trusting the CA of the server's certificate Secret, for the Service's name.
+	var certs corev1.Secret
+	g.Expect(k8s.Get(ctx, client.ObjectKey{Namespace: "renderqueue-system", Name: "renderqueue-metrics-api-tls"}, &certs)).To(Succeed())
 	as := func(user string) *rest.Config {
 		return &rest.Config{
 			Host: "https://" + lis.Addr().String(),
 			TLSClientConfig: rest.TLSClientConfig{
-				CAFile: filepath.Join(certDir, "apiserver.crt"), CertData: admin.CertData, KeyData: admin.KeyData,
+				CAData: certs.Data["ca.crt"], ServerName: serverName, CertData: admin.CertData, KeyData: admin.KeyData,
 			},
 			Impersonate: rest.ImpersonationConfig{UserName: user},
 		}
@@ -251,10 +257,10 @@ func TestServer(t *testing.T) {
 	})
 
 	// The aggregator reaches the server through the component's APIService and an ExternalName
-	// Service for localhost (EndpointSlices may not point at loopback addresses).
+	// Service for localhost (EndpointSlices may not point at loopback addresses), verifying its
+	// certificate against the caBundle the server writes into the APIService.
 	t.Run("through the kube-apiserver aggregator", func(t *testing.T) {
 		g := NewWithT(t)
-		g.Expect(k8s.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "renderqueue-system"}})).To(Succeed())
 		g.Expect(k8s.Create(ctx, &corev1.Service{
 			ObjectMeta: metav1.ObjectMeta{Name: "renderqueue-metrics-api", Namespace: "renderqueue-system"},
 			Spec:       corev1.ServiceSpec{Type: corev1.ServiceTypeExternalName, ExternalName: "localhost"},
