@@ -16,6 +16,9 @@ import (
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	"sigs.k8s.io/yaml"
+
+	rqv1 "github.com/renderqueue/renderqueue/api/v1alpha1"
+	"github.com/renderqueue/renderqueue/controllers"
 )
 
 const (
@@ -386,6 +389,8 @@ func TestInstallFilesApply(t *testing.T) {
 		out := run("apply", "-f", filepath.Join("..", "dist", file))
 		t.Logf("kubectl apply -f dist/%s:\n%s", file, out)
 	}
+	// the NetworkPolicy sample is one the API server takes
+	run("apply", "--dry-run=server", "--namespace", "default", "-f", filepath.Join("samples", "networkpolicy.yaml"))
 	run("wait", "--for=condition=Established", "crd/renderqueues.renderqueue.dev", "--timeout=60s")
 	if out := run("get", "apiservice", apiServiceName, "-o", "jsonpath={.spec.service.namespace}/{.spec.service.name}"); out != operatorNS+"/renderqueue-metrics-api" {
 		t.Errorf("the APIService points at %q, want %s/renderqueue-metrics-api", out, operatorNS)
@@ -498,4 +503,75 @@ func watchedBinding(o *unstructured.Unstructured) bool {
 	kind, _, _ := unstructured.NestedString(o.Object, "roleRef", "kind")
 	name, _, _ := unstructured.NestedString(o.Object, "roleRef", "name")
 	return kind == "ClusterRole" && name == operatorName
+}
+
+// TestNetworkPolicySample checks that config/samples/networkpolicy.yaml selects the shard Pods of
+// the sample RenderQueue (the selector the operator gives them), on their API port, and lets in
+// exactly the sample workers' Pods and the operator's Pods in its namespace.
+func TestNetworkPolicySample(t *testing.T) {
+	np := readObject(t, filepath.Join("samples", "networkpolicy.yaml"))
+	var rq rqv1.RenderQueue
+	data, err := os.ReadFile(filepath.Join("samples", "renderqueue_v1alpha1_renderqueue.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := yaml.Unmarshal(data, &rq); err != nil {
+		t.Fatal(err)
+	}
+	sel, _, _ := unstructured.NestedStringMap(np.Object, "spec", "podSelector", "matchLabels")
+	if want := controllers.ShardSelector(&rq); !equality.Semantic.DeepEqual(sel, want) {
+		t.Errorf("the NetworkPolicy selects %v, the shard Pods of %s carry %v", sel, rq.Name, want)
+	}
+	if types, _, _ := unstructured.NestedStringSlice(np.Object, "spec", "policyTypes"); !slices.Equal(types, []string{"Ingress"}) {
+		t.Errorf("policyTypes %v, want [Ingress]", types)
+	}
+	rules, _, _ := unstructured.NestedSlice(np.Object, "spec", "ingress")
+	if len(rules) != 1 {
+		t.Fatalf("%d ingress rules, want 1", len(rules))
+	}
+	rule := rules[0].(map[string]any)
+	ports, _, _ := unstructured.NestedSlice(rule, "ports")
+	if len(ports) != 1 || (ports[0].(map[string]any)["port"] != "http" && ports[0].(map[string]any)["port"] != int64(controllers.KeeperPort)) {
+		t.Errorf("ports %v, want the keeper's port (http, %d) only", ports, controllers.KeeperPort)
+	}
+
+	podLabels := func(path, kind, name string) map[string]string {
+		t.Helper()
+		for _, o := range readManifest(t, path).objs {
+			if o.GetKind() == kind && o.GetName() == name {
+				l, _, _ := unstructured.NestedStringMap(o.Object, "spec", "template", "metadata", "labels")
+				return l
+			}
+		}
+		t.Fatalf("%s has no %s %s", path, kind, name)
+		return nil
+	}
+	workers := podLabels(filepath.Join("samples", "workers", "deployment.yaml"), "Deployment", "render-workers")
+	operator := podLabels(filepath.Join("manager", "manager.yaml"), "Deployment", operatorName)
+	matches := func(sel, labels map[string]string) bool {
+		for k, v := range sel {
+			if labels[k] != v {
+				return false
+			}
+		}
+		return len(sel) > 0
+	}
+	from, _, _ := unstructured.NestedSlice(rule, "from")
+	var gotWorkers, gotOperator bool
+	for _, p := range from {
+		p := p.(map[string]any)
+		pods, _, _ := unstructured.NestedStringMap(p, "podSelector", "matchLabels")
+		nsSel, hasNS, _ := unstructured.NestedStringMap(p, "namespaceSelector", "matchLabels")
+		switch {
+		case !hasNS && matches(pods, workers):
+			gotWorkers = true
+		case hasNS && nsSel["kubernetes.io/metadata.name"] == operatorNS && len(nsSel) == 1 && matches(pods, operator):
+			gotOperator = true
+		default:
+			t.Errorf("peer %v lets in neither the sample workers (%v) nor the operator (%v)", p, workers, operator)
+		}
+	}
+	if !gotWorkers || !gotOperator {
+		t.Errorf("the workers (%v) or the operator (%v) cannot reach the shards", gotWorkers, gotOperator)
+	}
 }

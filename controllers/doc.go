@@ -5,8 +5,12 @@
 //
 // The reconciler is split by concern, each step a reconcileX method of RenderQueueReconciler:
 //
-//   - children.go: the token Secret, shard ServiceAccount/Role/RoleBinding, headless Service,
-//     PodDisruptionBudget, and the shard Pod template (podtemplate.go);
+//   - blocked.go: what stops the operator from acting on a spec (InvalidSpec, ImageNotAllowed,
+//     and, found on the way, ChildConflict and ShardPodRefused) and the Reconciled condition;
+//     the --allowed-images allowlist;
+//   - children.go: the shard ServiceAccount/Role/RoleBinding, headless Service,
+//     PodDisruptionBudget, the token Secret (created, never read: the operator may not read
+//     Secrets), and the shard Pod template (podtemplate.go);
 //   - pods.go: creating missing shard Pods (and recreating deleted ones), deleting surplus ones
 //     after their slots moved off, rolling replacement of outdated Pods;
 //   - membership.go: the first assignment, rebalances on scale up and down, resuming a handoff
@@ -17,7 +21,7 @@
 //   - patch.go: writing the status only when it changed;
 //   - cache.go: the manager's cache options — of the child kinds only objects labelled
 //     renderqueue.dev/queue are cached (a child's name held by an unlabelled object is a
-//     ChildConflict, never taken over);
+//     ChildConflict, never taken over), no Secrets, and only the --watch-namespaces when given;
 //   - metrics.go: the operator's Prometheus metrics — every RenderQueue's status as
 //     renderqueue_queue_* gauges read from the cache at scrape time (QueueCollector), and the
 //     handoffs started, committed and rolled back (Metrics), counted once their status write

@@ -72,6 +72,10 @@ func queueLabels(rq *rqv1.RenderQueue) map[string]string {
 	}
 }
 
+// ShardSelector is the label selector of rq's shard Pods (of its Service, PodDisruptionBudget and
+// scale subresource), e.g. for a NetworkPolicy (config/samples/networkpolicy.yaml).
+func ShardSelector(rq *rqv1.RenderQueue) map[string]string { return selectorLabels(rq) }
+
 func selectorLabels(rq *rqv1.RenderQueue) map[string]string {
 	return map[string]string{rqv1.LabelQueue: rq.Name, rqv1.LabelComponent: ComponentKeeper}
 }

@@ -184,6 +184,9 @@ var _ = BeforeSuite(func() {
 	}
 	var err error
 	cfg, err = testEnv.Start()
+	// registered first, so it runs last, and before any check that could fail and leave etcd and
+	// kube-apiserver running
+	DeferCleanup(func() { Expect(testEnv.Stop()).To(Succeed()) })
 	Expect(err).NotTo(HaveOccurred())
 
 	k8sClient, err = client.New(cfg, client.Options{Scheme: scheme})
@@ -232,7 +235,6 @@ var _ = BeforeSuite(func() {
 		cancel()
 		wg.Wait()
 		fakes.closeAll()
-		Expect(testEnv.Stop()).To(Succeed())
 	})
 })
 

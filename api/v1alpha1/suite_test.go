@@ -48,11 +48,13 @@ var _ = BeforeSuite(func() {
 		Scheme:                scheme,
 	}
 	cfg, err := testEnv.Start()
-	Expect(err).NotTo(HaveOccurred())
+	// registered before the start is checked: a start that fails half way (a CRD the API server
+	// refuses) leaves etcd and kube-apiserver running otherwise
 	DeferCleanup(func() {
 		cancel()
 		Expect(testEnv.Stop()).To(Succeed())
 	})
+	Expect(err).NotTo(HaveOccurred())
 
 	k8sClient, err = client.New(cfg, client.Options{Scheme: scheme})
 	Expect(err).NotTo(HaveOccurred())
