@@ -102,6 +102,12 @@ func TestValidateStoredObjects(t *testing.T) {
 	if err := valid().Validate(); err != nil {
 		t.Fatalf("the valid object: %v", err)
 	}
+	// stored before the API's rule of 53 characters, with children that can be named: still fine
+	long := valid()
+	long.Name, long.Spec.Shards = strings.Repeat("w", 55), 10
+	if err := long.Validate(); err != nil {
+		t.Errorf("a 55-character name with 10 shards (%s-shard-9 has 63 characters): %v", long.Name, err)
+	}
 	for _, tc := range []struct {
 		name  string
 		edit  func(*rqv1.RenderQueue)
@@ -112,7 +118,10 @@ func TestValidateStoredObjects(t *testing.T) {
 		{"window of 2ns", func(rq *rqv1.RenderQueue) { rq.Spec.Window = d(2) }, "spec.window"},
 		{"verify interval of 1ms", func(rq *rqv1.RenderQueue) { rq.Spec.VerifyInterval = d(time.Millisecond) }, "spec.verifyInterval"},
 		{"no shards", func(rq *rqv1.RenderQueue) { rq.Spec.Shards = 0 }, "spec.shards"},
-		{"a name of 54 characters", func(rq *rqv1.RenderQueue) { rq.Name = strings.Repeat("w", 54) }, "metadata.name"},
+		{"a name whose 12th shard Pod would have 64 characters", func(rq *rqv1.RenderQueue) {
+			rq.Name, rq.Spec.Shards = strings.Repeat("w", 55), 12
+		}, "shard Pod " + strings.Repeat("w", 55) + "-shard-11 would be 64 characters"},
+		{"a name whose Service would have 64 characters", func(rq *rqv1.RenderQueue) { rq.Name = strings.Repeat("w", 57) }, "metadata.name"},
 		{"a name with a dot", func(rq *rqv1.RenderQueue) { rq.Name = "web.prod" }, "metadata.name"},
 		{"a store Secret in another namespace", func(rq *rqv1.RenderQueue) { rq.Spec.Store.SecretRef.Name = "other/pg" }, "spec.store.secretRef.name"},
 		{"a store key '..'", func(rq *rqv1.RenderQueue) { rq.Spec.Store.SecretRef.Key = ".." }, "spec.store.secretRef.key"},

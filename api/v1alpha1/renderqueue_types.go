@@ -584,11 +584,13 @@ type ShardSlots struct {
 //
 // The name is a DNS label of at most 53 characters starting with a letter (MaxNameLength), so
 // that the names of its children — shard Pods <name>-shard-<i> with i up to 255, their host
-// names and labels, the Service <name>-shards — are valid.
+// names and labels, the Service <name>-shards — are valid. It is checked when the object is
+// created (a name never changes), so that an object stored before the rule can still have its
+// status written.
 //
 // +kubebuilder:object:root=true
 // +kubebuilder:resource:shortName=rq,categories=renderqueue
-// +kubebuilder:validation:XValidation:rule="self.metadata.name.size() <= 53 && self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')",message="metadata.name must be at most 53 characters of lower-case alphanumerics and '-', starting with a letter and ending with an alphanumeric: the shard Pods (<name>-shard-<i>), their host names and labels and the Service <name>-shards are named after it"
+// +kubebuilder:validation:XValidation:rule="oldSelf.hasValue() || (self.metadata.name.size() <= 53 && self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$'))",optionalOldSelf=true,message="metadata.name must be at most 53 characters of lower-case alphanumerics and '-', starting with a letter and ending with an alphanumeric: the shard Pods (<name>-shard-<i>), their host names and labels and the Service <name>-shards are named after it"
 // +kubebuilder:subresource:status
 // +kubebuilder:subresource:scale:specpath=.spec.shards,statuspath=.status.currentShards,selectorpath=.status.selector
 // +kubebuilder:printcolumn:name="Shards",type=integer,JSONPath=`.spec.shards`

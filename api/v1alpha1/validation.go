@@ -98,16 +98,23 @@ func (rq *RenderQueue) Validate() error {
 	}
 	var errs field.ErrorList
 	name := field.NewPath("metadata", "name")
-	if len(rq.Name) > MaxNameLength {
-		errs = append(errs, field.TooLong(name, rq.Name, MaxNameLength))
-	}
-	for _, msg := range validation.IsDNS1035Label(rq.Name) {
-		errs = append(errs, field.Invalid(name, rq.Name, msg))
-	}
 	spec := field.NewPath("spec")
 	s := &rq.Spec
 	if s.Shards < 1 || s.Shards > MaxShards {
 		errs = append(errs, field.Invalid(spec.Child("shards"), s.Shards, fmt.Sprintf("must be between 1 and %d", MaxShards)))
+	}
+	// The API server allows MaxNameLength, enough for any spec.shards; an object stored before
+	// that rule is refused here only when a child it needs now cannot be named, so that one whose
+	// shards run keeps being reconciled.
+	for _, msg := range validation.IsDNS1035Label(rq.Name) {
+		errs = append(errs, field.Invalid(name, rq.Name, msg+" (the shards' Service is named after it)"))
+	}
+	if svc := rq.Name + "-shards"; len(svc) > validation.DNS1035LabelMaxLength {
+		errs = append(errs, field.Invalid(name, rq.Name, fmt.Sprintf("the shards' Service %s would be %d characters, at most %d",
+			svc, len(svc), validation.DNS1035LabelMaxLength)))
+	} else if last := rq.ShardName(int(max(s.Shards, 1)) - 1); len(last) > validation.DNS1123LabelMaxLength {
+		errs = append(errs, field.Invalid(name, rq.Name, fmt.Sprintf("the shard Pod %s would be %d characters, at most %d (its host name and labels)",
+			last, len(last), validation.DNS1123LabelMaxLength)))
 	}
 	errs = append(errs, durationBounds(spec.Child("window"), s.Window, true, MinWindow, MaxWindow)...)
 	errs = append(errs, durationBounds(spec.Child("verifyInterval"), s.VerifyInterval, true, MinVerifyInterval, MaxVerifyInterval)...)

@@ -211,8 +211,8 @@ var _ = Describe("RenderQueue validation", func() {
 	)
 
 	DescribeTable("rejects a name its children could not carry, with a message naming metadata.name",
-		func(name string) {
-			u := minimal()
+		func(name string, shards int64) {
+			u := withField("shards", shards)
 			unstructured.RemoveNestedField(u.Object, "metadata", "generateName")
 			u.SetName(name)
 			err := k8sClient.Create(ctx, u)
@@ -222,11 +222,12 @@ var _ = Describe("RenderQueue validation", func() {
 			rejected.Add(1)
 			expectGoValidation(u, "metadata.name", false)
 		},
-		Entry("54 characters (shard 255's Pod name would be 64)", strings.Repeat("w", 54)),
-		Entry("a dot (the shards' Service name cannot hold one)", "web.prod"),
-		Entry("a leading digit (the shards' Service name must start with a letter)", "1web"),
-		Entry("upper case", "Web"),
-		Entry("an underscore", "web_prod"),
+		Entry("54 characters and 256 shards (shard 255's Pod name would be 64)", strings.Repeat("w", 54), int64(256)),
+		Entry("57 characters (the shards' Service name would be 64)", strings.Repeat("w", 57), int64(1)),
+		Entry("a dot (the shards' Service name cannot hold one)", "web.prod", int64(1)),
+		Entry("a leading digit (the shards' Service name must start with a letter)", "1web", int64(1)),
+		Entry("upper case", "Web", int64(1)),
+		Entry("an underscore", "web_prod", int64(1)),
 	)
 
 	DescribeTable("accepts valid edge cases",
@@ -267,15 +268,16 @@ var _ = Describe("RenderQueue validation", func() {
 	)
 
 	DescribeTable("accepts names its children can carry",
-		func(name string) {
-			u := minimal()
+		func(name string, shards int64) {
+			u := withField("shards", shards)
 			unstructured.RemoveNestedField(u.Object, "metadata", "generateName")
 			u.SetName(name)
 			Expect(k8sClient.Create(ctx, u)).To(Succeed())
 			expectGoValidation(u, "metadata.name", true)
 		},
-		Entry("one letter", "w"),
-		Entry("53 characters", "w"+strings.Repeat("-9", 26)),
+		Entry("one letter", "w", int64(1)),
+		Entry("53 characters", "w"+strings.Repeat("-9", 26), int64(1)),
+		Entry("53 characters and 256 shards (shard 255's Pod name has 63)", strings.Repeat("w", 53), int64(256)),
 	)
 
 	// The shard Pod fields: a RenderQueue the API server admits must give Pods it admits too.
