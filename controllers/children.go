@@ -138,7 +138,8 @@ func (r *RenderQueueReconciler) ensureTokenSecret(ctx context.Context, rq *rqv1.
 			break
 		}
 	}
-	if _, known := r.tokens.Load(rq.UID); known && !missingPod {
+	key := client.ObjectKeyFromObject(rq)
+	if uid, known := r.tokens.Load(key); known && uid == rq.UID && !missingPod {
 		return nil
 	}
 	name := TokenSecretName(rq)
@@ -162,7 +163,7 @@ func (r *RenderQueueReconciler) ensureTokenSecret(ctx context.Context, rq *rqv1.
 	default:
 		return fmt.Errorf("creating the token Secret %s: %w", name, err)
 	}
-	r.tokens.Store(rq.UID, struct{}{})
+	r.tokens.Store(key, rq.UID)
 	return nil
 }
 

@@ -67,8 +67,8 @@ type RenderQueueReconciler struct {
 	// Reconciled=False, reason ImageNotAllowed.
 	AllowedImages ImageAllowlist
 
-	// tokens holds the UIDs of the RenderQueues whose API token Secret this process has created
-	// or found (see ensureTokenSecret).
+	// tokens maps a RenderQueue's namespace/name to its UID once this process has created or
+	// found its API token Secret (see ensureTokenSecret).
 	tokens sync.Map
 }
 
@@ -148,12 +148,13 @@ func (r *RenderQueueReconciler) Reconcile(ctx context.Context, req ctrl.Request)
 	if err := r.Get(ctx, req.NamespacedName, &rq); err != nil {
 		if apierrors.IsNotFound(err) {
 			r.Metrics.forget(req.Namespace, req.Name)
+			r.tokens.Delete(req.NamespacedName)
 			return ctrl.Result{}, nil
 		}
 		return ctrl.Result{}, fmt.Errorf("reading RenderQueue %s: %w", req.NamespacedName, err)
 	}
 	if rq.DeletionTimestamp != nil {
-		r.tokens.Delete(rq.UID)
+		r.tokens.Delete(req.NamespacedName)
 		return ctrl.Result{}, nil // the garbage collector removes the children
 	}
 	now := r.now().Truncate(time.Second) // the API server stores times to the second
