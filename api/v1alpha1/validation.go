@@ -38,6 +38,10 @@ const (
 // and object metadata, whatever of spec and status decodes, and DecodeErr naming the field. So
 // one such object cannot fail a list of RenderQueues (an informer's, and so every consumer of the
 // operator's cache); the operator reports it on the object itself and leaves it alone.
+//
+// The decode is never strict (unknown fields are dropped, whatever the caller's decoder asks):
+// check a manifest with the API server's strict field validation (kubectl does by default).
+// A struct embedding RenderQueue inherits this method; do not embed it.
 func (rq *RenderQueue) UnmarshalJSON(data []byte) error {
 	type plain RenderQueue // without this method
 	var p plain

@@ -461,10 +461,14 @@ var _ = Describe("RenderQueue validation", func() {
 	It("accepts the sample", func() {
 		data, err := os.ReadFile(filepath.Join("..", "..", "config", "samples", "renderqueue_v1alpha1_renderqueue.yaml"))
 		Expect(err).NotTo(HaveOccurred())
+		// the API server's strict field validation, as kubectl applies it, catches unknown fields
+		// (a client-side strict decode cannot: RenderQueue decodes itself, see UnmarshalJSON)
+		u := &unstructured.Unstructured{}
+		Expect(yaml.Unmarshal(data, &u.Object)).To(Succeed())
+		u.SetNamespace(ns)
+		Expect(k8sClient.Create(ctx, u, client.FieldValidation(metav1.FieldValidationStrict))).To(Succeed())
 		var rq rqv1.RenderQueue
-		Expect(yaml.UnmarshalStrict(data, &rq)).To(Succeed())
-		rq.Namespace = ns
-		Expect(k8sClient.Create(ctx, &rq)).To(Succeed())
+		Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(u), &rq)).To(Succeed())
 		Expect(rq.Spec.Shards).To(Equal(int32(3)))
 		Expect(rq.Spec.WindowDuration()).To(Equal(24 * time.Hour))
 	})
