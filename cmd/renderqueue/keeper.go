@@ -54,8 +54,17 @@ func runKeeper(ctx context.Context, args []string, _, stderr io.Writer) error {
 	verbose := fs.Bool("v", false, "log walks and other details")
 	rqName := fs.String("renderqueue", "", "take settings and slots from this RenderQueue (in Kubernetes; default: standalone, all slots)")
 	namespace := fs.String("namespace", os.Getenv("POD_NAMESPACE"), "namespace of --renderqueue (default $POD_NAMESPACE)")
+	var limits keeper.Limits
+	fs.DurationVar(&limits.ReadTimeout, "http-read-timeout", keeper.DefaultReadTimeout, "longest a request (headers and body) may take to arrive; a stalled body is answered 408 and its connection closed")
+	fs.DurationVar(&limits.WriteTimeout, "http-write-timeout", keeper.DefaultWriteTimeout, "longest from a request's headers to the end of its reply (more than a completion's commit may take)")
+	fs.DurationVar(&limits.IdleTimeout, "http-idle-timeout", keeper.DefaultIdleTimeout, "how long an idle keep-alive connection is kept")
+	fs.IntVar(&limits.MaxInFlight, "max-in-flight", keeper.DefaultMaxInFlight, "claim, complete and release requests handled at once; more are answered 503 with Retry-After")
+	fs.Int64Var(&limits.MaxInFlightBytes, "max-in-flight-bytes", keeper.DefaultMaxInFlightBytes, "body bytes (by Content-Length) of the requests handled at once; more are answered 503 with Retry-After")
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	if err := limits.Validate(); err != nil {
+		return fmt.Errorf("HTTP limits: %w", err)
 	}
 	if strings.TrimSpace(*dsn) == "" {
 		return errors.New("--dsn (or RENDERQUEUE_DSN) is required")
@@ -98,7 +107,7 @@ func runKeeper(ctx context.Context, args []string, _, stderr io.Writer) error {
 		}
 		src = keeper.StaticSource{Settings: settings}
 	}
-	return serveShard(ctx, log, *dsn, *name, *listen, token, src)
+	return serveShard(ctx, log, *dsn, *name, *listen, token, limits, src)
 }
 
 // storeConnectTimeout bounds one attempt to open the store (a host that drops packets would
@@ -108,7 +117,7 @@ const storeConnectTimeout = 15 * time.Second
 // serveShard runs a shard with its HTTP API until ctx ends. The API serves at once: while the
 // database cannot be reached (or the DSN is wrong) the shard retries with back-off and serves
 // /healthz, and /v1/status as unready with the error; /readyz waits for the load.
-func serveShard(ctx context.Context, log logr.Logger, dsn, name, listen, token string, src keeper.SettingsSource) error {
+func serveShard(ctx context.Context, log logr.Logger, dsn, name, listen, token string, limits keeper.Limits, src keeper.SettingsSource) error {
 	settings, err := src.Initial(ctx)
 	if err != nil {
 		return fmt.Errorf("reading the shard's settings: %w", err)
@@ -145,10 +154,7 @@ func serveShard(ctx context.Context, log logr.Logger, dsn, name, listen, token s
 	if err != nil {
 		return fmt.Errorf("listening on %s: %w", listen, err)
 	}
-	srv := &http.Server{
-		Handler:           shard.Handler(keeper.HandlerOptions{Token: token, Gatherer: reg}),
-		ReadHeaderTimeout: 10 * time.Second,
-	}
+	srv := keeper.NewServer(shard.Handler(keeper.HandlerOptions{Token: token, Gatherer: reg, Limits: limits}), limits)
 	log.Info("Keeper serving", "shard", name, "listen", ln.Addr().String(), "window", settings.Window,
 		"walkInterval", settings.WalkInterval(), "auth", token != "")
 

@@ -30,3 +30,22 @@ func TestKeeperPolicyFlags(t *testing.T) {
 		}
 	}
 }
+
+// TestKeeperHTTPLimitFlags: negative HTTP limits stop the keeper before it connects to anything.
+func TestKeeperHTTPLimitFlags(t *testing.T) {
+	base := []string{"keeper", "--dsn", "host=/nonexistent", "--insecure-no-auth"}
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--http-read-timeout", "-1s"}, "read timeout -1s is negative"},
+		{[]string{"--http-idle-timeout", "-5s"}, "idle timeout -5s is negative"},
+		{[]string{"--max-in-flight", "-1"}, "max in-flight requests -1 is negative"},
+		{[]string{"--max-in-flight-bytes", "-1"}, "max in-flight bytes -1 is negative"},
+	} {
+		var out, errb bytes.Buffer
+		if code := run(append(append([]string{}, base...), c.args...), &out, &errb); code == 0 || !strings.Contains(errb.String(), c.want) {
+			t.Errorf("keeper %v: code %d, stderr %q, want %q", c.args, code, errb.String(), c.want)
+		}
+	}
+}

@@ -89,7 +89,7 @@ func (f *faultStore) Walk(ctx context.Context, slots []int, fn store.WalkFunc) (
 }
 
 type shardEnv struct {
-	t     *testing.T
+	t     testing.TB
 	dsn   string
 	st    *postgres.Store
 	fs    *faultStore
@@ -103,7 +103,7 @@ func allSlots(window time.Duration) Settings {
 }
 
 // newShardEnv opens a fresh database with a shard over it (subscribed, not yet loaded).
-func newShardEnv(t *testing.T, settings Settings) *shardEnv {
+func newShardEnv(t testing.TB, settings Settings) *shardEnv {
 	t.Helper()
 	dsn := pgtest.NewDatabase(t)
 	ctx, cancel := context.WithCancel(context.Background())
