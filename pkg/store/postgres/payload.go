@@ -1,17 +1,23 @@
 package postgres
 
 import (
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/renderqueue/renderqueue/pkg/schedule"
 	"github.com/renderqueue/renderqueue/pkg/store"
 )
 
-// truncatePayload is the payload sent on every slot channel when the table is truncated.
-const truncatePayload = "T"
+// truncateBody is the body of the payload sent on every slot channel when the table is
+// truncated.
+const truncateBody = "T"
 
 // maxPayloadBytes is PostgreSQL's limit on a NOTIFY payload (it must be shorter than this).
 const maxPayloadBytes = 8000
@@ -21,14 +27,134 @@ func channelName(slot int) string { return "rq_slot_" + strconv.Itoa(slot) }
 
 var errBadPayload = errors.New("malformed change event payload")
 
-// parsePayload appends the events of one notification payload (format: see
+// Why a payload was not accepted as one the schema's triggers sent (migrations/0002).
+var (
+	errUnsigned     = errors.New("unsigned change event payload (not sent by the schema's triggers, or by a schema older than version 2)")
+	errBadSignature = errors.New("change event payload with a wrong signature (forged, or signed with another key)")
+	errStale        = errors.New("change event payload signed too far from the database's current time (delayed, replayed or the clocks differ)")
+	errReplayed     = errors.New("change event payload received twice (replayed)")
+)
+
+// envelope is a signed payload taken apart (format 2, migrations/0002_signed_events.sql):
+// "2" ts "," mac "," body.
+type envelope struct {
+	ts     int64  // microseconds since the epoch, the database's clock
+	tsText string // ts as signed
+	mac    [sha256.Size]byte
+	body   string
+}
+
+// openEnvelope takes a payload apart without checking its signature.
+func openEnvelope(p string) (envelope, error) {
+	var e envelope
+	if len(p) == 0 || p[0] != '2' {
+		return e, fmt.Errorf("%w: format %q", errUnsigned, prefix(p))
+	}
+	ts, rest, ok := strings.Cut(p[1:], ",")
+	if !ok {
+		return e, fmt.Errorf("%w: no signing time", errBadPayload)
+	}
+	v, err := strconv.ParseInt(ts, 10, 64)
+	if err != nil {
+		return e, fmt.Errorf("%w: signing time: %w", errBadPayload, err)
+	}
+	mac, body, ok := strings.Cut(rest, ",")
+	if !ok || len(mac) != 2*sha256.Size {
+		return e, fmt.Errorf("%w: no signature", errBadPayload)
+	}
+	if _, err := hex.Decode(e.mac[:], []byte(mac)); err != nil {
+		return e, fmt.Errorf("%w: signature: %w", errBadPayload, err)
+	}
+	e.ts, e.tsText, e.body = v, ts, body
+	return e, nil
+}
+
+// signature is the HMAC-SHA-256 under key of channel "," ts "," body.
+func signature(key []byte, channel, ts, body string) [sha256.Size]byte {
+	m := hmac.New(sha256.New, key)
+	m.Write([]byte(channel))
+	m.Write([]byte{','})
+	m.Write([]byte(ts))
+	m.Write([]byte{','})
+	m.Write([]byte(body))
+	var out [sha256.Size]byte
+	m.Sum(out[:0])
+	return out
+}
+
+// authentic reports whether e was signed under key for channel.
+func (e *envelope) authentic(key []byte, channel string) bool {
+	want := signature(key, channel, e.tsText, e.body)
+	return hmac.Equal(want[:], e.mac[:])
+}
+
+// replayGuard accepts each authentic payload once, and only while it is fresh: signed within
+// maxAge of the database's current time. It remembers the payloads it accepted until they are
+// too old to be accepted again, at most max of them; when more arrive, the oldest are forgotten
+// and payloads signed no later than them are refused (as if stale), so memory stays bounded and
+// a replay is never mistaken for a new payload.
+type replayGuard struct {
+	maxAge int64 // µs
+	max    int
+	seen   map[uint64]struct{}
+	ring   []seenPayload // in arrival order, from head
+	head   int
+	floor  int64 // payloads signed at or before this (µs) are refused
+}
+
+type seenPayload struct {
+	ts  int64
+	mac uint64
+}
+
+func newReplayGuard(maxAge time.Duration, max int) *replayGuard {
+	return &replayGuard{maxAge: maxAge.Microseconds(), max: max, seen: map[uint64]struct{}{}, floor: -1 << 63}
+}
+
+// admit checks an authentic payload signed at ts (µs) with signature mac when the database's
+// clock reads now (µs), and remembers it.
+func (g *replayGuard) admit(ts int64, mac *[sha256.Size]byte, now int64) error {
+	for g.head < len(g.ring) && g.ring[g.head].ts < now-g.maxAge {
+		g.drop()
+	}
+	switch {
+	case ts < now-g.maxAge || ts > now+g.maxAge:
+		return fmt.Errorf("%w: signed at %s, the database's clock reads %s (at most %v apart)", errStale,
+			time.UnixMicro(ts).UTC().Format(time.RFC3339Nano), time.UnixMicro(now).UTC().Format(time.RFC3339Nano),
+			time.Duration(g.maxAge)*time.Microsecond)
+	case ts <= g.floor:
+		return fmt.Errorf("%w: signed at %s, before the oldest of the %d payloads remembered to detect replays", errStale,
+			time.UnixMicro(ts).UTC().Format(time.RFC3339Nano), g.max)
+	}
+	id := binary.LittleEndian.Uint64(mac[:8])
+	if _, dup := g.seen[id]; dup {
+		return errReplayed
+	}
+	g.seen[id] = struct{}{}
+	g.ring = append(g.ring, seenPayload{ts: ts, mac: id})
+	for len(g.ring)-g.head > g.max {
+		g.floor = max(g.floor, g.ring[g.head].ts)
+		g.drop()
+	}
+	return nil
+}
+
+// drop forgets the oldest remembered payload.
+func (g *replayGuard) drop() {
+	delete(g.seen, g.ring[g.head].mac)
+	g.ring[g.head] = seenPayload{}
+	g.head++
+	if g.head > 1024 && g.head > len(g.ring)/2 {
+		n := copy(g.ring, g.ring[g.head:])
+		g.ring = g.ring[:n]
+		g.head = 0
+	}
+}
+
+// parseEntries appends the events of a payload's body (the entries of format 1, see
 // migrations/0001_render_schedule.sql) to evs. Keys are copied out of the payload so events do
 // not pin it in memory.
-func parsePayload(p string, routes interner, evs []store.Event) ([]store.Event, error) {
-	if len(p) == 0 || p[0] != '1' {
-		return evs, fmt.Errorf("%w: unknown format %q", errBadPayload, prefix(p))
-	}
-	p = p[1:]
+func parseEntries(p string, routes interner, evs []store.Event) ([]store.Event, error) {
 	for len(p) > 0 {
 		var ev store.Event
 		var err error

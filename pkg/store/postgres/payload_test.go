@@ -10,10 +10,10 @@ import (
 	"github.com/renderqueue/renderqueue/pkg/store"
 )
 
-func TestParsePayload(t *testing.T) {
-	evs, err := parsePayload("1"+
+func TestParseEntries(t *testing.T) {
+	evs, err := parseEntries(
 		"7,-5,1700000000000001,3600000,3,12:https://a,b:4:home"+
-		"8,9,,1,4,3:k:10:",
+			"8,9,,1,4,3:k:10:",
 		interner{}, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -31,19 +31,19 @@ func TestParsePayload(t *testing.T) {
 		b.Row.Urgent || !b.Deleted || b.Row.Key != "k:1" || b.Row.Route != "" {
 		t.Errorf("second event %+v", b)
 	}
-	for _, bad := range []string{"", "2x", "1x", "17,", "17,1,,1,0,5:abc", "17,1,,1,0,-1:", "17,1,,1,0,1:a", "17,1,,1,0,1:a3:ab"} {
-		if _, err := parsePayload(bad, interner{}, nil); err == nil {
+	for _, bad := range []string{"x", "1x", "17,", "17,1,,1,0,5:abc", "17,1,,1,0,-1:", "17,1,,1,0,1:a", "17,1,,1,0,1:a3:ab"} {
+		if _, err := parseEntries(bad, interner{}, nil); err == nil {
 			t.Errorf("payload %q accepted", bad)
 		}
 	}
 }
 
-// FuzzParsePayload: no input makes the parser panic or return events with keys it did not read.
-func FuzzParsePayload(f *testing.F) {
+// FuzzParseEntries: no input makes the parser panic or return events with keys it did not read.
+func FuzzParseEntries(f *testing.F) {
 	f.Add("17,-5,1700000000000001,3600000,3,12:https://a,b:4:home")
 	f.Add("18,9,,1,4,3:k:10:")
 	f.Fuzz(func(t *testing.T, p string) {
-		evs, _ := parsePayload("1"+p, interner{}, nil)
+		evs, _ := parseEntries(p, interner{}, nil)
 		for _, e := range evs {
 			if !strings.Contains(p, e.Row.Key) {
 				t.Fatalf("key %q not in payload", e.Row.Key)

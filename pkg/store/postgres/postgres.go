@@ -7,6 +7,9 @@
 // and statement-level triggers with transition tables send each changed row's scheduling fields
 // with pg_notify on its slot's channel, rq_slot_<slot>, in payloads under 8000 bytes (see
 // migrations/0001_render_schedule.sql for the format). Deletes get a fresh rev in their event.
+// Every payload is signed (HMAC-SHA-256 under a key only the schema owner and roles granted
+// renderqueue_event_key() can read, migrations/0002_signed_events.sql); subscriptions drop a
+// payload that is unsigned, badly signed, stale or replayed as a gap (docs/security.md).
 //
 //   - Walks are keyset-paginated over (key_hash, key) within the hash range of a segment (a run of
 //     adjacent slots), read with the binary protocol on Options.WalkConns connections in parallel,
@@ -61,6 +64,14 @@ type Options struct {
 	// HealthInterval is how long an idle subscription connection waits before checking it is alive
 	// with a round trip. Default 15s.
 	HealthInterval time.Duration
+	// EventMaxAge is how far from the database's current time (as last measured) a change event
+	// payload's signing time may be; a payload signed earlier (delayed, held in a long
+	// transaction, or replayed) or later is dropped as a gap. Default 5m.
+	EventMaxAge time.Duration
+	// MaxRememberedEvents caps the payloads a subscription remembers to refuse replays within
+	// EventMaxAge (about 40 bytes each); beyond it the oldest are forgotten and payloads signed
+	// no later than them are dropped as a gap. Default 524288.
+	MaxRememberedEvents int
 
 	// failSegment, when set, makes the page queries of the segments it returns true for fail in
 	// the database (a test hook).
@@ -105,6 +116,12 @@ func (o *Options) setDefaults() {
 	}
 	if o.HealthInterval <= 0 {
 		o.HealthInterval = 15 * time.Second
+	}
+	if o.EventMaxAge <= 0 {
+		o.EventMaxAge = 5 * time.Minute
+	}
+	if o.MaxRememberedEvents <= 0 {
+		o.MaxRememberedEvents = 1 << 19
 	}
 }
 

@@ -139,6 +139,7 @@ func listenAll(t *testing.T, dsn string) (*pgconn.PgConn, *[]*pgconn.Notificatio
 func TestBulkPayloads(t *testing.T) {
 	st, dsn := openTestStore(t, Options{})
 	conn, got := listenAll(t, dsn)
+	key := eventKey(t, st)
 	const n = 100000
 	rows := make([]schedule.Row, n)
 	for i := range rows {
@@ -170,7 +171,11 @@ func TestBulkPayloads(t *testing.T) {
 			if len(nt.Payload) >= maxPayloadBytes {
 				t.Errorf("payload of %d bytes on %s", len(nt.Payload), nt.Channel)
 			}
-			evs, err := parsePayload(nt.Payload, interner{}, nil)
+			e, err := openEnvelope(nt.Payload)
+			if err != nil || !e.authentic(key, nt.Channel) {
+				t.Fatalf("a payload not signed with the key: %v", err)
+			}
+			evs, err := parseEntries(e.body, interner{}, nil)
 			if err != nil {
 				t.Fatalf("parsing a payload: %v", err)
 			}

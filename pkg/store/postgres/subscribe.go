@@ -2,9 +2,11 @@ package postgres
 
 import (
 	"context"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -45,9 +47,17 @@ type subscription struct {
 	cfg *pgconn.Config
 
 	// pending collects notifications as pgconn reads them (OnNotification runs on the reader
-	// goroutine, inside whatever call is reading the connection).
-	pending []*pgconn.Notification
-	routes  interner
+	// goroutine, inside whatever call is reading the connection); spare is the other buffer.
+	pending, spare []*pgconn.Notification
+	routes         interner
+	// key verifies the payloads' signatures; keyAt is when it was read, clockOffset the
+	// database's clock minus ours then. guard refuses stale and replayed payloads. badLog
+	// limits the log lines about refused payloads (reader goroutine only).
+	key         []byte
+	keyAt       time.Time
+	clockOffset time.Duration
+	guard       *replayGuard
+	badLog      logLimiter
 	// listening is the set of channels LISTEN is active on (reader goroutine only).
 	listening [schedule.NumSlots]bool
 
@@ -80,6 +90,7 @@ func (s *Store) Subscribe(ctx context.Context, slots []int) (store.Subscription,
 	sub := &subscription{
 		s:      s,
 		routes: interner{},
+		guard:  newReplayGuard(s.opts.EventMaxAge, s.opts.MaxRememberedEvents),
 		ctrl:   make(chan *setReq, 16),
 		wake:   make(chan struct{}, 1),
 		done:   make(chan struct{}),
@@ -119,7 +130,8 @@ func (s *Store) Subscribe(ctx context.Context, slots []int) (store.Subscription,
 	return sub, nil
 }
 
-// connect opens the subscription's connection and LISTENs on the wanted slots' channels.
+// connect opens the subscription's connection, LISTENs on the wanted slots' channels and reads
+// the key the payloads are signed with.
 func (sub *subscription) connect(ctx context.Context, want [schedule.NumSlots]bool) (*pgconn.PgConn, error) {
 	conn, err := pgconn.ConnectConfig(ctx, sub.cfg)
 	if err != nil {
@@ -130,7 +142,98 @@ func (sub *subscription) connect(ctx context.Context, want [schedule.NumSlots]bo
 		_ = conn.Close(context.Background())
 		return nil, err
 	}
+	if err := sub.readKey(ctx, conn); err != nil {
+		_ = conn.Close(context.Background())
+		return nil, err
+	}
 	return conn, nil
+}
+
+// readKey reads the key change events are signed with (renderqueue_event_key(), which the
+// keeper's role must be granted) and the database's clock.
+func (sub *subscription) readKey(ctx context.Context, conn *pgconn.PgConn) error {
+	before := time.Now()
+	res, err := conn.Exec(ctx, `SELECT renderqueue_event_key(), floor(extract(epoch FROM clock_timestamp()) * 1000000)::bigint`).ReadAll()
+	after := time.Now()
+	if err == nil && (len(res) != 1 || len(res[0].Rows) != 1 || len(res[0].Rows[0]) != 2) {
+		err = errors.New("unexpected result shape")
+	}
+	var pgErr *pgconn.PgError
+	switch {
+	case errors.As(err, &pgErr) && pgErr.Code == "42501": // insufficient_privilege
+		return fmt.Errorf("reading the change-event signing key: %w (the keeper's role needs GRANT EXECUTE ON FUNCTION renderqueue_event_key(); see docs/security.md)", err)
+	case errors.As(err, &pgErr) && pgErr.Code == "42883": // undefined_function
+		return fmt.Errorf("reading the change-event signing key: %w (the schema is older than this keeper: run renderqueue schema migrate)", err)
+	case err != nil:
+		return fmt.Errorf("reading the change-event signing key: %w", err)
+	}
+	row := res[0].Rows[0]
+	if row[0] == nil {
+		return errors.New("reading the change-event signing key: there is none (run SELECT renderqueue_rotate_event_key() as the schema owner)")
+	}
+	key, err := hex.DecodeString(string(row[0]))
+	if err != nil || len(key) == 0 {
+		return fmt.Errorf("reading the change-event signing key: %q is not a hex key", row[0])
+	}
+	dbNow, err := strconv.ParseInt(string(row[1]), 10, 64)
+	if err != nil {
+		return fmt.Errorf("reading the database's clock: %w", err)
+	}
+	mid := before.Add(after.Sub(before) / 2)
+	sub.key, sub.keyAt = key, after
+	sub.clockOffset = time.UnixMicro(dbNow).Sub(mid)
+	return nil
+}
+
+// keyRefreshInterval is the least time between two reads of the signing key prompted by bad
+// signatures (after a rotation, the first payload signed with the new key prompts one).
+const keyRefreshInterval = time.Second
+
+// open checks a notification and returns its body: signed by the schema's triggers with the
+// current key (read again, at most once per keyRefreshInterval, when the signature does not
+// match: the key may have been rotated; conn is nil when the connection is gone), fresh, and
+// not seen before.
+func (sub *subscription) open(conn *pgconn.PgConn, n *pgconn.Notification) (string, error) {
+	e, err := openEnvelope(n.Payload)
+	if err != nil {
+		return "", err
+	}
+	if !e.authentic(sub.key, n.Channel) {
+		if conn == nil || conn.IsClosed() || time.Since(sub.keyAt) < keyRefreshInterval {
+			return "", errBadSignature
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		err := sub.readKey(ctx, conn)
+		cancel()
+		if err != nil {
+			return "", fmt.Errorf("%w; reading the key again: %w", errBadSignature, err)
+		}
+		if !e.authentic(sub.key, n.Channel) {
+			return "", errBadSignature
+		}
+	}
+	now := time.Now().Add(sub.clockOffset).UnixMicro()
+	if err := sub.guard.admit(e.ts, &e.mac, now); err != nil {
+		return "", err
+	}
+	return e.body, nil
+}
+
+// logLimiter lets one log line through per interval and counts the ones it held back.
+type logLimiter struct {
+	last       time.Time
+	suppressed int
+}
+
+func (l *logLimiter) allow(now time.Time) (ok bool, suppressed int) {
+	if now.Sub(l.last) < time.Second {
+		l.suppressed++
+		return false, 0
+	}
+	l.last = now
+	n := l.suppressed
+	l.suppressed = 0
+	return true, n
 }
 
 // relisten changes the LISTENed channels to want, in one round trip.
@@ -162,7 +265,7 @@ func (sub *subscription) run(ctx context.Context, conn *pgconn.PgConn) {
 	for {
 		err := sub.serve(ctx, conn)
 		_ = conn.Close(context.Background())
-		sub.deliverPending()
+		sub.deliverPending(nil)
 		if ctx.Err() != nil {
 			sub.failWaiting(store.ErrClosed)
 			return
@@ -188,7 +291,7 @@ func (sub *subscription) serve(ctx context.Context, conn *pgconn.PgConn) error {
 		}
 		// notifications that arrived while LISTEN/UNLISTEN ran are buffered by the connection:
 		// hand them over now, not when the next notification or health check wakes the wait
-		sub.deliverPending()
+		sub.deliverPending(conn)
 		waitCtx, cancel := context.WithTimeout(ctx, sub.s.opts.HealthInterval)
 		sub.mu.Lock()
 		sub.waitCancel = cancel
@@ -202,7 +305,7 @@ func (sub *subscription) serve(ctx context.Context, conn *pgconn.PgConn) error {
 		sub.mu.Unlock()
 		timedOut := errors.Is(waitCtx.Err(), context.DeadlineExceeded)
 		cancel()
-		sub.deliverPending()
+		sub.deliverPending(conn)
 		if err == nil {
 			continue
 		}
@@ -216,7 +319,7 @@ func (sub *subscription) serve(ctx context.Context, conn *pgconn.PgConn) error {
 			pctx, pcancel := context.WithTimeout(ctx, 10*time.Second)
 			_, perr := conn.Exec(pctx, "SELECT 1").ReadAll()
 			pcancel()
-			sub.deliverPending()
+			sub.deliverPending(conn)
 			if perr != nil {
 				return fmt.Errorf("health check: %w", perr)
 			}
@@ -329,32 +432,42 @@ func (sub *subscription) failWaiting(err error) {
 	}
 }
 
-// deliverPending parses the notifications read so far and queues their events.
-func (sub *subscription) deliverPending() {
-	if len(sub.pending) == 0 {
-		return
+// deliverPending checks and parses the notifications read so far and queues their events. A
+// payload that is not authentic, fresh and new, or that does not parse, is dropped and
+// signalled as a gap (then resumed: the subscription itself is fine), so the keeper walks
+// rather than trusts it. conn is the live connection (to read a rotated key), or nil.
+func (sub *subscription) deliverPending(conn *pgconn.PgConn) {
+	for len(sub.pending) > 0 {
+		// reading the key again may read more notifications into a fresh pending
+		batch := sub.pending
+		sub.pending, sub.spare = sub.spare[:0], nil
+		var items []qitem
+		var evs []store.Event
+		for i, n := range batch {
+			batch[i] = nil
+			body, err := sub.open(conn, n)
+			if err == nil && body == truncateBody {
+				items = append(items, qitem{kind: store.KindGap, err: errTruncated}, qitem{kind: store.KindResumed})
+				continue
+			}
+			if err == nil {
+				evs, err = parseEntries(body, sub.routes, evs[:0])
+				for _, ev := range evs {
+					items = append(items, qitem{kind: store.KindEvents, ev: ev})
+				}
+			}
+			if err != nil {
+				if ok, more := sub.badLog.allow(time.Now()); ok {
+					sub.s.log.Error(err, "Dropping a change event payload; signalling a gap", "channel", n.Channel,
+						"payloadPrefix", prefix(n.Payload), "droppedSinceLastLine", more)
+				}
+				items = append(items, qitem{kind: store.KindGap, err: fmt.Errorf("channel %s: %w", n.Channel, err)},
+					qitem{kind: store.KindResumed})
+			}
+		}
+		sub.spare = batch[:0]
+		sub.push(items...)
 	}
-	var items []qitem
-	var evs []store.Event
-	for i, n := range sub.pending {
-		sub.pending[i] = nil
-		if n.Payload == truncatePayload {
-			items = append(items, qitem{kind: store.KindGap, err: errTruncated}, qitem{kind: store.KindResumed})
-			continue
-		}
-		var err error
-		evs, err = parsePayload(n.Payload, sub.routes, evs[:0])
-		for _, ev := range evs {
-			items = append(items, qitem{kind: store.KindEvents, ev: ev})
-		}
-		if err != nil {
-			sub.s.log.Error(err, "dropping a malformed change event payload; signalling a gap", "channel", n.Channel)
-			items = append(items, qitem{kind: store.KindGap, err: fmt.Errorf("channel %s: %w", n.Channel, err)},
-				qitem{kind: store.KindResumed})
-		}
-	}
-	sub.pending = sub.pending[:0]
-	sub.push(items...)
 }
 
 func (sub *subscription) push(items ...qitem) {
