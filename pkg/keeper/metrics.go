@@ -65,9 +65,10 @@ var walkRowKinds = [...]string{"scanned", "admitted", "repaired", "invalid", "de
 
 // Completion results (label values of renderqueue_keeper_completed_rows_total{result}).
 const (
-	completeOK        = "ok"
-	completeLeaseLost = "lease_lost"
-	completeNotHeld   = "not_held"
+	completeOK          = "ok"
+	completeLeaseLost   = "lease_lost"
+	completeNotHeld     = "not_held"
+	completeWriteFailed = "write_failed"
 )
 
 // Metrics are a shard's event metrics (counters and histograms). A nil *Metrics records nothing.
@@ -123,7 +124,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			[]string{"cadence_le"}),
 		completesTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "renderqueue_keeper_completed_rows_total",
-			Help: "Rows completed, by cadence class, source and result: ok, lease_lost, not_held (class labels empty when the row is not held)."},
+			Help: "Rows completed, by cadence class, source and result: ok, lease_lost, not_held, write_failed (the store's write failed, the request was answered 503; class labels empty when the row is not held)."},
 			[]string{"cadence_le", "source", "result"}),
 		claimLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "renderqueue_keeper_claim_duration_seconds", Help: "Time to serve a claim request.",
@@ -146,7 +147,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		for _, src := range sources {
 			rc := rowClass{cadence: c, source: src}
 			m.claimedByClass[rc] = m.claimsTotal.WithLabelValues(c, src)
-			for _, res := range []string{completeOK, completeLeaseLost, completeNotHeld} {
+			for _, res := range []string{completeOK, completeLeaseLost, completeNotHeld, completeWriteFailed} {
 				m.completedByClass[classResult{rc, res}] = m.completesTotal.WithLabelValues(c, src, res)
 			}
 		}
@@ -231,6 +232,8 @@ func (m *Metrics) completed(results []error, classes []rowClass, took time.Durat
 		switch {
 		case errors.Is(err, ErrNotHeld):
 			result = completeNotHeld
+		case errors.Is(err, errWriteFailed):
+			result = completeWriteFailed
 		case err != nil:
 			result = completeLeaseLost
 		}

@@ -12,6 +12,9 @@ import (
 // ErrLoading is returned by Claim until the shard has loaded.
 var ErrLoading = errors.New("shard is loading: claims are served once the first walk has finished")
 
+// errWriteFailed marks, for the metrics, the items of a completion whose write failed.
+var errWriteFailed = errors.New("the completion could not be written")
+
 // Claim leases up to n due rows for leaseFor (the default lease when 0).
 func (s *Shard) Claim(now time.Time, n int, leaseFor time.Duration) ([]Claimed, error) {
 	start := time.Now()
@@ -73,6 +76,11 @@ func (s *Shard) Complete(ctx context.Context, items []CompleteItem) ([]error, er
 	}
 	written, err := s.st.Complete(ctx, writes)
 	if err != nil {
+		for _, i := range idx {
+			results[i] = errWriteFailed
+		}
+		s.m.completed(results, classes, time.Since(start))
+		s.log.Error(err, "Writing completions failed; the request is answered 503 and its leases stand", "shard", s.name, "items", len(writes))
 		return nil, fmt.Errorf("writing %d completions: %w", len(writes), err)
 	}
 	s.mu.Lock()

@@ -285,7 +285,6 @@ func (s *Store) commitGroup(batch []*completeReq) {
 	for ri, req := range batch {
 		req.res = make([]store.CompleteResult, len(req.items))
 		for ii, it := range req.items {
-			req.res[ii].Row.Key = it.Key
 			k := round[it.Key]
 			round[it.Key] = k + 1
 			if k == len(rounds) {
@@ -328,11 +327,28 @@ func (s *Store) commitGroup(batch []*completeReq) {
 		}
 		return nil
 	}
+	// A group that fails on a connection error (a killed backend, a failover) is written once
+	// more on another connection: completions are idempotent (the same due times, urgent
+	// cleared), so a first attempt that committed before its answer was lost does no harm.
 	var err error
-	if len(rounds) == 1 {
-		err = run(s.pool) // one statement: its own transaction
-	} else {
-		err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error { return run(tx) })
+	for attempt := 1; ; attempt++ {
+		for _, req := range batch {
+			for ii, it := range req.items {
+				req.res[ii] = store.CompleteResult{Row: schedule.Row{Key: it.Key}}
+			}
+		}
+		if len(rounds) == 1 {
+			err = run(s.pool) // one statement: its own transaction
+		} else {
+			err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error { return run(tx) })
+		}
+		if err == nil || attempt == 2 || !isConnError(err) || ctx.Err() != nil {
+			break
+		}
+		s.log.Error(err, "Group commit of completions failed on a connection error; retrying once", "requests", len(batch), "rounds", len(rounds))
+	}
+	if err != nil {
+		s.log.Error(err, "Group commit of completions failed; its requests fail", "requests", len(batch), "rounds", len(rounds))
 	}
 	for _, req := range batch {
 		if err != nil {
