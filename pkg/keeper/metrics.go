@@ -69,6 +69,7 @@ const (
 	completeLeaseLost   = "lease_lost"
 	completeNotHeld     = "not_held"
 	completeWriteFailed = "write_failed"
+	completeChanged     = "changed"
 )
 
 // Metrics are a shard's event metrics (counters and histograms). A nil *Metrics records nothing.
@@ -124,7 +125,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			[]string{"cadence_le"}),
 		completesTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "renderqueue_keeper_completed_rows_total",
-			Help: "Rows completed, by cadence class, source and result: ok, lease_lost, not_held, write_failed (the store's write failed, the request was answered 503; class labels empty when the row is not held)."},
+			Help: "Rows completed, by cadence class, source and result: ok, lease_lost, not_held, changed (the row changed since it was claimed: not written), write_failed (the store's write failed, the request was answered 503; class labels empty when the row is not held)."},
 			[]string{"cadence_le", "source", "result"}),
 		claimLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "renderqueue_keeper_claim_duration_seconds", Help: "Time to serve a claim request.",
@@ -147,7 +148,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		for _, src := range sources {
 			rc := rowClass{cadence: c, source: src}
 			m.claimedByClass[rc] = m.claimsTotal.WithLabelValues(c, src)
-			for _, res := range []string{completeOK, completeLeaseLost, completeNotHeld, completeWriteFailed} {
+			for _, res := range []string{completeOK, completeLeaseLost, completeNotHeld, completeChanged, completeWriteFailed} {
 				m.completedByClass[classResult{rc, res}] = m.completesTotal.WithLabelValues(c, src, res)
 			}
 		}
@@ -234,6 +235,8 @@ func (m *Metrics) completed(results []error, classes []rowClass, took time.Durat
 			result = completeNotHeld
 		case errors.Is(err, errWriteFailed):
 			result = completeWriteFailed
+		case errors.Is(err, ErrChangedSinceClaimed):
+			result = completeChanged
 		case err != nil:
 			result = completeLeaseLost
 		}

@@ -15,6 +15,32 @@ var ErrLoading = errors.New("shard is loading: claims are served once the first 
 // errWriteFailed marks, for the metrics, the items of a completion whose write failed.
 var errWriteFailed = errors.New("the completion could not be written")
 
+// ErrChangedSinceClaimed: the row was changed (by a producer: urgent set, due moved, cadence
+// changed, ...) after it was claimed, so the render was of an older version. The completion is
+// not written: the row stays as the producer wrote it, and is handed out again when it is due.
+var ErrChangedSinceClaimed = errors.New("the row changed since it was claimed: the completion was not written, the row keeps its new version and is handed out again when due")
+
+// leasedRev is what a lease was given for: the row's key and rev.
+type leasedRev struct {
+	key string
+	rev int64
+}
+
+// sweepLeased forgets the leases that are no longer current (expired, released, completed or
+// gone with their row) once the map has doubled since the last sweep, so it stays as large as
+// the leases in flight, in amortised constant time per claim. Caller holds mu.
+func (s *Shard) sweepLeased(now time.Time) {
+	if len(s.leased) < max(1024, 2*s.leasedSwept) {
+		return
+	}
+	for tok, l := range s.leased {
+		if s.core.CheckLease(now, l.key, tok) != nil {
+			delete(s.leased, tok)
+		}
+	}
+	s.leasedSwept = len(s.leased)
+}
+
 // Claim leases up to n due rows for leaseFor (the default lease when 0).
 func (s *Shard) Claim(now time.Time, n int, leaseFor time.Duration) ([]Claimed, error) {
 	start := time.Now()
@@ -27,6 +53,10 @@ func (s *Shard) Claim(now time.Time, n int, leaseFor time.Duration) ([]Claimed, 
 		leaseFor = s.settings.LeaseDuration
 	}
 	rows := s.core.Claim(now, n, leaseFor)
+	for i := range rows {
+		s.leased[rows[i].Lease] = leasedRev{key: rows[i].Key, rev: rows[i].Rev}
+	}
+	s.sweepLeased(now)
 	s.mu.Unlock()
 	s.m.claimed(now, rows, time.Since(start))
 	return rows, nil
@@ -42,9 +72,11 @@ type CompleteItem struct {
 
 // Complete records finished renders: it checks every item's lease, writes the next due times
 // through the store's group-committed path, applies the written rows and ends the leases.
-// Items whose lease is not current get an error and write nothing. It returns one error (or
-// nil) per item, and an error when the write itself failed (then nothing was written and the
-// leases stand).
+// Items whose lease is not current get an error and write nothing. A row changed since its
+// lease was given (its rev moved) is not written either: its item gets ErrChangedSinceClaimed,
+// the shard applies the row as stored and ends the lease, so the new version is claimable when
+// due. It returns one error (or nil) per item, and an error when the write itself failed (then
+// nothing was written and the leases stand).
 func (s *Shard) Complete(ctx context.Context, items []CompleteItem) ([]error, error) {
 	start := time.Now()
 	results := make([]error, len(items))
@@ -66,7 +98,8 @@ func (s *Shard) Complete(ctx context.Context, items []CompleteItem) ([]error, er
 		if it.NextDue != nil {
 			due = *it.NextDue
 		}
-		writes = append(writes, store.Completion{Key: it.Key, Due: due})
+		// every current lease was recorded by Claim (a missing one would write unchecked)
+		writes = append(writes, store.Completion{Key: it.Key, Due: due, Rev: s.leased[it.Lease].rev})
 		idx = append(idx, i)
 	}
 	s.mu.Unlock()
@@ -87,13 +120,17 @@ func (s *Shard) Complete(ctx context.Context, items []CompleteItem) ([]error, er
 	now = s.clock()
 	for j, res := range written {
 		i := idx[j]
+		delete(s.leased, items[i].Lease)
 		if !res.Found {
 			results[i] = ErrNotHeld
 			continue
 		}
+		if res.Changed {
+			results[i] = ErrChangedSinceClaimed
+		}
 		s.core.Apply(now, res.Row)
 		// the new version may have left the window (lease gone with it) or stay held
-		if err := s.core.Release(now, items[i].Key, items[i].Lease); err != nil && !errors.Is(err, ErrNotHeld) && !errors.Is(err, ErrLeaseLost) {
+		if err := s.core.Release(now, items[i].Key, items[i].Lease); err != nil && !errors.Is(err, ErrNotHeld) && !errors.Is(err, ErrLeaseLost) && !res.Changed {
 			results[i] = err
 		}
 	}
@@ -109,6 +146,9 @@ func (s *Shard) Release(now time.Time, items []CompleteItem) []error {
 	out := make([]error, len(items))
 	for i, it := range items {
 		out[i] = s.core.Release(now, it.Key, it.Lease)
+		if out[i] == nil {
+			delete(s.leased, it.Lease)
+		}
 	}
 	return out
 }

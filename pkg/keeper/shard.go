@@ -168,6 +168,10 @@ type Shard struct {
 	sub           store.Subscription
 	wake          chan struct{} // asks Run to walk soon
 	fullWanted    bool          // the walk Run does on wake must be full (gap resumed, window changed)
+
+	// leased remembers, by lease token, the key and rev each lease was given for (serve.go).
+	leased      map[uint64]leasedRev
+	leasedSwept int // len(leased) after its last sweep
 }
 
 // NewShard returns a shard that has loaded nothing yet.
@@ -196,7 +200,7 @@ func NewShard(opts Options, s Settings) (*Shard, error) {
 	sh := &Shard{
 		name: opts.Name, st: opts.Store, open: opts.Open, clock: opts.Clock, log: opts.Log, m: opts.Metrics,
 		openBackoff: newBackoff(opts.ConnectBackoffMin, opts.ConnectBackoffMax),
-		core:        core, settings: s, wake: make(chan struct{}, 1),
+		core:        core, settings: s, wake: make(chan struct{}, 1), leased: map[uint64]leasedRev{},
 	}
 	for _, sl := range s.Owned.Slots() {
 		core.SetSlot(sl, SlotOwned)

@@ -62,11 +62,15 @@ type Store interface {
 	Upsert(ctx context.Context, rows []schedule.Row) ([]schedule.Row, error)
 
 	// Complete records finished renders: for each item it sets the row's due time to item.Due and
-	// clears urgent. Concurrent calls are group-committed (many completions per transaction);
+	// clears urgent. An item with a Rev is written only while the row is still at that rev (the
+	// version the render was for): a row changed since (by a producer: urgent set, due moved,
+	// cadence changed) is left as it is, and its result says Changed, with the row as stored.
+	// Concurrent calls are group-committed (many completions per transaction);
 	// Complete returns once the transaction holding its items committed, with one result per item
 	// in input order: the row as stored after the write (with its new rev), or Found false when no
 	// row has the key. When the same key is completed more than once in one group, the writes are
-	// applied in arrival order, each with its own rev. Bad input (empty or over-long key, due
+	// applied in arrival order, each with its own rev (and each checks its Rev against the row as
+	// the writes before it left it). Bad input (empty or over-long key, due
 	// time outside years 1-9999) refuses the whole call with a *ValidationError and writes
 	// nothing. Once its items joined a group, Complete waits for that group's outcome even if
 	// ctx ends, so the caller always learns whether they were written.
@@ -226,14 +230,20 @@ type Event struct {
 type Completion struct {
 	Key string
 	Due time.Time
+	// Rev, when not 0, is the rev of the row the render was for: the completion is written only
+	// if the row is still at that rev. 0 writes whatever the row's rev.
+	Rev int64
 }
 
 // CompleteResult is the outcome of one Completion.
 type CompleteResult struct {
-	// Row is the row as stored after the completion (valid when Found).
+	// Row is the row as stored after the completion (valid when Found): the written row, or,
+	// when Changed, the row as it was found.
 	Row schedule.Row
 	// Found is false when no row has the key (nothing was written for it).
 	Found bool
+	// Changed is true when the row's rev was no longer the completion's Rev: nothing was written.
+	Changed bool
 }
 
 // DeleteResult is the outcome of deleting one key.

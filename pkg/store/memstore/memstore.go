@@ -174,6 +174,10 @@ func (s *Store) Complete(ctx context.Context, items []store.Completion) ([]store
 			res[i].Row.Key = it.Key
 			continue
 		}
+		if it.Rev != 0 && r.Rev != it.Rev {
+			res[i] = store.CompleteResult{Row: r, Found: true, Changed: true}
+			continue
+		}
 		r.Due, r.HasDue, r.Urgent = it.Due.UTC().Truncate(time.Microsecond), true, false
 		r.Rev = s.nextRev()
 		s.rows[it.Key] = r

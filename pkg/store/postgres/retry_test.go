@@ -91,6 +91,58 @@ func (b *completeBlocker) release() {
 	}
 }
 
+// commitWith runs sql in the blocking transaction and commits it.
+func (b *completeBlocker) commitWith(sql string, args ...any) {
+	b.t.Helper()
+	if _, err := b.tx.Exec(context.Background(), sql, args...); err != nil {
+		b.t.Fatal(err)
+	}
+	if err := b.tx.Commit(context.Background()); err != nil {
+		b.t.Fatal(err)
+	}
+}
+
+// TestRetryOfRevCheckedCompletion: when a rev-checked completion's first attempt is lost with
+// its connection, the retry finds the rev moved. A row as the completion writes it (what a first
+// attempt that committed leaves) counts as written; a row changed otherwise is Changed.
+func TestRetryOfRevCheckedCompletion(t *testing.T) {
+	st, dsn := openTestStore(t, Options{})
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name        string
+		meanwhile   string // what the row becomes while the first attempt dies
+		wantChanged bool
+	}{
+		{"as written by the first attempt", `UPDATE render_schedule SET due_at = $2, urgent = false WHERE key = $1`, false},
+		{"changed by a producer", `UPDATE render_schedule SET urgent = true WHERE key = $1 AND $2::timestamptz IS NOT NULL`, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			in, err := st.Upsert(ctx, []schedule.Row{storetest.Row("retry/"+strings.ReplaceAll(tc.name, " ", "-"), time.Now().Add(-time.Hour))})
+			if err != nil {
+				t.Fatal(err)
+			}
+			due := time.Now().Add(time.Hour).UTC().Truncate(time.Microsecond)
+			b := blockCompletions(t, st, dsn, in[0].Key)
+			type out struct {
+				res []store.CompleteResult
+				err error
+			}
+			done := make(chan out, 1)
+			go func() {
+				res, err := st.Complete(ctx, []store.Completion{{Key: in[0].Key, Due: due, Rev: in[0].Rev}})
+				done <- out{res, err}
+			}()
+			b.kill()
+			b.waitBlocked()
+			b.commitWith(tc.meanwhile, in[0].Key, due)
+			o := <-done
+			if o.err != nil || len(o.res) != 1 || !o.res[0].Found || o.res[0].Changed != tc.wantChanged || o.res[0].Row.Rev <= in[0].Rev {
+				t.Fatalf("retried completion: %+v %v, want changed=%v", o.res, o.err, tc.wantChanged)
+			}
+		})
+	}
+}
+
 // TestCompleteRetriesOnConnectionError: a group commit whose connection is killed is written
 // once more on another connection and succeeds; one killed twice fails, and says so in the log.
 func TestCompleteRetriesOnConnectionError(t *testing.T) {

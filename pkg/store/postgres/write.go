@@ -19,11 +19,16 @@ ON CONFLICT (key) DO UPDATE SET
     source = EXCLUDED.source, urgent = EXCLUDED.urgent
 RETURNING ` + rowColumns
 
-// completeSQL completes a batch of distinct keys. The ordinality column maps results back.
+// completeSQL completes a batch of distinct keys, each only while its row is at the rev given
+// (0: any rev). The ordinality column maps results back.
 const completeSQL = `UPDATE render_schedule AS r SET due_at = c.due, urgent = false
-FROM unnest($1::text[], $2::timestamptz[]) WITH ORDINALITY AS c(key, due, i)
-WHERE r.key = c.key
+FROM unnest($1::text[], $2::timestamptz[], $3::bigint[]) WITH ORDINALITY AS c(key, due, rev, i)
+WHERE r.key = c.key AND (c.rev = 0 OR r.rev = c.rev)
 RETURNING c.i, r.key, r.key_hash, r.due_at, r.cadence_ms, r.route, r.source, r.urgent, r.rev`
+
+// changedSQL reads the rows a rev-checked completion left alone.
+const changedSQL = `SELECT c.i, r.key, r.key_hash, r.due_at, r.cadence_ms, r.route, r.source, r.urgent, r.rev
+FROM unnest($1::text[]) WITH ORDINALITY AS c(key, i) JOIN render_schedule AS r ON r.key = c.key`
 
 const deleteSQL = `DELETE FROM render_schedule WHERE key = ANY($1::text[])
 RETURNING key, key_hash, nextval('render_schedule_rev_seq')`
@@ -275,6 +280,30 @@ func (s *Store) drainCommits() {
 	}
 }
 
+// querier runs a query on the pool or in a transaction.
+type querier interface {
+	Query(context.Context, string, ...any) (pgx.Rows, error)
+}
+
+// queryRows runs a query returning (ordinality, row columns) and hands each row to fn with its
+// 0-based ordinality.
+func queryRows(ctx context.Context, q querier, fn func(i int, r schedule.Row), sql string, args ...any) error {
+	rows, err := q.Query(ctx, sql, args...)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var i int64
+		r, err := scanRow(rows, &i)
+		if err != nil {
+			return err
+		}
+		fn(int(i-1), r)
+	}
+	return rows.Err()
+}
+
 // commitGroup writes a group of completions in one transaction. Keys completed more than once in
 // the group are written in rounds (one UPDATE per round, each key at most once per round), in
 // arrival order, so each write gets its own rev and the last one wins.
@@ -295,43 +324,57 @@ func (s *Store) commitGroup(batch []*completeReq) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	run := func(q interface {
-		Query(context.Context, string, ...any) (pgx.Rows, error)
-	}) error {
+	attempt := 0
+	run := func(q querier) error {
 		for _, rd := range rounds {
 			keys := make([]string, len(rd))
 			dues := make([]pgtype.Timestamptz, len(rd))
+			revs := make([]int64, len(rd))
 			for j, rf := range rd {
 				it := batch[rf.req].items[rf.item]
-				keys[j] = it.Key
-				dues[j] = timestamptz(it.Due, true)
+				keys[j], dues[j], revs[j] = it.Key, timestamptz(it.Due, true), it.Rev
 			}
-			rows, err := q.Query(ctx, completeSQL, keys, dues)
+			written := make([]bool, len(rd))
+			err := queryRows(ctx, q, func(j int, r schedule.Row) {
+				written[j] = true
+				batch[rd[j].req].res[rd[j].item] = store.CompleteResult{Row: r, Found: true}
+			}, completeSQL, keys, dues, revs)
 			if err != nil {
 				return err
 			}
-			for rows.Next() {
-				var i int64
-				r, err := scanRow(rows, &i)
-				if err != nil {
-					rows.Close()
-					return err
+			var changed []int // rev-checked items not written: missing rows, or rows whose rev moved
+			for j := range rd {
+				if !written[j] && revs[j] != 0 {
+					changed = append(changed, j)
 				}
-				rf := rd[i-1]
-				batch[rf.req].res[rf.item] = store.CompleteResult{Row: r, Found: true}
 			}
-			rows.Close()
-			if err := rows.Err(); err != nil {
+			if len(changed) == 0 {
+				continue
+			}
+			ckeys := make([]string, len(changed))
+			for k, j := range changed {
+				ckeys[k] = keys[j]
+			}
+			err = queryRows(ctx, q, func(k int, r schedule.Row) {
+				rf := rd[changed[k]]
+				it := batch[rf.req].items[rf.item]
+				// On the retry, a row already as this completion writes it was written by the
+				// first attempt, whose answer was lost with its connection.
+				ours := attempt > 1 && !r.Urgent && r.HasDue && r.Due.Equal(it.Due.Truncate(time.Microsecond))
+				batch[rf.req].res[rf.item] = store.CompleteResult{Row: r, Found: true, Changed: !ours}
+			}, changedSQL, ckeys)
+			if err != nil {
 				return err
 			}
 		}
 		return nil
 	}
 	// A group that fails on a connection error (a killed backend, a failover) is written once
-	// more on another connection: completions are idempotent (the same due times, urgent
-	// cleared), so a first attempt that committed before its answer was lost does no harm.
+	// more on another connection. A first attempt that committed before its answer was lost does
+	// no harm: an unchecked completion writes the same again, and a rev-checked one finds the rev
+	// moved and the row as it wrote it, which counts as written.
 	var err error
-	for attempt := 1; ; attempt++ {
+	for attempt = 1; ; attempt++ {
 		for _, req := range batch {
 			for ii, it := range req.items {
 				req.res[ii] = store.CompleteResult{Row: schedule.Row{Key: it.Key}}

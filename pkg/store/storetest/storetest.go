@@ -81,6 +81,7 @@ func Run(t *testing.T, h Harness) {
 		{"StoreClose", testStoreClose},
 		{"CompleteResults", testCompleteResults},
 		{"CompleteGroupCommitConcurrent", testCompleteConcurrent},
+		{"CompleteChecksRev", testCompleteChecksRev},
 		{"DeleteResults", testDelete},
 		{"RejectBadInput", testRejectBadInput},
 	}
@@ -962,6 +963,67 @@ func testCompleteResults(t *testing.T, h Harness) {
 	}
 	if res, err := st.Complete(ctx, nil); err != nil || len(res) != 0 {
 		t.Errorf("empty completion: %v, %v", res, err)
+	}
+}
+
+// testCompleteChecksRev: a completion with a Rev writes only while the row is at that rev; a row
+// a producer changed since is left as the producer wrote it and reported Changed, with the row
+// as stored; Rev 0 writes whatever the rev.
+func testCompleteChecksRev(t *testing.T, h Harness) {
+	st := newStore(t, h, Options{})
+	in := upsert(t, st, makeRows("revcheck", 3))
+	ctx := ctxT(t)
+	due := base.Add(2 * time.Hour)
+	complete := func(items ...store.Completion) []store.CompleteResult {
+		t.Helper()
+		res, err := st.Complete(ctx, items)
+		if err != nil || len(res) != len(items) {
+			t.Fatalf("complete %+v: %+v, %v", items, res, err)
+		}
+		return res
+	}
+	// the row as leased: written
+	res := complete(store.Completion{Key: in[0].Key, Due: due, Rev: in[0].Rev})
+	if !res[0].Found || res[0].Changed || !res[0].Row.Due.Equal(due) || res[0].Row.Rev <= in[0].Rev {
+		t.Fatalf("completion at the current rev: %+v", res[0])
+	}
+	// a producer sets urgent and moves the due time earlier while the row is leased
+	changed := in[1]
+	changed.Urgent, changed.Due = true, base.Add(-3*time.Hour)
+	now := upsert(t, st, []schedule.Row{changed})[0]
+	res = complete(
+		store.Completion{Key: in[1].Key, Due: due, Rev: in[1].Rev},                // the producer's change wins
+		store.Completion{Key: in[0].Key, Due: due.Add(time.Hour), Rev: in[0].Rev}, // completed already: the rev moved
+		store.Completion{Key: "https://example.com/revcheck/missing", Due: due, Rev: 7},
+		store.Completion{Key: in[2].Key, Due: due, Rev: in[2].Rev},
+		store.Completion{Key: in[2].Key, Due: due.Add(time.Hour), Rev: in[2].Rev}, // the same lease twice
+	)
+	if r := res[0]; !r.Found || !r.Changed || r.Row != now {
+		t.Errorf("completion of a row changed since: %+v, want Changed with the row as stored %+v", r, now)
+	}
+	if r := res[1]; !r.Found || !r.Changed || !r.Row.Due.Equal(due) {
+		t.Errorf("second completion at an old rev: %+v, want Changed with the first completion's row", r)
+	}
+	if r := res[2]; r.Found || r.Changed {
+		t.Errorf("missing key: %+v", r)
+	}
+	if r := res[3]; !r.Found || r.Changed || !r.Row.Due.Equal(due) {
+		t.Errorf("first of the same lease twice: %+v, want written", r)
+	}
+	if r := res[4]; !r.Found || !r.Changed || !r.Row.Due.Equal(due) {
+		t.Errorf("second of the same lease twice: %+v, want Changed", r)
+	}
+	rec, err := walk(t, st, store.AllSlots(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := rec.rows[in[1].Key]; got != now {
+		t.Errorf("stored row after a refused completion: %+v, want the producer's %+v", got, now)
+	}
+	// Rev 0: written whatever the rev
+	res = complete(store.Completion{Key: in[1].Key, Due: due})
+	if r := res[0]; !r.Found || r.Changed || r.Row.Urgent || !r.Row.Due.Equal(due) {
+		t.Errorf("unchecked completion: %+v", r)
 	}
 }
 
