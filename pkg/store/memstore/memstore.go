@@ -10,6 +10,8 @@
 //   - Continuity is lost only when a test says so: BreakSubscriptions (gap, then resumed at once),
 //     or DisconnectSubscriptions and ReconnectSubscriptions (writes in between are not delivered).
 //   - FailSegment makes chosen walk segments fail.
+//   - A subscription's queue overflows (MaxQueuedEvents) only by events published while the
+//     consumer does not take them, as with PostgreSQL, but without a connection in between.
 package memstore
 
 import (
@@ -35,6 +37,10 @@ type Options struct {
 	SegmentSlots int
 	// FailSegment, when set, makes the walk of every segment it returns true for fail.
 	FailSegment func(store.Segment) bool
+	// MaxQueuedEvents caps the events a subscription holds for its consumer; beyond it events
+	// are dropped and signalled as a gap, then resumed once the consumer has taken the queue.
+	// Default 262144.
+	MaxQueuedEvents int
 }
 
 // FNVHash is the default ownership hash: FNV-1a 64 of the key.
@@ -72,6 +78,9 @@ func New(opts Options) *Store {
 	}
 	if opts.SegmentSlots <= 0 {
 		opts.SegmentSlots = 16
+	}
+	if opts.MaxQueuedEvents <= 0 {
+		opts.MaxQueuedEvents = 1 << 18
 	}
 	return &Store{opts: opts, rows: map[string]schedule.Row{}, subs: map[*subscription]struct{}{}}
 }

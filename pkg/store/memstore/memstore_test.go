@@ -2,6 +2,7 @@ package memstore
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -64,5 +65,43 @@ func TestHashOption(t *testing.T) {
 	out, err := st.Upsert(context.Background(), []schedule.Row{storetest.Row("x", time.Now())})
 	if err != nil || out[0].Slot() != 5 {
 		t.Fatalf("slot %d, err %v", out[0].Slot(), err)
+	}
+}
+
+// TestEventQueueOverflow: a flood of events a consumer does not take fills its queue to
+// MaxQueuedEvents, then becomes a gap; once the consumer has taken the queue it is resumed and
+// later writes are delivered again.
+func TestEventQueueOverflow(t *testing.T) {
+	const max = 50
+	st := New(Options{MaxQueuedEvents: max})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	sub, err := st.Subscribe(ctx, store.AllSlots())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = sub.Close() }()
+	rows := make([]schedule.Row, 1000)
+	for i := range rows {
+		rows[i] = storetest.Row(fmt.Sprintf("flood/%d", i), time.Now())
+	}
+	if _, err := st.Upsert(ctx, rows); err != nil {
+		t.Fatal(err)
+	}
+	st.mu.Lock()
+	queued := len(sub.(*subscription).queue)
+	st.mu.Unlock()
+	if queued > max+1 {
+		t.Fatalf("%d items queued, at most %d events and a gap", queued, max)
+	}
+	n := storetest.ExpectOverflow(t, sub, max, ErrOverflow, func() schedule.Row {
+		out, err := st.Upsert(ctx, []schedule.Row{storetest.Row("after", time.Now())})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return out[0]
+	})
+	if n != max {
+		t.Fatalf("%d events before the gap, want %d", n, max)
 	}
 }

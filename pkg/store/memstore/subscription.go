@@ -16,6 +16,9 @@ const maxBatchEvents = 8192
 // errDisconnected is the cause of gaps made by DisconnectSubscriptions.
 var errDisconnected = errors.New("memstore: subscription disconnected by the test")
 
+// ErrOverflow is the cause of the gap signalled when a subscription's queue is full.
+var ErrOverflow = errors.New("memstore: change events arrived faster than they were taken: the queue is full and events were dropped")
+
 type item struct {
 	kind store.BatchKind
 	ev   store.Event
@@ -29,11 +32,14 @@ type subscription struct {
 	slots        [schedule.NumSlots]bool
 	queue        []item
 	disconnected bool
-	closed       bool
-	wake         chan struct{}
-	done         chan struct{}
-	closeOnce    sync.Once
-	stopAfter    func() bool
+	// gapOpen: a gap is queued with no resumed after it; overflow: the queue was full and
+	// events are dropped until the consumer has taken all that are queued.
+	gapOpen, overflow bool
+	closed            bool
+	wake              chan struct{}
+	done              chan struct{}
+	closeOnce         sync.Once
+	stopAfter         func() bool
 }
 
 func (sub *subscription) signal() {
@@ -50,13 +56,35 @@ func (sub *subscription) publish(evs []store.Event) {
 	}
 	n := 0
 	for _, e := range evs {
-		if sub.slots[schedule.SlotOf(e.Row.KeyHash)] {
-			sub.queue = append(sub.queue, item{kind: store.KindEvents, ev: e})
-			n++
+		if !sub.slots[schedule.SlotOf(e.Row.KeyHash)] || sub.overflow {
+			continue
 		}
+		if len(sub.queue) >= sub.s.opts.MaxQueuedEvents {
+			sub.overflow = true
+			sub.gap(fmt.Errorf("%w (%d events)", ErrOverflow, sub.s.opts.MaxQueuedEvents))
+			n++
+			continue
+		}
+		sub.queue = append(sub.queue, item{kind: store.KindEvents, ev: e})
+		n++
 	}
 	if n > 0 {
 		sub.signal()
+	}
+}
+
+// gap queues a gap unless one is open; resumed queues resumed once no cause of a gap holds.
+func (sub *subscription) gap(err error) {
+	if !sub.gapOpen {
+		sub.queue = append(sub.queue, item{kind: store.KindGap, err: err})
+		sub.gapOpen = true
+	}
+}
+
+func (sub *subscription) resumed() {
+	if sub.gapOpen && !sub.disconnected && !sub.overflow {
+		sub.queue = append(sub.queue, item{kind: store.KindResumed})
+		sub.gapOpen = false
 	}
 }
 
@@ -65,7 +93,7 @@ func (sub *subscription) disconnect() {
 		return
 	}
 	sub.disconnected = true
-	sub.queue = append(sub.queue, item{kind: store.KindGap, err: errDisconnected})
+	sub.gap(errDisconnected)
 	sub.signal()
 }
 
@@ -74,12 +102,17 @@ func (sub *subscription) reconnect() {
 		return
 	}
 	sub.disconnected = false
-	sub.queue = append(sub.queue, item{kind: store.KindResumed})
+	sub.resumed()
 	sub.signal()
 }
 
-// take removes the next batch (caller holds s.mu).
+// take removes the next batch (caller holds s.mu). Once an overflowing queue is empty, it
+// queues resumed.
 func (sub *subscription) take() (store.Batch, bool) {
+	if sub.overflow && len(sub.queue) == 0 {
+		sub.overflow = false
+		sub.resumed()
+	}
 	var evs []store.Event
 	i := 0
 	for ; i < len(sub.queue); i++ {

@@ -68,6 +68,12 @@ type Options struct {
 	// payload's signing time may be; a payload signed earlier (delayed, held in a long
 	// transaction, or replayed) or later is dropped as a gap. Default 5m.
 	EventMaxAge time.Duration
+	// MaxQueuedEvents and MaxQueuedBytes cap the change events a subscription holds for its
+	// consumer, in number and in bytes (the queue entry, about 130 bytes, and the key). When the
+	// consumer falls that far behind, later events are dropped and signalled as a gap, then
+	// resumed once it has taken what was queued. Defaults 262144 and 64 MiB.
+	MaxQueuedEvents int
+	MaxQueuedBytes  int64
 	// MaxRememberedEvents caps the payloads a subscription remembers to refuse replays within
 	// EventMaxAge (about 40 bytes each); beyond it the oldest are forgotten and payloads signed
 	// no later than them are dropped as a gap. Default 524288.
@@ -119,6 +125,12 @@ func (o *Options) setDefaults() {
 	}
 	if o.EventMaxAge <= 0 {
 		o.EventMaxAge = 5 * time.Minute
+	}
+	if o.MaxQueuedEvents <= 0 {
+		o.MaxQueuedEvents = 1 << 18
+	}
+	if o.MaxQueuedBytes <= 0 {
+		o.MaxQueuedBytes = 64 << 20
 	}
 	if o.MaxRememberedEvents <= 0 {
 		o.MaxRememberedEvents = 1 << 19

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unsafe"
 
 	"github.com/jackc/pgx/v5/pgconn"
 
@@ -23,6 +24,9 @@ const ListenerApplicationName = "renderqueue-listener"
 
 // maxBatchEvents caps the events one Next returns.
 const maxBatchEvents = 8192
+
+// errOverflow is the gap cause reported when the event queue overflowed.
+var errOverflow = errors.New("change events arrived faster than they were taken: the queue is full and events were dropped")
 
 // errTruncated is the gap cause reported when the table was truncated.
 var errTruncated = errors.New("render_schedule was truncated: rows were removed without change events")
@@ -66,12 +70,17 @@ type subscription struct {
 	// (reader goroutine only).
 	carried *setReq
 
-	mu         sync.Mutex
-	queue      []qitem
-	head       int
-	slots      [schedule.NumSlots]bool // the current set; Next drops events of other slots
-	waitCancel context.CancelFunc      // interrupts the reader's wait (SetSlots)
-	closed     bool
+	mu    sync.Mutex
+	queue []qitem
+	head  int
+	// gapOpen: a gap is queued with no resumed after it; lost: the connection is down;
+	// overflow: events are being dropped; dropped counts the events dropped so far.
+	gapOpen, lost, overflow bool
+	dropped                 int64
+	queuedBytes             int64                   // eventBytes of the queued events
+	slots                   [schedule.NumSlots]bool // the current set; Next drops events of other slots
+	waitCancel              context.CancelFunc      // interrupts the reader's wait (SetSlots)
+	closed                  bool
 
 	wake   chan struct{}
 	cancel context.CancelFunc
@@ -271,14 +280,14 @@ func (sub *subscription) run(ctx context.Context, conn *pgconn.PgConn) {
 			return
 		}
 		sub.s.log.Info("change event subscription lost its connection; reconnecting", "error", err.Error())
-		sub.push(qitem{kind: store.KindGap, err: fmt.Errorf("listener connection lost: %w", err)})
+		sub.setLost(true, fmt.Errorf("listener connection lost: %w", err))
 		conn = sub.reconnect(ctx)
 		if conn == nil {
 			sub.failWaiting(store.ErrClosed)
 			return
 		}
 		sub.s.log.Info("change event subscription resumed")
-		sub.push(qitem{kind: store.KindResumed})
+		sub.setLost(false, nil)
 	}
 }
 
@@ -470,6 +479,8 @@ func (sub *subscription) deliverPending(conn *pgconn.PgConn) {
 	}
 }
 
+// push queues items: events, and gap and resumed signals of payloads that were dropped (each a
+// gap followed by resumed). See queueLocked for how gaps of different causes combine.
 func (sub *subscription) push(items ...qitem) {
 	if len(items) == 0 {
 		return
@@ -481,8 +492,69 @@ func (sub *subscription) push(items ...qitem) {
 		sub.queue = sub.queue[:n]
 		sub.head = 0
 	}
-	sub.queue = append(sub.queue, items...)
+	for _, it := range items {
+		sub.queueLocked(it)
+	}
 	sub.mu.Unlock()
+	sub.signal()
+}
+
+// setLost records that the connection was lost (a gap, with cause err) or is back (resumed,
+// unless the queue still overflows).
+func (sub *subscription) setLost(lost bool, err error) {
+	sub.mu.Lock()
+	sub.lost = lost
+	if lost {
+		sub.queueLocked(qitem{kind: store.KindGap, err: err})
+	} else {
+		sub.queueLocked(qitem{kind: store.KindResumed})
+	}
+	sub.mu.Unlock()
+	sub.signal()
+}
+
+// queueLocked queues one item (caller holds mu). The queue holds at most MaxQueuedEvents events:
+// an event that finds it full starts an overflow — a gap, and every event is dropped until the
+// consumer has taken all that are queued (then resumed: take). One gap covers every cause that
+// holds at the time (lost connection, overflow, dropped payloads): a second gap is not queued
+// while one is open, and resumed is queued only once no cause holds.
+func (sub *subscription) queueLocked(it qitem) {
+	switch it.kind {
+	case store.KindGap:
+		if !sub.gapOpen {
+			sub.queue = append(sub.queue, it)
+			sub.gapOpen = true
+		}
+	case store.KindResumed:
+		if sub.gapOpen && !sub.lost && !sub.overflow {
+			sub.queue = append(sub.queue, it)
+			sub.gapOpen = false
+		}
+	default:
+		switch {
+		case sub.overflow:
+			sub.dropped++
+		case len(sub.queue)-sub.head >= sub.s.opts.MaxQueuedEvents || sub.queuedBytes+eventBytes(&it.ev) > sub.s.opts.MaxQueuedBytes:
+			sub.overflow = true
+			sub.dropped++
+			sub.s.log.Info("Change event queue full: dropping events and signalling a gap until the consumer catches up",
+				"queued", len(sub.queue)-sub.head, "queuedBytes", sub.queuedBytes)
+			sub.queueLocked(qitem{kind: store.KindGap, err: fmt.Errorf("%w (%d events, %d bytes)", errOverflow,
+				len(sub.queue)-sub.head, sub.queuedBytes)})
+		default:
+			sub.queue = append(sub.queue, it)
+			sub.queuedBytes += eventBytes(&it.ev)
+		}
+	}
+}
+
+// eventBytes is about the memory a queued event holds: the queue entry and its key (routes are
+// interned, shared by every row of the route).
+func eventBytes(ev *store.Event) int64 {
+	return int64(unsafe.Sizeof(qitem{})) + int64(len(ev.Row.Key))
+}
+
+func (sub *subscription) signal() {
 	select {
 	case sub.wake <- struct{}{}:
 	default:
@@ -499,8 +571,13 @@ func (sub *subscription) markClosed() {
 	}
 }
 
-// take removes the next batch from the queue (caller holds mu).
+// take removes the next batch from the queue (caller holds mu). Once an overflowing queue is
+// empty, it queues resumed: events are accepted again from here on.
 func (sub *subscription) take() (store.Batch, bool) {
+	if sub.overflow && sub.head == len(sub.queue) {
+		sub.overflow = false
+		sub.queueLocked(qitem{kind: store.KindResumed})
+	}
 	var evs []store.Event
 	for sub.head < len(sub.queue) {
 		it := &sub.queue[sub.head]
@@ -513,6 +590,7 @@ func (sub *subscription) take() (store.Batch, bool) {
 			sub.head++
 			return b, true
 		}
+		sub.queuedBytes -= eventBytes(&it.ev)
 		if sub.slots[schedule.SlotOf(it.ev.Row.KeyHash)] {
 			if evs == nil {
 				evs = make([]store.Event, 0, min(maxBatchEvents, len(sub.queue)-sub.head))

@@ -1216,3 +1216,52 @@ func testStoreClose(t *testing.T, h Harness) {
 		t.Errorf("second Close: %v", err)
 	}
 }
+
+// ExpectOverflow reads sub after a flood of events written while nobody read it, to a queue of
+// at most max events: at most max events, then one gap whose cause wraps overflow, then resumed;
+// then it writes a row with write and expects its event, with no further gap. It returns the
+// number of events delivered before the gap.
+func ExpectOverflow(t *testing.T, sub store.Subscription, max int, overflow error, write func() schedule.Row) int {
+	t.Helper()
+	ctx := ctxT(t)
+	events := 0
+	var kinds []store.BatchKind
+	for len(kinds) < 2 {
+		b, err := sub.Next(ctx)
+		if err != nil {
+			t.Fatalf("after %d events: %v", events, err)
+		}
+		switch b.Kind {
+		case store.KindEvents:
+			if len(kinds) > 0 {
+				t.Fatalf("%d events between the gap and resumed", len(b.Events))
+			}
+			events += len(b.Events)
+		case store.KindGap:
+			if !errors.Is(b.Err, overflow) {
+				t.Fatalf("gap cause %v, want %v", b.Err, overflow)
+			}
+			kinds = append(kinds, b.Kind)
+		default:
+			kinds = append(kinds, b.Kind)
+		}
+	}
+	if kinds[0] != store.KindGap || kinds[1] != store.KindResumed || events > max {
+		t.Fatalf("%d events then %v; want at most %d events, then a gap and resumed", events, kinds, max)
+	}
+	want := write()
+	for {
+		b, err := sub.Next(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if b.Kind != store.KindEvents {
+			t.Fatalf("%v after resumed, want the event of the next write", b.Kind)
+		}
+		for _, e := range b.Events {
+			if e.Row.Key == want.Key {
+				return events
+			}
+		}
+	}
+}
