@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"time"
 
@@ -172,6 +173,15 @@ type Shard struct {
 	// leased remembers, by lease token, the key and rev each lease was given for (serve.go).
 	leased      map[uint64]leasedRev
 	leasedSwept int // len(leased) after its last sweep
+
+	// The subscription follows the slot set in the background (resubscribe), so that a database
+	// outage never holds up the run loop: subWant is the set it must follow (version subSeq),
+	// subPending says it does not follow it yet — walks wait until it does — and resub wakes
+	// resubscribe.
+	subWant    []int
+	subSeq     uint64
+	subPending bool
+	resub      chan struct{}
 }
 
 // NewShard returns a shard that has loaded nothing yet.
@@ -201,6 +211,7 @@ func NewShard(opts Options, s Settings) (*Shard, error) {
 		name: opts.Name, st: opts.Store, open: opts.Open, clock: opts.Clock, log: opts.Log, m: opts.Metrics,
 		openBackoff: newBackoff(opts.ConnectBackoffMin, opts.ConnectBackoffMax),
 		core:        core, settings: s, wake: make(chan struct{}, 1), leased: map[uint64]leasedRev{},
+		resub: make(chan struct{}, 1),
 	}
 	for _, sl := range s.Owned.Slots() {
 		core.SetSlot(sl, SlotOwned)
@@ -423,8 +434,10 @@ func (s *Shard) exact(now time.Time) bool {
 }
 
 // UpdateSettings adopts new settings: policy at once; slots that left are dropped, slots that
-// arrive are held (incoming) or served (owned), and the subscription follows the slot set. A
-// walk is requested when slots arrived or the window changed.
+// arrive are held (incoming) or served (owned). Once subscribed, the subscription follows the
+// slot set in the background (Run's resubscriber: it may wait for the database), and walks wait
+// until it does. A walk is requested when slots arrived or the window changed. It never waits for
+// the database.
 func (s *Shard) UpdateSettings(ctx context.Context, ns Settings) error {
 	if err := ns.Validate(); err != nil {
 		return fmt.Errorf("shard settings: %w", err)
@@ -464,24 +477,69 @@ func (s *Shard) UpdateSettings(ctx context.Context, ns Settings) error {
 	if ns.Epoch != old.Epoch && s.allIncomingWalked() && !arrived {
 		s.prepared = max(s.prepared, ns.Epoch)
 	}
-	sub := s.sub
-	slots := ns.held()
-	s.mu.Unlock()
-
-	if sub != nil {
-		if err := sub.SetSlots(ctx, slots); err != nil {
-			return fmt.Errorf("re-subscribing to %d slots: %w", len(slots), err)
+	if s.sub != nil && !slices.Equal(s.subWant, ns.held()) {
+		s.subWant, s.subSeq, s.subPending = ns.held(), s.subSeq+1, true
+		select {
+		case s.resub <- struct{}{}:
+		default:
 		}
 	}
+	s.mu.Unlock()
+
 	if arrived || windowChanged {
 		s.requestWalk()
 	}
 	return nil
 }
 
+// resubscribe makes the subscription follow subWant whenever it changes, until ctx ends (or the
+// subscription is closed). SetSlots waits while the subscription reconnects; the run loop does
+// not. Once the subscription follows the newest set, it asks for a walk.
+func (s *Shard) resubscribe(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-s.resub:
+		}
+		for {
+			s.mu.Lock()
+			want, seq, sub := s.subWant, s.subSeq, s.sub
+			s.mu.Unlock()
+			if err := sub.SetSlots(ctx, want); err != nil {
+				if ctx.Err() == nil {
+					err = fmt.Errorf("re-subscribing to %d slots: %w", len(want), err)
+					s.setErr(err)
+					s.log.Error(err, "Cannot follow the new slot set", "shard", s.name)
+				}
+				return
+			}
+			s.mu.Lock()
+			current := s.subSeq == seq
+			if current {
+				s.subPending = false
+			}
+			s.mu.Unlock()
+			if current {
+				s.log.V(1).Info("Subscription follows the slot set", "shard", s.name, "slots", len(want))
+				s.requestWalk()
+				break
+			}
+		}
+	}
+}
+
+// resubscribing says whether the subscription does not yet follow the slot set.
+func (s *Shard) resubscribing() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.subPending
+}
+
 // Run loads the shard, then keeps it verified: it subscribes, walks, applies events, walks again
-// every WalkInterval (earlier with backoff after a failed walk, at once after a gap resumes or
-// slots arrive), and adopts settings from updates. It returns when ctx ends.
+// every WalkInterval (earlier with backoff after a failed or partial walk, at once after a gap
+// resumes or slots arrive), and adopts settings from updates — at once, even while the database
+// is unreachable. It returns when ctx ends.
 func (s *Shard) Run(ctx context.Context, updates <-chan Settings) error {
 	if err := s.connect(ctx, updates); err != nil {
 		return err
@@ -494,11 +552,17 @@ func (s *Shard) Run(ctx context.Context, updates <-chan Settings) error {
 		}
 		s.setErr(err)
 		s.log.Error(err, "Cannot subscribe; retrying", "shard", s.name)
-		if !sleepCtx(ctx, backoff.next()) {
+		if !s.sleepAdopting(ctx, updates, backoff.next()) {
 			return ctx.Err()
 		}
 	}
 	defer func() { _ = s.sub.Close() }()
+	ctx, stop := context.WithCancel(ctx) // ends resubscribe and consume when Run returns
+	defer stop()
+	s.mu.Lock()
+	s.subWant = s.settings.held()
+	s.mu.Unlock()
+	go s.resubscribe(ctx)
 
 	events := make(chan error, 1)
 	go func() { events <- s.consume(ctx) }()
@@ -509,7 +573,8 @@ func (s *Shard) Run(ctx context.Context, updates <-chan Settings) error {
 	defer tick.Stop()
 	for {
 		now := s.clock()
-		if !now.Before(nextFull) {
+		// walks wait for the subscription to follow the slot set (resubscribe wakes the loop)
+		if !now.Before(nextFull) && !s.resubscribing() {
 			rep := s.Walk(ctx, true)
 			if ctx.Err() != nil {
 				return ctx.Err()
@@ -518,7 +583,9 @@ func (s *Shard) Run(ctx context.Context, updates <-chan Settings) error {
 			interval := s.settings.WalkInterval()
 			s.mu.Unlock()
 			switch {
-			case rep.Failed:
+			case rep.Failed, rep.Partial:
+				// inexact until a complete walk: try again soon (a database that just came back
+				// may fail a first walk on connections that died with it)
 				nextFull = s.clock().Add(backoff.next())
 			case interval > 0:
 				backoff.reset()
@@ -542,6 +609,10 @@ func (s *Shard) Run(ctx context.Context, updates <-chan Settings) error {
 			}
 		case <-s.wake:
 			s.mu.Lock()
+			if s.subPending { // asked again once the subscription follows
+				s.mu.Unlock()
+				continue
+			}
 			full := s.fullWanted || !s.loaded
 			s.fullWanted = false
 			s.mu.Unlock()
@@ -583,20 +654,27 @@ func (s *Shard) connect(ctx context.Context, updates <-chan Settings) error {
 		s.setErr(err)
 		wait := s.openBackoff.next()
 		s.log.Error(err, "Cannot open the store; the shard is unready, retrying", "shard", s.name, "retryIn", wait)
-		t := time.NewTimer(wait)
-	sleep:
-		for {
-			select {
-			case <-ctx.Done():
-				t.Stop()
-				return ctx.Err()
-			case ns := <-updates:
-				if err := s.UpdateSettings(ctx, ns); err != nil {
-					s.log.Error(err, "Rejected new settings", "shard", s.name)
-				}
-			case <-t.C:
-				break sleep
+		if !s.sleepAdopting(ctx, updates, wait) {
+			return ctx.Err()
+		}
+	}
+}
+
+// sleepAdopting waits d, adopting settings updates meanwhile. It returns false when ctx ended.
+func (s *Shard) sleepAdopting(ctx context.Context, updates <-chan Settings, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return false
+		case ns := <-updates:
+			if err := s.UpdateSettings(ctx, ns); err != nil {
+				s.setErr(err)
+				s.log.Error(err, "Rejected new settings", "shard", s.name)
 			}
+		case <-t.C:
+			return true
 		}
 	}
 }
@@ -663,14 +741,3 @@ func (b *backoff) next() time.Duration {
 }
 
 func (b *backoff) reset() { b.cur = 0 }
-
-func sleepCtx(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
-}
