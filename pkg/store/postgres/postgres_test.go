@@ -275,9 +275,12 @@ func TestCompletionsAreHOT(t *testing.T) {
 	upd, hot := measureHOT(t, st, 20000, 5, 500)
 	ratio := float64(hot) / float64(upd)
 	t.Logf("completions: %d updates, %d HOT (%.1f%%)", upd, hot, 100*ratio)
-	// Not a speed assertion: with fillfactor 80 and no index on the updated columns nearly every
-	// completion must be HOT; a schema change that indexes due_at would drop this to 0.
-	if ratio < 0.9 {
+	// Not a speed assertion: with fillfactor 80 and no index on the updated columns most
+	// completions are HOT; a schema change that indexes due_at would drop this to 0. How many
+	// exactly depends on page pruning, which a snapshot held elsewhere on the shared test server
+	// (another package's tests run at the same time) can hold back, so the bound is loose: it
+	// catches the schema regression, not a busy neighbour.
+	if ratio < 0.3 {
 		t.Errorf("only %.1f%% of completions were HOT updates", 100*ratio)
 	}
 }
