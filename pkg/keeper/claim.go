@@ -143,7 +143,7 @@ func (c *Core) settleFloors(nowMs int64) {
 		if g.floor < 0 {
 			continue
 		}
-		if id, ok := g.heapPeek(); ok && c.rows.at(id).due <= nowMs {
+		if e, ok := c.tHead(&g.owned); ok && c.rows.at(entryID(e)).due() <= nowMs {
 			due[g.floor] = true
 		}
 	}
@@ -169,15 +169,17 @@ func (c *Core) claimBest(nowMs int64, p phase, leaseFor time.Duration, out *[]Cl
 		if p == phaseFloor && (g.floor < 0 || c.floors[g.floor].quota == 0) {
 			continue
 		}
-		id, ok := g.heapPeek()
+		e, ok := c.tHead(&g.owned)
 		if !ok {
 			continue
 		}
+		id := entryID(e)
 		r := c.rows.at(id)
-		if r.due > nowMs {
+		due := r.due()
+		if due > nowMs {
 			continue
 		}
-		s := Score(nowMs, r.due, g.cadenceMs, g.source == schedule.SourceSubmitted, c.cfg.SubmittedBoost)
+		s := Score(nowMs, due, g.cadenceMs, g.source == schedule.SourceSubmitted, c.cfg.SubmittedBoost)
 		if best == nil || s > bestScore || (s == bestScore && c.before(id, bestID)) {
 			best, bestID, bestScore = g, id, s
 		}
@@ -192,9 +194,9 @@ func (c *Core) claimBest(nowMs int64, p phase, leaseFor time.Duration, out *[]Cl
 			f.quota--
 		}
 	}
-	c.heapRemove(best, bestID)
+	c.tLeaseHead(&best.owned)
 	r := c.rows.at(bestID)
-	r.flags |= flagLeased
+	r.set(flagLeased)
 	c.nextLease++
 	token := c.nextLease
 	expires := nowMs + leaseFor.Milliseconds()
@@ -203,7 +205,7 @@ func (c *Core) claimBest(nowMs int64, p phase, leaseFor time.Duration, out *[]Cl
 	*out = append(*out, Claimed{
 		Key:          string(c.keys.get(r.keyOff)),
 		Slot:         int(r.slot),
-		Due:          time.UnixMilli(r.due).UTC(),
+		Due:          time.UnixMilli(r.due()).UTC(),
 		Cadence:      time.Duration(best.cadenceMs) * time.Millisecond,
 		Route:        c.routes[r.route],
 		Source:       best.source,
@@ -219,8 +221,8 @@ func (c *Core) claimBest(nowMs int64, p phase, leaseFor time.Duration, out *[]Cl
 // before says whether record a sorts before b on ties: earlier due, then smaller key.
 func (c *Core) before(a, b uint32) bool {
 	ra, rb := c.rows.at(a), c.rows.at(b)
-	if ra.due != rb.due {
-		return ra.due < rb.due
+	if da, db := ra.due(), rb.due(); da != db {
+		return da < db
 	}
 	return bytes.Compare(c.keys.get(ra.keyOff), c.keys.get(rb.keyOff)) < 0
 }
@@ -239,10 +241,8 @@ func (c *Core) expireLeases(nowMs int64) {
 func (c *Core) endLease(id uint32) {
 	delete(c.leases, id)
 	r := c.rows.at(id)
-	r.flags &^= flagLeased
-	if c.slots[r.slot] == SlotOwned {
-		c.heapPush(c.groups[r.group], id)
-	}
+	c.tSetLeased(c.treeOf(r), makeEntry(id, r), false)
+	r.clear(flagLeased)
 }
 
 // leaseOf finds key's record and checks that token is its current lease.
@@ -306,8 +306,8 @@ func (c *Core) Completing(now time.Time, key string, token uint64) (cp Completio
 	cp = Completion{
 		Cadence: time.Duration(g.cadenceMs) * time.Millisecond,
 		Source:  g.source,
-		Due:     time.UnixMilli(r.due).UTC(),
-		NextDue: time.UnixMilli(nextDueMs(c.cfg.Reschedule, nowMs, r.due, g.cadenceMs)).UTC(),
+		Due:     time.UnixMilli(r.due()).UTC(),
+		NextDue: time.UnixMilli(nextDueMs(c.cfg.Reschedule, nowMs, r.due(), g.cadenceMs)).UTC(),
 	}
 	if l, ok := c.leases[id]; !ok || l.token != token {
 		return cp, true, ErrLeaseLost

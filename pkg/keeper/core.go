@@ -38,7 +38,8 @@ import (
 const (
 	// MaxCadence is the longest cadence a valid row may have.
 	MaxCadence = 10 * 365 * 24 * time.Hour
-	// maxDueMs bounds due times: the claim heap keeps due seconds in 32 bits (until 2106-02-07).
+	// maxDueMs bounds due times: records and claim trees keep due seconds in 32 bits (until
+	// 2106-02-07).
 	maxDueMs = int64(math.MaxUint32) * 1000
 	// maxRoutes and maxGroups bound the interned routes and (cadence, source, urgent) groups.
 	maxRoutes = math.MaxUint16
@@ -243,12 +244,14 @@ type Outcome struct {
 	Reason string
 }
 
-// group is one (cadence, source, urgent) class of rows with its claim heap.
+// group is one (cadence, source, urgent) class of rows with its trees (tree.go): owned holds the
+// rows of owned slots (claimed and counted), incoming those of incoming slots.
 type group struct {
 	cadenceMs int64
 	source    schedule.Source
 	urgent    bool
-	heap      []uint64
+	owned     tree
+	incoming  tree
 	// floor is the index of the group's floor in Config.Floors, or -1.
 	floor int
 }
@@ -273,6 +276,7 @@ type Core struct {
 	rows  rows
 	keys  arena
 	index index
+	pool  nodePool
 
 	groups   []*group
 	groupIdx map[groupKey]uint16
@@ -282,6 +286,13 @@ type Core struct {
 	slots [schedule.NumSlots]SlotState
 	// walked marks the slots a finished walk has read since they joined the shard.
 	walked [schedule.NumSlots]bool
+	// slotHeld counts the held rows of each slot.
+	slotHeld [schedule.NumSlots]int32
+	// parity is the value of flagSeen that marks a row of the slot seen (walk.go).
+	parity [schedule.NumSlots]bool
+
+	// due counts the rows due at or before a cursor time (summary.go).
+	due dueCounts
 
 	// invalid holds the keys whose latest known version is invalid.
 	invalid map[string]known
@@ -346,6 +357,12 @@ func (c *Core) floorOf(g *group) int {
 	return -1
 }
 
+// Reserve sizes the key index for n held rows, so that a load of up to n rows does not grow
+// (rebuild) it on the way. It never shrinks anything.
+func (c *Core) Reserve(n int) {
+	c.index.reserve(&c.rows, &c.keys, min(n, MaxRows))
+}
+
 // Held returns the number of held rows (owned and incoming slots).
 func (c *Core) Held() int { return c.rows.n }
 
@@ -356,21 +373,21 @@ func (c *Core) InvalidCount() int { return len(c.invalid) }
 func (c *Core) SlotState(s int) SlotState { return c.slots[s] }
 
 // SetSlot changes a slot's state. Leaving (SlotNone) drops the slot's held rows and what the core
-// remembers of its keys; becoming owned makes incoming rows claimable and counted.
+// remembers of its keys; becoming owned makes incoming rows claimable and counted. A change visits
+// every held row.
 func (c *Core) SetSlot(s int, st SlotState) {
 	old := c.slots[s]
 	if old == st {
 		return
 	}
-	c.slots[s] = st
-	switch st {
-	case SlotNone:
-		c.walked[s] = false
+	switch {
+	case st == SlotNone:
 		c.forEachHeld(func(id uint32, r *rec) {
 			if int(r.slot) == s {
 				c.removeRow(id)
 			}
 		})
+		c.walked[s] = false
 		for k, v := range c.invalid {
 			if int(v.slot) == s {
 				delete(c.invalid, k)
@@ -381,28 +398,49 @@ func (c *Core) SetSlot(s int, st SlotState) {
 				delete(c.tombstones, k)
 			}
 		}
-	case SlotOwned:
+	case old != SlotNone:
+		// owned ⇄ incoming: the slot's rows move to the other tree of their group
 		c.forEachHeld(func(id uint32, r *rec) {
-			if int(r.slot) == s && r.flags&flagLeased == 0 {
-				c.heapPush(c.groups[r.group], id)
+			if int(r.slot) == s {
+				c.unplace(id, r)
 			}
 		})
-	case SlotIncoming:
-		if old == SlotOwned {
-			c.forEachHeld(func(id uint32, r *rec) {
-				if int(r.slot) == s && r.heapIdx >= 0 {
-					c.heapRemove(c.groups[r.group], id)
-				}
-			})
-		}
+		c.slots[s] = st
+		c.forEachHeld(func(id uint32, r *rec) {
+			if int(r.slot) == s {
+				c.place(id, r)
+			}
+		})
 	}
+	c.slots[s] = st
+}
+
+// treeOf returns the tree that holds r: its group's owned or incoming tree.
+func (c *Core) treeOf(r *rec) *tree {
+	g := c.groups[r.group]
+	if c.slots[r.slot] == SlotOwned {
+		return &g.owned
+	}
+	return &g.incoming
+}
+
+// place puts held record id into its tree and counts it.
+func (c *Core) place(id uint32, r *rec) {
+	c.tInsert(c.treeOf(r), makeEntry(id, r))
+	c.countDue(r, 1)
+}
+
+// unplace takes held record id out of its tree and its counts.
+func (c *Core) unplace(id uint32, r *rec) {
+	c.tDelete(c.treeOf(r), makeEntry(id, r))
+	c.countDue(r, -1)
 }
 
 // forEachHeld calls fn for every held record. fn may remove the record it is given.
 func (c *Core) forEachHeld(fn func(id uint32, r *rec)) {
 	for ci, chunk := range c.rows.chunks {
 		for i := range chunk {
-			if chunk[i].flags&flagHeld != 0 {
+			if chunk[i].msFlags&flagHeld != 0 {
 				fn(uint32(ci)<<recChunkBits|uint32(i), &chunk[i])
 			}
 		}
@@ -458,7 +496,7 @@ func (c *Core) apply(nowMs int64, row *schedule.Row) Outcome {
 	id, held, rev, knownKey := c.lookup(row.Key)
 	if knownKey && row.Rev <= rev {
 		if held && c.walk != nil {
-			c.rows.at(id).flags |= flagSeen
+			c.markSeen(c.rows.at(id))
 		}
 		return Outcome{Result: Ignored, WasHeld: held}
 	}
@@ -499,47 +537,45 @@ func (c *Core) apply(nowMs int64, row *schedule.Row) Outcome {
 	}
 	if held {
 		r := c.rows.at(id)
-		if r.heapIdx >= 0 && r.group == gi {
-			// same group: move the entry in place (one sift instead of a removal and a push)
-			r.due, r.rev, r.route = due, row.Rev, ri
-			if c.walk != nil {
-				r.flags |= flagSeen
-			}
-			c.heapFix(c.groups[gi], id)
+		if c.walk != nil {
+			c.markSeen(r)
+		}
+		if r.group == gi && r.due() == due {
+			// same place in the same tree: only the rev and the route change
+			c.countDue(r, -1)
+			r.rev, r.route = row.Rev, ri
+			c.countDue(r, 1)
 			return Outcome{Result: Held, WasHeld: true}
 		}
-		if r.heapIdx >= 0 {
-			c.heapRemove(c.groups[r.group], id)
-		}
+		c.unplace(id, r)
 	} else {
 		if c.rows.n >= MaxRows {
 			c.remember(row.Key, row.Rev, slot)
 			return Outcome{Result: Invalid, Reason: fmt.Sprintf("the shard holds the most rows one keeper can (%d); add shards", MaxRows)}
 		}
 		c.forget(row.Key)
+		if c.rows.n == 0 {
+			c.due.reset(nowMs) // nothing is counted: the cursor may move for free
+		}
 		id = c.rows.alloc()
 		r := c.rows.at(id)
 		r.keyOff = c.keys.put(row.Key)
-		r.flags = flagHeld
-		r.heapIdx = -1
+		r.msFlags = flagHeld
 		r.slot = uint16(slot)
+		c.newSeen(r)
+		c.slotHeld[slot]++
 		c.index.insert(&c.rows, &c.keys, row.Key, id)
 	}
 	r := c.rows.at(id)
-	r.due = due
+	r.setDue(due)
 	r.rev = row.Rev
 	r.group = gi
 	r.route = ri
-	r.flags &^= flagUrgent
+	r.clear(flagUrgent)
 	if row.Urgent {
-		r.flags |= flagUrgent
+		r.set(flagUrgent)
 	}
-	if c.walk != nil {
-		r.flags |= flagSeen
-	}
-	if c.slots[slot] == SlotOwned && r.flags&flagLeased == 0 {
-		c.heapPush(c.groups[gi], id)
-	}
+	c.place(id, r)
 	return Outcome{Result: Held, WasHeld: held}
 }
 
@@ -573,13 +609,13 @@ func (c *Core) forget(key string) {
 	}
 }
 
-// removeRow drops a held row: out of its heap, its lease, the index and the arena.
+// removeRow drops a held row: out of its tree and counts, its lease, the index and the arena.
 func (c *Core) removeRow(id uint32) {
 	r := c.rows.at(id)
-	if r.heapIdx >= 0 {
-		c.heapRemove(c.groups[r.group], id)
-	}
-	if r.flags&flagLeased != 0 {
+	c.unplace(id, r)
+	c.unseen(r)
+	c.slotHeld[r.slot]--
+	if r.has(flagLeased) {
 		delete(c.leases, id)
 	}
 	key := c.keys.get(r.keyOff)
@@ -614,6 +650,7 @@ func (c *Core) routeOf(route string) (uint16, bool) {
 	}
 	r := uint16(len(c.routes))
 	c.routes = append(c.routes, route)
+	c.due.route = append(c.due.route, 0)
 	c.routeIdx[route] = r
 	return r, true
 }

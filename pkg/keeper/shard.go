@@ -321,8 +321,6 @@ func (s *Shard) Walk(ctx context.Context, full bool) WalkReport {
 
 	var unread []int
 	res, err := s.st.Walk(ctx, slots, func(item store.WalkItem) error {
-		s.mu.Lock()
-		defer s.mu.Unlock()
 		if item.End {
 			if item.Err != nil {
 				for sl := item.Segment.First; sl <= item.Segment.Last; sl++ {
@@ -331,27 +329,34 @@ func (s *Shard) Walk(ctx context.Context, full bool) WalkReport {
 			}
 			return nil
 		}
-		now := s.clock()
-		for i := range item.Rows {
-			s.core.WalkRow(now, item.Rows[i])
+		// a page in bounded steps, so claims wait for at most one step
+		for rows := item.Rows; len(rows) > 0; {
+			n := min(len(rows), walkStepRows)
+			s.mu.Lock()
+			now := s.clock()
+			for i := range rows[:n] {
+				s.core.WalkRow(now, rows[i])
+			}
+			s.mu.Unlock()
+			rows = rows[n:]
 		}
 		return nil
 	})
 
+	rep := WalkReport{StartedAt: start, Full: full, UnreadSegments: res.Failed()}
+	aborted := err != nil || (len(slots) > 0 && len(res.Segments) > 0 && res.Failed() == len(res.Segments))
+	counts := s.closeWalk(unread, aborted)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	rep := WalkReport{StartedAt: start, Full: full, UnreadSegments: res.Failed()}
 	s.walkingSince = time.Time{}
 	switch {
 	case err != nil:
-		s.core.AbortWalk()
 		rep.Failed, rep.Err = true, err.Error()
-	case len(slots) > 0 && len(res.Segments) > 0 && res.Failed() == len(res.Segments):
-		s.core.AbortWalk()
+	case aborted:
 		rep.Failed = true
 		rep.Err = fmt.Sprintf("every segment failed, the first: %v", firstSegmentErr(res))
 	default:
-		rep.Counts = s.core.EndWalk(unread)
+		rep.Counts = counts
 		rep.Partial = res.Failed() > 0
 		if rep.Partial {
 			rep.Err = fmt.Sprintf("%d of %d segments unread, the first: %v", res.Failed(), len(res.Segments), firstSegmentErr(res))
@@ -389,6 +394,26 @@ func (s *Shard) Walk(ctx context.Context, full bool) WalkReport {
 			"admitted", rep.Counts.Admitted, "repaired", rep.Counts.Repaired, "seconds", rep.FinishedAt.Sub(start).Seconds())
 	}
 	return rep
+}
+
+// walkStepRows is how many walked rows (or, closing a walk, records) the shard handles per hold of
+// its lock.
+const walkStepRows = 1024
+
+// closeWalk ends the running walk (see Core.CloseWalk), visiting the rows left to visit in
+// bounded steps with the lock released between them, and returns the walk's counts.
+func (s *Shard) closeWalk(unread []int, abort bool) WalkCounts {
+	s.mu.Lock()
+	s.core.CloseWalk(unread, abort)
+	s.mu.Unlock()
+	for {
+		s.mu.Lock()
+		counts, done := s.core.SweepWalk(16 * walkStepRows)
+		s.mu.Unlock()
+		if done {
+			return counts
+		}
+	}
 }
 
 func firstSegmentErr(res store.WalkResult) error {

@@ -6,9 +6,9 @@ import (
 )
 
 // This file holds the memory layout of the held rows: fixed-size records in chunks, keys in a
-// byte arena, and an open-addressing index from key to record. Together they cost about
-// 32 (record) + key length + 2 (length prefix) + ~8 (index) bytes per row, with no per-row heap
-// object for the garbage collector to trace.
+// byte arena, and an open-addressing index from key to record. Together with the claim trees
+// (tree.go) they cost about 24 (record) + key length + 1 (length prefix) + ~7 (index) + ~11 (tree)
+// bytes per row, with no per-row heap object for the garbage collector to trace.
 
 const (
 	recChunkBits = 12
@@ -16,25 +16,40 @@ const (
 	arenaChunk   = 1 << 20           // bytes per key arena chunk
 )
 
-// Record flags.
+// Record flags, kept in the high bits of rec.msFlags.
 const (
-	flagHeld   uint8 = 1 << iota // the record holds a row (otherwise it is on the free list)
-	flagLeased                   // the row is leased to a worker
-	flagUrgent                   // the row is urgent
-	flagSeen                     // the running walk has read or an event has touched the row
+	flagHeld   uint16 = 1 << (10 + iota) // the record holds a row (otherwise it is on the free list)
+	flagLeased                           // the row is leased to a worker
+	flagUrgent                           // the row is urgent
+	// flagSeen is the walk mark: a row of slot s counts as seen by the running walk when this
+	// bit equals Core.parity[s] (see walk.go), so starting a walk unmarks a slot's rows at once.
+	flagSeen
+	msMask = 1<<10 - 1
 )
 
-// rec is one held row. Its cadence and source live in its group.
+// rec is one held row (24 bytes). Its cadence and source live in its group.
 type rec struct {
-	due     int64  // due time, ms since the Unix epoch
 	rev     int64  // revision of the row as held
+	dueSec  uint32 // due time: seconds since the Unix epoch (until 2106) ...
 	keyOff  uint32 // offset of the key's length-prefixed bytes in the arena
-	heapIdx int32  // position in its group's claim heap, or -1 when not in it
+	msFlags uint16 // ... plus these low 10 bits of milliseconds; the high bits are flags
 	route   uint16 // index into Core.routes
 	group   uint16 // index into Core.groups
 	slot    uint16
-	flags   uint8
 }
+
+// due returns the due time in ms since the Unix epoch.
+func (r *rec) due() int64 { return int64(r.dueSec)*1000 + int64(r.msFlags&msMask) }
+
+// setDue sets the due time (ms in [0, maxDueMs)), keeping the flags.
+func (r *rec) setDue(ms int64) {
+	r.dueSec = uint32(ms / 1000)
+	r.msFlags = r.msFlags&^msMask | uint16(ms%1000)
+}
+
+func (r *rec) has(f uint16) bool { return r.msFlags&f != 0 }
+func (r *rec) set(f uint16)      { r.msFlags |= f }
+func (r *rec) clear(f uint16)    { r.msFlags &^= f }
 
 // rows is chunked record storage with a free list; ids are stable while a row is held.
 type rows struct {
@@ -117,7 +132,7 @@ func uvarintLen(n int) int {
 }
 
 // index maps keys to record ids: open addressing, linear probing, backward-shift deletion. An
-// entry holds a 6-bit fingerprint of the key's hash above id+1 (0 is empty), so probing past
+// entry holds a 7-bit fingerprint of the key's hash above id+1 (0 is empty), so probing past
 // other keys reads only the index; only a fingerprint match reads the record and its key. The
 // key hash is this process's own (maphash), unrelated to the ownership hash of the database.
 type index struct {
@@ -127,10 +142,11 @@ type index struct {
 }
 
 const (
-	idBits = 26
+	idBits = 25
 	idMask = 1<<idBits - 1
-	// MaxRows is the most rows one core can hold (ids must fit beside the fingerprint).
-	MaxRows = idMask - 1
+	// MaxRows is the most rows one core can hold: record ids (below MaxRows plus one chunk) must
+	// fit beside the fingerprint here and beside the due time in the claim trees' entries.
+	MaxRows = 1<<idBits - recChunkSize
 )
 
 func entry(h uint64, id uint32) uint32 { return uint32(h>>(64-(32-idBits)))<<idBits | (id + 1) }
@@ -162,7 +178,7 @@ func (ix *index) find(rs *rows, ar *arena, key string) (uint32, bool) {
 // insert adds id under key; key must not be present, and id must be below MaxRows.
 func (ix *index) insert(rs *rows, ar *arena, key string, id uint32) {
 	if (ix.n+1)*4 > len(ix.slots)*3 {
-		ix.grow(rs, ar)
+		ix.resize(rs, ar, ix.n+1, id) // id's record is held already: it is inserted below
 	}
 	m := ix.mask()
 	h := maphash.String(ix.seed, key)
@@ -206,25 +222,40 @@ func (ix *index) remove(rs *rows, ar *arena, key string) {
 	ix.n--
 }
 
-func (ix *index) grow(rs *rows, ar *arena) {
+// reserve sizes the index for n keys, so that holding up to n rows never grows it again.
+func (ix *index) reserve(rs *rows, ar *arena, n int) {
+	if n > ix.n && n*4 > len(ix.slots)*3 {
+		ix.resize(rs, ar, n, noRecord)
+	}
+}
+
+// noRecord is no record id.
+const noRecord = ^uint32(0)
+
+// resize rebuilds the index with room for n keys (at most 3/4 full), at least doubling it, from
+// the held records except skip. It reads the records in id order, so the keys are read in the
+// order they were stored (mostly sequential memory) rather than in hash order (a miss each).
+func (ix *index) resize(rs *rows, ar *arena, n int, skip uint32) {
 	size := 1024
-	for (ix.n+1)*4 > size*3 {
+	for n*4 > size*3 {
 		size *= 2
 	}
-	if size <= len(ix.slots) {
-		size = len(ix.slots) * 2
-	}
-	old := ix.slots
+	size = max(size, len(ix.slots)*2)
 	ix.slots = make([]uint32, size)
 	m := ix.mask()
-	for _, s := range old {
-		if s == 0 {
-			continue
+	for ci, chunk := range rs.chunks {
+		for j := range chunk {
+			r := &chunk[j]
+			id := uint32(ci)<<recChunkBits | uint32(j)
+			if r.msFlags&flagHeld == 0 || id == skip {
+				continue
+			}
+			h := maphash.Bytes(ix.seed, ar.get(r.keyOff))
+			i := h & m
+			for ix.slots[i] != 0 {
+				i = (i + 1) & m
+			}
+			ix.slots[i] = entry(h, id)
 		}
-		i := maphash.Bytes(ix.seed, ar.get(rs.at(s&idMask-1).keyOff)) & m
-		for ix.slots[i] != 0 {
-			i = (i + 1) & m
-		}
-		ix.slots[i] = s
 	}
 }

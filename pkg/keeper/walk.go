@@ -2,6 +2,7 @@ package keeper
 
 import (
 	"errors"
+	"math"
 	"time"
 
 	"github.com/renderqueue/renderqueue/pkg/schedule"
@@ -46,39 +47,101 @@ type walkState struct {
 	startMs  int64
 	prevEdge Edge
 	slots    [schedule.NumSlots]bool
-	counts   WalkCounts
+	// seen counts, per walked slot, the held rows the walk has seen (read, or touched by an event).
+	seen   [schedule.NumSlots]int32
+	counts WalkCounts
+	// sweep is set once the walk is closing and rows must be visited: sweepSlot says what to do
+	// with each slot's rows (drop the unseen ones, or mark them all seen), sweepNext is the next
+	// record chunk to visit.
+	sweep     bool
+	sweepSlot [schedule.NumSlots]sweepAction
+	sweepNext int
+	// read marks the walked slots read completely (set when closing).
+	read [schedule.NumSlots]bool
+}
+
+type sweepAction uint8
+
+const (
+	sweepNone sweepAction = iota
+	// sweepDrop: the slot was read completely; its unseen rows are proven deleted.
+	sweepDrop
+	// sweepMark: the slot was not read completely; its rows are marked seen, so all of them are
+	// alike again for the next walk.
+	sweepMark
+)
+
+// The walk mark. A row of slot s counts as seen when its flagSeen bit equals parity[s]. Between
+// walks every row of a slot is seen; starting a walk flips the parity of the walked slots, which
+// unmarks all their rows at once (no pass over the rows), and the walk counts per slot how many
+// rows it has seen since. Closing the walk needs a pass over the rows only when some slot has
+// rows left unseen: a read slot with rows the walk proved deleted, or an unread slot whose rows
+// must be made alike again. The service makes that pass in bounded steps (SweepWalk).
+
+func (c *Core) isSeen(r *rec) bool { return r.has(flagSeen) == c.parity[r.slot] }
+
+func (c *Core) setSeen(r *rec) {
+	if c.parity[r.slot] {
+		r.set(flagSeen)
+	} else {
+		r.clear(flagSeen)
+	}
+}
+
+// markSeen marks a held row seen by the running walk.
+func (c *Core) markSeen(r *rec) {
+	if !c.isSeen(r) {
+		c.setSeen(r)
+		if c.walk.slots[r.slot] {
+			c.walk.seen[r.slot]++
+		}
+	}
+}
+
+// newSeen marks a newly held row seen (by the running walk, if any).
+func (c *Core) newSeen(r *rec) {
+	c.setSeen(r)
+	if c.walk != nil && c.walk.slots[r.slot] {
+		c.walk.seen[r.slot]++
+	}
+}
+
+// unseen takes a row that is being dropped out of the running walk's count.
+func (c *Core) unseen(r *rec) {
+	if c.walk != nil && c.walk.slots[r.slot] && c.isSeen(r) {
+		c.walk.seen[r.slot]--
+	}
 }
 
 // ErrWalking is returned by BeginWalk while a walk is running.
 var ErrWalking = errors.New("a walk is already running")
 
 // BeginWalk starts a verification walk of slots at now. prevEdge is the edge of the last
-// finished walk: rows found missing before it are repairs, rows after it are admissions.
+// finished walk: rows found missing before it are repairs, rows after it are admissions. It takes
+// time in the number of slots, not rows.
 func (c *Core) BeginWalk(now time.Time, prevEdge Edge, slots []int) error {
 	if c.walk != nil {
 		return ErrWalking
 	}
 	w := &walkState{startMs: now.UnixMilli(), prevEdge: prevEdge}
 	for _, s := range slots {
-		w.slots[s] = true
-	}
-	c.forEachHeld(func(_ uint32, r *rec) {
-		if w.slots[r.slot] {
-			r.flags &^= flagSeen
+		if !w.slots[s] {
+			w.slots[s] = true
+			c.parity[s] = !c.parity[s]
 		}
-	})
+	}
 	c.walk = w
 	c.tombstones = map[string]known{}
 	return nil
 }
 
-// Walking says whether a walk is running.
+// Walking says whether a walk is running (closing included).
 func (c *Core) Walking() bool { return c.walk != nil }
 
 // WalkRow applies one walked row at now and counts it.
 func (c *Core) WalkRow(now time.Time, row schedule.Row) Outcome {
 	w := c.walk
-	if w == nil {
+	if w == nil || w.sweep {
 		return c.Apply(now, row)
 	}
 	w.counts.Scanned++
@@ -117,35 +180,115 @@ func (c *Core) walkedBefore(s int) bool { return c.walked[s] }
 
 // EndWalk finishes the running walk. unread lists the walked slots whose rows could not all be
 // read: held rows of every other walked slot that the walk did not see and no event touched are
-// proven deleted and dropped. Returns the walk's counts.
+// proven deleted and dropped. Returns the walk's counts. It visits every held row when some are
+// left unseen; CloseWalk and SweepWalk do the same in bounded steps.
 func (c *Core) EndWalk(unread []int) WalkCounts {
-	w := c.walk
-	if w == nil {
+	if c.walk == nil {
 		return WalkCounts{}
 	}
-	skip := w.slots
-	for _, s := range unread {
-		skip[s] = false
-	}
-	c.forEachHeld(func(id uint32, r *rec) {
-		if skip[r.slot] && r.flags&flagSeen == 0 {
-			c.removeRow(id)
-			w.counts.Repaired++
-			w.counts.Deleted++
+	c.CloseWalk(unread, false)
+	for {
+		if counts, done := c.SweepWalk(math.MaxInt); done {
+			return counts
 		}
-	})
-	for s, read := range skip {
-		if read {
+	}
+}
+
+// AbortWalk abandons the running walk without proving anything deleted.
+func (c *Core) AbortWalk() {
+	if c.walk == nil {
+		return
+	}
+	c.CloseWalk(nil, true)
+	for {
+		if _, done := c.SweepWalk(math.MaxInt); done {
+			return
+		}
+	}
+}
+
+// CloseWalk starts closing the running walk: like EndWalk (or AbortWalk when abort is set), but
+// the rows left to visit are visited by SweepWalk, in steps. Until the sweep is done the walk is
+// still running: rows applied meanwhile are marked seen, and WalkRow applies rows without
+// counting them. It takes time in the number of slots.
+func (c *Core) CloseWalk(unread []int, abort bool) {
+	w := c.walk
+	if w == nil || w.sweep {
+		return
+	}
+	w.sweep = true
+	read := w.slots
+	if abort {
+		read = [schedule.NumSlots]bool{}
+	}
+	for _, s := range unread {
+		read[s] = false
+	}
+	for s := range w.slots {
+		if !w.slots[s] {
+			continue
+		}
+		held, seen := c.slotHeld[s], w.seen[s]
+		switch {
+		case seen == held:
+			// every row seen: nothing to do
+		case read[s]:
+			w.sweepSlot[s] = sweepDrop
+		case seen == 0:
+			c.parity[s] = !c.parity[s] // every row unseen: flipping back marks them all seen
+		default:
+			w.sweepSlot[s] = sweepMark
+		}
+	}
+	w.read = read
+}
+
+// SweepWalk visits up to about maxRows held rows of the closing walk (see CloseWalk) and reports
+// whether the walk is finished; then it returns the walk's counts.
+func (c *Core) SweepWalk(maxRows int) (WalkCounts, bool) {
+	w := c.walk
+	if w == nil {
+		return WalkCounts{}, true
+	}
+	if !w.sweep {
+		return WalkCounts{}, false
+	}
+	needed := false
+	for _, a := range w.sweepSlot {
+		if a != sweepNone {
+			needed = true
+			break
+		}
+	}
+	visited := 0
+	for needed && w.sweepNext < len(c.rows.chunks) && visited < maxRows {
+		chunk := c.rows.chunks[w.sweepNext]
+		for i := range chunk {
+			r := &chunk[i]
+			if r.msFlags&flagHeld == 0 || c.isSeen(r) {
+				continue
+			}
+			switch w.sweepSlot[r.slot] {
+			case sweepDrop:
+				c.removeRow(uint32(w.sweepNext)<<recChunkBits | uint32(i))
+				w.counts.Repaired++
+				w.counts.Deleted++
+			case sweepMark:
+				c.setSeen(r)
+			}
+		}
+		visited += len(chunk)
+		w.sweepNext++
+	}
+	if needed && w.sweepNext < len(c.rows.chunks) {
+		return WalkCounts{}, false
+	}
+	for s, ok := range w.read {
+		if ok {
 			c.walked[s] = true
 		}
 	}
 	c.walk = nil
 	c.tombstones = nil
-	return w.counts
-}
-
-// AbortWalk abandons the running walk without proving anything deleted.
-func (c *Core) AbortWalk() {
-	c.walk = nil
-	c.tombstones = nil
+	return w.counts, true
 }

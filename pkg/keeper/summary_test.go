@@ -1,0 +1,170 @@
+package keeper
+
+import (
+	"cmp"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/renderqueue/renderqueue/pkg/schedule"
+)
+
+// summaryScan computes a summary the direct way: one pass over every held record, percentiles by
+// sorting. It is the reference for Summary on cores too large for the reference model.
+func summaryScan(c *Core, nowMs int64) Summary {
+	s := Summary{Held: c.rows.n, Invalid: len(c.invalid), Leased: len(c.leases), DuePerSlot: map[int]int{},
+		DuePerIncomingSlot: map[int]int{}, ByRoute: map[string]int{}}
+	type classKey struct {
+		cadenceMs int64
+		source    schedule.Source
+	}
+	classes := map[classKey]*Class{}
+	var abs []int64
+	var rel []float64
+	var oldest *rec
+	c.forEachHeld(func(_ uint32, r *rec) {
+		due := r.due()
+		if c.slots[r.slot] != SlotOwned {
+			s.HeldIncoming++
+			if due <= nowMs {
+				s.DuePerIncomingSlot[int(r.slot)]++
+			}
+			return
+		}
+		g := c.groups[r.group]
+		ck := classKey{g.cadenceMs, g.source}
+		if classes[ck] == nil {
+			classes[ck] = &Class{Cadence: time.Duration(g.cadenceMs) * time.Millisecond, Source: g.source}
+		}
+		cl := classes[ck]
+		cl.Held++
+		if d := due - nowMs; d > 0 {
+			if d <= 24*hourMs {
+				s.Coming.ByHour[(d-1)/hourMs]++
+				s.Coming.Next24h++
+			}
+			if d <= hourMs {
+				s.Coming.Next60m++
+			}
+			if d <= 15*60_000 {
+				s.Coming.Next15m++
+			}
+			return
+		}
+		s.Due++
+		cl.Due++
+		s.DuePerSlot[int(r.slot)]++
+		s.ByRoute[c.routes[r.route]]++
+		abs = append(abs, nowMs-due)
+		rel = append(rel, float64(nowMs-due)/float64(g.cadenceMs))
+		if oldest == nil || due < oldest.due() || (due == oldest.due() && string(c.keys.get(r.keyOff)) < string(c.keys.get(oldest.keyOff))) {
+			oldest = r
+		}
+	})
+	for _, cl := range classes {
+		s.Classes = append(s.Classes, *cl)
+	}
+	slices.SortFunc(s.Classes, func(a, b Class) int {
+		return cmp.Or(cmp.Compare(a.Cadence, b.Cadence), cmp.Compare(a.Source, b.Source))
+	})
+	if oldest != nil {
+		s.Oldest = &OldestRow{Key: string(c.keys.get(oldest.keyOff)), Due: time.UnixMilli(oldest.due()).UTC()}
+	}
+	if len(abs) > 0 {
+		slices.Sort(abs)
+		slices.Sort(rel)
+		at := func(q float64, n int) int { return max(0, int(math.Ceil(q*float64(n)))-1) }
+		s.Lateness = Lateness{
+			MaxSeconds: float64(abs[len(abs)-1]) / 1000, P50Seconds: float64(abs[at(0.5, len(abs))]) / 1000,
+			P99Seconds: float64(abs[at(0.99, len(abs))]) / 1000, MaxRelative: rel[len(rel)-1],
+			P50Relative: rel[at(0.5, len(rel))], P99Relative: rel[at(0.99, len(rel))],
+		}
+	}
+	return s
+}
+
+// TestSummaryMatchesScan checks Summary against a scan of the records on a core large enough for
+// trees several levels deep: 24 groups (cadences × sources × urgent), leases, incoming slots,
+// millisecond due times with many ties, summaries at moving times in both directions, in steps.
+func TestSummaryMatchesScan(t *testing.T) {
+	c, err := New(Config{SubmittedBoost: 2, UrgentMaxShare: 0.3, Window: 30 * time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for s := range schedule.NumSlots {
+		st := SlotOwned
+		if s%7 == 0 {
+			st = SlotIncoming
+		}
+		c.SetSlot(s, st)
+	}
+	rng := rand.New(rand.NewPCG(11, 12))
+	cadences := []time.Duration{90 * time.Second, time.Hour, 24 * time.Hour, 96 * time.Hour}
+	now := t0
+	key := func(i int) string { return fmt.Sprintf("https://example.com/p/%06d", i) }
+	mk := func(i int, rev int64) schedule.Row {
+		cad := cadences[rng.IntN(len(cadences))]
+		// due within −2 cadences .. +26 h, on a 100 ms grid
+		span := 2*cad + 26*time.Hour
+		due := now.Add(-2*cad + time.Duration(rng.Int64N(int64(span/(100*time.Millisecond))))*100*time.Millisecond)
+		return schedule.Row{Key: key(i), KeyHash: int64(rng.Uint64()), Due: due, HasDue: true, Cadence: cad,
+			Route:  []string{"home", "product", "category", "blog", "search"}[rng.IntN(5)],
+			Source: schedule.Source(rng.IntN(2)), Urgent: rng.IntN(10) == 0, Rev: rev}
+	}
+	const n = 60_000
+	hashes := make([]int64, n)
+	rev := int64(0)
+	for i := range n {
+		rev++
+		r := mk(i, rev)
+		hashes[i] = r.KeyHash
+		c.Apply(now, r)
+	}
+	compare := func(what string, at time.Time) {
+		t.Helper()
+		got, want := c.Summary(at), summaryScan(c, at.UnixMilli())
+		want.AsOf = at
+		if g, w := summaryString(got), summaryString(want); g != w {
+			t.Fatalf("%s: summary\n got %s\nwant %s", what, g, w)
+		}
+		if err := checkCore(c); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+	}
+	compare("loaded", now)
+	for round := range 12 {
+		// claims, releases, updates, deletions; then summaries forward, backward and in steps
+		for _, cl := range c.Claim(now, 800, time.Duration(1+rng.IntN(20))*time.Minute) {
+			if rng.IntN(4) == 0 {
+				if err := c.Release(now, cl.Key, cl.Lease); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		for range 3000 {
+			i := rng.IntN(n)
+			rev++
+			if rng.IntN(10) == 0 {
+				c.Delete(now, key(i), schedule.SlotOf(hashes[i]), rev)
+				continue
+			}
+			r := mk(i, rev)
+			r.KeyHash = hashes[i]
+			c.Apply(now, r)
+		}
+		now = now.Add(time.Duration(rng.IntN(40)) * time.Minute)
+		compare(fmt.Sprintf("round %d forward", round), now)
+		compare(fmt.Sprintf("round %d back", round), now.Add(-time.Duration(rng.IntN(300)+1)*time.Minute))
+		steps := 0
+		for !c.CatchUp(now, 500) {
+			steps++
+		}
+		compare(fmt.Sprintf("round %d after %d catch-up steps", round, steps), now)
+	}
+	if h := c.groups[0].owned.height; h < 1 {
+		t.Fatalf("tree height %d: the test does not reach inner nodes", h)
+	}
+}
