@@ -249,20 +249,30 @@ func (s *Shard) Subscribe(ctx context.Context) error {
 
 // HandleBatch applies what the subscription delivered: events, a gap or a resumption.
 func (s *Shard) HandleBatch(b store.Batch) {
+	if b.Kind == store.KindEvents {
+		// in bounded steps, so claims wait for at most one step
+		for evs := b.Events; len(evs) > 0; {
+			n := min(len(evs), walkStepRows)
+			s.mu.Lock()
+			now := s.clock()
+			for i := range evs[:n] {
+				e := &evs[i]
+				if e.Deleted {
+					s.core.Delete(now, e.Row.Key, e.Row.Slot(), e.Row.Rev)
+				} else {
+					s.core.Apply(now, e.Row)
+				}
+			}
+			s.mu.Unlock()
+			evs = evs[n:]
+		}
+		s.m.eventsApplied(len(b.Events))
+		return
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.clock()
 	switch b.Kind {
-	case store.KindEvents:
-		for i := range b.Events {
-			e := &b.Events[i]
-			if e.Deleted {
-				s.core.Delete(now, e.Row.Key, e.Row.Slot(), e.Row.Rev)
-			} else {
-				s.core.Apply(now, e.Row)
-			}
-		}
-		s.m.eventsApplied(len(b.Events))
 	case store.KindGap:
 		if !s.gapActive {
 			s.gapActive = true
@@ -301,6 +311,9 @@ func (s *Shard) requestWalk() {
 func (s *Shard) Walk(ctx context.Context, full bool) WalkReport {
 	s.walkMu.Lock()
 	defer s.walkMu.Unlock()
+	if full {
+		s.presize(ctx)
+	}
 
 	s.mu.Lock()
 	start := s.clock()
@@ -398,7 +411,7 @@ func (s *Shard) Walk(ctx context.Context, full bool) WalkReport {
 
 // walkStepRows is how many walked rows (or, closing a walk, records) the shard handles per hold of
 // its lock.
-const walkStepRows = 1024
+const walkStepRows = 256
 
 // closeWalk ends the running walk (see Core.CloseWalk), visiting the rows left to visit in
 // bounded steps with the lock released between them, and returns the walk's counts.

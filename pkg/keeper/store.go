@@ -136,9 +136,10 @@ func uvarintLen(n int) int {
 // other keys reads only the index; only a fingerprint match reads the record and its key. The
 // key hash is this process's own (maphash), unrelated to the ownership hash of the database.
 type index struct {
-	seed  maphash.Seed
-	slots []uint32
-	n     int
+	seed    maphash.Seed
+	slots   []uint32
+	n       int
+	resizes int // rebuilds so far
 }
 
 const (
@@ -242,6 +243,7 @@ func (ix *index) resize(rs *rows, ar *arena, n int, skip uint32) {
 	}
 	size = max(size, len(ix.slots)*2)
 	ix.slots = make([]uint32, size)
+	ix.resizes++
 	m := ix.mask()
 	for ci, chunk := range rs.chunks {
 		for j := range chunk {
