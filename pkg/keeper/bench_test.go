@@ -1,26 +1,79 @@
 package keeper
 
 import (
+	"encoding/json"
 	"fmt"
 	"math/rand/v2"
+	"os"
 	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/renderqueue/renderqueue/pkg/schedule"
+	"github.com/renderqueue/renderqueue/pkg/store"
+	"github.com/renderqueue/renderqueue/pkg/store/memstore"
 )
 
-const benchRows = 1_000_000
+// The scaling benchmarks run at 1,000,000 rows, and also at the sizes listed in BENCH_ROWS
+// (e.g. BENCH_ROWS=10M, or BENCH_ROWS=1M,10M,20M): building a 10M-row core takes about a minute
+// on a 2-core machine, so those runs are opt-in (see docs/benchmarks.md).
+const benchRowsEnv = "BENCH_ROWS"
+
+// benchSizes returns the row counts to run: 1M plus those of BENCH_ROWS.
+func benchSizes(tb testing.TB) []int {
+	tb.Helper()
+	sizes := []int{1_000_000}
+	for _, f := range strings.FieldsFunc(os.Getenv(benchRowsEnv), func(r rune) bool { return r == ',' || r == ' ' }) {
+		mult := 1
+		switch {
+		case strings.HasSuffix(f, "M"):
+			mult, f = 1_000_000, strings.TrimSuffix(f, "M")
+		case strings.HasSuffix(f, "k"):
+			mult, f = 1_000, strings.TrimSuffix(f, "k")
+		}
+		n, err := strconv.Atoi(f)
+		if err != nil || n <= 0 || n*mult > MaxRows {
+			tb.Fatalf("%s: %q is not a row count like 10M (at most %d)", benchRowsEnv, f, MaxRows)
+		}
+		if !slices.Contains(sizes, n*mult) {
+			sizes = append(sizes, n*mult)
+		}
+	}
+	return sizes
+}
+
+// rowsName names a row count as the sub-benchmarks do: rows=1M, rows=10M, rows=500k.
+func rowsName(n int) string {
+	switch {
+	case n%1_000_000 == 0:
+		return fmt.Sprintf("rows=%dM", n/1_000_000)
+	case n%1_000 == 0:
+		return fmt.Sprintf("rows=%dk", n/1_000)
+	}
+	return fmt.Sprintf("rows=%d", n)
+}
 
 // benchKey returns a 64-byte key.
 func benchKey(i int) string {
 	return fmt.Sprintf("https://shop.example.com/product/%031d", i)
 }
 
+// benchHash is row i's ownership hash: fixed per key, spread over every slot.
+func benchHash(i int) int64 {
+	z := uint64(i)*0x9e3779b97f4a7c15 + 1
+	z = (z ^ z>>30) * 0xbf58476d1ce4e5b9
+	z = (z ^ z>>27) * 0x94d049bb133111eb
+	return int64(z ^ z>>31)
+}
+
 // benchCadences are 4 cadences × 2 sources = 8 groups.
 var benchCadences = [...]time.Duration{time.Hour, 24 * time.Hour, 96 * time.Hour, 7 * 24 * time.Hour}
 
-// benchRow makes row i: due spread over the past cadence (all due at now) or over ±cadence.
+// benchRow makes row i: due spread over the past cadence (all due at now) or over ±cadence/2.
 func benchRow(rng *rand.Rand, i int, now time.Time, allDue bool) schedule.Row {
 	cad := benchCadences[i%len(benchCadences)]
 	off := time.Duration(rng.Int64N(int64(cad)))
@@ -30,7 +83,7 @@ func benchRow(rng *rand.Rand, i int, now time.Time, allDue bool) schedule.Row {
 	}
 	return schedule.Row{
 		Key:     benchKey(i),
-		KeyHash: int64(rng.Uint64()),
+		KeyHash: benchHash(i),
 		Due:     due,
 		HasDue:  true,
 		Cadence: cad,
@@ -40,17 +93,21 @@ func benchRow(rng *rand.Rand, i int, now time.Time, allDue bool) schedule.Row {
 	}
 }
 
-func benchCore(tb testing.TB, now time.Time, allDue bool) *Core {
+// benchConfig is the claim policy of the benchmark cores (and of allSlots settings).
+var benchConfig = Config{SubmittedBoost: 2, UrgentMaxShare: 0.2}
+
+func benchCore(tb testing.TB, n int, now time.Time, allDue bool) *Core {
 	tb.Helper()
-	c, err := New(Config{SubmittedBoost: 2, UrgentMaxShare: 0.2})
+	c, err := New(benchConfig)
 	if err != nil {
 		tb.Fatal(err)
 	}
 	for s := 0; s < schedule.NumSlots; s++ {
 		c.SetSlot(s, SlotOwned)
 	}
+	c.Reserve(n)
 	rng := rand.New(rand.NewPCG(1, 2))
-	for i := 0; i < benchRows; i++ {
+	for i := 0; i < n; i++ {
 		if o := c.Apply(now, benchRow(rng, i, now, allDue)); o.Result != Held {
 			tb.Fatalf("row %d: %v", i, o.Result)
 		}
@@ -66,113 +123,374 @@ func liveHeap() uint64 {
 	return m.HeapAlloc
 }
 
-// BenchmarkKeeperMemory reports the live heap per held row at 1,000,000 rows with 64-byte keys.
+// BenchmarkKeeperMemory reports the live heap per held row, 64-byte keys, 8 groups, half the rows
+// due.
 func BenchmarkKeeperMemory(b *testing.B) {
-	now := base
-	for b.Loop() {
-		before := liveHeap()
-		c := benchCore(b, now, false)
-		after := liveHeap()
-		b.ReportMetric(float64(after-before)/benchRows, "B/row")
-		runtime.KeepAlive(c)
+	for _, n := range benchSizes(b) {
+		b.Run(rowsName(n), func(b *testing.B) {
+			for b.Loop() {
+				before := liveHeap()
+				c := benchCore(b, n, base, false)
+				after := liveHeap()
+				b.ReportMetric(float64(after-before)/float64(n), "B/row")
+				runtime.KeepAlive(c)
+			}
+		})
 	}
 }
 
 // BenchmarkKeeperApply applies update events (a new rev and due time within the window) to
-// random held rows of a 1,000,000-row core.
+// random held rows.
 func BenchmarkKeeperApply(b *testing.B) {
-	now := base
-	c := benchCore(b, now, false)
-	rng := rand.New(rand.NewPCG(3, 4))
-	const nEvents = 1 << 20
-	events := make([]schedule.Row, nEvents)
-	for i := range events {
-		k := rng.IntN(benchRows)
-		events[i] = benchRow(rng, k, now, false)
-		events[i].Rev = int64(benchRows + i + 1)
-	}
-	next := 0
-	// the core is built once; the sub-benchmark runs with growing N over it
-	b.Run("rows=1M", func(b *testing.B) {
-		for i := 0; i < b.N; i++ {
-			if next == nEvents {
-				b.StopTimer()
-				for j := range events {
-					events[j].Rev += nEvents
-				}
-				next = 0
-				b.StartTimer()
-			}
-			c.Apply(now, events[next])
-			next++
+	for _, n := range benchSizes(b) {
+		now := base
+		c := benchCore(b, n, now, false)
+		rng := rand.New(rand.NewPCG(3, 4))
+		const nEvents = 1 << 20
+		events := make([]schedule.Row, nEvents)
+		for i := range events {
+			events[i] = benchRow(rng, rng.IntN(n), now, false)
+			events[i].Rev = int64(n + i + 1)
 		}
-		b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "events/s")
-	})
+		next := 0
+		// the core is built once; the sub-benchmark runs with growing N over it
+		b.Run(rowsName(n), func(b *testing.B) {
+			for i := 0; i < b.N; i++ {
+				if next == nEvents {
+					b.StopTimer()
+					for j := range events {
+						events[j].Rev += nEvents
+					}
+					next = 0
+					b.StartTimer()
+				}
+				c.Apply(now, events[next])
+				next++
+			}
+			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "events/s")
+		})
+	}
 }
 
-// BenchmarkKeeperClaim claims batches of 100 from 1,000,000 held rows in 8 groups, all due. The
-// claimed rows are released after each batch so every batch sees the full core; us/claim times
-// the claims alone (ns/op includes the releases).
+// BenchmarkKeeperClaim claims batches of 100 from rows in 8 groups, all due. The claimed rows are
+// released after each batch so every batch sees the full core; us/claim times the claims alone
+// (ns/op includes the releases).
 func BenchmarkKeeperClaim(b *testing.B) {
-	now := base
-	c := benchCore(b, now, true)
-	b.Run("rows=1M/batch=100", func(b *testing.B) {
-		var claiming time.Duration
-		for i := 0; i < b.N; i++ {
-			start := time.Now()
-			got := c.Claim(now, 100, time.Minute)
-			claiming += time.Since(start)
-			if len(got) != 100 {
-				b.Fatalf("claimed %d", len(got))
-			}
-			for _, g := range got {
-				if err := c.Release(now, g.Key, g.Lease); err != nil {
-					b.Fatal(err)
+	for _, n := range benchSizes(b) {
+		now := base
+		c := benchCore(b, n, now, true)
+		claim := func(b *testing.B) {
+			var claiming time.Duration
+			for i := 0; i < b.N; i++ {
+				start := time.Now()
+				got := c.Claim(now, 100, time.Minute)
+				claiming += time.Since(start)
+				if len(got) != 100 {
+					b.Fatalf("claimed %d", len(got))
+				}
+				for _, g := range got {
+					if err := c.Release(now, g.Key, g.Lease); err != nil {
+						b.Fatal(err)
+					}
 				}
 			}
+			b.ReportMetric(float64(claiming.Microseconds())/float64(b.N), "us/claim")
 		}
-		b.ReportMetric(float64(claiming.Microseconds())/float64(b.N), "us/claim")
-	})
-	// the same with a floor on every group (8 floors of 0.05)
-	var floors []Floor
-	for _, cad := range benchCadences {
-		for _, src := range []schedule.Source{schedule.SourceDiscovered, schedule.SourceSubmitted} {
-			floors = append(floors, Floor{Cadence: cad, Source: src, Share: 0.05})
-		}
-	}
-	if err := c.SetConfig(Config{SubmittedBoost: 2, UrgentMaxShare: 0.2, Floors: floors}); err != nil {
-		b.Fatal(err)
-	}
-	b.Run("rows=1M/batch=100/floors=8", func(b *testing.B) {
-		var claiming time.Duration
-		for i := 0; i < b.N; i++ {
-			start := time.Now()
-			got := c.Claim(now, 100, time.Minute)
-			claiming += time.Since(start)
-			if len(got) != 100 {
-				b.Fatalf("claimed %d", len(got))
-			}
-			for _, g := range got {
-				if err := c.Release(now, g.Key, g.Lease); err != nil {
-					b.Fatal(err)
-				}
+		b.Run(rowsName(n)+"/batch=100", claim)
+		// the same with a floor on every group (8 floors of 0.05)
+		var floors []Floor
+		for _, cad := range benchCadences {
+			for _, src := range []schedule.Source{schedule.SourceDiscovered, schedule.SourceSubmitted} {
+				floors = append(floors, Floor{Cadence: cad, Source: src, Share: 0.05})
 			}
 		}
-		b.ReportMetric(float64(claiming.Microseconds())/float64(b.N), "us/claim")
-	})
+		if err := c.SetConfig(Config{SubmittedBoost: 2, UrgentMaxShare: 0.2, Floors: floors}); err != nil {
+			b.Fatal(err)
+		}
+		b.Run(rowsName(n)+"/batch=100/floors=8", claim)
+	}
 }
 
-// BenchmarkKeeperSummary computes the summary of 1,000,000 held rows, half of them due.
+// BenchmarkKeeperSummary computes the core's summary, half the rows due, one second later each
+// time (so the rows that came due in that second are counted as they would be).
 func BenchmarkKeeperSummary(b *testing.B) {
-	now := base
-	c := benchCore(b, now, false)
-	b.Run("rows=1M", func(b *testing.B) {
-		for i := 0; i < b.N; i++ {
-			s := c.Summary(now)
-			if s.Held != benchRows {
-				b.Fatalf("held %d", s.Held)
+	for _, n := range benchSizes(b) {
+		c := benchCore(b, n, base, false)
+		now := base
+		b.Run(rowsName(n), func(b *testing.B) {
+			for i := 0; i < b.N; i++ {
+				now = now.Add(time.Second)
+				if s := c.Summary(now); s.Held != n {
+					b.Fatalf("held %d", s.Held)
+				}
 			}
+			b.ReportMetric(float64(b.Elapsed().Microseconds())/1000/float64(b.N), "ms/summary")
+		})
+	}
+}
+
+// benchShard returns a loaded standalone shard (all slots, window 0) holding a core of n rows
+// built at now, half of them due (all of them with allDue). Its store is an empty memstore: the
+// benchmarks drive the shard directly, not through a store.
+func benchShard(tb testing.TB, n int, now time.Time, allDue bool) *Shard {
+	tb.Helper()
+	sh, err := NewShard(Options{Name: "bench", Store: memstore.New(memstore.Options{})}, allSlots(0))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	sh.core = benchCore(tb, n, now, allDue)
+	sh.loaded = true
+	sh.edge = Edge{Known: true, Unbounded: true}
+	return sh
+}
+
+// BenchmarkStatus computes the shard's whole /v1/status (Shard.Status and its JSON), half the
+// rows due, 100 ms later each time: what a reader polling every 100 ms causes.
+func BenchmarkStatus(b *testing.B) {
+	for _, n := range benchSizes(b) {
+		now := time.Now()
+		sh := benchShard(b, n, now, false)
+		b.Run(rowsName(n), func(b *testing.B) {
+			for i := 0; i < b.N; i++ {
+				now = now.Add(100 * time.Millisecond)
+				st := sh.Status(now)
+				if st.Rows.Held != n || st.Due == 0 {
+					b.Fatalf("held %d due %d", st.Rows.Held, st.Due)
+				}
+				if _, err := json.Marshal(st); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(b.Elapsed().Microseconds())/1000/float64(b.N), "ms/status")
+		})
+	}
+}
+
+// claimLoad is the concurrent load of BenchmarkClaimLatency: claimers claiming and completing,
+// a status reader and a stream of change events, all against one shard on the real clock.
+type claimLoad struct {
+	sh *Shard
+	n  int // rows of the benchmark core: event keys are drawn from them
+	// Claimers goroutines each claim Batch rows every Every and complete them (the core side of
+	// Shard.Complete: the new version applied, the lease ended, under the lock, as one batch).
+	Claimers int
+	Batch    int
+	Every    time.Duration
+	// StatusEvery is the interval of status reads (Shard.Status plus JSON, not shared).
+	StatusEvery time.Duration
+	// EventsPerSec change events (new rev, new due of random rows) are applied through
+	// HandleBatch in batches every 10 ms.
+	EventsPerSec int
+}
+
+// claimStats is what a claimLoad run measured.
+type claimStats struct {
+	claims     []time.Duration // latency of each Shard.Claim call
+	status     []time.Duration // duration of each status read
+	events     int
+	claimed    int
+	overruns   int // claim rounds that started late because the previous one overran Every
+	maxLockGap time.Duration
+}
+
+func (s *claimStats) quantile(v []time.Duration, q float64) time.Duration {
+	if len(v) == 0 {
+		return 0
+	}
+	slices.Sort(v)
+	return v[max(0, min(len(v)-1, int(q*float64(len(v)))-1))]
+}
+
+// run drives the load until stop is closed and returns what it measured.
+func (l claimLoad) run(stop <-chan struct{}) *claimStats {
+	var (
+		wg    sync.WaitGroup
+		mu    sync.Mutex
+		stats = &claimStats{}
+	)
+	rev := int64(1 << 40) // above every rev of the core
+	var revMu sync.Mutex
+	nextRev := func(k int) int64 {
+		revMu.Lock()
+		defer revMu.Unlock()
+		rev += int64(k)
+		return rev - int64(k)
+	}
+	for range l.Claimers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var lat []time.Duration
+			claimed, overruns := 0, 0
+			tick := time.NewTicker(l.Every)
+			defer tick.Stop()
+			for {
+				select {
+				case <-stop:
+					mu.Lock()
+					stats.claims = append(stats.claims, lat...)
+					stats.claimed += claimed
+					stats.overruns += overruns
+					mu.Unlock()
+					return
+				case <-tick.C:
+				}
+				start := time.Now()
+				rows, err := l.sh.Claim(time.Now(), l.Batch, time.Minute)
+				lat = append(lat, time.Since(start))
+				if err != nil {
+					panic(err)
+				}
+				claimed += len(rows)
+				r0 := nextRev(len(rows))
+				l.sh.mu.Lock()
+				now := time.Now()
+				for i, c := range rows {
+					cp, _, err := l.sh.core.Completing(now, c.Key, c.Lease)
+					if err != nil {
+						continue
+					}
+					row := schedule.Row{Key: c.Key, KeyHash: benchHashOf(c.Key), Due: cp.NextDue, HasDue: true,
+						Cadence: c.Cadence, Route: c.Route, Source: c.Source, Rev: r0 + int64(i)}
+					l.sh.core.Apply(now, row)
+					_ = l.sh.core.Release(now, c.Key, c.Lease)
+				}
+				l.sh.mu.Unlock()
+				if time.Since(start) > l.Every {
+					overruns++
+				}
+			}
+		}()
+	}
+	wg.Add(1)
+	go func() { // status reads
+		defer wg.Done()
+		tick := time.NewTicker(l.StatusEvery)
+		defer tick.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-tick.C:
+			}
+			start := time.Now()
+			st := l.sh.Status(time.Now())
+			if _, err := json.Marshal(st); err != nil {
+				panic(err)
+			}
+			mu.Lock()
+			stats.status = append(stats.status, time.Since(start))
+			mu.Unlock()
 		}
-		b.ReportMetric(float64(b.Elapsed().Microseconds())/1000/float64(b.N), "ms/summary")
-	})
+	}()
+	wg.Add(1)
+	go func() { // change events
+		defer wg.Done()
+		const every = 10 * time.Millisecond
+		per := l.EventsPerSec * int(every) / int(time.Second)
+		tick := time.NewTicker(every)
+		defer tick.Stop()
+		rng := rand.New(rand.NewPCG(5, 6))
+		sent := 0
+		for {
+			select {
+			case <-stop:
+				mu.Lock()
+				stats.events += sent
+				mu.Unlock()
+				return
+			case <-tick.C:
+			}
+			now := time.Now()
+			r0 := nextRev(per)
+			evs := make([]store.Event, per)
+			for i := range evs {
+				evs[i].Row = benchRow(rng, rng.IntN(l.n), now, false)
+				evs[i].Row.Rev = r0 + int64(i)
+			}
+			l.sh.HandleBatch(store.Batch{Kind: store.KindEvents, Events: evs})
+			sent += per
+		}
+	}()
+	wg.Add(1)
+	go func() { // how long the lock can be held: a probe taking it every millisecond
+		defer wg.Done()
+		var worst time.Duration
+		for {
+			select {
+			case <-stop:
+				mu.Lock()
+				stats.maxLockGap = worst
+				mu.Unlock()
+				return
+			case <-time.After(time.Millisecond):
+			}
+			start := time.Now()
+			l.sh.mu.Lock()
+			l.sh.mu.Unlock() //nolint:staticcheck // an empty critical section: the probe measures the wait
+			worst = max(worst, time.Since(start))
+		}
+	}()
+	<-stop
+	wg.Wait()
+	return stats
+}
+
+// benchHashOf returns the ownership hash benchRow gives key.
+func benchHashOf(key string) int64 {
+	i, err := strconv.Atoi(strings.TrimLeft(key[len("https://shop.example.com/product/"):], "0"))
+	if err != nil {
+		panic(err)
+	}
+	return benchHash(i)
+}
+
+// report adds the load's figures to b.
+func (s *claimStats) report(b *testing.B, secs float64) {
+	b.ReportMetric(float64(s.quantile(s.claims, 0.50).Microseconds()), "p50-us")
+	b.ReportMetric(float64(s.quantile(s.claims, 0.99).Microseconds()), "p99-us")
+	b.ReportMetric(float64(s.quantile(s.claims, 1).Microseconds()), "max-us")
+	b.ReportMetric(float64(s.quantile(s.status, 0.99).Microseconds())/1000, "status-p99-ms")
+	b.ReportMetric(float64(s.claimed)/secs, "claimed/s")
+	b.ReportMetric(float64(s.events)/secs, "events/s")
+	b.ReportMetric(float64(s.maxLockGap.Microseconds())/1000, "max-lock-wait-ms")
+	b.ReportMetric(float64(s.overruns), "overruns")
+}
+
+// benchClaimSeconds is how long each BenchmarkClaimLatency run lasts (BENCH_CLAIM_SECONDS,
+// default 10).
+func benchClaimSeconds(tb testing.TB) time.Duration {
+	if v := os.Getenv("BENCH_CLAIM_SECONDS"); v != "" {
+		s, err := strconv.Atoi(v)
+		if err != nil || s <= 0 {
+			tb.Fatalf("BENCH_CLAIM_SECONDS=%q: want a whole number of seconds", v)
+		}
+		return time.Duration(s) * time.Second
+	}
+	return 10 * time.Second
+}
+
+// defaultClaimLoad is the load of BenchmarkClaimLatency: 2 claimers taking 100 rows every 5 ms
+// each (40,000 rows/s claimed and completed), /v1/status every 100 ms, 20,000 events/s.
+func defaultClaimLoad(sh *Shard, n int) claimLoad {
+	return claimLoad{sh: sh, n: n, Claimers: 2, Batch: 100, Every: 5 * time.Millisecond,
+		StatusEvery: 100 * time.Millisecond, EventsPerSec: 20_000}
+}
+
+// BenchmarkClaimLatency measures Shard.Claim latency (lock wait included) on a shard whose rows
+// are all due, while claimers complete what they claim, /v1/status is computed every 100 ms and
+// change events are applied at 20,000/s (defaultClaimLoad), for BENCH_CLAIM_SECONDS.
+func BenchmarkClaimLatency(b *testing.B) {
+	for _, n := range benchSizes(b) {
+		sh := benchShard(b, n, time.Now(), true)
+		dur := benchClaimSeconds(b)
+		b.Run(rowsName(n), func(b *testing.B) {
+			for b.Loop() {
+				stop := make(chan struct{})
+				time.AfterFunc(dur, func() { close(stop) })
+				stats := defaultClaimLoad(sh, n).run(stop)
+				stats.report(b, dur.Seconds())
+			}
+		})
+	}
 }

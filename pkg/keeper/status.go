@@ -32,7 +32,9 @@ func (s *Shard) RecentStatus(maxAge time.Duration) shardapi.Status {
 }
 
 // Status returns the shard's whole state at now, in the /v1/status contract. Rows that came due
-// since the last status are counted first in bounded steps, releasing the lock between them.
+// since the last status are counted first in bounded steps, releasing the lock between them; then
+// the figures are counted and the shard's state copied under the lock, and the reply is built
+// after releasing it.
 func (s *Shard) Status(now time.Time) shardapi.Status {
 	for {
 		s.mu.Lock()
@@ -43,21 +45,27 @@ func (s *Shard) Status(now time.Time) shardapi.Status {
 		}
 	}
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	sum := s.core.Summary(now)
-	complete := s.complete(now)
+	sc := s.core.countSummary(now)
+	complete, exact := s.complete(now), s.exact(now)
+	settings, prepared, edge, lastErr := s.settings, s.prepared, s.edge, s.lastErr
+	gap, gapActive, coveredGapSeq := s.gap, s.gapActive, s.coveredGapSeq
+	ownedNotHeld, ownedAsOf := s.ownedNotHeld, s.ownedAsOf
+	lastWalk, walkingSince := s.lastWalk, s.walkingSince
+	s.mu.Unlock()
+
+	sum := sc.summary()
 	st := shardapi.Status{
 		Shard:          s.name,
 		AsOf:           now.UTC(),
 		Complete:       complete,
-		Exact:          s.exact(now),
-		Window:         s.settings.Window.Seconds(),
-		VerifyInterval: s.settings.VerifyInterval.Seconds(),
+		Exact:          exact,
+		Window:         settings.Window.Seconds(),
+		VerifyInterval: settings.VerifyInterval.Seconds(),
 		Membership: shardapi.Membership{
-			Epoch:         s.settings.Epoch,
-			Owned:         membership.FormatSlots(s.settings.Owned),
-			Incoming:      membership.FormatSlots(s.settings.Incoming),
-			PreparedEpoch: s.prepared,
+			Epoch:         settings.Epoch,
+			Owned:         membership.FormatSlots(settings.Owned),
+			Incoming:      membership.FormatSlots(settings.Incoming),
+			PreparedEpoch: prepared,
 		},
 		Rows: shardapi.Rows{
 			Held:    sum.Held,
@@ -72,9 +80,9 @@ func (s *Shard) Status(now time.Time) shardapi.Status {
 		Coming: shardapi.Coming{
 			Next15m: sum.Coming.Next15m, Next60m: sum.Coming.Next60m, Next24h: sum.Coming.Next24h,
 			ByHour:      sum.Coming.ByHour[:],
-			CutAtWindow: s.settings.Window > 0 && s.settings.Window < 24*time.Hour,
+			CutAtWindow: settings.Window > 0 && settings.Window < 24*time.Hour,
 		},
-		Error: s.lastErr,
+		Error: lastErr,
 	}
 	switch {
 	case sum.Due > 0:
@@ -84,31 +92,31 @@ func (s *Shard) Status(now time.Time) shardapi.Status {
 	default:
 		st.Status = shardapi.StatusUnready
 	}
-	if s.edge.Known && !s.edge.Unbounded {
-		edge := s.edge.At.UTC()
-		ahead := edge.Sub(now).Seconds()
-		st.Edge, st.EdgeAheadSeconds = &edge, &ahead
+	if edge.Known && !edge.Unbounded {
+		at := edge.At.UTC()
+		ahead := at.Sub(now).Seconds()
+		st.Edge, st.EdgeAheadSeconds = &at, &ahead
 	}
-	if s.gap.seq > 0 && (s.gapActive || s.coveredGapSeq != s.gap.seq) {
-		g := &shardapi.Gap{Since: s.gap.since.UTC(), Reason: s.gap.reason}
-		if !s.gap.resumed.IsZero() {
-			r := s.gap.resumed.UTC()
+	if gap.seq > 0 && (gapActive || coveredGapSeq != gap.seq) {
+		g := &shardapi.Gap{Since: gap.since.UTC(), Reason: gap.reason}
+		if !gap.resumed.IsZero() {
+			r := gap.resumed.UTC()
 			g.Resumed = &r
 		}
 		st.Gap = g
 	}
-	if !s.ownedAsOf.IsZero() {
-		asOf := s.ownedAsOf.UTC()
-		st.Rows.OwnedNotHeld = s.ownedNotHeld.OwnedNotHeld
+	if !ownedAsOf.IsZero() {
+		asOf := ownedAsOf.UTC()
+		st.Rows.OwnedNotHeld = ownedNotHeld.OwnedNotHeld
 		st.Rows.OwnedNotHeldAsOf = &asOf
-		st.Rows.OwnedNotHeldByHour = s.ownedNotHeld.OwnedNotHeldByHour[:]
+		st.Rows.OwnedNotHeldByHour = ownedNotHeld.OwnedNotHeldByHour[:]
 		st.Rows.OwnedNotHeldApproximate = true
 	}
 	for slot, n := range sum.DuePerSlot {
 		st.DuePerSlot[strconv.Itoa(slot)] = n
 	}
 	for slot, n := range sum.DuePerIncomingSlot {
-		if s.core.walkedBefore(slot) {
+		if sc.walked[slot] {
 			if st.DuePerIncomingSlot == nil {
 				st.DuePerIncomingSlot = map[string]int{}
 			}
@@ -121,7 +129,7 @@ func (s *Shard) Status(now time.Time) shardapi.Status {
 	if sum.Oldest != nil {
 		st.Oldest = &shardapi.Oldest{Key: sum.Oldest.Key, Due: sum.Oldest.Due}
 	}
-	if w := s.lastWalk; w != nil {
+	if w := lastWalk; w != nil {
 		st.LastWalk = &shardapi.Walk{
 			StartedAt: w.StartedAt.UTC(), Partial: w.Partial, Failed: w.Failed,
 			Scanned: w.Counts.Scanned, Admitted: w.Counts.Admitted, Repaired: w.Counts.Repaired,
@@ -132,8 +140,8 @@ func (s *Shard) Status(now time.Time) shardapi.Status {
 			st.LastWalk.FinishedAt = &f
 		}
 	}
-	if !s.walkingSince.IsZero() {
-		w := s.walkingSince.UTC()
+	if !walkingSince.IsZero() {
+		w := walkingSince.UTC()
 		st.WalkingSince = &w
 	}
 	return st

@@ -157,6 +157,23 @@ func (c *Core) CatchUp(now time.Time, maxRows int) bool {
 // Summary computes the summary at now. It costs time in the rows that came due (or stopped being
 // due) since the last summary, plus the number of groups, slots and routes; see dueCounts.
 func (c *Core) Summary(now time.Time) Summary {
+	sc := c.countSummary(now)
+	return sc.summary()
+}
+
+// summaryCounts is a summary as counted from the core: the figures without the maps, which
+// summary() builds from the copied counts (the shard does that after releasing its lock).
+type summaryCounts struct {
+	Summary
+	slotDue   [schedule.NumSlots]int32
+	slotState [schedule.NumSlots]SlotState
+	walked    [schedule.NumSlots]bool
+	routeDue  []int32
+	routes    []string
+}
+
+// countSummary counts the summary at now: everything but building the maps.
+func (c *Core) countSummary(now time.Time) summaryCounts {
 	nowMs := now.UnixMilli()
 	c.expireLeases(nowMs)
 	if c.rows.n == 0 {
@@ -164,40 +181,28 @@ func (c *Core) Summary(now time.Time) Summary {
 	} else {
 		c.moveCursor(nowMs)
 	}
-	s := Summary{
-		AsOf:               now,
-		Held:               c.rows.n,
-		Invalid:            len(c.invalid),
-		Leased:             len(c.leases),
-		DuePerSlot:         map[int]int{},
-		DuePerIncomingSlot: map[int]int{},
-		ByRoute:            map[string]int{},
+	sc := summaryCounts{
+		Summary:   Summary{AsOf: now, Held: c.rows.n, Invalid: len(c.invalid), Leased: len(c.leases)},
+		slotDue:   c.due.slot,
+		slotState: c.slots,
+		walked:    c.walked,
+		routeDue:  slices.Clone(c.due.route),
+		routes:    c.routes[:len(c.routes):len(c.routes)], // routes are only ever appended
 	}
-	for slot, n := range c.due.slot {
-		if n == 0 {
-			continue
-		}
-		switch c.slots[slot] {
-		case SlotOwned:
-			s.Due += int(n)
-			s.DuePerSlot[slot] = int(n)
-		case SlotIncoming:
-			s.DuePerIncomingSlot[slot] = int(n)
-		}
-	}
-	for ri, n := range c.due.route {
-		if n > 0 {
-			s.ByRoute[c.routes[ri]] = int(n)
-		}
-	}
+	s := &sc.Summary
 	type classKey struct {
 		cadenceMs int64
 		source    schedule.Source
 	}
 	classes := map[classKey]*Class{}
 	var runs []dueRun
-	var at [25]int // rows due at or before now + h hours, h = 0..24
-	in15m := 0
+	// rows due at or before now, now + 15 min, now + h hours (h = 1..24)
+	var points, at [26]int64
+	points[0], points[1] = nowMs, nowMs+15*60_000
+	for h := 1; h <= 24; h++ {
+		points[h+1] = nowMs + int64(h)*hourMs
+	}
+	var ranks [26]int
 	for _, g := range c.groups {
 		s.HeldIncoming += g.incoming.n
 		t := &g.owned
@@ -210,20 +215,14 @@ func (c *Core) Summary(now time.Time) Summary {
 			cl = &Class{Cadence: time.Duration(g.cadenceMs) * time.Millisecond, Source: g.source}
 			classes[ck] = cl
 		}
-		dueNow := c.tRank(t, nowMs)
-		cl.Held += t.n
-		cl.Due += dueNow
-		at[0] += dueNow
-		for h, prev := 1, dueNow; h <= 24; h++ {
-			n := t.n // once every row is counted, the later bins need no lookup
-			if prev < t.n {
-				n = c.tRank(t, nowMs+int64(h)*hourMs)
-			}
-			at[h] += n
-			prev = n
+		c.tRanks(t, points[:], ranks[:])
+		for i, n := range ranks {
+			at[i] += int64(n)
 		}
-		in15m += c.tRank(t, nowMs+15*60_000)
-		if n := dueNow; n > 0 {
+		cl.Held += t.n
+		cl.Due += ranks[0]
+		s.Due += ranks[0]
+		if n := ranks[0]; n > 0 {
 			first, _ := c.tFirst(t)
 			runs = append(runs, dueRun{t: t, n: n, cadenceMs: g.cadenceMs, first: first, firstMs: c.rows.at(entryID(first)).due()})
 		}
@@ -237,14 +236,51 @@ func (c *Core) Summary(now time.Time) Summary {
 		}
 		return cmp.Compare(a.Source, b.Source)
 	})
-	for h := range 24 {
-		s.Coming.ByHour[h] = at[h+1] - at[h]
+	s.Coming.Next15m = int(at[1] - at[0])
+	s.Coming.ByHour[0] = int(at[2] - at[0])
+	for h := 1; h < 24; h++ {
+		s.Coming.ByHour[h] = int(at[h+2] - at[h+1])
 	}
-	s.Coming.Next15m = in15m - at[0]
-	s.Coming.Next60m = at[1] - at[0]
-	s.Coming.Next24h = at[24] - at[0]
+	s.Coming.Next60m = int(at[2] - at[0])
+	s.Coming.Next24h = int(at[25] - at[0])
 	if len(runs) > 0 {
-		c.lateness(&s, nowMs, runs)
+		c.lateness(s, nowMs, runs)
+	}
+	return sc
+}
+
+// summary builds the summary's maps from the counts.
+func (sc *summaryCounts) summary() Summary {
+	s := sc.Summary
+	owned, incoming := 0, 0
+	for slot, n := range sc.slotDue {
+		if n != 0 {
+			switch sc.slotState[slot] {
+			case SlotOwned:
+				owned++
+			case SlotIncoming:
+				incoming++
+			}
+		}
+	}
+	s.DuePerSlot = make(map[int]int, owned)
+	s.DuePerIncomingSlot = make(map[int]int, incoming)
+	for slot, n := range sc.slotDue {
+		if n == 0 {
+			continue
+		}
+		switch sc.slotState[slot] {
+		case SlotOwned:
+			s.DuePerSlot[slot] = int(n)
+		case SlotIncoming:
+			s.DuePerIncomingSlot[slot] = int(n)
+		}
+	}
+	s.ByRoute = map[string]int{}
+	for ri, n := range sc.routeDue {
+		if n > 0 {
+			s.ByRoute[sc.routes[ri]] = int(n)
+		}
 	}
 	return s
 }
@@ -291,54 +327,120 @@ func rankOf(q float64, n int) int {
 	return max(1, min(n, int(math.Ceil(q*float64(n)))))
 }
 
+// quantileCandidates is how few rows a quantile search narrows down to before it reads them and
+// picks the answer by sorting.
+const quantileCandidates = 256
+
 // dueQuantile returns the due time of the row whose lateness is the q-quantile (nearest rank) of
-// the due rows: the k-th latest due time is the (total − k + 1)-th earliest.
+// the due rows: the k-th latest due time is the (total − k + 1)-th earliest. lo and hi bound the
+// due rows' due times.
 func (c *Core) dueQuantile(runs []dueRun, total int, q float64, lo, hi int64) int64 {
 	j := total - rankOf(q, total) + 1
-	// the smallest x in [lo, hi] with at least j rows due at or before it
-	for lo < hi {
-		m := lo + (hi-lo)/2
+	// the answer is the smallest x with at least j rows due at or before it; bisect (lo, hi] with
+	// count(lo) < j ≤ count(hi) until few rows lie between, then read those
+	count := func(x int64) int {
 		n := 0
 		for _, r := range runs {
-			n += c.tRank(r.t, m)
+			n += c.tRank(r.t, x)
 		}
-		if n >= j {
-			hi = m
+		return n
+	}
+	lo--
+	nlo, nhi := 0, total
+	for nhi-nlo > quantileCandidates && hi-lo > 1 {
+		m := lo + (hi-lo)/2
+		if n := count(m); n >= j {
+			hi, nhi = m, n
 		} else {
-			lo = m + 1
+			lo, nlo = m, n
 		}
 	}
-	return lo
+	var cand []int64
+	for _, r := range runs {
+		c.tVisit(r.t, c.tRank(r.t, lo), c.tRank(r.t, hi), func(e uint64) {
+			cand = append(cand, c.rows.at(entryID(e)).due())
+		})
+	}
+	slices.Sort(cand)
+	return cand[j-nlo-1]
 }
 
-// relQuantile returns the q-quantile (nearest rank) of the due rows' relative lateness: the
-// smallest value x (searched over the ordered bit patterns of non-negative float64s) with at least
-// k rows whose relative lateness, computed as float64(now − due) / float64(cadence), is at most x.
+// relQuantile returns the q-quantile (nearest rank) of the due rows' relative lateness, computed
+// as float64(now − due) / float64(cadence): the smallest value x with at least k rows at or below
+// it. The search bisects over the ordered bit patterns of non-negative float64s until few rows lie
+// between its bounds, then reads those.
 func (c *Core) relQuantile(runs []dueRun, total int, q float64, nowMs int64, maxRel float64) float64 {
 	k := rankOf(q, total)
-	lo, hi := uint64(0), math.Float64bits(maxRel)
-	for lo < hi {
-		m := lo + (hi-lo)/2
-		x := math.Float64frombits(m)
+	// positions of each run's rows with relative lateness ≤ x are its last cntLE(r, x) due rows
+	cntLE := func(r *dueRun, x float64) int { return r.n - c.tRank(r.t, c.relThreshold(r, nowMs, x)-1) }
+	count := func(x float64) int {
 		n := 0
-		for _, r := range runs {
-			// rows due in [thr, now] have relative lateness ≤ x: thr is the earliest such due time
-			a, b := r.firstMs, nowMs
-			for a < b {
-				d := a + (b-a)/2
-				if relLate(nowMs, d, r.cadenceMs) <= x {
-					b = d
-				} else {
-					a = d + 1
-				}
-			}
-			n += r.n - c.tRank(r.t, a-1)
+		for i := range runs {
+			n += cntLE(&runs[i], x)
 		}
-		if n >= k {
-			hi = m
+		return n
+	}
+	if count(0) >= k {
+		return 0
+	}
+	lo, hi := uint64(0), math.Float64bits(maxRel) // count(lo) < k ≤ count(hi)
+	nlo, nhi := count(0), total
+	for nhi-nlo > quantileCandidates && hi-lo > 1 {
+		m := lo + (hi-lo)/2
+		if n := count(math.Float64frombits(m)); n >= k {
+			hi, nhi = m, n
 		} else {
-			lo = m + 1
+			lo, nlo = m, n
 		}
 	}
-	return math.Float64frombits(lo)
+	var cand []float64
+	xlo, xhi := math.Float64frombits(lo), math.Float64frombits(hi)
+	for i := range runs {
+		r := &runs[i]
+		c.tVisit(r.t, r.n-cntLE(r, xhi), r.n-cntLE(r, xlo), func(e uint64) {
+			cand = append(cand, relLate(nowMs, c.rows.at(entryID(e)).due(), r.cadenceMs))
+		})
+	}
+	slices.Sort(cand)
+	return cand[k-nlo-1]
+}
+
+// relThreshold returns the earliest due time d in [r.firstMs, now] whose relative lateness is at
+// most x (x ≥ 0): relative lateness does not increase with d, so the rows of r with relative
+// lateness ≤ x are those due in [d, now]. It starts from now − x·cadence and corrects the float
+// rounding by stepping, falling back to bisection.
+func (c *Core) relThreshold(r *dueRun, nowMs int64, x float64) int64 {
+	le := func(d int64) bool { return relLate(nowMs, d, r.cadenceMs) <= x }
+	lo, hi := r.firstMs, nowMs // le(hi) holds: relative lateness 0
+	if le(lo) {
+		return lo
+	}
+	// le(lo) is false and le(hi) true: find the boundary, first near the estimate
+	if est := float64(nowMs) - x*float64(r.cadenceMs); est > float64(lo) && est < float64(hi) {
+		d := int64(est)
+		for range 4 {
+			if le(d) {
+				hi = d
+				if !le(d - 1) {
+					return d
+				}
+				d--
+			} else {
+				lo = d
+				d++
+			}
+			if d <= lo || d >= hi {
+				break
+			}
+		}
+	}
+	for hi-lo > 1 {
+		m := lo + (hi-lo)/2
+		if le(m) {
+			hi = m
+		} else {
+			lo = m
+		}
+	}
+	return hi
 }

@@ -608,6 +608,49 @@ func (c *Core) tRank(t *tree, tMs int64) int {
 	return rank + lo
 }
 
+// tRanks sets out[i] to the number of entries of t due at or before ts[i], for ascending ts, in
+// one descent shared by all of them.
+func (c *Core) tRanks(t *tree, ts []int64, out []int) {
+	clear(out[:len(ts)])
+	if t.n > 0 {
+		c.ranksRec(t.root, t.height, ts, out, 0)
+	}
+}
+
+func (c *Core) ranksRec(node uint32, h int, ts []int64, out []int, base int) {
+	if h == 0 {
+		l := c.pool.leaf(node)
+		p := 0
+		for i, tMs := range ts {
+			for p < int(l.n) && c.dueAtMost(l.e[p], tMs) {
+				p++
+			}
+			out[i] = base + p
+		}
+		return
+	}
+	in := c.pool.inner(node)
+	i, done := 0, base // child i is the last whose first entry is due at or before the threshold
+	for j := 0; j < len(ts); {
+		for i+1 < int(in.n) && c.dueAtMost(in.sep[i+1], ts[j]) {
+			done += int(in.cnt[i])
+			i++
+		}
+		if i == 0 && !c.dueAtMost(in.sep[0], ts[j]) {
+			out[j] = base // due before everything below this node
+			j++
+			continue
+		}
+		// thresholds that fall into child i
+		k := j + 1
+		for k < len(ts) && (i+1 >= int(in.n) || !c.dueAtMost(in.sep[i+1], ts[k])) {
+			k++
+		}
+		c.ranksRec(in.child[i], h-1, ts[j:k], out[j:k], done)
+		j = k
+	}
+}
+
 // tSelect returns t's entry at position k (0-based, k < t.n).
 func (c *Core) tSelect(t *tree, k int) uint64 {
 	node := t.root

@@ -248,6 +248,17 @@ func TestTreeOrderStatistics(t *testing.T) {
 				t.Fatalf("round %d: rank(now%+dms) = %d, want %d", round, q, got, want)
 			}
 		}
+		points := []int64{-300_000, -1, 0, 0, 1, 999, 1000, 1250, 300_000, 600_000}
+		for i := range points {
+			points[i] += now.UnixMilli()
+		}
+		ranks := make([]int, len(points))
+		c.tRanks(&g.owned, points, ranks)
+		for i, tMs := range points {
+			if want := c.tRank(&g.owned, tMs); ranks[i] != want {
+				t.Fatalf("round %d: tRanks at now%+dms = %d, tRank %d", round, tMs-now.UnixMilli(), ranks[i], want)
+			}
+		}
 		for _, k := range []int{0, len(entries) / 3, len(entries) - 1} {
 			if got := c.tSelect(&g.owned, k); entryID(got) != entryID(entries[k]) {
 				t.Fatalf("round %d: select(%d) = record %d, want %d", round, k, entryID(got), entryID(entries[k]))
