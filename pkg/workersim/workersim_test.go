@@ -229,3 +229,24 @@ func TestRenderTimeJitter(t *testing.T) {
 		t.Fatalf("render times within [%v, %v], want spread over [50ms, 150ms]", lo, hi)
 	}
 }
+
+// TestZeroRenderTime checks that a render time of 0 means no render time (it once meant the
+// 50 ms default): the workers complete what they claim at once.
+func TestZeroRenderTime(t *testing.T) {
+	c := newClient(t, []string{"http://127.0.0.1:1"}, "")
+	sim, err := New(Config{Client: c})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := sim.renderTime(); d != 0 {
+		t.Fatalf("render time %v with RenderTime 0, want 0", d)
+	}
+	if err := sim.cfg.Render(context.Background(), client.Item{}, 0); err != nil {
+		t.Fatalf("rendering for 0: %v", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := sim.cfg.Render(ctx, client.Item{}, 0); err == nil {
+		t.Fatal("rendering for 0 after the run was cancelled: no error")
+	}
+}
