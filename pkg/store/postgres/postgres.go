@@ -19,7 +19,8 @@
 //     resumed once LISTEN is active again. A TRUNCATE of the table is signalled as a gap too.
 //   - Completions are group-committed: concurrent Complete calls are merged into one UPDATE
 //     (one transaction, so one notifying commit), flushed when Options.FlushRows items are waiting
-//     or Options.FlushDelay after the first one arrived.
+//     or Options.FlushDelay after the first one arrived; up to Options.CommitConns groups commit
+//     at once (never two with a key in common).
 package postgres
 
 import (
@@ -40,7 +41,7 @@ import (
 type Options struct {
 	// Logger receives reconnects and other operational messages. Default: discard.
 	Logger logr.Logger
-	// MaxConns caps the connection pool (walks, writes). Default: WalkConns + 4.
+	// MaxConns caps the connection pool (walks, writes). Default: WalkConns + CommitConns + 2.
 	MaxConns int32
 	// WalkConns is how many connections one walk reads with in parallel. Default 2.
 	WalkConns int
@@ -58,6 +59,9 @@ type Options struct {
 	FlushDelay time.Duration
 	// FlushRows flushes a group commit at once when this many completions are waiting. Default 5000.
 	FlushRows int
+	// CommitConns is how many group commits may run at once, each on its own connection (groups
+	// with a key in common never run together). Default 2.
+	CommitConns int
 	// ReconnectMin and ReconnectMax bound the backoff of a subscription's reconnects. Defaults
 	// 50ms and 5s.
 	ReconnectMin, ReconnectMax time.Duration
@@ -91,8 +95,11 @@ func (o *Options) setDefaults() {
 	if o.WalkConns <= 0 {
 		o.WalkConns = 2
 	}
+	if o.CommitConns <= 0 {
+		o.CommitConns = 2
+	}
 	if o.MaxConns <= 0 {
-		o.MaxConns = int32(o.WalkConns) + 4
+		o.MaxConns = int32(o.WalkConns+o.CommitConns) + 2
 	}
 	if o.WalkPageRows <= 0 {
 		o.WalkPageRows = 50000

@@ -204,63 +204,96 @@ func (s *Store) Complete(ctx context.Context, items []store.Completion) ([]store
 	return req.res, nil
 }
 
-// committer is the group-commit loop: it gathers requests until FlushRows items wait or
-// FlushDelay passed since the first, then commits them in one transaction.
+// committer is the group-commit loop. It gathers requests into a group until FlushRows items
+// wait or FlushDelay passed since the first, and commits up to CommitConns groups at once, each in
+// its own transaction on its own connection, so PostgreSQL can use more than one core for them. A
+// group never commits beside a group with any of the same keys: it waits until that one finished,
+// so the writes of one key stay in arrival order (and concurrent groups, touching different rows,
+// cannot deadlock). Requests that queued while every connection was busy form the next group as
+// soon as one is free.
 func (s *Store) committer() {
 	defer close(s.done)
 	var (
-		batch []*completeReq
-		n     int
-		timer = time.NewTimer(time.Hour)
+		batch    []*completeReq
+		n        int
+		ripe     bool // the batch waited FlushDelay (or is full): commit it as soon as it may
+		inflight int
+		busy     = map[string]int{} // keys of the groups committing
+		finished = make(chan []*completeReq, s.opts.CommitConns)
+		timer    = time.NewTimer(time.Hour)
 	)
 	timer.Stop()
-	flush := func() {
-		if len(batch) == 0 {
-			return
-		}
-		s.commitGroup(batch)
-		batch, n = nil, 0
-	}
-	for {
-		if len(batch) == 0 {
-			select {
-			case req := <-s.commits:
-				batch, n = append(batch, req), len(req.items)
-				timer.Reset(s.opts.FlushDelay)
-			case <-s.stop:
-				s.drainCommits()
-				return
+	keysOf := func(b []*completeReq) []string {
+		var keys []string
+		for _, req := range b {
+			for _, it := range req.items {
+				keys = append(keys, it.Key)
 			}
-			continue
 		}
-		if n >= s.opts.FlushRows {
-			timer.Stop()
-			flush()
-			// Requests that queued up while that group committed have waited long enough:
-			// they form the next group at once.
-			for more := true; more && n < s.opts.FlushRows; {
-				select {
-				case req := <-s.commits:
-					batch = append(batch, req)
-					n += len(req.items)
-				default:
-					more = false
+		return keys
+	}
+	overlaps := func(b []*completeReq) bool {
+		if len(busy) == 0 {
+			return false
+		}
+		for _, req := range b {
+			for _, it := range req.items {
+				if busy[it.Key] > 0 {
+					return true
 				}
 			}
-			if len(batch) > 0 {
-				n = s.opts.FlushRows // flush on the next iteration
+		}
+		return false
+	}
+	dispatch := func() {
+		g := batch
+		for _, k := range keysOf(g) {
+			busy[k]++
+		}
+		inflight++
+		batch, n, ripe = nil, 0, false
+		timer.Stop()
+		go func() {
+			s.commitGroup(g)
+			finished <- g
+		}()
+	}
+	done := func(g []*completeReq) {
+		inflight--
+		for _, k := range keysOf(g) {
+			if busy[k]--; busy[k] == 0 {
+				delete(busy, k)
 			}
-			continue
+		}
+	}
+	for {
+		if len(batch) > 0 && (ripe || n >= s.opts.FlushRows) && inflight < s.opts.CommitConns && !overlaps(batch) {
+			dispatch()
+		}
+		// take more requests only while the batch is below a group's size
+		commits := s.commits
+		if n >= s.opts.FlushRows {
+			commits = nil
 		}
 		select {
-		case req := <-s.commits:
+		case req := <-commits:
+			if len(batch) == 0 {
+				timer.Reset(s.opts.FlushDelay)
+			}
 			batch = append(batch, req)
 			n += len(req.items)
+		case g := <-finished:
+			done(g)
 		case <-timer.C:
-			n = s.opts.FlushRows // flush now, then take what queued meanwhile
+			ripe = true
 		case <-s.stop:
 			timer.Stop()
-			flush()
+			for inflight > 0 {
+				done(<-finished)
+			}
+			if len(batch) > 0 {
+				s.commitGroup(batch)
+			}
 			s.drainCommits()
 			return
 		}

@@ -1,0 +1,96 @@
+package postgres
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/renderqueue/renderqueue/pkg/schedule"
+	"github.com/renderqueue/renderqueue/pkg/store"
+)
+
+// TestConcurrentGroupCommits completes overlapping sets of keys, in different orders, from many
+// callers at once with several group commits in flight: no call fails (groups that share a key
+// never commit together, so their row locks cannot deadlock), and every key ends as its write
+// with the highest rev left it.
+func TestConcurrentGroupCommits(t *testing.T) {
+	s, _ := openTestStore(t, Options{CommitConns: 4, FlushRows: 40, FlushDelay: 200 * time.Microsecond})
+	ctx := context.Background()
+	const nKeys = 120
+	rows := make([]schedule.Row, nKeys)
+	base := time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)
+	for i := range rows {
+		rows[i] = schedule.Row{Key: fmt.Sprintf("https://example.com/c/%d", i), Due: base, HasDue: true, Cadence: time.Hour}
+	}
+	if _, err := s.Upsert(ctx, rows); err != nil {
+		t.Fatal(err)
+	}
+	type write struct {
+		due time.Time
+		rev int64
+	}
+	var mu sync.Mutex
+	last := map[string]write{}
+	var wg sync.WaitGroup
+	errs := make(chan error, 64)
+	for w := range 16 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(uint64(w), 3))
+			for call := range 25 {
+				perm := rng.Perm(nKeys)[:30]
+				items := make([]store.Completion, len(perm))
+				for i, k := range perm {
+					items[i] = store.Completion{Key: rows[k].Key, Due: base.Add(time.Duration(w*1000+call) * time.Second)}
+				}
+				res, err := s.Complete(ctx, items)
+				if err != nil {
+					errs <- err
+					return
+				}
+				mu.Lock()
+				for i, r := range res {
+					if !r.Found || !r.Row.Due.Equal(items[i].Due) {
+						mu.Unlock()
+						errs <- fmt.Errorf("%s: found %v, due %v, want %v", items[i].Key, r.Found, r.Row.Due, items[i].Due)
+						return
+					}
+					if r.Row.Rev > last[r.Row.Key].rev {
+						last[r.Row.Key] = write{r.Row.Due, r.Row.Rev}
+					}
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatalf("a completion failed: %v", err)
+	}
+	stored, err := s.Pool().Query(ctx, "SELECT key, due_at, rev FROM render_schedule")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stored.Close()
+	n := 0
+	for stored.Next() {
+		var key string
+		var due time.Time
+		var rev int64
+		if err := stored.Scan(&key, &due, &rev); err != nil {
+			t.Fatal(err)
+		}
+		if w, ok := last[key]; ok && (rev != w.rev || !due.Equal(w.due)) {
+			t.Errorf("%s stored rev %d due %v; its last write was rev %d due %v", key, rev, due, w.rev, w.due)
+		}
+		n++
+	}
+	if n != nKeys {
+		t.Fatalf("%d rows stored, want %d", n, nKeys)
+	}
+}
