@@ -306,6 +306,10 @@ type Core struct {
 	// floors is the claim state of Config.Floors, by index.
 	floors []floorState
 
+	// unleasing is the record whose lease ApplyCompleted ended while its tree entry still carries
+	// the leased bit (noRecord when none).
+	unleasing uint32
+
 	walk *walkState
 }
 
@@ -321,6 +325,7 @@ func New(cfg Config) (*Core, error) {
 		invalid:   map[string]known{},
 		leases:    map[uint32]lease{},
 		nextLease: cfg.FirstLease,
+		unleasing: noRecord,
 	}
 	c.index.seed = maphash.MakeSeed()
 	c.floors = make([]floorState, len(cfg.Floors))
@@ -432,6 +437,9 @@ func (c *Core) place(id uint32, r *rec) {
 
 // unplace takes held record id out of its tree and its counts.
 func (c *Core) unplace(id uint32, r *rec) {
+	if id == c.unleasing {
+		c.unleasing = noRecord // the entry goes, and its leased bit with it
+	}
 	c.tDelete(c.treeOf(r), makeEntry(id, r))
 	c.countDue(r, -1)
 }
@@ -469,8 +477,16 @@ func invalidReason(r *schedule.Row) string {
 	return ""
 }
 
-// knownRev returns the newest rev the core knows of key and whether it holds it.
+// lookup returns the newest rev the core knows of key and whether it holds it (as record id).
 func (c *Core) lookup(key string) (id uint32, held bool, rev int64, knownKey bool) {
+	return c.lookupFound(key, noRecord)
+}
+
+// lookupFound is lookup where heldID, when not noRecord, is key's record, found already.
+func (c *Core) lookupFound(key string, heldID uint32) (id uint32, held bool, rev int64, knownKey bool) {
+	if heldID != noRecord {
+		return heldID, true, c.rows.at(heldID).rev, true
+	}
 	if id, ok := c.index.find(&c.rows, &c.keys, key); ok {
 		return id, true, c.rows.at(id).rev, true
 	}
@@ -485,15 +501,41 @@ func (c *Core) lookup(key string) (id uint32, held bool, rev int64, knownKey boo
 
 // Apply applies one row (walked or from an event) at time now.
 func (c *Core) Apply(now time.Time, row schedule.Row) Outcome {
-	return c.apply(now.UnixMilli(), &row)
+	return c.apply(now.UnixMilli(), &row, noRecord)
 }
 
-func (c *Core) apply(nowMs int64, row *schedule.Row) Outcome {
+// ApplyCompleted applies the version of a row that completing it wrote and ends the completing
+// lease: the same as Apply(now, row) followed by Release(now, row.Key, token) with its error
+// ignored, with one key lookup and one change to the row's tree instead of three and two.
+func (c *Core) ApplyCompleted(now time.Time, row schedule.Row, token uint64) Outcome {
+	nowMs := now.UnixMilli()
+	c.expireLeases(nowMs)
+	id, ok := c.index.find(&c.rows, &c.keys, row.Key)
+	if !ok {
+		return c.apply(nowMs, &row, noRecord)
+	}
+	r := c.rows.at(id)
+	if l, leased := c.leases[id]; leased && l.token == token {
+		// end the lease on the record now; its tree entry is rewritten by the apply, or cleared
+		// below when the apply leaves it in place
+		delete(c.leases, id)
+		r.clear(flagLeased)
+		c.unleasing = id
+	}
+	o := c.apply(nowMs, &row, id)
+	if c.unleasing != noRecord {
+		c.tSetLeased(c.treeOf(r), makeEntry(c.unleasing, r), false)
+		c.unleasing = noRecord
+	}
+	return o
+}
+
+func (c *Core) apply(nowMs int64, row *schedule.Row, heldID uint32) Outcome {
 	slot := row.Slot()
 	if c.slots[slot] == SlotNone {
 		return Outcome{Result: NotOwned}
 	}
-	id, held, rev, knownKey := c.lookup(row.Key)
+	id, held, rev, knownKey := c.lookupFound(row.Key, heldID)
 	if knownKey && row.Rev <= rev {
 		if held && c.walk != nil {
 			c.markSeen(c.rows.at(id))

@@ -81,6 +81,7 @@ func TestCoreMatchesReference(t *testing.T) {
 		}
 		nowMs := base.UnixMilli()
 		var tokens []uint64
+		var tokenKeys []string // the key each token was handed out with
 		var edge Edge
 		nextRev := int64(1000) // completions write revs above genRow's
 		steps := rapid.IntRange(1, 120).Draw(t, "steps")
@@ -122,6 +123,7 @@ func TestCoreMatchesReference(t *testing.T) {
 						t.Fatalf("step %d: lease token %d, reference %d", step, got[i].Lease, ref.held[want[i]].token)
 					}
 					tokens = append(tokens, got[i].Lease)
+					tokenKeys = append(tokenKeys, got[i].Key)
 				}
 			case 6:
 				if len(tokens) == 0 {
@@ -187,7 +189,11 @@ func TestCoreMatchesReference(t *testing.T) {
 					continue
 				}
 				key := fmt.Sprintf("k%d", rapid.IntRange(0, 24).Draw(t, "completeKey"))
-				tok := tokens[rapid.IntRange(0, len(tokens)-1).Draw(t, "completeToken")]
+				ti := rapid.IntRange(0, len(tokens)-1).Draw(t, "completeToken")
+				tok := tokens[ti]
+				if rapid.Bool().Draw(t, "ownKey") {
+					key = tokenKeys[ti] // the key it was claimed with: usually a live lease
+				}
 				cp, held, err := core.Completing(now, key, tok)
 				wantNext, wantHeld, wantErr := ref.completing(nowMs, key, tok)
 				if held != wantHeld || err != wantErr || (held && cp.NextDue.UnixMilli() != wantNext) {
@@ -203,6 +209,21 @@ func TestCoreMatchesReference(t *testing.T) {
 				}
 				nextRev++
 				r.Due, r.Rev, r.Urgent = cp.NextDue, nextRev, false
+				if rapid.Bool().Draw(t, "applyCompleted") {
+					// as the shard does it: one call, maybe after the write's change event
+					if rapid.Bool().Draw(t, "eventFirst") {
+						if got, want := core.Apply(now, r).Result, ref.apply(nowMs, r); got != want {
+							t.Fatalf("step %d: change event of completing %s: %v, reference %v", step, key, got, want)
+						}
+					}
+					got := core.ApplyCompleted(now, r, tok).Result
+					want := ref.apply(nowMs, r)
+					_ = ref.release(nowMs, key, tok)
+					if got != want {
+						t.Fatalf("step %d: ApplyCompleted(%s): %v, reference %v", step, key, got, want)
+					}
+					break
+				}
 				if got, want := core.Apply(now, r).Result, ref.apply(nowMs, r); got != want {
 					t.Fatalf("step %d: completed version of %s: %v, reference %v", step, key, got, want)
 				}

@@ -128,11 +128,9 @@ func (s *Shard) Complete(ctx context.Context, items []CompleteItem) ([]error, er
 		if res.Changed {
 			results[i] = ErrChangedSinceClaimed
 		}
-		s.core.Apply(now, res.Row)
-		// the new version may have left the window (lease gone with it) or stay held
-		if err := s.core.Release(now, items[i].Key, items[i].Lease); err != nil && !errors.Is(err, ErrNotHeld) && !errors.Is(err, ErrLeaseLost) && !res.Changed {
-			results[i] = err
-		}
+		// the version now stored (written, or changed by someone else since the claim), and the
+		// lease ended (it may have left the window, lease gone with it)
+		s.core.ApplyCompleted(now, res.Row, items[i].Lease)
 	}
 	s.mu.Unlock()
 	s.m.completed(results, classes, time.Since(start))

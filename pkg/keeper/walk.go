@@ -145,7 +145,7 @@ func (c *Core) WalkRow(now time.Time, row schedule.Row) Outcome {
 		return c.Apply(now, row)
 	}
 	w.counts.Scanned++
-	o := c.apply(now.UnixMilli(), &row)
+	o := c.apply(now.UnixMilli(), &row, noRecord)
 	dueMs := row.Due.UnixMilli()
 	switch o.Result {
 	case Invalid:
