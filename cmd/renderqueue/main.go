@@ -25,6 +25,7 @@ type command struct {
 // commands lists the subcommands. New subcommands add themselves here.
 func commands() map[string]command {
 	return map[string]command{
+		"bench":      {summary: "end-to-end throughput: a keeper over HTTP against a SKIP LOCKED queue (bench --dsn ...)", run: runBench},
 		"keeper":     {summary: "run one keeper shard (standalone: all slots, flags)", run: runKeeper},
 		"operator":   {summary: "run the RenderQueue operator (controller-runtime manager)", run: runOperator},
 		"schema":     {summary: "migrate the database schema (schema migrate --dsn ...)", run: runSchema},

@@ -1,0 +1,152 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/renderqueue/renderqueue/pkg/bench"
+)
+
+// runBench is `renderqueue bench`: the end-to-end throughput of a standalone keeper against a
+// SKIP LOCKED queue on the same PostgreSQL (pkg/bench).
+func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		_, _ = fmt.Fprintln(stderr, "usage: renderqueue bench --dsn DSN [flags]")
+		_, _ = fmt.Fprintln(stderr, "\nCreates a scratch database on the server of DSN (the role needs CREATEDB; it is dropped")
+		_, _ = fmt.Fprintln(stderr, "after), writes the same due rows into the renderqueue schema and into a plain table, and")
+		_, _ = fmt.Fprintln(stderr, "measures a keeper it starts (this binary, standalone, window 0) driven over HTTP against")
+		_, _ = fmt.Fprintln(stderr, "SELECT … ORDER BY due_at FOR UPDATE SKIP LOCKED plus UPDATE on the plain table. No render")
+		_, _ = fmt.Fprintln(stderr, "time: workers complete what they claim at once. See docs/benchmarks.md.")
+		fs.PrintDefaults()
+	}
+	dsn := fs.String("dsn", os.Getenv("RENDERQUEUE_DSN"), "PostgreSQL connection string of the server (default $RENDERQUEUE_DSN)")
+	rows := fs.Int("rows", 1_000_000, "due rows in each queue")
+	duration := fs.Duration("duration", 10*time.Second, "length of each run")
+	workers := fs.Int("workers", 32, "keeper run: workers")
+	batch := fs.Int("batch", 500, "keeper run: rows per claim")
+	skip := fs.String("skip-locked", "8x100,16x100,8x500", "SKIP LOCKED runs: WORKERSxBATCH, comma-separated (the best counts)")
+	triggerRounds := fs.Int("trigger-rounds", 40, "batches of the trigger measurement (0: skip it)")
+	keep := fs.Bool("keep-database", false, "keep the scratch database")
+	verbose := fs.Bool("v", false, "show progress and the keeper's log on stderr")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	if strings.TrimSpace(*dsn) == "" {
+		return errors.New("--dsn (or RENDERQUEUE_DSN) is required")
+	}
+	shapes, err := parseShapes(*skip)
+	if err != nil {
+		return fmt.Errorf("--skip-locked: %w", err)
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return fmt.Errorf("finding this binary to start the keeper: %w", err)
+	}
+	cfg := bench.Config{
+		ServerDSN: *dsn, Rows: *rows, Duration: *duration, Keeper: bench.Shape{Workers: *workers, Batch: *batch},
+		SkipLocked: shapes, TriggerRounds: *triggerRounds, KeepDatabase: *keep,
+		StartKeeper: func(ctx context.Context, dsn, token string) (*bench.Keeper, error) {
+			return startKeeperProcess(ctx, self, dsn, token, *verbose, stderr)
+		},
+	}
+	if *triggerRounds == 0 {
+		cfg.TriggerRounds = -1
+	}
+	if *verbose {
+		cfg.Log = func(format string, args ...any) {
+			_, _ = fmt.Fprintf(stderr, "bench: "+format+"\n", args...)
+		}
+	}
+	rep, err := bench.Run(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	if err := rep.Write(stdout); err != nil {
+		return err
+	}
+	if rep.Keeper.Verified != rep.Keeper.Completed {
+		return fmt.Errorf("%d acknowledged completions are not in the database", rep.Keeper.Completed-rep.Keeper.Verified)
+	}
+	return nil
+}
+
+// parseShapes parses "8x100,16x100".
+func parseShapes(s string) ([]bench.Shape, error) {
+	var out []bench.Shape
+	for _, f := range strings.Split(s, ",") {
+		w, b, ok := strings.Cut(strings.TrimSpace(f), "x")
+		wn, err1 := strconv.Atoi(w)
+		bn, err2 := strconv.Atoi(b)
+		if !ok || err1 != nil || err2 != nil {
+			return nil, fmt.Errorf("%q is not WORKERSxBATCH (e.g. 8x100)", f)
+		}
+		out = append(out, bench.Shape{Workers: wn, Batch: bn})
+	}
+	return out, nil
+}
+
+// startKeeperProcess starts `renderqueue keeper` (standalone, window 0) on a free loopback port.
+func startKeeperProcess(ctx context.Context, self, dsn, token string, verbose bool, stderr io.Writer) (*bench.Keeper, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	addr := l.Addr().String()
+	if err := l.Close(); err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(self, "keeper", "--dsn", dsn, "--listen", addr, "--window", "0", "--name", "bench")
+	cmd.Env = append(os.Environ(), "RENDERQUEUE_TOKEN="+token)
+	if verbose {
+		cmd.Stdout, cmd.Stderr = stderr, stderr
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("starting %s keeper: %w", self, err)
+	}
+	exited := make(chan error, 1)
+	done := make(chan struct{})
+	var exitErr error
+	go func() { exitErr = cmd.Wait(); close(done); exited <- exitErr }()
+	var once sync.Once
+	var stopErr error
+	stop := func() error {
+		once.Do(func() {
+			if err := cmd.Process.Signal(syscall.SIGTERM); err != nil && !errors.Is(err, os.ErrProcessDone) {
+				stopErr = err
+				return
+			}
+			select {
+			case <-done:
+			case <-time.After(30 * time.Second):
+				_ = cmd.Process.Kill()
+				<-done
+				stopErr = errors.New("the keeper did not stop within 30s of SIGTERM; killed")
+			}
+		})
+		return stopErr
+	}
+	go func() {
+		select {
+		case <-ctx.Done():
+			_ = stop()
+		case <-done:
+		}
+	}()
+	return &bench.Keeper{URL: "http://" + addr, PID: cmd.Process.Pid, Stop: stop, Exited: exited}, nil
+}

@@ -1,0 +1,313 @@
+// Package bench is `renderqueue bench`: the end-to-end throughput of one standalone keeper over
+// HTTP against the queue a team writes by hand on one PostgreSQL table, on the same machine and
+// the same rows.
+//
+// It creates a scratch database on the server it is given (and drops it after), writes the same
+// due rows into the renderqueue schema and into a plain table with an index on due_at, then:
+//
+//   - starts a keeper (standalone, window 0) and, once it has loaded, drives it with N workers
+//     that claim n rows and complete them at once, as fast as the keeper answers (no render time);
+//     every acknowledged completion is then checked in SQL: the row's due time moved forward by a
+//     whole number of cadences;
+//   - measures what the change-event trigger and its NOTIFY add to a completion (the group
+//     commit's UPDATE with the notify trigger enabled and disabled, alternately);
+//   - drives the plain table with workers that each claim n rows with SELECT … ORDER BY due_at
+//     LIMIT n FOR UPDATE SKIP LOCKED and complete them with one UPDATE in the same transaction, for
+//     each shape (workers × batch) asked for, the queue reset to all due before each;
+//
+// and reports rows/s, claim and complete latency (p50, p99), the CPU each process used per
+// completed row (keeper, clients, PostgreSQL — when the server runs on this machine), the machine's
+// load, and the keeper's rate over the best SKIP LOCKED shape's.
+package bench
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Keeper is a running keeper the benchmark drives.
+type Keeper struct {
+	// URL is its base URL; PID its process (0 when it runs inside this process: its CPU is then
+	// counted with the clients').
+	URL string
+	PID int
+	// Stop stops it.
+	Stop func() error
+	// Exited, when set, receives the keeper's exit (a process that ends before it is ready
+	// fails the benchmark at once).
+	Exited <-chan error
+}
+
+// Config is a benchmark run.
+type Config struct {
+	// ServerDSN names the PostgreSQL server; the benchmark creates (and drops) a scratch database
+	// there, so the role needs CREATEDB.
+	ServerDSN string
+	// Rows is how many due rows each queue starts with. Default 1,000,000.
+	Rows int
+	// Duration is the length of each run. Default 10s.
+	Duration time.Duration
+	// Keeper is the shape of the keeper run. Default 32 × 500.
+	Keeper Shape
+	// SkipLocked are the shapes of the SKIP LOCKED runs. Default 8 × 100, 16 × 100, 8 × 500.
+	SkipLocked []Shape
+	// StartKeeper starts a standalone keeper (window 0) on the database dsn, requiring token.
+	StartKeeper func(ctx context.Context, dsn, token string) (*Keeper, error)
+	// TriggerRounds is how many batches the trigger measurement runs (half with the notify trigger
+	// disabled); negative skips it. Default 40.
+	TriggerRounds int
+	// KeepDatabase keeps the scratch database (its name is in the report).
+	KeepDatabase bool
+	// Log, when set, receives progress lines.
+	Log func(format string, args ...any)
+}
+
+func (c *Config) setDefaults() {
+	if c.Rows == 0 {
+		c.Rows = 1_000_000
+	}
+	if c.Duration == 0 {
+		c.Duration = 10 * time.Second
+	}
+	if c.Keeper == (Shape{}) {
+		c.Keeper = Shape{Workers: 32, Batch: 500}
+	}
+	if c.SkipLocked == nil {
+		c.SkipLocked = []Shape{{8, 100}, {16, 100}, {8, 500}}
+	}
+	if c.TriggerRounds == 0 {
+		c.TriggerRounds = 40
+	}
+	if c.Log == nil {
+		c.Log = func(string, ...any) {}
+	}
+}
+
+// Validate says what is wrong with the configuration.
+func (c Config) Validate() error {
+	var errs []error
+	if c.ServerDSN == "" {
+		errs = append(errs, errors.New("no PostgreSQL server DSN"))
+	}
+	if c.StartKeeper == nil {
+		errs = append(errs, errors.New("no way to start a keeper"))
+	}
+	if c.Rows < 1000 {
+		errs = append(errs, fmt.Errorf("rows %d: at least 1000", c.Rows))
+	}
+	if c.Duration < time.Second {
+		errs = append(errs, fmt.Errorf("duration %v: at least 1s", c.Duration))
+	}
+	for _, s := range append([]Shape{c.Keeper}, c.SkipLocked...) {
+		if s.Workers < 1 || s.Workers > 1024 || s.Batch < 1 || s.Batch > 10000 {
+			errs = append(errs, fmt.Errorf("shape %v: workers must be within 1..1024 and batch within 1..10000", s))
+		}
+	}
+	if len(c.SkipLocked) == 0 {
+		errs = append(errs, errors.New("no SKIP LOCKED shape"))
+	}
+	if c.TriggerRounds == 1 || c.TriggerRounds == 2 {
+		errs = append(errs, fmt.Errorf("trigger rounds %d: at least 3 (or none)", c.TriggerRounds))
+	}
+	return errors.Join(errs...)
+}
+
+// Report is what a benchmark measured.
+type Report struct {
+	Rows     int
+	Duration time.Duration
+	Database string
+	// Server is the PostgreSQL version string.
+	Server string
+	// LoadBefore and LoadAfter are the machine's 1-minute load averages around the runs.
+	LoadBefore, LoadAfter float64
+	// KeeperLoad is the time the keeper took to load the rows (subscribe, walk, ready).
+	KeeperLoad time.Duration
+	Keeper     RunResult
+	SkipLocked []RunResult
+	// TriggerWith and TriggerWithout are the group commit's UPDATE time per row with the notify
+	// trigger enabled and disabled (0 when not measured).
+	TriggerWith, TriggerWithout time.Duration
+}
+
+// BestSkipLocked returns the SKIP LOCKED run with the highest rate.
+func (r Report) BestSkipLocked() RunResult {
+	var best RunResult
+	for _, s := range r.SkipLocked {
+		if s.RowsPerSecond() > best.RowsPerSecond() {
+			best = s
+		}
+	}
+	return best
+}
+
+// Ratio is the keeper's rate over the best SKIP LOCKED rate.
+func (r Report) Ratio() float64 {
+	b := r.BestSkipLocked().RowsPerSecond()
+	if b == 0 {
+		return 0
+	}
+	return r.Keeper.RowsPerSecond() / b
+}
+
+// Run runs the benchmark.
+func Run(ctx context.Context, cfg Config) (rep Report, err error) {
+	cfg.setDefaults()
+	if err := cfg.Validate(); err != nil {
+		return rep, fmt.Errorf("bench: %w", err)
+	}
+	rep.Rows, rep.Duration, rep.LoadBefore = cfg.Rows, cfg.Duration, loadAverage()
+	db, err := createDatabase(ctx, cfg.ServerDSN)
+	if err != nil {
+		return rep, err
+	}
+	rep.Database = db.name
+	if !cfg.KeepDatabase {
+		defer func() {
+			dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+			defer cancel()
+			if e := db.drop(dctx); e != nil && err == nil {
+				err = e
+			}
+		}()
+	}
+	pcfg, err := pgxpool.ParseConfig(db.dsn)
+	if err != nil {
+		return rep, fmt.Errorf("bench: %w", err)
+	}
+	pcfg.MaxConns = int32(maxWorkers(cfg.SkipLocked) + 4)
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		return rep, fmt.Errorf("bench: connecting: %w", err)
+	}
+	defer pool.Close()
+	if err := pool.QueryRow(ctx, "SELECT version()").Scan(&rep.Server); err != nil {
+		return rep, fmt.Errorf("bench: %w", err)
+	}
+	now := time.Now().Truncate(time.Millisecond)
+	cfg.Log("writing %d due rows into render_schedule and bench_queue (%s)", cfg.Rows, db.name)
+	if err := prepare(ctx, pool, cfg.Rows, now); err != nil {
+		return rep, fmt.Errorf("bench: %w", err)
+	}
+
+	// the keeper
+	var tok [16]byte
+	if _, err := rand.Read(tok[:]); err != nil {
+		return rep, err
+	}
+	token := hex.EncodeToString(tok[:])
+	cfg.Log("starting the keeper")
+	start := time.Now()
+	k, err := cfg.StartKeeper(ctx, db.dsn, token)
+	if err != nil {
+		return rep, fmt.Errorf("bench: starting the keeper: %w", err)
+	}
+	defer func() {
+		if k != nil {
+			_ = k.Stop()
+		}
+	}()
+	client := &keeperClient{url: k.URL, token: token, http: &http.Client{
+		Timeout:   time.Minute,
+		Transport: &http.Transport{MaxIdleConnsPerHost: cfg.Keeper.Workers + 8, MaxConnsPerHost: cfg.Keeper.Workers + 8},
+	}}
+	if err := waitReady(ctx, client, k.Exited, 30*time.Minute); err != nil {
+		return rep, fmt.Errorf("bench: %w", err)
+	}
+	rep.KeeperLoad = time.Since(start)
+	cfg.Log("keeper ready after %v; %v workers claiming and completing for %v", rep.KeeperLoad.Round(time.Millisecond), cfg.Keeper, cfg.Duration)
+	rep.Keeper, err = measure(ctx, pool, k.PID, cfg.Keeper, cfg.Duration, "render_schedule", func(deadline time.Time) []*workerLog {
+		return runKeeper(ctx, client, cfg.Keeper, deadline)
+	})
+	if err != nil {
+		return rep, err
+	}
+	if cfg.TriggerRounds > 0 {
+		cfg.Log("measuring the change-event trigger")
+		rep.TriggerWith, rep.TriggerWithout, err = triggerCost(ctx, pool, cfg.Rows, 500, cfg.TriggerRounds)
+		if err != nil {
+			return rep, fmt.Errorf("bench: %w", err)
+		}
+	}
+	if err := k.Stop(); err != nil {
+		return rep, fmt.Errorf("bench: stopping the keeper: %w", err)
+	}
+	k = nil
+
+	// the SKIP LOCKED queue
+	for _, shape := range cfg.SkipLocked {
+		if err := resetQueue(ctx, pool, time.Now().Truncate(time.Millisecond)); err != nil {
+			return rep, fmt.Errorf("bench: %w", err)
+		}
+		cfg.Log("SKIP LOCKED %v for %v", shape, cfg.Duration)
+		r, err := measure(ctx, pool, 0, shape, cfg.Duration, "bench_queue", func(deadline time.Time) []*workerLog {
+			return runSkipLocked(ctx, pool, shape, deadline)
+		})
+		if err != nil {
+			return rep, err
+		}
+		rep.SkipLocked = append(rep.SkipLocked, r)
+	}
+	rep.LoadAfter = loadAverage()
+	return rep, nil
+}
+
+func maxWorkers(shapes []Shape) int {
+	n := 0
+	for _, s := range shapes {
+		n = max(n, s.Workers)
+	}
+	return n
+}
+
+// measure runs one load for d, with the CPU sampled around it, and verifies its completions.
+func measure(ctx context.Context, pool *pgxpool.Pool, keeperPID int, shape Shape, d time.Duration, table string,
+	run func(deadline time.Time) []*workerLog) (RunResult, error) {
+	r := RunResult{Shape: shape}
+	before := sampleCPU(ctx, pool, keeperPID)
+	start := time.Now()
+	logs := run(start.Add(d))
+	r.Elapsed = time.Since(start)
+	after := sampleCPU(ctx, pool, keeperPID)
+	r.CPU = cpuBetween(before, after)
+	claim, complete, done, errs, lastErr, drained := merge(logs)
+	r.Claim, r.Complete = summarize(claim), summarize(complete)
+	r.Completed, r.Errors, r.LastError, r.Drained = len(done), errs, lastErr, drained
+	var err error
+	if r.Verified, err = verify(ctx, pool, table, done); err != nil {
+		return r, fmt.Errorf("bench: %w", err)
+	}
+	return r, nil
+}
+
+// waitReady polls the keeper's /readyz until it answers 200.
+func waitReady(ctx context.Context, k *keeperClient, exited <-chan error, limit time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, limit)
+	defer cancel()
+	for {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, k.url+"/readyz", nil)
+		if err != nil {
+			return err
+		}
+		if resp, err := k.http.Do(req); err == nil {
+			_ = resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("the keeper was not ready within %v", limit)
+		case err := <-exited:
+			return fmt.Errorf("the keeper exited before it was ready: %v", err)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}

@@ -1,0 +1,81 @@
+package bench
+
+import (
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+	"time"
+)
+
+// Write prints the report for people.
+func (r Report) Write(w io.Writer) error {
+	var b strings.Builder
+	fmt.Fprintf(&b, "renderqueue bench: %d due rows with 64-byte keys in each queue, %v per run\n", r.Rows, r.Duration)
+	fmt.Fprintf(&b, "PostgreSQL: %s\n", firstWords(r.Server, 2))
+	fmt.Fprintf(&b, "load average (1 min): %.2f before, %.2f after\n", r.LoadBefore, r.LoadAfter)
+	fmt.Fprintf(&b, "keeper loaded %d rows in %v\n\n", r.Rows, r.KeeperLoad.Round(time.Millisecond))
+	tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "queue\tshape\trows/s\tclaim p50\tclaim p99\tcomplete p50\tcomplete p99\tverified\tCPU µs/row (keeper, clients, PostgreSQL)\tmachine busy\t")
+	line := func(name string, res RunResult) {
+		verified := fmt.Sprintf("%d/%d", res.Verified, res.Completed)
+		note := ""
+		if res.Drained {
+			note = " (ran out of due rows)"
+		}
+		if res.Errors > 0 {
+			note += fmt.Sprintf(" (%d errors, the last: %s)", res.Errors, res.LastError)
+		}
+		fmt.Fprintf(tw, "%s\t%v\t%.0f\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", name, res.Shape, res.RowsPerSecond(),
+			ms(res.Claim.P50), ms(res.Claim.P99), ms(res.Complete.P50), ms(res.Complete.P99), verified,
+			cpuPerRow(res), busy(res.CPU), note)
+	}
+	line("keeper (HTTP)", r.Keeper)
+	for _, s := range r.SkipLocked {
+		line("SKIP LOCKED", s)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	best := r.BestSkipLocked()
+	fmt.Fprintf(&b, "\nbest SKIP LOCKED shape: %v at %.0f rows/s\n", best.Shape, best.RowsPerSecond())
+	fmt.Fprintf(&b, "keeper / best SKIP LOCKED: %.2f×\n", r.Ratio())
+	if r.TriggerWith > 0 {
+		fmt.Fprintf(&b, "change-event trigger and NOTIFY per completion: %.1f µs (the group commit's UPDATE: %.1f µs/row with it, %.1f µs/row without)\n",
+			us(r.TriggerWith-r.TriggerWithout), us(r.TriggerWith), us(r.TriggerWithout))
+	}
+	if r.Keeper.Verified != r.Keeper.Completed {
+		fmt.Fprintf(&b, "WARNING: %d acknowledged keeper completions are not in the database as completed\n", r.Keeper.Completed-r.Keeper.Verified)
+	}
+	_, err := io.WriteString(w, b.String())
+	return err
+}
+
+func firstWords(s string, n int) string {
+	f := strings.Fields(s)
+	return strings.Join(f[:min(n, len(f))], " ")
+}
+
+func ms(d time.Duration) string { return fmt.Sprintf("%.2f ms", float64(d.Microseconds())/1000) }
+
+func us(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1000 }
+
+func cpuPerRow(r RunResult) string {
+	if r.Completed == 0 {
+		return "-"
+	}
+	per := func(d time.Duration, ok bool) string {
+		if !ok {
+			return "n/a"
+		}
+		return fmt.Sprintf("%.1f", us(d)/float64(r.Completed))
+	}
+	return fmt.Sprintf("%s, %s, %s", per(r.CPU.Keeper, r.CPU.KeeperOK), per(r.CPU.Clients, true), per(r.CPU.Postgres, r.CPU.PostgresOK))
+}
+
+func busy(c cpuUse) string {
+	if !c.MachineOK || c.Total <= 0 {
+		return "n/a"
+	}
+	return fmt.Sprintf("%.0f%%", 100*float64(c.Busy)/float64(c.Total))
+}
