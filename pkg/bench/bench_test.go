@@ -1,0 +1,115 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"net/http/httptest"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/renderqueue/renderqueue/pkg/keeper"
+	"github.com/renderqueue/renderqueue/pkg/membership"
+	"github.com/renderqueue/renderqueue/pkg/store/postgres"
+	"github.com/renderqueue/renderqueue/pkg/store/postgres/pgtest"
+)
+
+// startInProcess starts a standalone keeper inside the test process.
+func startInProcess(ctx context.Context, dsn, token string) (*Keeper, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	st, err := postgres.Open(ctx, dsn, postgres.Options{})
+	if err != nil {
+		cancel()
+		return nil, err
+	}
+	sh, err := keeper.NewShard(keeper.Options{Name: "bench", Store: st, Log: logr.Discard()}, keeper.Settings{
+		VerifyInterval: time.Hour, LeaseDuration: 5 * time.Minute, SubmittedBoost: 2, UrgentMaxShare: 0.2,
+		Owned: membership.AllSlots(),
+	})
+	if err != nil {
+		cancel()
+		_ = st.Close()
+		return nil, err
+	}
+	ran := make(chan error, 1)
+	go func() { ran <- sh.Run(ctx, nil) }()
+	srv := httptest.NewServer(sh.Handler(keeper.HandlerOptions{Token: token}))
+	return &Keeper{URL: srv.URL, Stop: func() error {
+		cancel()
+		srv.Close()
+		<-ran
+		return st.Close()
+	}}, nil
+}
+
+// TestRunSmall runs the whole benchmark on a few thousand rows with an in-process keeper: both
+// queues complete rows, every acknowledged keeper completion is found in the database, and the
+// report says so.
+func TestRunSmall(t *testing.T) {
+	server := pgtest.DSN(t)
+	ctx := context.Background()
+	rep, err := Run(ctx, Config{
+		ServerDSN: server, Rows: 5000, Duration: time.Second, Keeper: Shape{Workers: 4, Batch: 50},
+		SkipLocked: []Shape{{2, 20}, {4, 50}}, TriggerRounds: 6, StartKeeper: startInProcess,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Keeper.Completed == 0 || rep.Keeper.Verified != rep.Keeper.Completed || rep.Keeper.Errors > 0 {
+		t.Fatalf("keeper run: %+v", rep.Keeper)
+	}
+	if len(rep.SkipLocked) != 2 {
+		t.Fatalf("%d SKIP LOCKED runs, want 2", len(rep.SkipLocked))
+	}
+	for _, r := range rep.SkipLocked {
+		if r.Completed == 0 || r.Verified != r.Completed || r.Errors > 0 {
+			t.Fatalf("SKIP LOCKED run %v: %+v", r.Shape, r)
+		}
+	}
+	if rep.Ratio() <= 0 || rep.TriggerWith <= 0 {
+		t.Fatalf("ratio %v, trigger %v", rep.Ratio(), rep.TriggerWith)
+	}
+	var out bytes.Buffer
+	if err := rep.Write(&out); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"keeper (HTTP)", "SKIP LOCKED", "keeper / best SKIP LOCKED", "change-event trigger"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("report lacks %q:\n%s", want, out.String())
+		}
+	}
+	if testing.Verbose() {
+		_, _ = os.Stdout.Write(out.Bytes())
+	}
+	// the scratch database is gone
+	conn, err := pgx.Connect(ctx, server)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = conn.Close(ctx) }()
+	var n int
+	if err := conn.QueryRow(ctx, "SELECT count(*) FROM pg_database WHERE datname = $1", rep.Database).Scan(&n); err != nil || n != 0 {
+		t.Fatalf("scratch database %s: %d left (%v)", rep.Database, n, err)
+	}
+}
+
+func TestConfigValidate(t *testing.T) {
+	start := func(context.Context, string, string) (*Keeper, error) { return nil, nil }
+	for _, c := range []Config{
+		{},
+		{ServerDSN: "x", StartKeeper: start, Rows: 10},
+		{ServerDSN: "x", StartKeeper: start, Duration: time.Millisecond},
+		{ServerDSN: "x", StartKeeper: start, Keeper: Shape{Workers: 0, Batch: 10}},
+		{ServerDSN: "x", StartKeeper: start, SkipLocked: []Shape{}},
+		{ServerDSN: "x", StartKeeper: start, TriggerRounds: 2},
+	} {
+		c.setDefaults()
+		if err := c.Validate(); err == nil {
+			t.Errorf("Validate(%+v): no error", c)
+		}
+	}
+}
