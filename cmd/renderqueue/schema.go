@@ -15,7 +15,7 @@ import (
 
 // runSchema is `renderqueue schema migrate --dsn ...`: apply the embedded schema migrations.
 func runSchema(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	const usage = "usage: renderqueue schema migrate --dsn DSN [--timeout 5m]"
+	const usage = "usage: renderqueue schema migrate --dsn DSN [--partitions N] [--timeout 5m]"
 	if len(args) > 0 && (args[0] == "-h" || args[0] == "--help" || args[0] == "-help" || args[0] == "help") {
 		_, _ = fmt.Fprintln(stderr, usage)
 		return flag.ErrHelp
@@ -28,6 +28,7 @@ func runSchema(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	fs.SetOutput(stderr)
 	dsn := fs.String("dsn", os.Getenv("RENDERQUEUE_DSN"), "PostgreSQL connection string (default $RENDERQUEUE_DSN)")
 	timeout := fs.Duration("timeout", 5*time.Minute, "give up after this long")
+	partitions := fs.Int("partitions", 0, "create render_schedule as N hash partitions of the key (2..1024; only when the schema is created; docs/scaling.md)")
 	if err := fs.Parse(args[1:]); err != nil {
 		return err
 	}
@@ -41,7 +42,7 @@ func runSchema(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return err
 	}
 	defer func() { _ = st.Close() }()
-	res, err := postgres.MigratePool(ctx, st.Pool())
+	res, err := postgres.MigratePoolWith(ctx, st.Pool(), postgres.MigrateOptions{Partitions: *partitions})
 	if err != nil {
 		return err
 	}

@@ -21,21 +21,24 @@ import (
 // benchDB is a benchmark database holding generated rows, made once per test binary and dropped
 // by TestMain, so several benchmarks (and several runs of one) share it.
 type benchDB struct {
-	once sync.Once
-	st   *Store
-	keys []string
-	drop func() error
-	err  error
+	// partitions is the layout (0: one table), see MigrateOptions.
+	partitions int
+	once       sync.Once
+	st         *Store
+	keys       []string
+	drop       func() error
+	err        error
 }
 
 var (
-	walkDB     benchDB // 1,000,000 rows
-	completeDB benchDB // 100,000 rows
+	walkDB     benchDB                   // 1,000,000 rows
+	walkPartDB = benchDB{partitions: 16} // 1,000,000 rows in 16 hash partitions
+	completeDB benchDB                   // 100,000 rows
 )
 
 func TestMain(m *testing.M) {
 	code := m.Run()
-	for _, d := range []*benchDB{&walkDB, &completeDB} {
+	for _, d := range []*benchDB{&walkDB, &walkPartDB, &completeDB} {
 		if d.st != nil {
 			_ = d.st.Close()
 		}
@@ -53,20 +56,20 @@ func TestMain(m *testing.M) {
 func (d *benchDB) fill(b *testing.B, n int) (*Store, []string) {
 	b.Helper()
 	serverDSN := pgtest.DSN(b) // skips without a server, before the fixture is made
-	d.once.Do(func() { d.st, d.keys, d.drop, d.err = makeBenchDB(serverDSN, n) })
+	d.once.Do(func() { d.st, d.keys, d.drop, d.err = makeBenchDB(serverDSN, n, d.partitions) })
 	if d.err != nil {
 		b.Fatal(d.err)
 	}
 	return d.st, d.keys
 }
 
-func makeBenchDB(serverDSN string, n int) (*Store, []string, func() error, error) {
+func makeBenchDB(serverDSN string, n, partitions int) (*Store, []string, func() error, error) {
 	ctx := context.Background()
 	dsn, drop, err := pgtest.CreateDatabase(ctx, serverDSN)
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	st, err := Open(ctx, dsn, Options{})
+	st, err := Open(ctx, dsn, Options{Partitions: partitions})
 	if err == nil {
 		err = st.Migrate(ctx)
 	}
@@ -112,10 +115,16 @@ func makeBenchDB(serverDSN string, n int) (*Store, []string, func() error, error
 	return st, keys, drop, nil
 }
 
-// BenchmarkWalk walks 1,000,000 rows (all slots) into memory, as a keeper's load does.
+// BenchmarkWalk walks 1,000,000 rows (all slots) into memory, as a keeper's load does: from one
+// table, and from 16 hash partitions of the key (schema migrate --partitions 16).
 func BenchmarkWalk(b *testing.B) {
+	b.Run("layout=table", func(b *testing.B) { benchWalk(b, &walkDB) })
+	b.Run("layout=partitions-16", func(b *testing.B) { benchWalk(b, &walkPartDB) })
+}
+
+func benchWalk(b *testing.B, db *benchDB) {
 	const n = 1000000
-	st, _ := walkDB.fill(b, n)
+	st, _ := db.fill(b, n)
 	ctx := context.Background()
 	held := make([]schedule.Row, 0, n)
 	b.ResetTimer()

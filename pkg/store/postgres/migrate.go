@@ -79,13 +79,33 @@ type MigrateResult struct {
 // advisory lock so concurrent runs wait for each other. Applied versions are recorded in
 // renderqueue_schema_migrations. Running it again is a no-op.
 func (s *Store) Migrate(ctx context.Context) error {
-	_, err := MigratePool(ctx, s.pool)
+	_, err := MigratePoolWith(ctx, s.pool, MigrateOptions{Partitions: s.opts.Partitions})
 	return err
 }
 
-// MigratePool is Migrate on a pool, returning what was done.
+// MigrateOptions choose how a schema is created.
+type MigrateOptions struct {
+	// Partitions, when at least 2, creates render_schedule as that many hash partitions of the key
+	// (PARTITION BY HASH (key)) instead of one table. It applies only when the schema is created;
+	// asking for it on an existing schema with another layout fails and changes nothing. 0 takes
+	// an existing schema as it is (and creates one table).
+	Partitions int
+}
+
+// MaxPartitions is the most partitions MigrateOptions.Partitions may ask for.
+const MaxPartitions = 1024
+
+// MigratePool is Migrate on a pool (one table), returning what was done.
 func MigratePool(ctx context.Context, pool *pgxpool.Pool) (MigrateResult, error) {
+	return MigratePoolWith(ctx, pool, MigrateOptions{})
+}
+
+// MigratePoolWith is Migrate on a pool with options, returning what was done.
+func MigratePoolWith(ctx context.Context, pool *pgxpool.Pool, opts MigrateOptions) (MigrateResult, error) {
 	var res MigrateResult
+	if opts.Partitions == 1 || opts.Partitions < 0 || opts.Partitions > MaxPartitions {
+		return res, fmt.Errorf("partitions %d: want 0 (one table) or 2..%d", opts.Partitions, MaxPartitions)
+	}
 	ms, err := Migrations()
 	if err != nil {
 		return res, err
@@ -107,9 +127,23 @@ func MigratePool(ctx context.Context, pool *pgxpool.Pool) (MigrateResult, error)
 		if latest := ms[len(ms)-1].Version; res.From > latest {
 			return fmt.Errorf("database schema is at version %d, newer than this binary's %d: upgrade renderqueue", res.From, latest)
 		}
+		if res.From > 0 && opts.Partitions > 0 {
+			var parts int
+			if err := tx.QueryRow(ctx, partitionCountSQL).Scan(&parts); err != nil {
+				return fmt.Errorf("reading the table's layout: %w", err)
+			}
+			if parts != opts.Partitions {
+				return fmt.Errorf("render_schedule exists with %s, not %s: the layout is chosen when the schema is created", layout(parts), layout(opts.Partitions))
+			}
+		}
 		for _, m := range ms {
 			if m.Version <= res.From {
 				continue
+			}
+			if m.Version == 1 && opts.Partitions > 0 {
+				if m, err = partitioned(m, opts.Partitions); err != nil {
+					return err
+				}
 			}
 			if _, err := tx.Exec(ctx, m.SQL); err != nil {
 				return fmt.Errorf("applying migration %s: %w", m.Name, err)
@@ -126,4 +160,37 @@ func MigratePool(ctx context.Context, pool *pgxpool.Pool) (MigrateResult, error)
 		return MigrateResult{}, fmt.Errorf("migrating the schema: %w", err)
 	}
 	return res, nil
+}
+
+// partitionCountSQL counts the partitions of render_schedule: 0 when it is one table.
+const partitionCountSQL = `SELECT count(*)::int FROM pg_inherits WHERE inhparent = 'render_schedule'::regclass`
+
+func layout(partitions int) string {
+	if partitions == 0 {
+		return "one table"
+	}
+	return fmt.Sprintf("%d partitions", partitions)
+}
+
+// partitioned rewrites the first migration to create render_schedule as n hash partitions of the
+// key. Everything else stays: the generated key_hash column, its (key_hash, key) index (created on
+// every partition), the rev trigger and the change-event triggers (defined once, on the parent).
+//
+// Why the key and not ranges of key_hash: PostgreSQL does not allow a generated column in a
+// partition key, and partitioning by the expression hashtextextended(key, 0) would forbid the
+// primary key on key that upserts (ON CONFLICT (key)) need. Partitioning by the key keeps every
+// statement as it is; a walk's range of key_hash reads every partition's index (docs/scaling.md).
+func partitioned(m Migration, n int) (Migration, error) {
+	const table = ") WITH (fillfactor = 80);"
+	if strings.Count(m.SQL, table) != 1 {
+		return m, fmt.Errorf("migration %s: cannot find the end of the table definition to partition it", m.Name)
+	}
+	var b strings.Builder
+	b.WriteString(") PARTITION BY HASH (key);\n")
+	for i := range n {
+		fmt.Fprintf(&b, "CREATE TABLE render_schedule_p%03d PARTITION OF render_schedule FOR VALUES WITH (MODULUS %d, REMAINDER %d) WITH (fillfactor = 80);\n", i, n, i)
+	}
+	m.SQL = strings.Replace(m.SQL, table, b.String(), 1)
+	m.Name = fmt.Sprintf("%s (%d hash partitions of key)", m.Name, n)
+	return m, nil
 }

@@ -59,6 +59,9 @@ type Options struct {
 	FlushDelay time.Duration
 	// FlushRows flushes a group commit at once when this many completions are waiting. Default 5000.
 	FlushRows int
+	// Partitions, when at least 2, makes Migrate create render_schedule as that many hash
+	// partitions of the key (see MigrateOptions). 0: one table.
+	Partitions int
 	// CommitConns is how many group commits may run at once, each on its own connection (groups
 	// with a key in common never run together). Default 2.
 	CommitConns int
