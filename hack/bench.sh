@@ -1,6 +1,12 @@
 #!/usr/bin/env bash
 # Runs the benchmarks with a throwaway PostgreSQL cluster (unless RENDERQUEUE_TEST_DSN is set).
 # Usage: hack/bench.sh [extra go test flags]
+#
+#   BENCH_ROWS=10M          also run the scaling benchmarks at 10M rows (comma-separate sizes;
+#                           1M always runs). At 10M: about 1 min to build each 10M-row core and
+#                           6 min to write the 10M-row table; needs ~4 GB of memory.
+#   BENCH_CLAIM_SECONDS=10  length of each BenchmarkClaimLatency run
+#   BENCH_E2E_ROWS=1000000  rows of `renderqueue bench` (0 skips it)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 started_pg=""
@@ -11,9 +17,16 @@ if [ -z "${RENDERQUEUE_TEST_DSN:-}" ] && [ -x hack/postgres.sh ]; then
   export RENDERQUEUE_TEST_DSN
   started_pg=1
 fi
-# The keeper core's benchmarks run for a time; the store's and the shard load do a fixed amount of
-# work per iteration (1M-row walks, timed loads), so one iteration each.
-go test -run '^$' -bench 'BenchmarkKeeper' -benchtime "${BENCHTIME:-2s}" "$@" ./pkg/keeper/
-go test -run '^$' -bench 'BenchmarkShardLoad' -benchtime 2x "$@" ./pkg/keeper/
+echo "bench.sh: $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg), BENCH_ROWS=${BENCH_ROWS:-1M}"
+# The keeper core's benchmarks run for a time; the others do a fixed amount of work per iteration
+# (timed loads and walks, a claim-latency run of BENCH_CLAIM_SECONDS), so one iteration each.
+go test -run '^$' -bench 'BenchmarkKeeper|BenchmarkStatus' -benchtime "${BENCHTIME:-2s}" -timeout 60m "$@" ./pkg/keeper/
+go test -run '^$' -bench 'BenchmarkClaimLatency|BenchmarkShardLoad' -benchtime 1x -timeout 60m "$@" ./pkg/keeper/
 go test -run '^$' -bench 'BenchmarkSimulate' -benchtime 3x "$@" ./pkg/simulate/
 go test -run '^$' -bench . -benchtime 1x "$@" ./pkg/store/...
+# End to end: a keeper over HTTP against a SKIP LOCKED queue on the same server (docs/benchmarks.md).
+if [ "${BENCH_E2E_ROWS:-1000000}" != 0 ]; then
+  go build -o bin/renderqueue ./cmd/renderqueue
+  bin/renderqueue bench --dsn "$RENDERQUEUE_TEST_DSN" --rows "${BENCH_E2E_ROWS:-1000000}" --duration 10s
+fi
+echo "bench.sh: load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
