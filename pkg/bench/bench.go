@@ -135,6 +135,13 @@ type Report struct {
 	// TriggerWith and TriggerWithout are the group commit's UPDATE time per row with the notify
 	// trigger enabled and disabled (0 when not measured).
 	TriggerWith, TriggerWithout time.Duration
+	// WALPerCompletion is the WAL the keeper run wrote per completed row (bytes), on this server's
+	// settings (wal_level, full_page_writes: WALSettings).
+	WALPerCompletion float64
+	WALSettings      string
+	// TableBytesPerRow is render_schedule's size with its indexes and TOAST, per row, after the
+	// keeper run.
+	TableBytesPerRow float64
 }
 
 // BestSkipLocked returns the SKIP LOCKED run with the highest rate.
@@ -223,12 +230,32 @@ func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 	}
 	rep.KeeperLoad = time.Since(start)
 	cfg.Log("keeper ready after %v; %v workers claiming and completing for %v", rep.KeeperLoad.Round(time.Millisecond), cfg.Keeper, cfg.Duration)
+	var walBefore, walAfter string
+	if err := pool.QueryRow(ctx, "SELECT pg_current_wal_insert_lsn()::text").Scan(&walBefore); err != nil {
+		return rep, fmt.Errorf("bench: %w", err)
+	}
 	rep.Keeper, err = measure(ctx, pool, k.PID, cfg.Keeper, cfg.Duration, "render_schedule", func(deadline time.Time) []*workerLog {
 		return runKeeper(ctx, client, cfg.Keeper, deadline)
 	})
 	if err != nil {
 		return rep, err
 	}
+	var wal float64
+	var tableBytes int64
+	if err := pool.QueryRow(ctx, "SELECT pg_current_wal_insert_lsn()::text").Scan(&walAfter); err != nil {
+		return rep, fmt.Errorf("bench: %w", err)
+	}
+	if err := pool.QueryRow(ctx, `SELECT pg_wal_lsn_diff($2::pg_lsn, $1::pg_lsn)::float8,
+			(SELECT sum(pg_total_relation_size(c.oid))::bigint FROM pg_class c WHERE c.oid = 'render_schedule'::regclass
+			    OR c.oid IN (SELECT inhrelid FROM pg_inherits WHERE inhparent = 'render_schedule'::regclass)),
+			current_setting('wal_level') || ', full_page_writes ' || current_setting('full_page_writes')`,
+		walBefore, walAfter).Scan(&wal, &tableBytes, &rep.WALSettings); err != nil {
+		return rep, fmt.Errorf("bench: measuring WAL and size: %w", err)
+	}
+	if rep.Keeper.Completed > 0 {
+		rep.WALPerCompletion = wal / float64(rep.Keeper.Completed)
+	}
+	rep.TableBytesPerRow = float64(tableBytes) / float64(cfg.Rows)
 	if cfg.TriggerRounds > 0 {
 		cfg.Log("measuring the change-event trigger")
 		rep.TriggerWith, rep.TriggerWithout, err = triggerCost(ctx, pool, cfg.Rows, 500, cfg.TriggerRounds)

@@ -44,6 +44,12 @@ func (r Report) Write(w io.Writer) error {
 		fmt.Fprintf(&b, "change-event trigger and NOTIFY per completion: %.1f µs (the group commit's UPDATE: %.1f µs/row with it, %.1f µs/row without)\n",
 			us(r.TriggerWith-r.TriggerWithout), us(r.TriggerWith), us(r.TriggerWithout))
 	}
+	if r.WALPerCompletion > 0 {
+		fmt.Fprintf(&b, "WAL written during the keeper run per completed row: %.0f bytes (this server: wal_level %s)\n", r.WALPerCompletion, r.WALSettings)
+	}
+	if r.TableBytesPerRow > 0 {
+		fmt.Fprintf(&b, "render_schedule with its indexes: %.0f bytes per row\n", r.TableBytesPerRow)
+	}
 	if r.Keeper.Verified != r.Keeper.Completed {
 		fmt.Fprintf(&b, "WARNING: %d acknowledged keeper completions are not in the database as completed\n", r.Keeper.Completed-r.Keeper.Verified)
 	}
