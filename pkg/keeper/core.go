@@ -379,45 +379,54 @@ func (c *Core) SlotState(s int) SlotState { return c.slots[s] }
 
 // SetSlot changes a slot's state. Leaving (SlotNone) drops the slot's held rows and what the core
 // remembers of its keys; becoming owned makes incoming rows claimable and counted. A change visits
-// every held row.
+// every held row; SetSlots changes many slots in one visit.
 func (c *Core) SetSlot(s int, st SlotState) {
-	old := c.slots[s]
-	if old == st {
+	states := c.slots
+	states[s] = st
+	c.SetSlots(&states)
+}
+
+// SetSlots sets every slot's state (as SetSlot does for one), visiting the held rows once when any
+// state changes.
+func (c *Core) SetSlots(states *[schedule.NumSlots]SlotState) {
+	old := c.slots
+	if old == *states {
 		return
 	}
-	switch {
-	case st == SlotNone:
-		c.forEachHeld(func(id uint32, r *rec) {
-			if int(r.slot) == s {
-				c.removeRow(id)
-			}
-		})
-		c.walked[s] = false
-		for k, v := range c.invalid {
-			if int(v.slot) == s {
-				delete(c.invalid, k)
-			}
+	// rows of slots that leave are dropped; rows of slots moving between owned and incoming change
+	// trees: out of the old one now (under the old states), into the new one below
+	var moving []uint32
+	c.forEachHeld(func(id uint32, r *rec) {
+		o, n := old[r.slot], states[r.slot]
+		switch {
+		case o == n:
+		case n == SlotNone:
+			c.removeRow(id)
+		default:
+			c.unplace(id, r)
+			moving = append(moving, id)
 		}
-		for k, v := range c.tombstones {
-			if int(v.slot) == s {
-				delete(c.tombstones, k)
-			}
-		}
-	case old != SlotNone:
-		// owned ⇄ incoming: the slot's rows move to the other tree of their group
-		c.forEachHeld(func(id uint32, r *rec) {
-			if int(r.slot) == s {
-				c.unplace(id, r)
-			}
-		})
-		c.slots[s] = st
-		c.forEachHeld(func(id uint32, r *rec) {
-			if int(r.slot) == s {
-				c.place(id, r)
-			}
-		})
+	})
+	c.slots = *states
+	for _, id := range moving {
+		c.place(id, c.rows.at(id))
 	}
-	c.slots[s] = st
+	leaving := func(slot uint16) bool { return old[slot] != SlotNone && states[slot] == SlotNone }
+	for s := range c.slots {
+		if leaving(uint16(s)) {
+			c.walked[s] = false
+		}
+	}
+	for k, v := range c.invalid {
+		if leaving(v.slot) {
+			delete(c.invalid, k)
+		}
+	}
+	for k, v := range c.tombstones {
+		if leaving(v.slot) {
+			delete(c.tombstones, k)
+		}
+	}
 }
 
 // treeOf returns the tree that holds r: its group's owned or incoming tree.

@@ -141,6 +141,18 @@ func TestCoreMatchesReference(t *testing.T) {
 				if core.Walking() {
 					continue // the service never changes slots mid-walk
 				}
+				if rapid.Bool().Draw(t, "manySlots") {
+					// several slots at once, as a new membership does
+					states := core.slots
+					for _, s := range testSlots {
+						if rapid.Bool().Draw(t, "changeSlot") {
+							states[s] = SlotState(rapid.IntRange(0, 2).Draw(t, "slotState"))
+							ref.setSlot(s, states[s])
+						}
+					}
+					core.SetSlots(&states)
+					break
+				}
 				core.SetSlot(s, st)
 				ref.setSlot(s, st)
 			case 8:

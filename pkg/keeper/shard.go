@@ -491,20 +491,19 @@ func (s *Shard) UpdateSettings(ctx context.Context, ns Settings) error {
 		return err
 	}
 	arrived := false
+	var states [schedule.NumSlots]SlotState
 	for sl := 0; sl < schedule.NumSlots; sl++ {
-		var st SlotState
 		switch {
 		case ns.Owned.Has(sl):
-			st = SlotOwned
+			states[sl] = SlotOwned
 		case ns.Incoming.Has(sl):
-			st = SlotIncoming
+			states[sl] = SlotIncoming
 		}
-		prev := s.core.SlotState(sl)
-		if prev == SlotNone && st != SlotNone {
+		if s.core.SlotState(sl) == SlotNone && states[sl] != SlotNone {
 			arrived = true
 		}
-		s.core.SetSlot(sl, st)
 	}
+	s.core.SetSlots(&states) // one pass over the rows for all the slots that change
 	windowChanged := ns.Window != old.Window
 	if windowChanged {
 		// the old edge says nothing about the new window: incomplete until a full walk
