@@ -116,23 +116,26 @@ func (s *Shard) Complete(ctx context.Context, items []CompleteItem) ([]error, er
 		s.log.Error(err, "Writing completions failed; the request is answered 503 and its leases stand", "shard", s.name, "items", len(writes))
 		return nil, fmt.Errorf("writing %d completions: %w", len(writes), err)
 	}
-	s.mu.Lock()
-	now = s.clock()
-	for j, res := range written {
-		i := idx[j]
-		delete(s.leased, items[i].Lease)
-		if !res.Found {
-			results[i] = ErrNotHeld
-			continue
+	// in bounded steps, so claims wait for at most one step
+	for lo := 0; lo < len(written); lo += walkStepRows {
+		s.mu.Lock()
+		now = s.clock()
+		for j := lo; j < min(lo+walkStepRows, len(written)); j++ {
+			res, i := written[j], idx[j]
+			delete(s.leased, items[i].Lease)
+			if !res.Found {
+				results[i] = ErrNotHeld
+				continue
+			}
+			if res.Changed {
+				results[i] = ErrChangedSinceClaimed
+			}
+			// the version now stored (written, or changed by someone else since the claim), and
+			// the lease ended (it may have left the window, lease gone with it)
+			s.core.ApplyCompleted(now, res.Row, items[i].Lease)
 		}
-		if res.Changed {
-			results[i] = ErrChangedSinceClaimed
-		}
-		// the version now stored (written, or changed by someone else since the claim), and the
-		// lease ended (it may have left the window, lease gone with it)
-		s.core.ApplyCompleted(now, res.Row, items[i].Lease)
+		s.mu.Unlock()
 	}
-	s.mu.Unlock()
 	s.m.completed(results, classes, time.Since(start))
 	return results, nil
 }

@@ -409,9 +409,9 @@ func (s *Shard) Walk(ctx context.Context, full bool) WalkReport {
 	return rep
 }
 
-// walkStepRows is how many walked rows (or, closing a walk, records) the shard handles per hold of
-// its lock.
-const walkStepRows = 256
+// walkStepRows is how many walked rows, change events or completions the shard applies per hold
+// of its lock (closing a walk, 16 times as many records are visited): about 0.3 ms at 10M rows.
+const walkStepRows = 128
 
 // closeWalk ends the running walk (see Core.CloseWalk), visiting the rows left to visit in
 // bounded steps with the lock released between them, and returns the walk's counts.

@@ -224,7 +224,9 @@ func (c *Core) countSummary(now time.Time) summaryCounts {
 		s.Due += ranks[0]
 		if n := ranks[0]; n > 0 {
 			first, _ := c.tFirst(t)
-			runs = append(runs, dueRun{t: t, n: n, cadenceMs: g.cadenceMs, first: first, firstMs: c.rows.at(entryID(first)).due()})
+			last := c.tSelect(t, n-1)
+			runs = append(runs, dueRun{t: t, n: n, cadenceMs: g.cadenceMs, first: first,
+				firstMs: c.rows.at(entryID(first)).due(), lastMs: c.rows.at(entryID(last)).due()})
 		}
 	}
 	for _, cl := range classes {
@@ -291,7 +293,8 @@ type dueRun struct {
 	n         int
 	cadenceMs int64
 	first     uint64
-	firstMs   int64
+	firstMs   int64 // the earliest due time of the run
+	lastMs    int64 // the latest due time of the run (at or before now)
 }
 
 // lateness fills the lateness summary and the oldest row from the due rows of runs. The
@@ -380,11 +383,17 @@ func (c *Core) relQuantile(runs []dueRun, total int, q float64, nowMs int64, max
 		}
 		return n
 	}
-	if count(0) >= k {
-		return 0
+	// the smallest value is the least late row of some run: start the search there
+	minRel := maxRel
+	for _, r := range runs {
+		minRel = min(minRel, relLate(nowMs, r.lastMs, r.cadenceMs))
 	}
-	lo, hi := uint64(0), math.Float64bits(maxRel) // count(lo) < k ≤ count(hi)
-	nlo, nhi := count(0), total
+	nlo := count(minRel)
+	if nlo >= k {
+		return minRel
+	}
+	lo, hi := math.Float64bits(minRel), math.Float64bits(maxRel) // count(lo) < k ≤ count(hi)
+	nhi := total
 	for nhi-nlo > quantileCandidates && hi-lo > 1 {
 		m := lo + (hi-lo)/2
 		if n := count(math.Float64frombits(m)); n >= k {
