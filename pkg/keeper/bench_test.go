@@ -105,13 +105,16 @@ func benchCore(tb testing.TB, n int, now time.Time, allDue bool) *Core {
 	for s := 0; s < schedule.NumSlots; s++ {
 		c.SetSlot(s, SlotOwned)
 	}
+	// as a shard loads: the index sized, the trees built at the end
 	c.Reserve(n)
+	c.BeginBulk()
 	rng := rand.New(rand.NewPCG(1, 2))
 	for i := 0; i < n; i++ {
 		if o := c.Apply(now, benchRow(rng, i, now, allDue)); o.Result != Held {
 			tb.Fatalf("row %d: %v", i, o.Result)
 		}
 	}
+	c.EndBulk()
 	return c
 }
 

@@ -306,6 +306,9 @@ type Core struct {
 	// floors is the claim state of Config.Floors, by index.
 	floors []floorState
 
+	// bulk: rows are placed into their trees' pending lists (BeginBulk).
+	bulk bool
+
 	// unleasing is the record whose lease ApplyCompleted ended while its tree entry still carries
 	// the leased bit (noRecord when none).
 	unleasing uint32
@@ -438,19 +441,44 @@ func (c *Core) treeOf(r *rec) *tree {
 	return &g.incoming
 }
 
-// place puts held record id into its tree and counts it.
+// place puts held record id into its tree (in bulk mode: its pending list) and counts it.
 func (c *Core) place(id uint32, r *rec) {
-	c.tInsert(c.treeOf(r), makeEntry(id, r))
+	t := c.treeOf(r)
+	if c.bulk {
+		r.set(flagPending)
+		t.pending = append(t.pending, makeEntry(id, r))
+	} else {
+		c.tInsert(t, makeEntry(id, r))
+	}
 	c.countDue(r, 1)
 }
 
-// unplace takes held record id out of its tree and its counts.
+// unplace takes held record id out of its tree (a pending entry is left to go stale) and its
+// counts.
 func (c *Core) unplace(id uint32, r *rec) {
 	if id == c.unleasing {
 		c.unleasing = noRecord // the entry goes, and its leased bit with it
 	}
-	c.tDelete(c.treeOf(r), makeEntry(id, r))
+	if r.has(flagPending) {
+		r.clear(flagPending)
+	} else {
+		c.tDelete(c.treeOf(r), makeEntry(id, r))
+	}
 	c.countDue(r, -1)
+}
+
+// BeginBulk makes placing rows cheap until EndBulk, for a load: a row's tree entry is appended to
+// a list, and the lists are sorted and built into their trees (leaves packed) when a tree is next
+// read or at EndBulk, instead of each row descending its tree. Everything else works as usual.
+func (c *Core) BeginBulk() { c.bulk = true }
+
+// EndBulk builds every pending entry into its tree and ends bulk mode.
+func (c *Core) EndBulk() {
+	c.bulk = false
+	for _, g := range c.groups {
+		c.flush(&g.owned)
+		c.flush(&g.incoming)
+	}
 }
 
 // forEachHeld calls fn for every held record. fn may remove the record it is given.

@@ -88,7 +88,14 @@ func TestCoreMatchesReference(t *testing.T) {
 		for step := 0; step < steps; step++ {
 			nowMs += int64(rapid.IntRange(0, 90).Draw(t, "advanceMin")) * 60_000
 			now := time.UnixMilli(nowMs)
-			switch op := rapid.IntRange(0, 10).Draw(t, "op"); op {
+			switch op := rapid.IntRange(0, 11).Draw(t, "op"); op {
+			case 11:
+				// bulk mode on or off (a load places rows into pending lists)
+				if rapid.Bool().Draw(t, "bulk") {
+					core.BeginBulk()
+				} else {
+					core.EndBulk()
+				}
 			case 0, 1, 2:
 				r := genRow(t, nowMs)
 				var got Outcome

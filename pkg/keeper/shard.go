@@ -325,6 +325,10 @@ func (s *Shard) Walk(ctx context.Context, full bool) WalkReport {
 		slots = s.settings.Incoming.Slots()
 	}
 	gapSeq, gapActive := s.gap.seq, s.gapActive
+	bulk := full && !s.loaded // the load: rows are sorted into their trees at its end
+	if bulk {
+		s.core.BeginBulk()
+	}
 	if err := s.core.BeginWalk(start, s.edge, slots); err != nil {
 		s.mu.Unlock()
 		return WalkReport{StartedAt: start, Failed: true, Err: err.Error()}
@@ -361,6 +365,9 @@ func (s *Shard) Walk(ctx context.Context, full bool) WalkReport {
 	counts := s.closeWalk(unread, aborted)
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if bulk {
+		s.core.EndBulk()
+	}
 	s.walkingSince = time.Time{}
 	switch {
 	case err != nil:

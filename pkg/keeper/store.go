@@ -24,6 +24,8 @@ const (
 	// flagSeen is the walk mark: a row of slot s counts as seen by the running walk when this
 	// bit equals Core.parity[s] (see walk.go), so starting a walk unmarks a slot's rows at once.
 	flagSeen
+	// flagPending: the row's entry waits in its tree's pending list (bulk mode, tree.go).
+	flagPending
 	msMask = 1<<10 - 1
 )
 

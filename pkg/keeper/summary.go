@@ -204,6 +204,8 @@ func (c *Core) countSummary(now time.Time) summaryCounts {
 	}
 	var ranks [26]int
 	for _, g := range c.groups {
+		c.flush(&g.incoming)
+		c.flush(&g.owned)
 		s.HeldIncoming += g.incoming.n
 		t := &g.owned
 		if t.n == 0 {

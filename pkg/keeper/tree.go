@@ -1,6 +1,9 @@
 package keeper
 
-import "bytes"
+import (
+	"bytes"
+	"slices"
+)
 
 // Each group keeps its held rows in two order-statistic B+trees: one for the rows of owned slots
 // (claimed and counted) and one for the rows of incoming slots (held only). A tree orders its
@@ -109,6 +112,10 @@ type tree struct {
 	head   uint64
 	hpath  [maxHeight + 1]uint16 // child index at each inner level (root first), then the leaf position
 	hnodes [maxHeight + 1]uint32 // the node at each level, root first; the last is the leaf
+	// pending holds entries placed in bulk mode (Core.BeginBulk), not yet in the tree: appended
+	// unsorted, built into the tree (sorted, leaves packed) before the tree is next read. An entry
+	// whose record was unplaced meanwhile is stale and dropped then (see pendingValid).
+	pending []uint64
 }
 
 func makeEntry(id uint32, r *rec) uint64 {
@@ -487,17 +494,15 @@ func (c *Core) maybeMerge(in *inner, i, h int) {
 }
 
 // tSetLeased sets or clears the leased bit of entry e (present) in t.
+// An entry already in the wanted state is left as it is.
 func (c *Core) tSetLeased(t *tree, e uint64, leased bool) {
-	t.headOK = false
+	c.flush(t)
+	var path [maxHeight]*uint32 // the claimable count of each inner level's child on the way
 	node := t.root
-	var d int32 = 1 // change of the claimable count
-	if leased {
-		d = -1
-	}
 	for h := t.height; h > 0; h-- {
 		in := c.pool.inner(node)
 		i := c.innerChild(in, e)
-		in.clm[i] = uint32(int32(in.clm[i]) + d)
+		path[t.height-h] = &in.clm[i]
 		node = in.child[i]
 	}
 	l := c.pool.leaf(node)
@@ -505,16 +510,26 @@ func (c *Core) tSetLeased(t *tree, e uint64, leased bool) {
 	if p >= int(l.n) || entryID(l.e[p]) != entryID(e) {
 		panic("keeper: leasing an entry the claim tree does not hold")
 	}
+	if (l.e[p]&leasedBit != 0) == leased {
+		return
+	}
+	t.headOK = false
+	d := uint32(1) // change of the claimable count (wrapping: +1 or −1)
 	if leased {
+		d = ^uint32(0)
 		l.e[p] |= leasedBit
 	} else {
 		l.e[p] &^= leasedBit
 	}
-	t.clm += int(d)
+	for _, clm := range path[:t.height] {
+		*clm += d
+	}
+	t.clm += int(int32(d))
 }
 
 // tHead returns t's first claimable entry.
 func (c *Core) tHead(t *tree) (uint64, bool) {
+	c.flush(t)
 	if t.clm == 0 {
 		return 0, false
 	}
@@ -564,6 +579,7 @@ func (c *Core) tLeaseHead(t *tree) {
 
 // tFirst returns t's first entry.
 func (c *Core) tFirst(t *tree) (uint64, bool) {
+	c.flush(t)
 	if t.n == 0 {
 		return 0, false
 	}
@@ -572,6 +588,7 @@ func (c *Core) tFirst(t *tree) (uint64, bool) {
 
 // tRank returns the number of entries of t due at or before tMs.
 func (c *Core) tRank(t *tree, tMs int64) int {
+	c.flush(t)
 	if t.n == 0 {
 		return 0
 	}
@@ -611,6 +628,7 @@ func (c *Core) tRank(t *tree, tMs int64) int {
 // tRanks sets out[i] to the number of entries of t due at or before ts[i], for ascending ts, in
 // one descent shared by all of them.
 func (c *Core) tRanks(t *tree, ts []int64, out []int) {
+	c.flush(t)
 	clear(out[:len(ts)])
 	if t.n > 0 {
 		c.ranksRec(t.root, t.height, ts, out, 0)
@@ -653,6 +671,7 @@ func (c *Core) ranksRec(node uint32, h int, ts []int64, out []int, base int) {
 
 // tSelect returns t's entry at position k (0-based, k < t.n).
 func (c *Core) tSelect(t *tree, k int) uint64 {
+	c.flush(t)
 	node := t.root
 	for h := t.height; h > 0; h-- {
 		in := c.pool.inner(node)
@@ -668,6 +687,7 @@ func (c *Core) tSelect(t *tree, k int) uint64 {
 
 // tVisit calls fn for t's entries at positions [lo, hi), in order. fn must not change t.
 func (c *Core) tVisit(t *tree, lo, hi int, fn func(e uint64)) {
+	c.flush(t)
 	if lo < hi && t.n > 0 {
 		c.visitRec(t.root, t.height, lo, hi, fn)
 	}
@@ -690,4 +710,116 @@ func (c *Core) visitRec(node uint32, h, lo, hi int, fn func(e uint64)) {
 		}
 		off += n
 	}
+}
+
+// flush builds t's pending entries into it: the valid ones sorted, merged with the entries the tree
+// holds, and the tree rebuilt bottom-up with its nodes packed 7/8 full (room for later inserts).
+func (c *Core) flush(t *tree) {
+	if len(t.pending) == 0 {
+		return
+	}
+	fresh := t.pending[:0]
+	for _, e := range t.pending {
+		if c.pendingValid(t, e) {
+			fresh = append(fresh, makeEntry(entryID(e), c.rows.at(entryID(e)))) // the lease as it is now
+		}
+	}
+	slices.SortFunc(fresh, c.cmpEntry)
+	fresh = slices.CompactFunc(fresh, func(a, b uint64) bool { return entryID(a) == entryID(b) })
+	for _, e := range fresh {
+		c.rows.at(entryID(e)).clear(flagPending)
+	}
+	all := fresh
+	if t.n > 0 {
+		old := make([]uint64, 0, t.n)
+		c.visitRec(t.root, t.height, 0, t.n, func(e uint64) { old = append(old, e) })
+		c.freeTree(t.root, t.height)
+		all = make([]uint64, 0, len(old)+len(fresh))
+		i, j := 0, 0
+		for i < len(old) || j < len(fresh) {
+			if j == len(fresh) || (i < len(old) && c.cmpEntry(old[i], fresh[j]) < 0) {
+				all = append(all, old[i])
+				i++
+			} else {
+				all = append(all, fresh[j])
+				j++
+			}
+		}
+	}
+	t.pending = nil
+	c.build(t, all)
+}
+
+// pendingValid says whether pending entry e of t still stands for its record: the record is
+// held, marked pending, belongs in t, and is due in e's step (its lease may have changed since).
+func (c *Core) pendingValid(t *tree, e uint64) bool {
+	r := c.rows.at(entryID(e))
+	return r.has(flagHeld) && r.has(flagPending) && c.treeOf(r) == t && e&^leasedBit == makeEntry(entryID(e), r)&^leasedBit
+}
+
+// freeTree frees the nodes of a subtree.
+func (c *Core) freeTree(node uint32, h int) {
+	if h > 0 {
+		in := c.pool.inner(node)
+		for i := range int(in.n) {
+			c.freeTree(in.child[i], h-1)
+		}
+	}
+	c.freeNode(node, h)
+}
+
+// build makes t hold the sorted entries es (t's old nodes already freed).
+func (c *Core) build(t *tree, es []uint64) {
+	t.headOK = false
+	t.n, t.clm = len(es), 0
+	t.root, t.height = 0, 0
+	if len(es) == 0 {
+		return
+	}
+	const leafFill, innerFill = leafCap * 7 / 8, innerCap * 7 / 8
+	type node struct {
+		id       uint32
+		first    uint64
+		cnt, clm uint32
+	}
+	var level []node
+	for lo := 0; lo < len(es); lo += leafFill {
+		hi := min(lo+leafFill, len(es))
+		if rest := len(es) - hi; rest > 0 && rest < leafCap/4 {
+			hi = lo + (hi-lo+rest)/2 // no small last leaf: the last two share
+		}
+		id := c.pool.newLeaf()
+		l := c.pool.leaf(id)
+		l.n = int32(copy(l.e[:], es[lo:hi]))
+		var clm uint32
+		for _, e := range es[lo:hi] {
+			clm += claimable(e)
+		}
+		t.clm += int(clm)
+		level = append(level, node{id, es[lo], uint32(hi - lo), clm})
+		lo = hi - leafFill
+	}
+	for len(level) > 1 {
+		var up []node
+		for lo := 0; lo < len(level); lo += innerFill {
+			hi := min(lo+innerFill, len(level))
+			if rest := len(level) - hi; rest > 0 && rest < innerCap/4 {
+				hi = lo + (hi-lo+rest)/2
+			}
+			id := c.pool.newInner()
+			in := c.pool.inner(id)
+			n := node{id: id, first: level[lo].first}
+			for i, ch := range level[lo:hi] {
+				in.child[i], in.sep[i], in.cnt[i], in.clm[i] = ch.id, ch.first, ch.cnt, ch.clm
+				n.cnt += ch.cnt
+				n.clm += ch.clm
+			}
+			in.n = int32(hi - lo)
+			up = append(up, n)
+			lo = hi - innerFill
+		}
+		level = up
+		t.height++
+	}
+	t.root = level[0].id
 }

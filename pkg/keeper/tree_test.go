@@ -54,6 +54,7 @@ func checkCore(c *Core) error {
 			errs = append(errs, fmt.Sprintf("record %d of slot %d unseen between walks", id, r.slot))
 		}
 	})
+	inPending := map[uint32]bool{}
 	for gi, g := range c.groups {
 		for _, inc := range []bool{false, true} {
 			t := &g.owned
@@ -64,6 +65,13 @@ func checkCore(c *Core) error {
 			if err != nil {
 				errs = append(errs, fmt.Sprintf("group %d incoming=%v: %v", gi, inc, err))
 				continue
+			}
+			// bulk mode: the valid pending entries count as the tree's, once each
+			for _, e := range t.pending {
+				if c.pendingValid(t, e) && !inPending[entryID(e)] {
+					inPending[entryID(e)] = true
+					got = append(got, makeEntry(entryID(e), c.rows.at(entryID(e))))
+				}
 			}
 			w := want[where{gi, inc}]
 			if len(got) != len(w) {
@@ -81,6 +89,11 @@ func checkCore(c *Core) error {
 			}
 		}
 	}
+	c.forEachHeld(func(id uint32, r *rec) {
+		if r.has(flagPending) && !inPending[id] {
+			errs = append(errs, fmt.Sprintf("record %d marked pending without a pending entry", id))
+		}
+	})
 	inIndex := map[uint32]bool{}
 	for _, e := range c.index.slots {
 		if e == 0 {
@@ -300,5 +313,70 @@ func TestReserveSizesIndex(t *testing.T) {
 	c.Reserve(10) // never shrinks
 	if c.index.n != 20000 {
 		t.Fatal("Reserve changed the index")
+	}
+}
+
+// TestBulkLoad loads rows in bulk mode with everything that can happen meanwhile: rows updated to
+// another due time and back (a stale entry and a second one of the same step), deleted and added
+// again (a record id reused with the same due), moved between owned and incoming, and a lease
+// ended by a completion; then the trees are built and checked, and their summary matches a scan.
+func TestBulkLoad(t *testing.T) {
+	c := newCore(t, Config{})
+	now := t0
+	// a claimed row before bulk mode starts
+	c.Apply(now, row("k0", now.Add(-time.Hour), time.Hour, 1))
+	claimed := c.Claim(now, 1, time.Minute)
+	if len(claimed) != 1 {
+		t.Fatal("no claim")
+	}
+	c.BeginBulk()
+	rev := int64(10)
+	for i := 1; i < 3000; i++ {
+		rev++
+		c.Apply(now, row(fmt.Sprintf("k%d", i), now.Add(time.Duration(i%600-300)*time.Second), time.Hour, rev))
+	}
+	for i := 1; i < 3000; i += 7 { // away and back to the same due
+		k := fmt.Sprintf("k%d", i)
+		due := now.Add(time.Duration(i%600-300) * time.Second)
+		rev++
+		c.Apply(now, row(k, due.Add(time.Hour), time.Hour, rev))
+		rev++
+		c.Apply(now, row(k, due, time.Hour, rev))
+	}
+	for i := 2; i < 3000; i += 11 { // deleted, and added again with the same due
+		k := fmt.Sprintf("k%d", i)
+		rev++
+		c.Delete(now, k, slotOfKey(k), rev)
+		rev++
+		c.Apply(now, row(k, now.Add(time.Duration(i%600-300)*time.Second), time.Hour, rev))
+	}
+	c.SetSlot(testSlots[1], SlotIncoming) // a quarter of the rows change trees
+	// the claimed row is completed while its entry waits (after its change event)
+	cp, _, err := c.Completing(now, "k0", claimed[0].Lease)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := row("k0", cp.NextDue, time.Hour, rev+1)
+	c.Apply(now, done)
+	c.ApplyCompleted(now, done, claimed[0].Lease)
+	if err := checkCore(c); err != nil {
+		t.Fatalf("in bulk mode: %v", err)
+	}
+	c.EndBulk()
+	if err := checkCore(c); err != nil {
+		t.Fatalf("after the build: %v", err)
+	}
+	for _, g := range c.groups {
+		if len(g.owned.pending)+len(g.incoming.pending) > 0 {
+			t.Fatal("pending entries left after EndBulk")
+		}
+	}
+	want := summaryScan(c, now.UnixMilli())
+	want.AsOf = now
+	if got := c.Summary(now); summaryString(got) != summaryString(want) {
+		t.Fatalf("summary\n got %s\nwant %s", summaryString(got), summaryString(want))
+	}
+	if len(c.leases) != 0 {
+		t.Fatalf("%d leases left", len(c.leases))
 	}
 }
