@@ -3,6 +3,7 @@ package bench
 import (
 	"bytes"
 	"context"
+	"errors"
 	"net/http/httptest"
 	"os"
 	"strings"
@@ -41,8 +42,11 @@ func startInProcess(ctx context.Context, dsn, token string) (*Keeper, error) {
 	return &Keeper{URL: srv.URL, Stop: func() error {
 		cancel()
 		srv.Close()
-		<-ran
-		return st.Close()
+		runErr := <-ran
+		if errors.Is(runErr, context.Canceled) {
+			runErr = nil
+		}
+		return errors.Join(runErr, st.Close())
 	}}, nil
 }
 

@@ -16,7 +16,8 @@ func (r Report) Write(w io.Writer) error {
 	fmt.Fprintf(&b, "load average (1 min): %.2f before, %.2f after\n", r.LoadBefore, r.LoadAfter)
 	fmt.Fprintf(&b, "keeper loaded %d rows in %v\n\n", r.Rows, r.KeeperLoad.Round(time.Millisecond))
 	tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "queue\tshape\trows/s\tclaim p50\tclaim p99\tcomplete p50\tcomplete p99\tverified\tCPU µs/row (keeper, clients, PostgreSQL)\tmachine busy\t")
+	row := func(format string, a ...any) { _, _ = fmt.Fprintf(tw, format, a...) }
+	row("%s\n", "queue\tshape\trows/s\tclaim p50\tclaim p99\tcomplete p50\tcomplete p99\tverified\tCPU µs/row (keeper, clients, PostgreSQL)\tmachine busy\t")
 	line := func(name string, res RunResult) {
 		verified := fmt.Sprintf("%d/%d", res.Verified, res.Completed)
 		note := ""
@@ -26,7 +27,7 @@ func (r Report) Write(w io.Writer) error {
 		if res.Errors > 0 {
 			note += fmt.Sprintf(" (%d errors, the last: %s)", res.Errors, res.LastError)
 		}
-		fmt.Fprintf(tw, "%s\t%v\t%.0f\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", name, res.Shape, res.RowsPerSecond(),
+		row("%s\t%v\t%.0f\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", name, res.Shape, res.RowsPerSecond(),
 			ms(res.Claim.P50), ms(res.Claim.P99), ms(res.Complete.P50), ms(res.Complete.P99), verified,
 			cpuPerRow(res), busy(res.CPU), note)
 	}

@@ -463,7 +463,7 @@ func (c *Core) maybeMerge(in *inner, i, h int) {
 	if size(in.child[i]) >= capacity/4 {
 		return
 	}
-	j := -1 // merge child j+1 into child j
+	var j int // merge child j+1 into child j
 	switch {
 	case i+1 < int(in.n) && size(in.child[i])+size(in.child[i+1]) <= capacity*3/4:
 		j = i
