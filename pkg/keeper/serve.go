@@ -134,7 +134,7 @@ func (s *Shard) Complete(ctx context.Context, items []CompleteItem) ([]error, er
 			// the lease ended (it may have left the window, lease gone with it)
 			s.core.ApplyCompleted(now, res.Row, items[i].Lease)
 		}
-		s.mu.Unlock()
+		s.unlockStep()
 	}
 	s.m.completed(results, classes, time.Since(start))
 	return results, nil

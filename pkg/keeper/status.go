@@ -39,7 +39,7 @@ func (s *Shard) Status(now time.Time) shardapi.Status {
 	for {
 		s.mu.Lock()
 		done := s.core.CatchUp(now, statusStepRows)
-		s.mu.Unlock()
+		s.unlockStep()
 		if done {
 			break
 		}
