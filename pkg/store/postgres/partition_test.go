@@ -105,7 +105,8 @@ func explain(t *testing.T, st *Store, keys []string) string {
 		t.Fatal(err)
 	}
 	defer func() { _ = tx.Rollback(ctx) }()
-	rows, err := tx.Query(ctx, "EXPLAIN (ANALYZE, COSTS OFF) "+completeSQL, keys, dues)
+	revs := make([]int64, len(keys)) // 0: any rev
+	rows, err := tx.Query(ctx, "EXPLAIN (ANALYZE, COSTS OFF) "+completeSQL, keys, dues, revs)
 	if err != nil {
 		t.Fatal(err)
 	}
