@@ -28,7 +28,7 @@ func runSchema(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	fs.SetOutput(stderr)
 	dsn := fs.String("dsn", os.Getenv("RENDERQUEUE_DSN"), "PostgreSQL connection string (default $RENDERQUEUE_DSN)")
 	timeout := fs.Duration("timeout", 5*time.Minute, "give up after this long")
-	partitions := fs.Int("partitions", 0, "create render_schedule as N hash partitions of the key (2..1024; only when the schema is created; docs/scaling.md)")
+	partitions := fs.Int("partitions", 0, "create render_schedule as N hash partitions of the key (2..1024; only when the schema is created; docs/scale.md)")
 	if err := fs.Parse(args[1:]); err != nil {
 		return err
 	}

@@ -179,7 +179,7 @@ func layout(partitions int) string {
 // Why the key and not ranges of key_hash: PostgreSQL does not allow a generated column in a
 // partition key, and partitioning by the expression hashtextextended(key, 0) would forbid the
 // primary key on key that upserts (ON CONFLICT (key)) need. Partitioning by the key keeps every
-// statement as it is; a walk's range of key_hash reads every partition's index (docs/scaling.md).
+// statement as it is; a walk's range of key_hash reads every partition's index (docs/scale.md).
 func partitioned(m Migration, n int) (Migration, error) {
 	const table = ") WITH (fillfactor = 80);"
 	if strings.Count(m.SQL, table) != 1 {
