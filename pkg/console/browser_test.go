@@ -134,8 +134,13 @@ func TestBrowser(t *testing.T) {
 	if state != "unreachable" || !strings.Contains(note, "web-shard-2 did not answer the console") {
 		t.Errorf("web-shard-2: state %q, note %q", state, note)
 	}
-	if charts, err := browsertest.Eval[int](browserCtx, `document.querySelectorAll("svg.chart").length`); err != nil || charts != 5 {
-		t.Errorf("%d charts drawn (%v), want 5", charts, err)
+	if charts, err := browsertest.Eval[int](browserCtx, `document.querySelectorAll("svg.chart").length`); err != nil || charts != 6 {
+		t.Errorf("%d charts drawn (%v), want 6", charts, err)
+	}
+	// lateness by class: the hourly class has rows 1–2 cadences late on both answering shards
+	if late, err := browsertest.Eval[string](browserCtx, `Array.from(document.querySelectorAll("#lateness svg rect.late.l3 title")).map(e => e.textContent).join("|")`); err != nil ||
+		!strings.Contains(late, "1h · submitted: ") || !strings.Contains(late, "1–2 cadences late") {
+		t.Errorf("lateness chart's 1–2 cadences segments = %q (%v)", late, err)
 	}
 	browsertest.Screenshot(browserCtx, t, dir, "console-queue", true)
 

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/renderqueue/renderqueue/pkg/membership"
+	"github.com/renderqueue/renderqueue/pkg/shardapi"
 	"github.com/renderqueue/renderqueue/pkg/statusview"
 )
 
@@ -235,6 +236,65 @@ func classChart(classes []Class) Chart {
 			share = fmt.Sprintf("%.1f%%", 100*float64(c.Due)/float64(c.Held))
 		}
 		ch.Texts = append(ch.Texts, svgText{X: shareX + 40, Y: y + 16, Text: share, Anchor: "end", Class: "label"})
+	}
+	return ch
+}
+
+// lateNames names the buckets of Class.LateBy (cadences late).
+var lateNames = [shardapi.LateBuckets]string{"≤ 0.1", "0.1–0.5", "0.5–1", "1–2", "> 2"}
+
+// lateChart draws one row per class with due rows: a bar of the class's due rows split by how
+// many cadences late they are (shares of the class's due rows, most overdue on the right), and
+// the most overdue row's lateness. Rows of shards that did not report lateness are drawn as an
+// "unknown" segment, so the bar never claims more than it knows.
+func lateChart(classes []Class) Chart {
+	const rowH, labelW, barW = 26.0, 150.0, 400.0
+	top := marginTop + 30
+	var shown []Class
+	for _, c := range classes {
+		if c.Due > 0 {
+			shown = append(shown, c)
+		}
+	}
+	ch := Chart{W: chartW, H: top + rowH*float64(len(shown)) + 8, Label: "Due rows by class and by how many cadences late"}
+	if len(shown) == 0 {
+		ch.Empty = "No class has due rows: nothing is late."
+		return ch
+	}
+	// legend: one key per bucket, then unknown
+	x := labelW
+	for i, name := range lateNames {
+		ch.Rects = append(ch.Rects, svgRect{X: x, Y: marginTop, W: 10, H: 10, Class: fmt.Sprintf("late l%d", i), Title: name + " cadences late"})
+		ch.Texts = append(ch.Texts, svgText{X: x + 14, Y: marginTop + 9, Text: name, Anchor: "start", Class: "axis"})
+		x += 74
+	}
+	ch.Texts = append(ch.Texts, svgText{X: x, Y: marginTop + 9, Text: "cadences late", Anchor: "start", Class: "axis"},
+		svgText{X: labelW + barW + 90, Y: top - 6, Text: "max late", Anchor: "end", Class: "axis"})
+	for i, c := range shown {
+		y := top + float64(i)*rowH
+		name := statusview.Seconds(c.CadenceSeconds) + " · " + c.Source
+		ch.Texts = append(ch.Texts, svgText{X: labelW - 10, Y: y + 15, Text: name, Anchor: "end", Class: "label"})
+		x := labelW
+		seg := func(n int, class, what string) {
+			if n <= 0 {
+				return
+			}
+			w := float64(n) / float64(c.Due) * barW
+			ch.Rects = append(ch.Rects, svgRect{X: x, Y: y + 4, W: w, H: 15, Class: class,
+				Title: fmt.Sprintf("%s: %s of %s due rows %s (%.1f%%)", name, num(int64(n)), num(int64(c.Due)), what, 100*float64(n)/float64(c.Due))})
+			x += w
+		}
+		for b, n := range c.LateBy {
+			if b < len(lateNames) {
+				seg(n, fmt.Sprintf("late l%d", b), lateNames[b]+" cadences late")
+			}
+		}
+		seg(c.LateUnknown, "late unknown", "on shards that do not report lateness")
+		maxLate := statusview.Seconds(c.MaxLateSeconds)
+		if c.LateUnknown > 0 {
+			maxLate = "≥ " + maxLate
+		}
+		ch.Texts = append(ch.Texts, svgText{X: labelW + barW + 90, Y: y + 16, Text: maxLate, Anchor: "end", Class: "label"})
 	}
 	return ch
 }

@@ -1,6 +1,7 @@
 package console
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -95,6 +96,31 @@ func TestClassChartScalesEachColumn(t *testing.T) {
 	}
 	if s := strings.Join(texts, "|"); !strings.Contains(s, "1h · submitted") || !strings.Contains(s, "1.0%") || !strings.Contains(s, "100,000") {
 		t.Errorf("labels %s", s)
+	}
+}
+
+func TestLateChartSplitsEachClassByBucket(t *testing.T) {
+	ch := lateChart([]Class{
+		{CadenceSeconds: 3600, Source: "submitted", Due: 10, MaxLateSeconds: 7200, LateBy: []int{5, 0, 0, 5, 0}},
+		{CadenceSeconds: 86400, Source: "discovered", Due: 0, Held: 100, LateBy: make([]int, 5)}, // nothing due: no row
+	})
+	var segs []svgRect
+	for _, r := range ch.Rects {
+		if strings.HasPrefix(r.Class, "late ") && r.Y > marginTop+10 {
+			segs = append(segs, r)
+		}
+	}
+	if len(segs) != 2 || segs[0].Class != "late l0" || segs[1].Class != "late l3" || segs[0].W != segs[1].W || segs[1].X != segs[0].X+segs[0].W {
+		t.Fatalf("segments %+v: want two halves, ≤ 0.1 then 1–2 cadences late", segs)
+	}
+	if !strings.Contains(segs[1].Title, "5 of 10 due rows 1–2 cadences late (50.0%)") {
+		t.Errorf("title %q", segs[1].Title)
+	}
+	if strings.Contains(fmt.Sprint(ch.Texts), "discovered") {
+		t.Error("a class with nothing due is drawn")
+	}
+	if lateChart([]Class{{CadenceSeconds: 60, Due: 0}}).Empty == "" {
+		t.Error("nothing due, yet a lateness chart")
 	}
 }
 

@@ -62,6 +62,16 @@ func sum(xs []int) int {
 	return n
 }
 
+// lateBy splits n due rows over the lateness buckets up to bucket last: most in the first.
+func lateBy(n, last int) []int {
+	b := make([]int, shardapi.LateBuckets)
+	for i := last; i > 0; i-- {
+		b[i] = n / (4 * (i + 1))
+	}
+	b[0] = n - sum(b)
+	return b
+}
+
 func shardStatus(name, owned string, due int, now time.Time, scale float64) shardapi.Status {
 	edge := now.Add(11*time.Hour + 52*time.Minute)
 	ahead := edge.Sub(now).Seconds()
@@ -78,10 +88,10 @@ func shardStatus(name, owned string, due int, now time.Time, scale float64) shar
 		Due:        due,
 		Lateness:   shardapi.Lateness{MaxSeconds: 5400, P50Seconds: 310, P99Seconds: 2900, MaxRelative: 1.8, P50Relative: 0.05, P99Relative: 0.42},
 		Classes: []shardapi.Class{
-			{Cadence: 3600, Source: "submitted", Due: due / 4, Held: int(900 * scale)},
-			{Cadence: 86400, Source: "discovered", Due: due / 3, Held: int(20000 * scale)},
-			{Cadence: 345600, Source: "discovered", Due: due - due/4 - due/3 - due/10, Held: int(60000 * scale)},
-			{Cadence: 345600, Source: "submitted", Due: due / 10, Held: int(7000 * scale)},
+			{Cadence: 3600, Source: "submitted", Due: due / 4, Held: int(900 * scale), MaxLateSeconds: 5400, LateBy: lateBy(due/4, 3)},
+			{Cadence: 86400, Source: "discovered", Due: due / 3, Held: int(20000 * scale), MaxLateSeconds: 40000, LateBy: lateBy(due/3, 1)},
+			{Cadence: 345600, Source: "discovered", Due: due - due/4 - due/3 - due/10, Held: int(60000 * scale), MaxLateSeconds: 30000, LateBy: lateBy(due-due/4-due/3-due/10, 0)},
+			{Cadence: 345600, Source: "submitted", Due: due / 10, Held: int(7000 * scale), MaxLateSeconds: 20000, LateBy: lateBy(due/10, 0)},
 		},
 		Coming:   shardapi.Coming{Next15m: int(610 * scale), Next60m: int(2450 * scale), Next24h: sum(byHour), ByHour: byHour, CutAtWindow: true},
 		LastWalk: &shardapi.Walk{StartedAt: started, FinishedAt: &finished, Scanned: int(131000 * scale), Admitted: 212},

@@ -219,7 +219,7 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 // Fragment ids of each page, in the order they appear.
 var (
 	queuesFragments = []string{"queues"}
-	queueFragments  = []string{"summary", "shards", "coming", "history", "classes", "membership"}
+	queueFragments  = []string{"summary", "shards", "coming", "history", "classes", "lateness", "membership"}
 )
 
 func (h *handler) queuesPage(w http.ResponseWriter, r *http.Request) {
@@ -247,6 +247,7 @@ type queueView struct {
 	ComingChart   Chart
 	HistoryChart  Chart
 	ClassChart    Chart
+	LateChart     Chart
 	SlotChart     Chart
 	TimelineChart Chart
 	// Colour is each shard's colour index in the slot strip and legend.
@@ -278,6 +279,7 @@ func (h *handler) detail(ctx context.Context, namespace, name string) (*queueVie
 	v.ComingChart = comingChart(d.Coming)
 	v.HistoryChart = historyChart(d.History, now, h.interval)
 	v.ClassChart = classChart(d.Classes)
+	v.LateChart = lateChart(d.Classes)
 	v.SlotChart = slotStrip(d.Membership, v.Colour)
 	v.TimelineChart = timelineChart(d.Membership.Handoff)
 	return v, nil

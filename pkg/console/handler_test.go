@@ -161,6 +161,10 @@ func TestQueueJSON(t *testing.T) {
 	if len(d.Classes) != 4 || d.Classes[0].CadenceSeconds != 3600 || d.Classes[0].Due != 412/4+377/4 {
 		t.Errorf("classes = %+v", d.Classes)
 	}
+	if c := d.Classes[0]; sum(c.LateBy) != c.Due || c.LateBy[3] != s0st.Classes[0].LateBy[3]+s1st.Classes[0].LateBy[3] ||
+		c.MaxLateSeconds != 5400 || c.LateUnknown != 0 {
+		t.Errorf("class lateness = %+v (want the shards' buckets summed, summing to due)", c)
+	}
 	if len(d.History) != 361 || d.History[0].At.After(d.History[360].At) || d.History[360].Exact {
 		t.Errorf("history: %d samples (want 361, oldest first, the last inexact)", len(d.History))
 	}

@@ -135,6 +135,15 @@ type Class struct {
 	Source         string  `json:"source"`
 	Due            int     `json:"due"`
 	Held           int     `json:"held"`
+	// MaxLateSeconds is how late the class's most overdue row is, over the shards that answered.
+	MaxLateSeconds float64 `json:"maxLateSeconds"`
+	// LateBy sums the shards' due rows by relative lateness, in the buckets of
+	// shardapi.Class.LateBy (≤ 0.1, 0.5, 1, 2 and > 2 cadences late): counts add up exactly
+	// across shards, where percentiles would not.
+	LateBy []int `json:"lateBy"`
+	// LateUnknown is the due rows of shards that reported the class without its lateness (a
+	// shard older than the lateness buckets): not in LateBy.
+	LateUnknown int `json:"lateUnknown"`
 }
 
 // SlotOwner is the slots of one shard in the assignment.
@@ -417,11 +426,19 @@ func Detail(rq *rqv1.RenderQueue, reports []shardReport, history []Sample, now t
 			k := classKey{c.Cadence, c.Source}
 			cl := classes[k]
 			if cl == nil {
-				cl = &Class{CadenceSeconds: c.Cadence, Source: c.Source}
+				cl = &Class{CadenceSeconds: c.Cadence, Source: c.Source, LateBy: make([]int, shardapi.LateBuckets)}
 				classes[k] = cl
 			}
 			cl.Due += c.Due
 			cl.Held += c.Held
+			if len(c.LateBy) != shardapi.LateBuckets {
+				cl.LateUnknown += c.Due
+				continue
+			}
+			cl.MaxLateSeconds = max(cl.MaxLateSeconds, c.MaxLateSeconds)
+			for i, n := range c.LateBy {
+				cl.LateBy[i] += n
+			}
 		}
 	}
 	for _, c := range classes {

@@ -3,6 +3,7 @@ package console
 import (
 	"errors"
 	"math"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -154,5 +155,37 @@ func TestMembershipView(t *testing.T) {
 	m.Assignment[1].Slots = "512-1023,7"
 	if v = membershipView(m, now); !strings.Contains(v.Error, "shard b") {
 		t.Errorf("a malformed slot set is not reported: %q", v.Error)
+	}
+}
+
+// TestDetailClassLateness sums the shards' lateness buckets per class, takes the largest maximum,
+// and counts the due rows of a shard that reports no buckets as unknown, not as on time.
+func TestDetailClassLateness(t *testing.T) {
+	now := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	rq := &rqv1.RenderQueue{ObjectMeta: metav1.ObjectMeta{Name: "q", Namespace: "n"}}
+	rq.Spec.Shards = 3
+	st := func(name string, c shardapi.Class) shardReport {
+		return shardReport{Name: name, Status: &shardapi.Status{Shard: name, AsOf: now, Due: c.Due, Classes: []shardapi.Class{c}}}
+	}
+	reports := []shardReport{
+		st("q-shard-0", shardapi.Class{Cadence: 3600, Source: "submitted", Due: 10, Held: 20, MaxLateSeconds: 900, LateBy: []int{5, 4, 1, 0, 0}}),
+		st("q-shard-1", shardapi.Class{Cadence: 3600, Source: "submitted", Due: 6, Held: 8, MaxLateSeconds: 8000, LateBy: []int{1, 0, 0, 2, 3}}),
+		st("q-shard-2", shardapi.Class{Cadence: 3600, Source: "submitted", Due: 4, Held: 5}), // no buckets: an older shard
+	}
+	d := Detail(rq, reports, nil, now)
+	if len(d.Classes) != 1 {
+		t.Fatalf("classes = %+v", d.Classes)
+	}
+	c := d.Classes[0]
+	if c.Due != 20 || !slices.Equal(c.LateBy, []int{6, 4, 1, 2, 3}) || c.MaxLateSeconds != 8000 || c.LateUnknown != 4 {
+		t.Errorf("class = %+v, want due 20, late by [6 4 1 2 3], max 8000 s, 4 unknown", c)
+	}
+	ch := lateChart(d.Classes)
+	var labels []string
+	for _, x := range ch.Texts {
+		labels = append(labels, x.Text)
+	}
+	if !slices.Contains(labels, "≥ 2h13m") {
+		t.Errorf("labels %q: the maximum must read as a lower bound while some rows' lateness is unknown", labels)
 	}
 }

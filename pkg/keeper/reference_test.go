@@ -418,6 +418,8 @@ func (m *refModel) summary(nowMs int64) Summary {
 		}
 		s.Due++
 		cl.Due++
+		cl.MaxLateSeconds = max(cl.MaxLateSeconds, float64(nowMs-r.dueMs)/1000)
+		cl.LateBy[lateBucket(nowMs-r.dueMs, r.row.Cadence.Milliseconds())]++
 		s.DuePerSlot[r.row.Slot()]++
 		s.ByRoute[r.row.Route]++
 		abs = append(abs, nowMs-r.dueMs)

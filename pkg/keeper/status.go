@@ -124,7 +124,8 @@ func (s *Shard) Status(now time.Time) shardapi.Status {
 		}
 	}
 	for _, c := range sum.Classes {
-		st.Classes = append(st.Classes, shardapi.Class{Cadence: c.Cadence.Seconds(), Source: c.Source.String(), Due: c.Due, Held: c.Held})
+		st.Classes = append(st.Classes, shardapi.Class{Cadence: c.Cadence.Seconds(), Source: c.Source.String(), Due: c.Due, Held: c.Held,
+			MaxLateSeconds: c.MaxLateSeconds, LateBy: c.LateBy[:]})
 	}
 	if sum.Oldest != nil {
 		st.Oldest = &shardapi.Oldest{Key: sum.Oldest.Key, Due: sum.Oldest.Due}

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/renderqueue/renderqueue/pkg/schedule"
+	"github.com/renderqueue/renderqueue/pkg/shardapi"
 )
 
 // Summary is the exact state of the held rows of owned slots at one instant. Rows of incoming
@@ -51,6 +52,20 @@ type Class struct {
 	Cadence   time.Duration
 	Source    schedule.Source
 	Due, Held int
+	// MaxLateSeconds is the lateness of the class's most overdue due row (0 when none).
+	MaxLateSeconds float64
+	// LateBy counts the due rows by relative lateness, in the buckets of shardapi.LateBound.
+	LateBy [shardapi.LateBuckets]int
+}
+
+// lateBucket returns the shardapi.LateBy bucket of a row lateMs late with cadence cadenceMs.
+func lateBucket(lateMs, cadenceMs int64) int {
+	for i := range shardapi.LateBuckets - 1 {
+		if num, den := shardapi.LateBound(i); lateMs*den <= cadenceMs*num {
+			return i
+		}
+	}
+	return shardapi.LateBuckets - 1
 }
 
 // Coming counts held rows of owned slots not yet due, by how soon they come due: Next15m has
@@ -227,8 +242,10 @@ func (c *Core) countSummary(now time.Time) summaryCounts {
 		if n := ranks[0]; n > 0 {
 			first, _ := c.tFirst(t)
 			last := c.tSelect(t, n-1)
-			runs = append(runs, dueRun{t: t, n: n, cadenceMs: g.cadenceMs, first: first,
-				firstMs: c.rows.at(entryID(first)).due(), lastMs: c.rows.at(entryID(last)).due()})
+			run := dueRun{t: t, n: n, cadenceMs: g.cadenceMs, first: first,
+				firstMs: c.rows.at(entryID(first)).due(), lastMs: c.rows.at(entryID(last)).due()}
+			runs = append(runs, run)
+			c.classLateness(cl, nowMs, run)
 		}
 	}
 	for _, cl := range classes {
@@ -287,6 +304,23 @@ func (sc *summaryCounts) summary() Summary {
 		}
 	}
 	return s
+}
+
+// classLateness adds the due rows of run (one group of class cl) to the class's lateness: its
+// most overdue row and the LateBy buckets, counted from the tree at each bucket's bound.
+func (c *Core) classLateness(cl *Class, nowMs int64, run dueRun) {
+	cl.MaxLateSeconds = max(cl.MaxLateSeconds, float64(nowMs-run.firstMs)/1000)
+	// above is the number of due rows later than bucket i's bound: (now − due) × den >
+	// cadence × num, that is due < now − cadence × num ÷ den, or due ≤ floor((now × den −
+	// cadence × num − 1) ÷ den) (all positive).
+	prev := run.n
+	for i := range shardapi.LateBuckets - 1 {
+		num, den := shardapi.LateBound(i)
+		above := c.tRank(run.t, (nowMs*den-run.cadenceMs*num-1)/den)
+		cl.LateBy[i] += prev - above
+		prev = above
+	}
+	cl.LateBy[shardapi.LateBuckets-1] += prev
 }
 
 // dueRun is the due rows of one group's owned tree: its first n entries.

@@ -56,6 +56,8 @@ func summaryScan(c *Core, nowMs int64) Summary {
 		}
 		s.Due++
 		cl.Due++
+		cl.MaxLateSeconds = max(cl.MaxLateSeconds, float64(nowMs-due)/1000)
+		cl.LateBy[lateBucket(nowMs-due, g.cadenceMs)]++
 		s.DuePerSlot[int(r.slot)]++
 		s.ByRoute[c.routes[r.route]]++
 		abs = append(abs, nowMs-due)

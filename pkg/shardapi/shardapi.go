@@ -103,12 +103,39 @@ type Oldest struct {
 	Due time.Time `json:"due"`
 }
 
-// Class is the due count of one (cadence, source) group.
+// Class is the due count of one (cadence, source) group, and how late its due rows are.
 type Class struct {
 	Cadence float64 `json:"cadence"`
 	Source  string  `json:"source"`
 	Due     int     `json:"due"`
 	Held    int     `json:"held"`
+	// MaxLateSeconds is how late the class's most overdue row is (0 when none is due).
+	MaxLateSeconds float64 `json:"maxLateSeconds"`
+	// LateBy counts the due rows by relative lateness (seconds late ÷ cadence), in LateBuckets
+	// buckets: ≤ 0.1, (0.1, 0.5], (0.5, 1], (1, 2] and > 2 cadences late (LateBound). The
+	// counts sum to Due and add up exactly across shards, unlike percentiles.
+	LateBy []int `json:"lateBy"`
+}
+
+// LateBuckets is the number of relative-lateness buckets of Class.LateBy.
+const LateBuckets = 5
+
+// LateBound returns the upper bound of Class.LateBy's bucket i (0 ≤ i < LateBuckets−1) in
+// cadences, as the fraction num/den, so that lateness can be compared with it exactly in integer
+// milliseconds: a row is in bucket i or below when (now − due) × den ≤ cadence × num. The last
+// bucket has no upper bound.
+func LateBound(i int) (num, den int64) {
+	switch i {
+	case 0:
+		return 1, 10
+	case 1:
+		return 1, 2
+	case 2:
+		return 1, 1
+	case 3:
+		return 2, 1
+	}
+	panic("shardapi.LateBound: bucket out of range")
 }
 
 // Coming counts held rows not yet due by when they come due.

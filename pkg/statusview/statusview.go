@@ -86,12 +86,24 @@ func Write(w io.Writer, st shardapi.Status) error {
 			}
 			return classes[i].Source < classes[j].Source
 		})
-		p.f("  due by class:\n")
+		p.f("  due by class (≤0.1c … >2c: due rows by how many cadences late):\n")
 		var tb strings.Builder
 		tw := tabwriter.NewWriter(&tb, 0, 0, 2, ' ', tabwriter.AlignRight)
-		_, _ = fmt.Fprintf(tw, "cadence\tsource\tdue\theld\t\n")
+		_, _ = fmt.Fprintf(tw, "cadence\tsource\tdue\theld\tmax late\t≤0.1c\t≤0.5c\t≤1c\t≤2c\t>2c\t\n")
 		for _, c := range classes {
-			_, _ = fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t\n", Seconds(c.Cadence), c.Source, num(c.Due), num(c.Held))
+			maxLate := "–" // a shard older than the lateness columns
+			if c.LateBy != nil {
+				maxLate = Seconds(c.MaxLateSeconds)
+			}
+			_, _ = fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t", Seconds(c.Cadence), c.Source, num(c.Due), num(c.Held), maxLate)
+			for i := range shardapi.LateBuckets {
+				n := "–"
+				if i < len(c.LateBy) {
+					n = num(c.LateBy[i])
+				}
+				_, _ = fmt.Fprintf(tw, "%s\t", n)
+			}
+			_, _ = fmt.Fprintf(tw, "\n")
 		}
 		_ = tw.Flush() // a strings.Builder does not fail
 		for _, line := range strings.SplitAfter(tb.String(), "\n") {
