@@ -610,6 +610,10 @@ func (s *Shard) Run(ctx context.Context, updates <-chan Settings) error {
 		}
 	}
 	defer func() { _ = s.sub.Close() }()
+	// The subscription ends with the caller's ctx (it is closed from a goroutine of its own
+	// when ctx ends, possibly before ctx's children see the cancellation): a subscription
+	// error after the caller's ctx ended is the shutdown, not a failure.
+	caller := ctx
 	ctx, stop := context.WithCancel(ctx) // ends resubscribe and consume when Run returns
 	defer stop()
 	s.mu.Lock()
@@ -654,6 +658,9 @@ func (s *Shard) Run(ctx context.Context, updates <-chan Settings) error {
 		case <-ctx.Done():
 			return ctx.Err()
 		case err := <-events:
+			if caller.Err() != nil {
+				return caller.Err()
+			}
 			return err
 		case ns := <-updates:
 			if err := s.UpdateSettings(ctx, ns); err != nil {
