@@ -20,7 +20,7 @@ fi
 echo "bench.sh: $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg), BENCH_ROWS=${BENCH_ROWS:-1M}"
 # The keeper core's benchmarks run for a time; the others do a fixed amount of work per iteration
 # (timed loads and walks, a claim-latency run of BENCH_CLAIM_SECONDS), so one iteration each.
-go test -run '^$' -bench 'BenchmarkKeeper|BenchmarkStatus' -benchtime "${BENCHTIME:-2s}" -timeout 60m "$@" ./pkg/keeper/
+go test -run '^$' -bench 'BenchmarkKeeper|BenchmarkStatus' -benchtime "${BENCHTIME:-2s}" -timeout 60m "$@" ./pkg/keeper/ ./pkg/keeper/core/
 go test -run '^$' -bench 'BenchmarkClaimLatency|BenchmarkShardLoad' -benchtime 1x -timeout 60m "$@" ./pkg/keeper/
 go test -run '^$' -bench 'BenchmarkSimulate' -benchtime 3x "$@" ./pkg/simulate/
 go test -run '^$' -bench . -benchtime 1x "$@" ./pkg/store/...

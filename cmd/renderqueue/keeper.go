@@ -25,6 +25,7 @@ import (
 
 	"github.com/renderqueue/renderqueue/pkg/buildinfo"
 	"github.com/renderqueue/renderqueue/pkg/keeper"
+	"github.com/renderqueue/renderqueue/pkg/keeper/core"
 	"github.com/renderqueue/renderqueue/pkg/membership"
 	"github.com/renderqueue/renderqueue/pkg/rqwatch"
 	"github.com/renderqueue/renderqueue/pkg/store"
@@ -47,7 +48,7 @@ func runKeeper(ctx context.Context, args []string, _, stderr io.Writer) error {
 	urgentShare := fs.Float64("urgent-max-share", 0.2, "most of a claim batch urgent rows may take while other rows are due")
 	var floors floorFlags
 	fs.Var(&floors, "floor", "a class's reserved share of every claim, CADENCE/SOURCE=SHARE (e.g. 96h/discovered=0.05); repeat or comma-separate; shares sum to at most 1 (docs/priority.md)")
-	resched := rescheduleFlag{p: keeper.KeepPhase}
+	resched := rescheduleFlag{p: core.KeepPhase}
 	fs.Var(&resched, "reschedule", "next due time of a rendered row: KeepPhase (its own schedule, no drain echo) or AfterRender (completion + cadence)")
 	tokenFile := fs.String("token-file", "", "file holding the API bearer token (default $RENDERQUEUE_TOKEN)")
 	insecure := fs.Bool("insecure-no-auth", false, "serve the mutating API without authentication")

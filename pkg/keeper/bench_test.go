@@ -2,235 +2,20 @@ package keeper
 
 import (
 	"encoding/json"
-	"fmt"
 	"math/rand/v2"
 	"os"
-	"runtime"
 	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/renderqueue/renderqueue/pkg/keeper/core"
+	"github.com/renderqueue/renderqueue/pkg/keeper/core/coretest"
 	"github.com/renderqueue/renderqueue/pkg/schedule"
 	"github.com/renderqueue/renderqueue/pkg/store"
 	"github.com/renderqueue/renderqueue/pkg/store/memstore"
 )
-
-// The scaling benchmarks run at 1,000,000 rows, and also at the sizes listed in BENCH_ROWS
-// (e.g. BENCH_ROWS=10M, or BENCH_ROWS=1M,10M,20M): building a 10M-row core takes about a minute
-// on a 2-core machine, so those runs are opt-in (see docs/benchmarks.md).
-const benchRowsEnv = "BENCH_ROWS"
-
-// benchSizes returns the row counts to run: 1M plus those of BENCH_ROWS.
-func benchSizes(tb testing.TB) []int {
-	tb.Helper()
-	sizes := []int{1_000_000}
-	for _, f := range strings.FieldsFunc(os.Getenv(benchRowsEnv), func(r rune) bool { return r == ',' || r == ' ' }) {
-		mult := 1
-		switch {
-		case strings.HasSuffix(f, "M"):
-			mult, f = 1_000_000, strings.TrimSuffix(f, "M")
-		case strings.HasSuffix(f, "k"):
-			mult, f = 1_000, strings.TrimSuffix(f, "k")
-		}
-		n, err := strconv.Atoi(f)
-		if err != nil || n <= 0 || n*mult > MaxRows {
-			tb.Fatalf("%s: %q is not a row count like 10M (at most %d)", benchRowsEnv, f, MaxRows)
-		}
-		if !slices.Contains(sizes, n*mult) {
-			sizes = append(sizes, n*mult)
-		}
-	}
-	return sizes
-}
-
-// rowsName names a row count as the sub-benchmarks do: rows=1M, rows=10M, rows=500k.
-func rowsName(n int) string {
-	switch {
-	case n%1_000_000 == 0:
-		return fmt.Sprintf("rows=%dM", n/1_000_000)
-	case n%1_000 == 0:
-		return fmt.Sprintf("rows=%dk", n/1_000)
-	}
-	return fmt.Sprintf("rows=%d", n)
-}
-
-// benchKey returns a 64-byte key.
-func benchKey(i int) string {
-	return fmt.Sprintf("https://shop.example.com/product/%031d", i)
-}
-
-// benchHash is row i's ownership hash: fixed per key, spread over every slot.
-func benchHash(i int) int64 {
-	z := uint64(i)*0x9e3779b97f4a7c15 + 1
-	z = (z ^ z>>30) * 0xbf58476d1ce4e5b9
-	z = (z ^ z>>27) * 0x94d049bb133111eb
-	return int64(z ^ z>>31)
-}
-
-// benchCadences are 4 cadences × 2 sources = 8 groups.
-var benchCadences = [...]time.Duration{time.Hour, 24 * time.Hour, 96 * time.Hour, 7 * 24 * time.Hour}
-
-// benchRow makes row i: due spread over the past cadence (all due at now) or over ±cadence/2.
-func benchRow(rng *rand.Rand, i int, now time.Time, allDue bool) schedule.Row {
-	cad := benchCadences[i%len(benchCadences)]
-	off := time.Duration(rng.Int64N(int64(cad)))
-	due := now.Add(-off)
-	if !allDue {
-		due = now.Add(cad/2 - off)
-	}
-	return schedule.Row{
-		Key:     benchKey(i),
-		KeyHash: benchHash(i),
-		Due:     due,
-		HasDue:  true,
-		Cadence: cad,
-		Route:   []string{"product", "category", "home"}[i%3],
-		Source:  schedule.Source(i / len(benchCadences) % 2),
-		Rev:     int64(i + 1),
-	}
-}
-
-// benchConfig is the claim policy of the benchmark cores (and of allSlots settings).
-var benchConfig = Config{SubmittedBoost: 2, UrgentMaxShare: 0.2}
-
-func benchCore(tb testing.TB, n int, now time.Time, allDue bool) *Core {
-	tb.Helper()
-	c, err := New(benchConfig)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	for s := 0; s < schedule.NumSlots; s++ {
-		c.SetSlot(s, SlotOwned)
-	}
-	// as a shard loads: the index sized, the trees built at the end
-	c.Reserve(n)
-	c.BeginBulk()
-	rng := rand.New(rand.NewPCG(1, 2))
-	for i := 0; i < n; i++ {
-		if o := c.Apply(now, benchRow(rng, i, now, allDue)); o.Result != Held {
-			tb.Fatalf("row %d: %v", i, o.Result)
-		}
-	}
-	c.EndBulk()
-	return c
-}
-
-func liveHeap() uint64 {
-	var m runtime.MemStats
-	runtime.GC()
-	runtime.GC()
-	runtime.ReadMemStats(&m)
-	return m.HeapAlloc
-}
-
-// BenchmarkKeeperMemory reports the live heap per held row, 64-byte keys, 8 groups, half the rows
-// due.
-func BenchmarkKeeperMemory(b *testing.B) {
-	for _, n := range benchSizes(b) {
-		b.Run(rowsName(n), func(b *testing.B) {
-			for b.Loop() {
-				before := liveHeap()
-				c := benchCore(b, n, base, false)
-				after := liveHeap()
-				b.ReportMetric(float64(after-before)/float64(n), "B/row")
-				runtime.KeepAlive(c)
-			}
-		})
-	}
-}
-
-// BenchmarkKeeperApply applies update events (a new rev and due time within the window) to
-// random held rows.
-func BenchmarkKeeperApply(b *testing.B) {
-	for _, n := range benchSizes(b) {
-		now := base
-		c := benchCore(b, n, now, false)
-		rng := rand.New(rand.NewPCG(3, 4))
-		const nEvents = 1 << 20
-		events := make([]schedule.Row, nEvents)
-		for i := range events {
-			events[i] = benchRow(rng, rng.IntN(n), now, false)
-			events[i].Rev = int64(n + i + 1)
-		}
-		next := 0
-		// the core is built once; the sub-benchmark runs with growing N over it
-		b.Run(rowsName(n), func(b *testing.B) {
-			for i := 0; i < b.N; i++ {
-				if next == nEvents {
-					b.StopTimer()
-					for j := range events {
-						events[j].Rev += nEvents
-					}
-					next = 0
-					b.StartTimer()
-				}
-				c.Apply(now, events[next])
-				next++
-			}
-			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "events/s")
-		})
-	}
-}
-
-// BenchmarkKeeperClaim claims batches of 100 from rows in 8 groups, all due. The claimed rows are
-// released after each batch so every batch sees the full core; us/claim times the claims alone
-// (ns/op includes the releases).
-func BenchmarkKeeperClaim(b *testing.B) {
-	for _, n := range benchSizes(b) {
-		now := base
-		c := benchCore(b, n, now, true)
-		claim := func(b *testing.B) {
-			var claiming time.Duration
-			for i := 0; i < b.N; i++ {
-				start := time.Now()
-				got := c.Claim(now, 100, time.Minute)
-				claiming += time.Since(start)
-				if len(got) != 100 {
-					b.Fatalf("claimed %d", len(got))
-				}
-				for _, g := range got {
-					if err := c.Release(now, g.Key, g.Lease); err != nil {
-						b.Fatal(err)
-					}
-				}
-			}
-			b.ReportMetric(float64(claiming.Microseconds())/float64(b.N), "us/claim")
-		}
-		b.Run(rowsName(n)+"/batch=100", claim)
-		// the same with a floor on every group (8 floors of 0.05)
-		var floors []Floor
-		for _, cad := range benchCadences {
-			for _, src := range []schedule.Source{schedule.SourceDiscovered, schedule.SourceSubmitted} {
-				floors = append(floors, Floor{Cadence: cad, Source: src, Share: 0.05})
-			}
-		}
-		if err := c.SetConfig(Config{SubmittedBoost: 2, UrgentMaxShare: 0.2, Floors: floors}); err != nil {
-			b.Fatal(err)
-		}
-		b.Run(rowsName(n)+"/batch=100/floors=8", claim)
-	}
-}
-
-// BenchmarkKeeperSummary computes the core's summary, half the rows due, one second later each
-// time (so the rows that came due in that second are counted as they would be).
-func BenchmarkKeeperSummary(b *testing.B) {
-	for _, n := range benchSizes(b) {
-		c := benchCore(b, n, base, false)
-		now := base
-		b.Run(rowsName(n), func(b *testing.B) {
-			for i := 0; i < b.N; i++ {
-				now = now.Add(time.Second)
-				if s := c.Summary(now); s.Held != n {
-					b.Fatalf("held %d", s.Held)
-				}
-			}
-			b.ReportMetric(float64(b.Elapsed().Microseconds())/1000/float64(b.N), "ms/summary")
-		})
-	}
-}
 
 // benchShard returns a loaded standalone shard (all slots, window 0) holding a core of n rows
 // built at now, half of them due (all of them with allDue). Its store is an empty memstore: the
@@ -241,19 +26,19 @@ func benchShard(tb testing.TB, n int, now time.Time, allDue bool) *Shard {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	sh.core = benchCore(tb, n, now, allDue)
+	sh.core = coretest.Build(tb, n, now, allDue)
 	sh.loaded = true
-	sh.edge = Edge{Known: true, Unbounded: true}
+	sh.edge = core.Edge{Known: true, Unbounded: true}
 	return sh
 }
 
 // BenchmarkStatus computes the shard's whole /v1/status (Shard.Status and its JSON), half the
 // rows due, 100 ms later each time: what a reader polling every 100 ms causes.
 func BenchmarkStatus(b *testing.B) {
-	for _, n := range benchSizes(b) {
+	for _, n := range coretest.Sizes(b) {
 		now := time.Now()
 		sh := benchShard(b, n, now, false)
-		b.Run(rowsName(n), func(b *testing.B) {
+		b.Run(coretest.SizeName(n), func(b *testing.B) {
 			for i := 0; i < b.N; i++ {
 				now = now.Add(100 * time.Millisecond)
 				st := sh.Status(now)
@@ -356,7 +141,7 @@ func (l claimLoad) run(stop <-chan struct{}) *claimStats {
 					if err != nil {
 						continue
 					}
-					written = append(written, schedule.Row{Key: c.Key, KeyHash: benchHashOf(c.Key), Due: cp.NextDue, HasDue: true,
+					written = append(written, schedule.Row{Key: c.Key, KeyHash: coretest.HashOf(c.Key), Due: cp.NextDue, HasDue: true,
 						Cadence: c.Cadence, Route: c.Route, Source: c.Source, Rev: r0 + int64(i)})
 				}
 				l.sh.mu.Unlock()
@@ -417,7 +202,7 @@ func (l claimLoad) run(stop <-chan struct{}) *claimStats {
 			r0 := nextRev(per)
 			evs := make([]store.Event, per)
 			for i := range evs {
-				evs[i].Row = benchRow(rng, rng.IntN(l.n), now, false)
+				evs[i].Row = coretest.Row(rng, rng.IntN(l.n), now, false)
 				evs[i].Row.Rev = r0 + int64(i)
 			}
 			l.sh.HandleBatch(store.Batch{Kind: store.KindEvents, Events: evs})
@@ -446,19 +231,6 @@ func (l claimLoad) run(stop <-chan struct{}) *claimStats {
 	<-stop
 	wg.Wait()
 	return stats
-}
-
-// benchHashOf returns the ownership hash benchRow gives key.
-func benchHashOf(key string) int64 {
-	digits := strings.TrimLeft(key[len("https://shop.example.com/product/"):], "0")
-	i := 0
-	if digits != "" {
-		var err error
-		if i, err = strconv.Atoi(digits); err != nil {
-			panic(err)
-		}
-	}
-	return benchHash(i)
 }
 
 // report adds the load's figures to b.
@@ -497,10 +269,10 @@ func defaultClaimLoad(sh *Shard, n int) claimLoad {
 // are all due, while claimers complete what they claim, /v1/status is computed every 100 ms and
 // change events are applied at 20,000/s (defaultClaimLoad), for BENCH_CLAIM_SECONDS.
 func BenchmarkClaimLatency(b *testing.B) {
-	for _, n := range benchSizes(b) {
+	for _, n := range coretest.Sizes(b) {
 		sh := benchShard(b, n, time.Now(), true)
 		dur := benchClaimSeconds(b)
-		b.Run(rowsName(n), func(b *testing.B) {
+		b.Run(coretest.SizeName(n), func(b *testing.B) {
 			for b.Loop() {
 				stop := make(chan struct{})
 				time.AfterFunc(dur, func() { close(stop) })

@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/renderqueue/renderqueue/pkg/keeper/core"
 	"github.com/renderqueue/renderqueue/pkg/schedule"
 	"github.com/renderqueue/renderqueue/pkg/shardapi"
 )
@@ -333,7 +334,7 @@ func parseItems(keys []string, leases []string, nextDue []*time.Time) ([]Complet
 		items[i] = CompleteItem{Key: k, Lease: tok}
 		if nextDue != nil && nextDue[i] != nil {
 			d := *nextDue[i]
-			if ms := d.UnixMilli(); ms < 0 || ms >= maxDueMs {
+			if ms := d.UnixMilli(); ms < 0 || ms >= core.MaxDueMs {
 				problems = append(problems, fmt.Sprintf("item %d: nextDue %s is outside [1970, 2106)", i, d.Format(time.RFC3339)))
 			}
 			items[i].NextDue = &d

@@ -10,6 +10,7 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/renderqueue/renderqueue/pkg/keeper/core/coretest"
 	"github.com/renderqueue/renderqueue/pkg/store/postgres"
 	"github.com/renderqueue/renderqueue/pkg/store/postgres/pgtest"
 )
@@ -57,8 +58,8 @@ func loadBenchTable(tb testing.TB, ctx context.Context, dsn string, n int) {
 // completions, /v1/status every 100 ms, 20,000 events/s) and reports the walk's time and the claim
 // latency during it.
 func BenchmarkShardLoad(b *testing.B) {
-	for _, n := range benchSizes(b) {
-		b.Run(rowsName(n), func(b *testing.B) {
+	for _, n := range coretest.Sizes(b) {
+		b.Run(coretest.SizeName(n), func(b *testing.B) {
 			dsn := pgtest.NewDatabase(b)
 			ctx := context.Background()
 			st, err := postgres.Open(ctx, dsn, postgres.Options{})
@@ -79,7 +80,7 @@ func BenchmarkShardLoad(b *testing.B) {
 						_ = sh.sub.Close()
 						sh = nil
 					}
-					before := liveHeap()
+					before := coretest.LiveHeap()
 					sh, err = NewShard(Options{Name: "bench", Store: st, Log: logr.Discard()}, allSlots(0))
 					if err != nil {
 						b.Fatal(err)
@@ -95,7 +96,7 @@ func BenchmarkShardLoad(b *testing.B) {
 					if rep.Failed || rep.Partial || rep.Counts.Scanned != n || !sh.Ready() || sh.core.Held() != n {
 						b.Fatalf("load: %+v held %d", rep, sh.core.Held())
 					}
-					heap = float64(liveHeap()-before) / float64(n)
+					heap = float64(coretest.LiveHeap()-before) / float64(n)
 				}
 				secs := total.Seconds() / float64(b.N)
 				b.ReportMetric(secs, "s/load")

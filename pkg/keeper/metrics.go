@@ -7,6 +7,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/renderqueue/renderqueue/pkg/keeper/core"
 	"github.com/renderqueue/renderqueue/pkg/schedule"
 	"github.com/renderqueue/renderqueue/pkg/shardapi"
 )
@@ -195,7 +196,7 @@ func (m *Metrics) walk(r WalkReport) {
 }
 
 // claimed counts the rows one claim at now handed out and observes their relative lateness.
-func (m *Metrics) claimed(now time.Time, rows []Claimed, took time.Duration) {
+func (m *Metrics) claimed(now time.Time, rows []core.Claimed, took time.Duration) {
 	if m == nil {
 		return
 	}
@@ -231,7 +232,7 @@ func (m *Metrics) completed(results []error, classes []rowClass, took time.Durat
 	for i, err := range results {
 		result := completeOK
 		switch {
-		case errors.Is(err, ErrNotHeld):
+		case errors.Is(err, core.ErrNotHeld):
 			result = completeNotHeld
 		case errors.Is(err, errWriteFailed):
 			result = completeWriteFailed

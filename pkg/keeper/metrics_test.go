@@ -13,6 +13,7 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/renderqueue/renderqueue/pkg/keeper/core"
 	"github.com/renderqueue/renderqueue/pkg/store"
 )
 
@@ -221,9 +222,9 @@ func TestRecentStatusSharesOnePerSecond(t *testing.T) {
 func BenchmarkMetricsClaimed(b *testing.B) {
 	m := NewMetrics(prometheus.NewRegistry())
 	now := t0
-	rows := make([]Claimed, 100)
+	rows := make([]core.Claimed, 100)
 	for i := range rows {
-		rows[i] = Claimed{Due: now.Add(-time.Duration(i) * time.Minute), Cadence: []time.Duration{time.Hour, 24 * time.Hour, 96 * time.Hour}[i%3]}
+		rows[i] = core.Claimed{Due: now.Add(-time.Duration(i) * time.Minute), Cadence: []time.Duration{time.Hour, 24 * time.Hour, 96 * time.Hour}[i%3]}
 	}
 	b.ReportAllocs()
 	for b.Loop() {

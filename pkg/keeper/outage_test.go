@@ -121,7 +121,7 @@ func TestSettingsDuringOutage(t *testing.T) {
 	eventually(t, "the write to a slot that came back", 10*time.Second, func() bool {
 		sh.mu.Lock()
 		defer sh.mu.Unlock()
-		_, held, _, _ := sh.core.lookup(key)
+		_, held := sh.core.HeldRev(key)
 		return held
 	})
 	cancel()

@@ -51,7 +51,7 @@ func TestPresizeFromEstimate(t *testing.T) {
 		t.Fatal(err)
 	}
 	windowed.presize(ctx)
-	if got := len(windowed.core.index.slots); got != 0 {
+	if got, _ := windowed.core.IndexSize(); got != 0 {
 		t.Fatalf("a shard with a window reserved %d index slots before its first walk", got)
 	}
 
@@ -63,7 +63,7 @@ func TestPresizeFromEstimate(t *testing.T) {
 		t.Fatalf("load: %+v", rep)
 	}
 	// sized once (from the estimate) before the load: no rebuild on the way
-	if ix := &sh.core.index; ix.resizes != 1 || len(ix.slots)*3 < n*4 {
-		t.Fatalf("the load rebuilt the index %d times (%d slots for %d rows); want once, before it", ix.resizes, len(ix.slots), n)
+	if slots, builds := sh.core.IndexSize(); builds != 1 || slots*3 < n*4 {
+		t.Fatalf("the load rebuilt the index %d times (%d slots for %d rows); want once, before it", builds, slots, n)
 	}
 }

@@ -168,7 +168,7 @@ func TestCompletionRacesProducer(t *testing.T) {
 		e.sh.mu.Lock()
 		defer e.sh.mu.Unlock()
 		for k, rev := range dbRev {
-			if _, held, got, _ := e.sh.core.lookup(k); !held || got != rev {
+			if got, held := e.sh.core.HeldRev(k); !held || got != rev {
 				return false
 			}
 		}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/renderqueue/renderqueue/pkg/keeper/core"
 	"github.com/renderqueue/renderqueue/pkg/store"
 )
 
@@ -42,7 +43,7 @@ func (s *Shard) sweepLeased(now time.Time) {
 }
 
 // Claim leases up to n due rows for leaseFor (the default lease when 0).
-func (s *Shard) Claim(now time.Time, n int, leaseFor time.Duration) ([]Claimed, error) {
+func (s *Shard) Claim(now time.Time, n int, leaseFor time.Duration) ([]core.Claimed, error) {
 	start := time.Now()
 	s.mu.Lock()
 	if !s.loaded {
@@ -124,7 +125,7 @@ func (s *Shard) Complete(ctx context.Context, items []CompleteItem) ([]error, er
 			res, i := written[j], idx[j]
 			delete(s.leased, items[i].Lease)
 			if !res.Found {
-				results[i] = ErrNotHeld
+				results[i] = core.ErrNotHeld
 				continue
 			}
 			if res.Changed {

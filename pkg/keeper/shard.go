@@ -12,6 +12,7 @@ import (
 
 	"github.com/go-logr/logr"
 
+	"github.com/renderqueue/renderqueue/pkg/keeper/core"
 	"github.com/renderqueue/renderqueue/pkg/membership"
 	"github.com/renderqueue/renderqueue/pkg/schedule"
 	"github.com/renderqueue/renderqueue/pkg/shardapi"
@@ -33,8 +34,8 @@ type Settings struct {
 	// SubmittedBoost, UrgentMaxShare, Floors and Reschedule are the claim policy (see Config).
 	SubmittedBoost float64
 	UrgentMaxShare float64
-	Floors         []Floor
-	Reschedule     Reschedule
+	Floors         []core.Floor
+	Reschedule     core.Reschedule
 	// Epoch, Owned and Incoming are the shard's membership.
 	Epoch    int64
 	Owned    membership.SlotSet
@@ -74,8 +75,8 @@ func (s Settings) WalkInterval() time.Duration {
 	return s.VerifyInterval
 }
 
-func (s Settings) coreConfig() Config {
-	return Config{Window: s.Window, SubmittedBoost: s.SubmittedBoost, UrgentMaxShare: s.UrgentMaxShare,
+func (s Settings) coreConfig() core.Config {
+	return core.Config{Window: s.Window, SubmittedBoost: s.SubmittedBoost, UrgentMaxShare: s.UrgentMaxShare,
 		Floors: s.Floors, Reschedule: s.Reschedule}
 }
 
@@ -116,7 +117,7 @@ type WalkReport struct {
 	Full    bool
 	Partial bool
 	Failed  bool
-	Counts  WalkCounts
+	Counts  core.WalkCounts
 	// UnreadSegments is the number of segments that could not be read completely.
 	UnreadSegments int
 	Err            string
@@ -150,12 +151,12 @@ type Shard struct {
 	lastStatus *shardapi.Status
 
 	mu       sync.Mutex
-	core     *Core
+	core     *core.Core
 	settings Settings
 	loaded   bool
 	// edge is the edge of the last finished full walk (lowered when slots arrive that were
 	// walked earlier).
-	edge Edge
+	edge core.Edge
 	// coveredGapSeq is the gap count when the last finished full walk started.
 	coveredGapSeq int
 	gap           gapState
@@ -163,7 +164,7 @@ type Shard struct {
 	lastWalk      *WalkReport
 	walkingSince  time.Time
 	prepared      int64 // highest epoch whose incoming slots are fully walked
-	ownedNotHeld  WalkCounts
+	ownedNotHeld  core.WalkCounts
 	ownedAsOf     time.Time
 	pastEdge      bool // an edge-lag episode is in progress (logged once)
 	lastErr       string
@@ -201,7 +202,7 @@ func NewShard(opts Options, s Settings) (*Shard, error) {
 	}
 	cfg := s.coreConfig()
 	cfg.FirstLease = rand.Uint64() >> 1 // tokens of an earlier process are not accepted
-	core, err := New(cfg)
+	c, err := core.New(cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -211,14 +212,14 @@ func NewShard(opts Options, s Settings) (*Shard, error) {
 	sh := &Shard{
 		name: opts.Name, st: opts.Store, open: opts.Open, clock: opts.Clock, log: opts.Log, m: opts.Metrics,
 		openBackoff: newBackoff(opts.ConnectBackoffMin, opts.ConnectBackoffMax),
-		core:        core, settings: s, wake: make(chan struct{}, 1), leased: map[uint64]leasedRev{},
+		core:        c, settings: s, wake: make(chan struct{}, 1), leased: map[uint64]leasedRev{},
 		resub: make(chan struct{}, 1),
 	}
 	for _, sl := range s.Owned.Slots() {
-		core.SetSlot(sl, SlotOwned)
+		c.SetSlot(sl, core.SlotOwned)
 	}
 	for _, sl := range s.Incoming.Slots() {
-		core.SetSlot(sl, SlotIncoming)
+		c.SetSlot(sl, core.SlotIncoming)
 	}
 	return sh, nil
 }
@@ -387,7 +388,7 @@ func (s *Shard) Walk(ctx context.Context, full bool) WalkReport {
 	firstLoad := full && !rep.Failed && !s.loaded
 	if !rep.Failed {
 		if full {
-			s.edge = Edge{Known: true, Unbounded: s.settings.Window == 0, At: start.Add(s.settings.Window)}
+			s.edge = core.Edge{Known: true, Unbounded: s.settings.Window == 0, At: start.Add(s.settings.Window)}
 			s.loaded = true
 			s.ownedNotHeld, s.ownedAsOf = rep.Counts, start
 			if !gapActive {
@@ -431,7 +432,7 @@ func (s *Shard) unlockStep() {
 
 // closeWalk ends the running walk (see Core.CloseWalk), visiting the rows left to visit in
 // bounded steps with the lock released between them, and returns the walk's counts.
-func (s *Shard) closeWalk(unread []int, abort bool) WalkCounts {
+func (s *Shard) closeWalk(unread []int, abort bool) core.WalkCounts {
 	s.mu.Lock()
 	s.core.CloseWalk(unread, abort)
 	s.mu.Unlock()
@@ -457,7 +458,7 @@ func firstSegmentErr(res store.WalkResult) error {
 // allIncomingWalked says whether every incoming slot has been read by a finished walk.
 func (s *Shard) allIncomingWalked() bool {
 	for _, sl := range s.settings.Incoming.Slots() {
-		if !s.core.walkedBefore(sl) {
+		if !s.core.WalkedBefore(sl) {
 			return false
 		}
 	}
@@ -467,7 +468,7 @@ func (s *Shard) allIncomingWalked() bool {
 // settled says whether every owned slot has been read by a finished walk since it joined.
 func (s *Shard) settled() bool {
 	for _, sl := range s.settings.Owned.Slots() {
-		if !s.core.walkedBefore(sl) {
+		if !s.core.WalkedBefore(sl) {
 			return false
 		}
 	}
@@ -507,15 +508,15 @@ func (s *Shard) UpdateSettings(ctx context.Context, ns Settings) error {
 		return err
 	}
 	arrived := false
-	var states [schedule.NumSlots]SlotState
+	var states [schedule.NumSlots]core.SlotState
 	for sl := 0; sl < schedule.NumSlots; sl++ {
 		switch {
 		case ns.Owned.Has(sl):
-			states[sl] = SlotOwned
+			states[sl] = core.SlotOwned
 		case ns.Incoming.Has(sl):
-			states[sl] = SlotIncoming
+			states[sl] = core.SlotIncoming
 		}
-		if s.core.SlotState(sl) == SlotNone && states[sl] != SlotNone {
+		if s.core.SlotState(sl) == core.SlotNone && states[sl] != core.SlotNone {
 			arrived = true
 		}
 	}
@@ -523,7 +524,7 @@ func (s *Shard) UpdateSettings(ctx context.Context, ns Settings) error {
 	windowChanged := ns.Window != old.Window
 	if windowChanged {
 		// the old edge says nothing about the new window: incomplete until a full walk
-		s.edge = Edge{}
+		s.edge = core.Edge{}
 		s.fullWanted = true
 	}
 	s.settings = ns

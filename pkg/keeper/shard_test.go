@@ -88,6 +88,9 @@ func (f *faultStore) Walk(ctx context.Context, slots []int, fn store.WalkFunc) (
 	return res, nil
 }
 
+// t0 is the tests' fake clock's start.
+var t0 = time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
+
 type shardEnv struct {
 	t     testing.TB
 	dsn   string

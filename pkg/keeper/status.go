@@ -45,7 +45,7 @@ func (s *Shard) Status(now time.Time) shardapi.Status {
 		}
 	}
 	s.mu.Lock()
-	sc := s.core.countSummary(now)
+	sc := s.core.CountSummary(now)
 	complete, exact := s.complete(now), s.exact(now)
 	settings, prepared, edge, lastErr := s.settings, s.prepared, s.edge, s.lastErr
 	gap, gapActive, coveredGapSeq := s.gap, s.gapActive, s.coveredGapSeq
@@ -53,7 +53,7 @@ func (s *Shard) Status(now time.Time) shardapi.Status {
 	lastWalk, walkingSince := s.lastWalk, s.walkingSince
 	s.mu.Unlock()
 
-	sum := sc.summary()
+	sum := sc.Build()
 	st := shardapi.Status{
 		Shard:          s.name,
 		AsOf:           now.UTC(),
@@ -116,7 +116,7 @@ func (s *Shard) Status(now time.Time) shardapi.Status {
 		st.DuePerSlot[strconv.Itoa(slot)] = n
 	}
 	for slot, n := range sum.DuePerIncomingSlot {
-		if sc.walked[slot] {
+		if sc.Walked(slot) {
 			if st.DuePerIncomingSlot == nil {
 				st.DuePerIncomingSlot = map[string]int{}
 			}

@@ -2,7 +2,7 @@
 // (`renderqueue simulate`): a fleet of schedule rows (classes with row counts, cadences, sources
 // and an initial backlog), a render capacity, and the claim policy; no database, no sleeping.
 //
-// The simulation is the real keeper.Core, driven as a shard drives it: rows are applied, render
+// The simulation is the real core.Core, driven as a shard drives it: rows are applied, render
 // workers claim batches (Claim), and each render completes one tick later the way the shard
 // completes it — the next due time from Completing (the Reschedule policy), the written version
 // applied with a new rev, the lease released. Time advances in ticks: at the start of every tick
@@ -25,7 +25,7 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/renderqueue/renderqueue/pkg/keeper"
+	"github.com/renderqueue/renderqueue/pkg/keeper/core"
 	"github.com/renderqueue/renderqueue/pkg/schedule"
 )
 
@@ -67,7 +67,7 @@ type Config struct {
 	Order Order
 	// Keeper is the core's policy (SubmittedBoost, UrgentMaxShare, Floors, Reschedule); its
 	// Window is ignored (every row is held). The baselines use only its Reschedule.
-	Keeper keeper.Config
+	Keeper core.Config
 	// Batch is the rows one claim asks for. Default 10.
 	Batch int
 	// Tick is the time step: claims at its start, completions at its end. Default 1m.
@@ -488,7 +488,7 @@ func nearestRank[T int64 | float64](v []T, q float64) T {
 // keeperSched drives the real keeper core as a shard does.
 type keeperSched struct {
 	s     *sim
-	core  *keeper.Core
+	core  *core.Core
 	hash  []int64
 	keys  []string
 	rev   int64
@@ -496,15 +496,15 @@ type keeperSched struct {
 }
 
 func newKeeperSched(s *sim, cfg Config) (*keeperSched, error) {
-	core, err := keeper.New(cfg.Keeper)
+	c, err := core.New(cfg.Keeper)
 	if err != nil {
 		return nil, fmt.Errorf("simulation: %w", err)
 	}
 	for sl := range schedule.NumSlots {
-		core.SetSlot(sl, keeper.SlotOwned)
+		c.SetSlot(sl, core.SlotOwned)
 	}
 	n := len(s.class)
-	ks := &keeperSched{s: s, core: core, hash: make([]int64, n), keys: make([]string, n), lease: 2 * cfg.Tick}
+	ks := &keeperSched{s: s, core: c, hash: make([]int64, n), keys: make([]string, n), lease: 2 * cfg.Tick}
 	rng := rand.New(rand.NewPCG(cfg.Seed, 0x4a54))
 	for i := range n {
 		ks.hash[i] = int64(rng.Uint64())
@@ -524,7 +524,7 @@ func (k *keeperSched) row(i int, dueMs int64) schedule.Row {
 
 func (k *keeperSched) add(i int, dueMs int64) {
 	k.keys[i] = "https://sim.example/" + strconv.Itoa(i)
-	if o := k.core.Apply(start, k.row(i, dueMs)); o.Result != keeper.Held {
+	if o := k.core.Apply(start, k.row(i, dueMs)); o.Result != core.Held {
 		panic(fmt.Sprintf("simulation: row %d not held: %v %s", i, o.Result, o.Reason))
 	}
 }
@@ -547,7 +547,7 @@ func (k *keeperSched) complete(nowMs int64, c claimed) (int64, error) {
 		return 0, err
 	}
 	next := cp.NextDue.UnixMilli()
-	if o := k.core.Apply(now, k.row(c.row, next)); o.Result != keeper.Held {
+	if o := k.core.Apply(now, k.row(c.row, next)); o.Result != core.Held {
 		return 0, fmt.Errorf("completed version not held: %v %s", o.Result, o.Reason)
 	}
 	if err := k.core.Release(now, k.keys[c.row], c.lease); err != nil {

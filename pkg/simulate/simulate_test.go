@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/renderqueue/renderqueue/pkg/keeper"
+	"github.com/renderqueue/renderqueue/pkg/keeper/core"
 	"github.com/renderqueue/renderqueue/pkg/schedule"
 )
 
@@ -44,7 +44,7 @@ func largest(r *Result) ClassResult {
 	return best
 }
 
-var policy = keeper.Config{SubmittedBoost: 2, UrgentMaxShare: 0.2}
+var policy = core.Config{SubmittedBoost: 2, UrgentMaxShare: 0.2}
 
 // TestEveryClassKeepsRenderingAtFiveTimesCapacity: with the submitted boost at five times
 // capacity, floors keep every class rendering — no class with due rows goes a full cadence
@@ -59,7 +59,7 @@ func TestEveryClassKeepsRenderingAtFiveTimesCapacity(t *testing.T) {
 	}
 
 	for _, c := range cfg.Fleet.Classes {
-		cfg.Keeper.Floors = append(cfg.Keeper.Floors, keeper.Floor{Cadence: c.Cadence, Source: c.Source, Share: 0.03})
+		cfg.Keeper.Floors = append(cfg.Keeper.Floors, core.Floor{Cadence: c.Cadence, Source: c.Source, Share: 0.03})
 	}
 	res := run(t, cfg)
 	for _, c := range res.Classes {
@@ -81,21 +81,21 @@ func TestEveryClassKeepsRenderingAtFiveTimesCapacity(t *testing.T) {
 // wave (the echo), far beyond it.
 func TestNoDrainEcho(t *testing.T) {
 	cfg := Config{Fleet: testFleet(1), Load: 0.95, Keeper: policy, Duration: 240 * time.Hour, MeasureFrom: 120 * time.Hour}
-	byOrder := func(o Order, p keeper.Reschedule) ClassResult {
+	byOrder := func(o Order, p core.Reschedule) ClassResult {
 		c := cfg
 		c.Order, c.Keeper.Reschedule = o, p
 		return largest(run(t, c))
 	}
-	keep := byOrder(OrderKeeper, keeper.KeepPhase)
-	for _, p := range []keeper.Reschedule{keeper.AfterRender, keeper.KeepPhase} {
+	keep := byOrder(OrderKeeper, core.KeepPhase)
+	for _, p := range []core.Reschedule{core.AfterRender, core.KeepPhase} {
 		strict := byOrder(OrderClassPriority, p)
 		if keep.Lateness.P99 > strict.Lateness.P99*3/2 {
 			t.Errorf("%s p99 lateness in days 6-10: keeper (KeepPhase) %v, strict class priority (%v) %v", keep.Name, keep.Lateness.P99, p, strict.Lateness.P99)
 		}
 		t.Logf("%s p99 in days 6-10: strict class priority (%v) %v", keep.Name, p, strict.Lateness.P99)
 	}
-	echo := byOrder(OrderKeeper, keeper.AfterRender)
-	strict := byOrder(OrderClassPriority, keeper.AfterRender)
+	echo := byOrder(OrderKeeper, core.AfterRender)
+	strict := byOrder(OrderClassPriority, core.AfterRender)
 	if echo.Lateness.P99 <= strict.Lateness.P99*3/2 {
 		t.Errorf("keeper with AfterRender: %s p99 %v, strict class priority %v; the echo should show", echo.Name, echo.Lateness.P99, strict.Lateness.P99)
 	}
@@ -126,7 +126,7 @@ func TestHourlyClassAtEightyPercent(t *testing.T) {
 // longest waits) agrees with the keeper core's exact summary at every sample.
 func TestDueCountMatchesCore(t *testing.T) {
 	cfg := Config{Fleet: testFleet(0.3), Load: 1.1, Keeper: policy, Duration: 100 * time.Hour, Sample: 5 * time.Hour}.withDefaults()
-	cfg.Keeper.Reschedule = keeper.AfterRender
+	cfg.Keeper.Reschedule = core.AfterRender
 	s, err := newSim(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -199,7 +199,7 @@ func TestConfigErrors(t *testing.T) {
 		{"order", func(c *Config) { c.Order = "fifo" }, `unknown order "fifo"`},
 		{"batch", func(c *Config) { c.Batch = -1 }, "batch -1"},
 		{"floors", func(c *Config) {
-			c.Keeper.Floors = []keeper.Floor{{Cadence: time.Hour, Share: 0.7}, {Cadence: 24 * time.Hour, Share: 0.7}}
+			c.Keeper.Floors = []core.Floor{{Cadence: time.Hour, Share: 0.7}, {Cadence: 24 * time.Hour, Share: 0.7}}
 		}, "must not sum past 1"},
 		{"no classes", func(c *Config) { c.Fleet = Fleet{} }, "no classes"},
 		{"same class twice", func(c *Config) {

@@ -1,13 +1,14 @@
-// Package keeper holds a shard's due rows in memory and hands render workers the most overdue
-// work first.
+// Package core is the keeper's pure core: it holds a shard's due rows in memory and hands render
+// workers the most overdue work first.
 //
 // The core (Core) is pure: every method takes the clock as a parameter and does no I/O and starts
-// no goroutines. It holds the rows of the shard's slots that are due before now + window, orders
-// them for claiming by relative lateness × source boost, tracks leases, and summarises what is
-// due exactly. The shard service (later in this package) wraps it with the store, walks, the
-// event subscription and the HTTP API.
+// no goroutines; this package imports nothing that could (pkg/schedule and pkg/shardapi's types
+// only, TestCoreIsPure). It holds the rows of the shard's slots that are due before now + window,
+// orders them for claiming by relative lateness × source boost, tracks leases, walks, and
+// summarises what is due exactly. The shard service (package keeper) wraps it with the store,
+// walks, the event subscription and the HTTP API.
 //
-// Semantics (ARCHITECTURE section 4):
+// Semantics (docs/design.md, section 2):
 //   - Last writer wins by rev: a row is applied only if its rev is newer than what the core knows
 //     of the key. While a walk runs, keys that events dropped, deleted or kept out of the window
 //     leave a tombstone (their rev), so an older walked copy cannot bring them back.
@@ -19,7 +20,7 @@
 //     then each class's floor (Config.Floors), then by score (now − due) / cadence × boost(source),
 //     ties by due then key. Due times are held at millisecond precision.
 //   - Completion: the next due time of a rendered row follows Config.Reschedule (Completing).
-package keeper
+package core
 
 import (
 	"errors"
@@ -38,9 +39,9 @@ import (
 const (
 	// MaxCadence is the longest cadence a valid row may have.
 	MaxCadence = 10 * 365 * 24 * time.Hour
-	// maxDueMs bounds due times: records and claim trees keep due seconds in 32 bits (until
+	// MaxDueMs bounds due times: records and claim trees keep due seconds in 32 bits (until
 	// 2106-02-07).
-	maxDueMs = int64(math.MaxUint32) * 1000
+	MaxDueMs = int64(math.MaxUint32) * 1000
 	// maxRoutes and maxGroups bound the interned routes and (cadence, source, urgent) groups.
 	maxRoutes = math.MaxUint16
 	maxGroups = math.MaxUint16
@@ -374,6 +375,19 @@ func (c *Core) Reserve(n int) {
 // Held returns the number of held rows (owned and incoming slots).
 func (c *Core) Held() int { return c.rows.n }
 
+// HeldRev returns the rev of key's held row, and whether the core holds key.
+func (c *Core) HeldRev(key string) (rev int64, held bool) {
+	_, held, rev, _ = c.lookup(key)
+	if !held {
+		return 0, false
+	}
+	return rev, true
+}
+
+// IndexSize returns the key index's capacity (0 before the first row or Reserve) and how many
+// times it has been built or rebuilt.
+func (c *Core) IndexSize() (slots, builds int) { return len(c.index.slots), c.index.resizes }
+
 // InvalidCount returns the number of keys whose latest known version is invalid.
 func (c *Core) InvalidCount() int { return len(c.invalid) }
 
@@ -508,7 +522,7 @@ func invalidReason(r *schedule.Row) string {
 	case r.Source != schedule.SourceDiscovered && r.Source != schedule.SourceSubmitted:
 		return fmt.Sprintf("unknown source %d", r.Source)
 	}
-	if ms := r.Due.UnixMilli(); ms < 0 || ms >= maxDueMs {
+	if ms := r.Due.UnixMilli(); ms < 0 || ms >= MaxDueMs {
 		return fmt.Sprintf("due time %s is outside [1970, 2106)", r.Due.UTC().Format(time.RFC3339))
 	}
 	return ""

@@ -1,4 +1,4 @@
-package keeper
+package core
 
 import (
 	"errors"
@@ -154,7 +154,7 @@ func (c *Core) WalkRow(now time.Time, row schedule.Row) Outcome {
 		switch {
 		case o.WasHeld:
 			w.counts.Repaired++ // the held version was stale
-		case c.walkedBefore(row.Slot()) && w.prevEdge.covers(dueMs):
+		case c.WalkedBefore(row.Slot()) && w.prevEdge.covers(dueMs):
 			w.counts.Repaired++
 		default:
 			w.counts.Admitted++
@@ -175,8 +175,8 @@ func (w *walkState) countNotHeld(dueMs int64) {
 	}
 }
 
-// walkedBefore says whether slot s has been read by a finished walk since it joined the shard.
-func (c *Core) walkedBefore(s int) bool { return c.walked[s] }
+// WalkedBefore says whether slot s has been read by a finished walk since it joined the shard.
+func (c *Core) WalkedBefore(s int) bool { return c.walked[s] }
 
 // EndWalk finishes the running walk. unread lists the walked slots whose rows could not all be
 // read: held rows of every other walked slot that the walk did not see and no event touched are

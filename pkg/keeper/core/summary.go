@@ -1,4 +1,4 @@
-package keeper
+package core
 
 import (
 	"cmp"
@@ -172,13 +172,13 @@ func (c *Core) CatchUp(now time.Time, maxRows int) bool {
 // Summary computes the summary at now. It costs time in the rows that came due (or stopped being
 // due) since the last summary, plus the number of groups, slots and routes; see dueCounts.
 func (c *Core) Summary(now time.Time) Summary {
-	sc := c.countSummary(now)
-	return sc.summary()
+	sc := c.CountSummary(now)
+	return sc.Build()
 }
 
-// summaryCounts is a summary as counted from the core: the figures without the maps, which
-// summary() builds from the copied counts (the shard does that after releasing its lock).
-type summaryCounts struct {
+// SummaryCounts is a summary as counted from the core: the figures without the maps, which
+// Build makes from the copied counts (the shard does that after releasing its lock).
+type SummaryCounts struct {
 	Summary
 	slotDue   [schedule.NumSlots]int32
 	slotState [schedule.NumSlots]SlotState
@@ -187,8 +187,8 @@ type summaryCounts struct {
 	routes    []string
 }
 
-// countSummary counts the summary at now: everything but building the maps.
-func (c *Core) countSummary(now time.Time) summaryCounts {
+// CountSummary counts the summary at now: everything but building the maps.
+func (c *Core) CountSummary(now time.Time) SummaryCounts {
 	nowMs := now.UnixMilli()
 	c.expireLeases(nowMs)
 	if c.rows.n == 0 {
@@ -196,7 +196,7 @@ func (c *Core) countSummary(now time.Time) summaryCounts {
 	} else {
 		c.moveCursor(nowMs)
 	}
-	sc := summaryCounts{
+	sc := SummaryCounts{
 		Summary:   Summary{AsOf: now, Held: c.rows.n, Invalid: len(c.invalid), Leased: len(c.leases)},
 		slotDue:   c.due.slot,
 		slotState: c.slots,
@@ -270,8 +270,11 @@ func (c *Core) countSummary(now time.Time) summaryCounts {
 	return sc
 }
 
-// summary builds the summary's maps from the counts.
-func (sc *summaryCounts) summary() Summary {
+// Walked says whether slot s had been read by a finished walk since it joined, as of the counts.
+func (sc *SummaryCounts) Walked(s int) bool { return sc.walked[s] }
+
+// Build builds the summary's maps from the counts.
+func (sc *SummaryCounts) Build() Summary {
 	s := sc.Summary
 	owned, incoming := 0, 0
 	for slot, n := range sc.slotDue {

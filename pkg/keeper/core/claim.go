@@ -1,4 +1,4 @@
-package keeper
+package core
 
 import (
 	"bytes"

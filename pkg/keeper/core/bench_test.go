@@ -1,0 +1,121 @@
+package core_test
+
+import (
+	"math/rand/v2"
+	"runtime"
+	"testing"
+	"time"
+
+	"github.com/renderqueue/renderqueue/pkg/keeper/core"
+	"github.com/renderqueue/renderqueue/pkg/keeper/core/coretest"
+	"github.com/renderqueue/renderqueue/pkg/schedule"
+)
+
+// base is the benchmark cores' build time.
+var base = time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
+
+// BenchmarkKeeperMemory reports the live heap per held row, 64-byte keys, 8 groups, half the rows
+// due.
+func BenchmarkKeeperMemory(b *testing.B) {
+	for _, n := range coretest.Sizes(b) {
+		b.Run(coretest.SizeName(n), func(b *testing.B) {
+			for b.Loop() {
+				before := coretest.LiveHeap()
+				c := coretest.Build(b, n, base, false)
+				after := coretest.LiveHeap()
+				b.ReportMetric(float64(after-before)/float64(n), "B/row")
+				runtime.KeepAlive(c)
+			}
+		})
+	}
+}
+
+// BenchmarkKeeperApply applies update events (a new rev and due time within the window) to
+// random held rows.
+func BenchmarkKeeperApply(b *testing.B) {
+	for _, n := range coretest.Sizes(b) {
+		now := base
+		c := coretest.Build(b, n, now, false)
+		rng := rand.New(rand.NewPCG(3, 4))
+		const nEvents = 1 << 20
+		events := make([]schedule.Row, nEvents)
+		for i := range events {
+			events[i] = coretest.Row(rng, rng.IntN(n), now, false)
+			events[i].Rev = int64(n + i + 1)
+		}
+		next := 0
+		// the core is built once; the sub-benchmark runs with growing N over it
+		b.Run(coretest.SizeName(n), func(b *testing.B) {
+			for i := 0; i < b.N; i++ {
+				if next == nEvents {
+					b.StopTimer()
+					for j := range events {
+						events[j].Rev += nEvents
+					}
+					next = 0
+					b.StartTimer()
+				}
+				c.Apply(now, events[next])
+				next++
+			}
+			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "events/s")
+		})
+	}
+}
+
+// BenchmarkKeeperClaim claims batches of 100 from rows in 8 groups, all due. The claimed rows are
+// released after each batch so every batch sees the full core; us/claim times the claims alone
+// (ns/op includes the releases).
+func BenchmarkKeeperClaim(b *testing.B) {
+	for _, n := range coretest.Sizes(b) {
+		now := base
+		c := coretest.Build(b, n, now, true)
+		claim := func(b *testing.B) {
+			var claiming time.Duration
+			for i := 0; i < b.N; i++ {
+				start := time.Now()
+				got := c.Claim(now, 100, time.Minute)
+				claiming += time.Since(start)
+				if len(got) != 100 {
+					b.Fatalf("claimed %d", len(got))
+				}
+				for _, g := range got {
+					if err := c.Release(now, g.Key, g.Lease); err != nil {
+						b.Fatal(err)
+					}
+				}
+			}
+			b.ReportMetric(float64(claiming.Microseconds())/float64(b.N), "us/claim")
+		}
+		b.Run(coretest.SizeName(n)+"/batch=100", claim)
+		// the same with a floor on every group (8 floors of 0.05)
+		var floors []core.Floor
+		for _, cad := range coretest.Cadences() {
+			for _, src := range []schedule.Source{schedule.SourceDiscovered, schedule.SourceSubmitted} {
+				floors = append(floors, core.Floor{Cadence: cad, Source: src, Share: 0.05})
+			}
+		}
+		if err := c.SetConfig(core.Config{SubmittedBoost: 2, UrgentMaxShare: 0.2, Floors: floors}); err != nil {
+			b.Fatal(err)
+		}
+		b.Run(coretest.SizeName(n)+"/batch=100/floors=8", claim)
+	}
+}
+
+// BenchmarkKeeperSummary computes the core's summary, half the rows due, one second later each
+// time (so the rows that came due in that second are counted as they would be).
+func BenchmarkKeeperSummary(b *testing.B) {
+	for _, n := range coretest.Sizes(b) {
+		c := coretest.Build(b, n, base, false)
+		now := base
+		b.Run(coretest.SizeName(n), func(b *testing.B) {
+			for i := 0; i < b.N; i++ {
+				now = now.Add(time.Second)
+				if s := c.Summary(now); s.Held != n {
+					b.Fatalf("held %d", s.Held)
+				}
+			}
+			b.ReportMetric(float64(b.Elapsed().Microseconds())/1000/float64(b.N), "ms/summary")
+		})
+	}
+}

@@ -1,0 +1,10 @@
+// Package keeper is the shard service: one keeper process holds the due rows of its slots in the
+// pure core (package core) and serves them to render workers.
+//
+// Shard wraps the core with what it cannot do itself: the store (walks, change events,
+// completions), the lock that serialises the core, the goroutines that walk and follow events,
+// and the rules of what the shard vouches for — its edge, gaps, complete and exact (shard.go,
+// status.go). The HTTP API (http.go, the /v1 contract of pkg/shardapi), its limits (limits.go) and
+// the Prometheus metrics (metrics.go) sit on top. A shard gets its settings from a
+// SettingsSource: flags when standalone, its RenderQueue object when the operator runs it.
+package keeper
