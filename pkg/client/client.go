@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"net/url"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -300,12 +301,17 @@ func (c *Client) candidates(now time.Time) []*shardState {
 	return out
 }
 
-// backOff leaves shard u alone for its next back-off step.
-func (c *Client) backOff(u string, now time.Time) {
+// backOff leaves shard u alone for its next back-off step, or for at least the Retry-After of
+// err when the shard gave one.
+func (c *Client) backOff(u string, now time.Time, err error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if s, ok := c.shards[u]; ok {
-		s.notBefore = now.Add(s.backoff.Step())
+		d := s.backoff.Step()
+		if se := (*StatusError)(nil); errors.As(err, &se) {
+			d = max(d, se.RetryAfter)
+		}
+		s.notBefore = now.Add(d)
 	}
 }
 
@@ -371,7 +377,7 @@ func (c *Client) Claim(ctx context.Context, n int) ([]Item, error) {
 				c.opts.Metrics.claim("error")
 			}
 			errs = append(errs, err)
-			c.backOff(s.URL, time.Now())
+			c.backOff(s.URL, time.Now(), err)
 			continue
 		}
 		answered = true
@@ -379,7 +385,7 @@ func (c *Client) Claim(ctx context.Context, n int) ([]Item, error) {
 		if len(items) == 0 {
 			c.st.empty.Add(1)
 			c.opts.Metrics.claim("empty")
-			c.backOff(s.URL, time.Now())
+			c.backOff(s.URL, time.Now(), nil)
 			continue
 		}
 		c.st.claimed.Add(int64(len(items)))
@@ -594,6 +600,9 @@ type StatusError struct {
 	Code        int
 	// Message is the shard's {"error": ...} (or the start of the body).
 	Message string
+	// RetryAfter is the reply's Retry-After (a shard over its request limits says how long to
+	// wait); 0 when it has none.
+	RetryAfter time.Duration
 }
 
 func (e *StatusError) Error() string {
@@ -601,13 +610,29 @@ func (e *StatusError) Error() string {
 }
 
 // Fatal reports whether retrying cannot help: the request or the client's setup is wrong (bad
-// request, wrong token, wrong URL).
+// request, wrong token, wrong URL, a body over the shard's limit).
 func (e *StatusError) Fatal() bool {
 	switch e.Code {
-	case http.StatusBadRequest, http.StatusUnauthorized, http.StatusForbidden, http.StatusNotFound, http.StatusMethodNotAllowed:
+	case http.StatusBadRequest, http.StatusUnauthorized, http.StatusForbidden, http.StatusNotFound, http.StatusMethodNotAllowed,
+		http.StatusRequestEntityTooLarge:
 		return true
 	}
 	return false
+}
+
+// retryAfter parses a Retry-After header: delay-seconds or an HTTP date (0 when absent or
+// malformed, or in the past).
+func retryAfter(h string, now time.Time) time.Duration {
+	if h == "" {
+		return 0
+	}
+	if n, err := strconv.Atoi(h); err == nil {
+		return time.Duration(max(n, 0)) * time.Second
+	}
+	if t, err := http.ParseTime(h); err == nil {
+		return max(t.Sub(now), 0)
+	}
+	return 0
 }
 
 // post sends body as JSON to base+path with the token and decodes a 2xx reply into out.
@@ -657,7 +682,8 @@ func do(ctx context.Context, hc *http.Client, method, u, token string, body []by
 		if len(msg) > 300 {
 			msg = msg[:300] + "..."
 		}
-		return nil, &StatusError{Method: method, URL: u, Code: resp.StatusCode, Message: msg}
+		return nil, &StatusError{Method: method, URL: u, Code: resp.StatusCode, Message: msg,
+			RetryAfter: retryAfter(resp.Header.Get("Retry-After"), time.Now())}
 	}
 	if err := json.Unmarshal(data, out); err != nil {
 		what := "reply"

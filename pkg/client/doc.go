@@ -20,9 +20,11 @@
 // discovery knows it) and takes the better of the first two, then falls through to the others
 // until one hands out rows, so a worker never idles on an empty shard while another has due
 // rows. A shard that answered with no rows, a 503 (still loading) or an error is left alone for a
-// jittered, exponentially growing time (Options.Backoff, apimachinery's wait.Backoff), reset by
-// its next non-empty answer; when every shard is backing off, Run waits for the first to be
-// tried again, or for the discovery to change the shard set.
+// jittered, exponentially growing time (Options.Backoff, apimachinery's wait.Backoff), and at
+// least for the Retry-After of a 503 (a shard over its request limits), reset by its next
+// non-empty answer; when every shard is backing off, Run waits for the first to be tried again,
+// or for the discovery to change the shard set. An answer retrying cannot change (400, 401, 403,
+// 404, 405, 413: StatusError.Fatal) is returned at once.
 //
 // # Workers
 //
@@ -34,6 +36,12 @@
 // someone else, and the handler's context is cancelled with ErrLeaseLost. When Run's context is
 // cancelled it stops claiming, lets the rows in progress finish (Options.DrainTimeout), completes
 // or releases them, releases every row claimed but never started, and returns.
+//
+// A completion or release the shard did not answer (a network error, a 5xx: the shard
+// restarting, its database away) is retried with back-off, no sooner than its Retry-After, for
+// as long as the rows' leases last: the shard still accepts it then, and answers a completion it
+// had already written as written. Items the shard refuses (a lease no longer current, a row
+// changed since it was claimed) are not retried.
 //
 // Metrics (NewMetrics) exports claims, completions, releases, extensions, errors and render
 // times to Prometheus. GetStatus reads one shard's GET /v1/status (no token needed).

@@ -356,13 +356,15 @@ func (a *acker) flush(q *ackQueue) {
 		}
 		a.mu.Unlock()
 		if len(done) > 0 {
-			a.retry("Completing rows failed; their leases will lapse and the rows be handed out again", len(done), func(ctx context.Context) error {
+			until := leasesEnd(len(done), func(i int) Item { return done[i].Item })
+			a.retry("Completing rows failed; their leases will lapse and the rows be handed out again", len(done), until, func(ctx context.Context) error {
 				_, err := a.c.Complete(ctx, done)
 				return err
 			})
 		}
 		if len(rel) > 0 {
-			a.retry("Releasing rows failed; their leases will lapse and the rows be handed out again", len(rel), func(ctx context.Context) error {
+			until := leasesEnd(len(rel), func(i int) Item { return rel[i] })
+			a.retry("Releasing rows failed; their leases will lapse and the rows be handed out again", len(rel), until, func(ctx context.Context) error {
 				_, err := a.c.Release(ctx, rel)
 				return err
 			})
@@ -370,12 +372,30 @@ func (a *acker) flush(q *ackQueue) {
 	}
 }
 
-// retry makes up to three attempts of a request the shard did not answer (a network error or a
-// 5xx: the leases stand, so trying again is safe while they last).
-func (a *acker) retry(failed string, n int, f func(ctx context.Context) error) {
-	b := wait.Backoff{Duration: 200 * time.Millisecond, Factor: 2, Jitter: 0.5, Steps: 3}
+// leasesEnd returns when the first of n leases lapses, by this process's clock.
+func leasesEnd(n int, item func(i int) Item) time.Time {
+	var end time.Time
+	for i := range n {
+		it := item(i)
+		if e := it.claimedAt.Add(it.leaseFor); i == 0 || e.Before(end) {
+			end = e
+		}
+	}
+	return end
+}
+
+// retry repeats a request the shard did not answer (a network error or a 5xx: a shard
+// restarting, its database away) with a growing, jittered back-off (at least the shard's
+// Retry-After) for as long as the leases last: a completion that reaches the shard before the
+// first lease lapses still counts, and one the shard already wrote is answered as written again.
+// It stops at an answer retrying cannot change (Fatal), when the next attempt would come after
+// until, or when the worker stops.
+func (a *acker) retry(failed string, n int, until time.Time, f func(ctx context.Context) error) {
+	b := wait.Backoff{Duration: 200 * time.Millisecond, Factor: 2, Jitter: 0.5, Steps: 1 << 30, Cap: 10 * time.Second}
 	var err error
-	for attempt := 0; attempt < 3; attempt++ {
+	attempts := 0
+	for {
+		attempts++
 		if err = f(a.ctx); err == nil {
 			return
 		}
@@ -383,14 +403,21 @@ func (a *acker) retry(failed string, n int, f func(ctx context.Context) error) {
 		if errors.As(err, &se) && se.Fatal() || a.ctx.Err() != nil {
 			break
 		}
-		t := time.NewTimer(b.Step())
+		d := b.Step()
+		if se != nil {
+			d = max(d, se.RetryAfter)
+		}
+		if !time.Now().Add(d).Before(until) {
+			break
+		}
+		t := time.NewTimer(d)
 		select {
 		case <-t.C:
 		case <-a.ctx.Done():
 		}
 		t.Stop()
 	}
-	a.c.log.Error(err, failed, "rows", n)
+	a.c.log.Error(err, failed, "rows", n, "attempts", attempts)
 }
 
 func (a *acker) wait() { a.wg.Wait() }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"strings"
 	"sync"
@@ -532,5 +533,59 @@ func TestGetShardStatus(t *testing.T) {
 	if _, err := client.GetShardStatus(context.Background(), http.DefaultClient, base+"/nope", "web-shard-0"); !errors.As(err, &se) ||
 		strings.HasPrefix(err.Error(), "unreachable") {
 		t.Fatalf("a 404: %v", err)
+	}
+}
+
+// TestCompletionRetriedWhileTheShardIsUnavailable: a shard that answers completions 503 (its
+// database away, its request limits full) for several seconds does not lose them: Run keeps
+// retrying while the leases last, no sooner than the shard's Retry-After, and every row is
+// completed once the shard answers again.
+func TestCompletionRetriedWhileTheShardIsUnavailable(t *testing.T) {
+	cl := clienttest.NewCluster(t, clienttest.Options{}, "a")
+	rows := overdue("product", 20)
+	cl.Upsert(rows...)
+	clienttest.Eventually(t, "the rows held", func() bool { return cl.Due() == len(rows) })
+
+	const refusals = 4 // more than the three attempts the worker used to make
+	var mu sync.Mutex
+	var refused []time.Time
+	hc := &http.Client{Transport: roundTrip(func(r *http.Request) (*http.Response, error) {
+		if strings.HasSuffix(r.URL.Path, "/v1/complete") {
+			mu.Lock()
+			n := len(refused)
+			if n < refusals {
+				refused = append(refused, time.Now())
+			}
+			mu.Unlock()
+			if n < refusals {
+				if r.Body != nil {
+					_ = r.Body.Close()
+				}
+				return &http.Response{StatusCode: http.StatusServiceUnavailable, Request: r, Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
+					Header: http.Header{"Retry-After": {"1"}, "Content-Type": {"application/json"}},
+					Body:   io.NopCloser(strings.NewReader(`{"error":"the store is unavailable"}`))}, nil
+			}
+		}
+		return http.DefaultTransport.RoundTrip(r)
+	})}
+	c := newClient(t, client.Options{Discovery: static(t, cl.URLs()...), HTTPClient: hc, Batch: len(rows)})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	runErr := make(chan error, 1)
+	go func() {
+		runErr <- c.Run(ctx, 1, func(context.Context, client.Item) (client.Result, error) { return client.Result{}, nil })
+	}()
+	clienttest.Eventually(t, "every row completed after the refusals", func() bool { return len(cl.Store().Completions()) == len(rows) })
+	cancel()
+	if err := <-runErr; err != nil {
+		t.Fatal(err)
+	}
+	checkOnce(t, cl.Store(), rows)
+	mu.Lock()
+	defer mu.Unlock()
+	for i := 1; i < len(refused); i++ {
+		if gap := refused[i].Sub(refused[i-1]); gap < 950*time.Millisecond {
+			t.Errorf("attempt %d came %v after the previous one: the shard's Retry-After of 1 s was not honoured", i+1, gap)
+		}
 	}
 }
