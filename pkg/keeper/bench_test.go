@@ -10,8 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/renderqueue/renderqueue/pkg/keeper/core"
 	"github.com/renderqueue/renderqueue/pkg/keeper/core/coretest"
+	"github.com/renderqueue/renderqueue/pkg/keeper/coverage"
 	"github.com/renderqueue/renderqueue/pkg/schedule"
 	"github.com/renderqueue/renderqueue/pkg/store"
 	"github.com/renderqueue/renderqueue/pkg/store/memstore"
@@ -27,8 +27,7 @@ func benchShard(tb testing.TB, n int, now time.Time, allDue bool) *Shard {
 		tb.Fatal(err)
 	}
 	sh.core = coretest.Build(tb, n, now, allDue)
-	sh.loaded = true
-	sh.edge = core.Edge{Known: true, Unbounded: true}
+	sh.cov.OnWalkFinished(sh.cov.WalkStarting(now, true), coverage.WalkEnd{}) // loaded; window 0: unbounded edge
 	return sh
 }
 

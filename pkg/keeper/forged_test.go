@@ -59,7 +59,8 @@ func TestForgedEventsChangeNothing(t *testing.T) {
 		e.pumpUntil(fmt.Sprintf("forgery %d", i), func() bool {
 			e.sh.mu.Lock()
 			defer e.sh.mu.Unlock()
-			return e.sh.gap.seq == i+1 && !e.sh.gapActive
+			gap, lasting := e.sh.cov.LastGap()
+			return gap.Seq == i+1 && !lasting
 		})
 		st := e.status()
 		if st.Exact || st.Complete || st.Gap == nil {
@@ -95,7 +96,8 @@ func TestForgedEventsChangeNothing(t *testing.T) {
 	later := e.upsert(srow("https://example.com/later", t0.Add(-2*time.Hour), time.Hour))[0]
 	e.pumpUntil("the real write", func() bool { return e.status().Rows.Held == 2 })
 	e.sh.mu.Lock()
-	seq := e.sh.gap.seq
+	gap, _ := e.sh.cov.LastGap()
+	seq := gap.Seq
 	e.sh.mu.Unlock()
 	if st := e.status(); !st.Exact || seq != len(payloads) || st.Oldest == nil || st.Oldest.Key != later.Key {
 		t.Fatalf("after a real write: exact %v gaps %d oldest %+v", st.Exact, seq, st.Oldest)

@@ -46,7 +46,8 @@ func TestEventFloodBecomesAGap(t *testing.T) {
 		return s.Exact && s.Rows.Held == n
 	})
 	sh.mu.Lock()
-	seq, reason := sh.gap.seq, sh.gap.reason
+	gap, _ := sh.cov.LastGap()
+	seq, reason := gap.Seq, gap.Reason
 	sh.mu.Unlock()
 	if seq != 1 || !strings.Contains(reason, "queue is full") {
 		t.Fatalf("gaps %d, last reason %q; want one, the overflow", seq, reason)

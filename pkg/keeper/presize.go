@@ -24,7 +24,7 @@ func (s *Shard) presize(ctx context.Context) {
 		return
 	}
 	s.mu.Lock()
-	skip := s.loaded || s.settings.Window > 0
+	skip := s.cov.Loaded() || s.settings.Window > 0
 	slots := len(s.settings.held())
 	s.mu.Unlock()
 	if skip || slots == 0 {

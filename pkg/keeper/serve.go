@@ -46,7 +46,7 @@ func (s *Shard) sweepLeased(now time.Time) {
 func (s *Shard) Claim(now time.Time, n int, leaseFor time.Duration) ([]core.Claimed, error) {
 	start := time.Now()
 	s.mu.Lock()
-	if !s.loaded {
+	if !s.cov.Loaded() {
 		s.mu.Unlock()
 		return nil, ErrLoading
 	}

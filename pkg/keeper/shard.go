@@ -13,6 +13,7 @@ import (
 	"github.com/go-logr/logr"
 
 	"github.com/renderqueue/renderqueue/pkg/keeper/core"
+	"github.com/renderqueue/renderqueue/pkg/keeper/coverage"
 	"github.com/renderqueue/renderqueue/pkg/membership"
 	"github.com/renderqueue/renderqueue/pkg/schedule"
 	"github.com/renderqueue/renderqueue/pkg/shardapi"
@@ -123,14 +124,6 @@ type WalkReport struct {
 	Err            string
 }
 
-// gapState is the last loss of continuity of the subscription.
-type gapState struct {
-	since   time.Time
-	resumed time.Time // zero while the gap lasts
-	reason  string
-	seq     int // number of gaps so far
-}
-
 // Shard runs one keeper shard: load, subscribe, verify, serve. Its exported methods are safe for
 // concurrent use.
 type Shard struct {
@@ -153,24 +146,17 @@ type Shard struct {
 	mu       sync.Mutex
 	core     *core.Core
 	settings Settings
-	loaded   bool
-	// edge is the edge of the last finished full walk (lowered when slots arrive that were
-	// walked earlier).
-	edge core.Edge
-	// coveredGapSeq is the gap count when the last finished full walk started.
-	coveredGapSeq int
-	gap           gapState
-	gapActive     bool
-	lastWalk      *WalkReport
-	walkingSince  time.Time
-	prepared      int64 // highest epoch whose incoming slots are fully walked
-	ownedNotHeld  core.WalkCounts
-	ownedAsOf     time.Time
-	pastEdge      bool // an edge-lag episode is in progress (logged once)
-	lastErr       string
-	sub           store.Subscription
-	wake          chan struct{} // asks Run to walk soon
-	fullWanted    bool          // the walk Run does on wake must be full (gap resumed, window changed)
+	// cov holds the rules of what the shard vouches for: loaded, edge, gaps, complete, exact,
+	// prepared.
+	cov          *coverage.Ledger
+	lastWalk     *WalkReport
+	walkingSince time.Time
+	ownedNotHeld core.WalkCounts
+	ownedAsOf    time.Time
+	lastErr      string
+	sub          store.Subscription
+	wake         chan struct{} // asks Run to walk soon
+	fullWanted   bool          // the walk Run does on wake must be full (gap resumed, window changed)
 
 	// leased remembers, by lease token, the key and rev each lease was given for (serve.go).
 	leased      map[uint64]leasedRev
@@ -212,7 +198,7 @@ func NewShard(opts Options, s Settings) (*Shard, error) {
 	sh := &Shard{
 		name: opts.Name, st: opts.Store, open: opts.Open, clock: opts.Clock, log: opts.Log, m: opts.Metrics,
 		openBackoff: newBackoff(opts.ConnectBackoffMin, opts.ConnectBackoffMax),
-		core:        c, settings: s, wake: make(chan struct{}, 1), leased: map[uint64]leasedRev{},
+		core:        c, settings: s, cov: coverage.New(s.Window, s.Epoch), wake: make(chan struct{}, 1), leased: map[uint64]leasedRev{},
 		resub: make(chan struct{}, 1),
 	}
 	for _, sl := range s.Owned.Slots() {
@@ -276,17 +262,13 @@ func (s *Shard) HandleBatch(b store.Batch) {
 	now := s.clock()
 	switch b.Kind {
 	case store.KindGap:
-		if !s.gapActive {
-			s.gapActive = true
-			s.gap = gapState{since: now, reason: errString(b.Err), seq: s.gap.seq + 1}
+		if s.cov.OnGap(now, errString(b.Err)) {
 			s.m.gap()
 			s.log.Error(b.Err, "Subscription lost continuity; the shard is inexact until a walk after it resumes", "shard", s.name)
 		}
 	case store.KindResumed:
-		if s.gapActive {
-			s.gapActive = false
-			s.gap.resumed = now
-			s.log.Info("Subscription resumed; walking to repair missed writes", "shard", s.name, "gapSeconds", now.Sub(s.gap.since).Seconds())
+		if ended, lasted := s.cov.OnResumed(now); ended {
+			s.log.Info("Subscription resumed; walking to repair missed writes", "shard", s.name, "gapSeconds", lasted.Seconds())
 		}
 		s.fullWanted = true
 		s.requestWalk()
@@ -319,23 +301,22 @@ func (s *Shard) Walk(ctx context.Context, full bool) WalkReport {
 
 	s.mu.Lock()
 	start := s.clock()
-	epoch := s.settings.Epoch
 	var slots []int
 	if full {
 		slots = s.settings.held()
 	} else {
 		slots = s.settings.Incoming.Slots()
 	}
-	gapSeq, gapActive := s.gap.seq, s.gapActive
-	bulk := full && !s.loaded // the load: rows are sorted into their trees at its end
+	bulk := full && !s.cov.Loaded() // the load: rows are sorted into their trees at its end
 	if bulk {
 		s.core.BeginBulk()
 	}
-	if err := s.core.BeginWalk(start, s.edge, slots); err != nil {
+	if err := s.core.BeginWalk(start, s.cov.Edge(), slots); err != nil {
 		s.mu.Unlock()
 		return WalkReport{StartedAt: start, Failed: true, Err: err.Error()}
 	}
 	s.walkingSince = start
+	started := s.cov.WalkStarting(start, full)
 	s.mu.Unlock()
 
 	var unread []int
@@ -385,20 +366,9 @@ func (s *Shard) Walk(ctx context.Context, full bool) WalkReport {
 		}
 	}
 	rep.FinishedAt = s.clock()
-	firstLoad := full && !rep.Failed && !s.loaded
-	if !rep.Failed {
-		if full {
-			s.edge = core.Edge{Known: true, Unbounded: s.settings.Window == 0, At: start.Add(s.settings.Window)}
-			s.loaded = true
-			s.ownedNotHeld, s.ownedAsOf = rep.Counts, start
-			if !gapActive {
-				s.coveredGapSeq = gapSeq
-			}
-		}
-		// the incoming slots this walk read completely are prepared for this epoch
-		if epoch == s.settings.Epoch && s.allIncomingWalked() {
-			s.prepared = epoch
-		}
+	firstLoad := s.cov.OnWalkFinished(started, coverage.WalkEnd{Failed: rep.Failed, Partial: rep.Partial, IncomingWalked: s.allIncomingWalked()})
+	if full && !rep.Failed {
+		s.ownedNotHeld, s.ownedAsOf = rep.Counts, start
 	}
 	s.lastWalk = &rep
 	s.lastErr = rep.Err
@@ -465,27 +435,14 @@ func (s *Shard) allIncomingWalked() bool {
 	return true
 }
 
-// settled says whether every owned slot has been read by a finished walk since it joined.
-func (s *Shard) settled() bool {
+// ownedWalked says whether every owned slot has been read by a finished walk since it joined.
+func (s *Shard) ownedWalked() bool {
 	for _, sl := range s.settings.Owned.Slots() {
 		if !s.core.WalkedBefore(sl) {
 			return false
 		}
 	}
 	return true
-}
-
-// complete: loaded, now before the edge, and no gap since the last full walk started.
-func (s *Shard) complete(now time.Time) bool {
-	if !s.loaded || s.gapActive || s.coveredGapSeq != s.gap.seq {
-		return false
-	}
-	return s.edge.Unbounded || now.Before(s.edge.At)
-}
-
-// exact: complete, the last walk not partial, and every owned slot walked.
-func (s *Shard) exact(now time.Time) bool {
-	return s.complete(now) && (s.lastWalk == nil || !s.lastWalk.Partial) && s.settled()
 }
 
 // UpdateSettings adopts new settings: policy at once; slots that left are dropped, slots that
@@ -521,15 +478,10 @@ func (s *Shard) UpdateSettings(ctx context.Context, ns Settings) error {
 		}
 	}
 	s.core.SetSlots(&states) // one pass over the rows for all the slots that change
-	windowChanged := ns.Window != old.Window
-	if windowChanged {
-		// the old edge says nothing about the new window: incomplete until a full walk
-		s.edge = core.Edge{}
-		s.fullWanted = true
-	}
 	s.settings = ns
-	if ns.Epoch != old.Epoch && s.allIncomingWalked() && !arrived {
-		s.prepared = max(s.prepared, ns.Epoch)
+	windowChanged := s.cov.OnSettings(ns.Window, ns.Epoch, arrived, s.allIncomingWalked())
+	if windowChanged {
+		s.fullWanted = true // incomplete until a full walk
 	}
 	if s.sub != nil && !slices.Equal(s.subWant, ns.held()) {
 		s.subWant, s.subSeq, s.subPending = ns.held(), s.subSeq+1, true
@@ -674,7 +626,7 @@ func (s *Shard) Run(ctx context.Context, updates <-chan Settings) error {
 				s.mu.Unlock()
 				continue
 			}
-			full := s.fullWanted || !s.loaded
+			full := s.fullWanted || !s.cov.Loaded()
 			s.fullWanted = false
 			s.mu.Unlock()
 			if full {
@@ -759,16 +711,11 @@ func (s *Shard) consume(ctx context.Context) error {
 func (s *Shard) CheckEdge(now time.Time) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if !s.edge.Known || s.edge.Unbounded {
-		return
-	}
-	ahead := s.edge.At.Sub(now)
-	if ahead <= 0 && !s.pastEdge {
-		s.pastEdge = true
+	switch entered, left, ahead := s.cov.EdgeLag(now); {
+	case entered:
 		s.log.Error(errors.New("clock passed the edge"), "Edge lagging: rows due after the edge may be unseen; the shard is incomplete until a walk finishes",
-			"shard", s.name, "edge", s.edge.At, "behindSeconds", -ahead.Seconds())
-	} else if ahead > 0 && s.pastEdge {
-		s.pastEdge = false
+			"shard", s.name, "edge", s.cov.Edge().At, "behindSeconds", -ahead.Seconds())
+	case left:
 		s.log.Info("Edge ahead of the clock again", "shard", s.name, "aheadSeconds", ahead.Seconds())
 	}
 }
@@ -783,7 +730,7 @@ func (s *Shard) setErr(err error) {
 func (s *Shard) Ready() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.loaded
+	return s.cov.Loaded()
 }
 
 type backoff struct {

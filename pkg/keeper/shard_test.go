@@ -333,7 +333,7 @@ func TestShardGapRepair(t *testing.T) {
 	if _, err := conn.Exec(e.ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1 AND datname = current_database()`, postgres.ListenerApplicationName); err != nil {
 		t.Fatal(err)
 	}
-	e.pumpUntil("the gap", func() bool { return e.sh.gapActive })
+	e.pumpUntil("the gap", func() bool { _, lasting := e.sh.cov.LastGap(); return lasting })
 	if st := e.status(); st.Exact || st.Complete || st.Gap == nil {
 		t.Fatalf("during the gap: exact %v complete %v gap %v", st.Exact, st.Complete, st.Gap)
 	}
@@ -342,7 +342,7 @@ func TestShardGapRepair(t *testing.T) {
 		t.Fatal(err)
 	}
 	allow(true)
-	e.pumpUntil("the resumption", func() bool { return !e.sh.gapActive })
+	e.pumpUntil("the resumption", func() bool { _, lasting := e.sh.cov.LastGap(); return !lasting })
 	if st := e.status(); st.Exact || st.Due != 1 {
 		t.Fatalf("before the repair walk: exact %v due %d", st.Exact, st.Due)
 	}

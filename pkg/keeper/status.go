@@ -46,9 +46,9 @@ func (s *Shard) Status(now time.Time) shardapi.Status {
 	}
 	s.mu.Lock()
 	sc := s.core.CountSummary(now)
-	complete, exact := s.complete(now), s.exact(now)
-	settings, prepared, edge, lastErr := s.settings, s.prepared, s.edge, s.lastErr
-	gap, gapActive, coveredGapSeq := s.gap, s.gapActive, s.coveredGapSeq
+	cov := *s.cov // a copy: the ledger holds values only
+	exact := cov.Exact(now, s.ownedWalked())
+	settings, lastErr := s.settings, s.lastErr
 	ownedNotHeld, ownedAsOf := s.ownedNotHeld, s.ownedAsOf
 	lastWalk, walkingSince := s.lastWalk, s.walkingSince
 	s.mu.Unlock()
@@ -57,7 +57,7 @@ func (s *Shard) Status(now time.Time) shardapi.Status {
 	st := shardapi.Status{
 		Shard:          s.name,
 		AsOf:           now.UTC(),
-		Complete:       complete,
+		Complete:       cov.Complete(now),
 		Exact:          exact,
 		Window:         settings.Window.Seconds(),
 		VerifyInterval: settings.VerifyInterval.Seconds(),
@@ -65,7 +65,7 @@ func (s *Shard) Status(now time.Time) shardapi.Status {
 			Epoch:         settings.Epoch,
 			Owned:         membership.FormatSlots(settings.Owned),
 			Incoming:      membership.FormatSlots(settings.Incoming),
-			PreparedEpoch: prepared,
+			PreparedEpoch: cov.Prepared(),
 		},
 		Rows: shardapi.Rows{
 			Held:    sum.Held,
@@ -84,23 +84,16 @@ func (s *Shard) Status(now time.Time) shardapi.Status {
 		},
 		Error: lastErr,
 	}
-	switch {
-	case sum.Due > 0:
-		st.Status = shardapi.StatusQueued
-	case complete:
-		st.Status = shardapi.StatusEmpty
-	default:
-		st.Status = shardapi.StatusUnready
-	}
-	if edge.Known && !edge.Unbounded {
+	st.Status = cov.State(sum.Due, now)
+	if edge := cov.Edge(); edge.Known && !edge.Unbounded {
 		at := edge.At.UTC()
 		ahead := at.Sub(now).Seconds()
 		st.Edge, st.EdgeAheadSeconds = &at, &ahead
 	}
-	if gap.seq > 0 && (gapActive || coveredGapSeq != gap.seq) {
-		g := &shardapi.Gap{Since: gap.since.UTC(), Reason: gap.reason}
-		if !gap.resumed.IsZero() {
-			r := gap.resumed.UTC()
+	if gap, open := cov.OpenGap(); open {
+		g := &shardapi.Gap{Since: gap.Since.UTC(), Reason: gap.Reason}
+		if !gap.Resumed.IsZero() {
+			r := gap.Resumed.UTC()
 			g.Resumed = &r
 		}
 		st.Gap = g
