@@ -101,6 +101,10 @@ func WriteQueue(w io.Writer, q Queue) error {
 		due = "due ≥ " + num(int(rq.Status.Due)) + " (a lower bound: not every shard is reachable and exact)"
 	}
 	p.f("renderqueue %s/%s: %d shards (%d ready), %s\n", rq.Namespace, rq.Name, len(q.Shards), rq.Status.ReadyShards, due)
+	if len(q.Shards) > 0 {
+		// the line above is the operator's last poll; the table is read now, so the two may differ
+		p.f("  (due as the operator last polled the shards; the rows below are each shard's own figures, read now)\n")
+	}
 	if len(q.Shards) == 0 {
 		p.f("  no shards in the status yet\n")
 		return p.err

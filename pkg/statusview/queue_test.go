@@ -52,6 +52,7 @@ func cannedQueue(t *testing.T) Queue {
 }
 
 const wantQueue = `renderqueue default/web: 3 shards (2 ready), due ≥ 4,221 (a lower bound: not every shard is reachable and exact)
+  (due as the operator last polled the shards; the rows below are each shard's own figures, read now)
   SHARD        STATE    EXACT  DUE    EDGE AHEAD     LAST WALK                      P99 LATE/CADENCE
   web-shard-0  unready  NO     ≥ 10   LAGGING 1m30s  19m57s ago PARTIAL (2 unread)  0.10
   web-shard-1  queued   yes    4,211  23h20m         19m57s ago                     0.90
