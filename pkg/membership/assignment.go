@@ -1,7 +1,6 @@
 package membership
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"sort"
@@ -148,26 +147,26 @@ func slotsOf(names *[NumSlots]string, shard string) SlotSet {
 	return s
 }
 
-// AssignmentSpec is the serialisable form of an Assignment, for RenderQueue status and for each
-// shard's view of it: plain fields, slot sets in the compact text form.
+// AssignmentSpec is the text form of an Assignment, as RenderQueue status and each shard's view
+// of it carry it: plain fields, slot sets in the compact text form.
 type AssignmentSpec struct {
 	// Epoch is the assignment's epoch.
-	Epoch int64 `json:"epoch"`
+	Epoch int64
 	// Shards lists every shard that owns or receives slots, sorted by name.
-	Shards []ShardSlots `json:"shards,omitempty"`
+	Shards []ShardSlots
 }
 
 // ShardSlots is one shard's part of an assignment.
 type ShardSlots struct {
 	// Name is the shard's name.
-	Name string `json:"name"`
+	Name string
 	// Owned is the slots the shard owns (serves and counts), e.g. "0-340".
-	Owned string `json:"owned"`
+	Owned string
 	// Incoming is the slots being handed to the shard (walked and held, not served or counted).
-	Incoming string `json:"incoming,omitempty"`
+	Incoming string
 }
 
-// Spec returns the serialisable form of a.
+// Spec returns the text form of a.
 func (a Assignment) Spec() AssignmentSpec {
 	spec := AssignmentSpec{Epoch: a.Epoch}
 	for _, name := range a.Shards() {
@@ -180,7 +179,7 @@ func (a Assignment) Spec() AssignmentSpec {
 	return spec
 }
 
-// ParseAssignment parses and validates the serialisable form of an assignment. It is strict:
+// ParseAssignment parses and validates the text form of an assignment. It is strict:
 // a malformed slot set, an empty or repeated shard name, a slot owned twice or incoming twice,
 // a slot incoming to its own owner, or a non-empty assignment leaving a slot without owner is an
 // error, and on error the result is the zero Assignment, never a partial one.
@@ -220,25 +219,6 @@ func ParseAssignment(spec AssignmentSpec) (Assignment, error) {
 		return Assignment{}, err
 	}
 	return a, nil
-}
-
-// MarshalJSON encodes a as its AssignmentSpec.
-func (a Assignment) MarshalJSON() ([]byte, error) {
-	return json.Marshal(a.Spec())
-}
-
-// UnmarshalJSON decodes an AssignmentSpec with ParseAssignment's checks; on error a is unchanged.
-func (a *Assignment) UnmarshalJSON(data []byte) error {
-	var spec AssignmentSpec
-	if err := json.Unmarshal(data, &spec); err != nil {
-		return fmt.Errorf("decode assignment: %w", err)
-	}
-	parsed, err := ParseAssignment(spec)
-	if err != nil {
-		return err
-	}
-	*a = parsed
-	return nil
 }
 
 func sortedKeys[V any](m map[string]V) []string {

@@ -21,14 +21,14 @@ const (
 	HandoffRolledBack HandoffState = "RolledBack"
 )
 
-// MoveText is a Move in serialisable form.
+// MoveText is a Move in text form (as RenderQueue status carries it).
 type MoveText struct {
 	// From is the giving shard, "" for slots without owner (the first assignment).
-	From string `json:"from,omitempty"`
+	From string
 	// To is the receiving shard.
-	To string `json:"to"`
+	To string
 	// Slots is the moving slots in the compact text form.
-	Slots string `json:"slots"`
+	Slots string
 }
 
 // Handoff is the coordinator of one rebalance: a pure state machine the operator steps with the
@@ -56,23 +56,23 @@ type MoveText struct {
 // preparedEpoch below PrepareEpoch (from an earlier handoff) never counts as prepared.
 type Handoff struct {
 	// State is the handoff's state.
-	State HandoffState `json:"state"`
+	State HandoffState
 	// FromEpoch is the epoch of the settled assignment the handoff started from.
-	FromEpoch int64 `json:"fromEpoch"`
+	FromEpoch int64
 	// PrepareEpoch is the epoch of the prepare assignment; 0 when there was no prepare (the
 	// first assignment, committed directly).
-	PrepareEpoch int64 `json:"prepareEpoch,omitempty"`
+	PrepareEpoch int64
 	// FinalEpoch is the epoch of the commit or rollback assignment.
-	FinalEpoch int64 `json:"finalEpoch"`
+	FinalEpoch int64
 	// Moves lists the slots being handed over.
-	Moves []MoveText `json:"moves"`
+	Moves []MoveText
 	// StartedAt is when the handoff started.
-	StartedAt time.Time `json:"startedAt"`
+	StartedAt time.Time
 	// Deadline is when a handoff still Preparing is rolled back.
-	Deadline time.Time `json:"deadline"`
+	Deadline time.Time
 	// Waiting lists the receivers that had not reported PrepareEpoch as prepared at the last
 	// step, sorted (for status and events).
-	Waiting []string `json:"waiting,omitempty"`
+	Waiting []string
 }
 
 // ActionKind says what the operator must do after a step.
