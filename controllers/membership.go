@@ -125,11 +125,6 @@ func setAssignment(rq *rqv1.RenderQueue, ms *rqv1.MembershipStatus, a membership
 		}
 	}
 	ms.SlotsMoving = int32(moving)
-	if a.Settled() {
-		ms.Phase = rqv1.MembershipSettled
-	} else {
-		ms.Phase = rqv1.MembershipPreparing
-	}
 }
 
 // handoffToStatus converts the coordinator's state for status.
@@ -203,9 +198,6 @@ func (r *RenderQueueReconciler) reconcileMembership(ctx context.Context, rq *rqv
 		return membershipStep{}, fmt.Errorf("planning the slots of %d shards from epoch %d: %w", len(targets), cur.Epoch, err)
 	}
 	if plan.IsEmpty() {
-		if ms.Phase == "" {
-			ms.Phase = rqv1.MembershipSettled
-		}
 		return membershipStep{}, nil
 	}
 
@@ -265,8 +257,6 @@ func (r *RenderQueueReconciler) reconcileMembership(ctx context.Context, rq *rqv
 	}
 	setAssignment(rq, ms, a)
 	ms.Handoff = handoffToStatus(h)
-	ms.PreparedEpoch = h.PrepareEpoch
-	ms.PreparedAt = ptrTime(now)
 	msg := fmt.Sprintf("moving %d slots to %d shards (%s): prepare at epoch %d, waiting for %s to report prepared by %s",
 		plan.Moved(), len(targets), describeMoves(h.Moves), h.PrepareEpoch, strings.Join(h.Waiting, ", "),
 		h.Deadline.UTC().Format(time.RFC3339))

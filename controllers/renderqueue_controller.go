@@ -221,8 +221,9 @@ func (r *RenderQueueReconciler) Reconcile(ctx context.Context, req ctrl.Request)
 			return ctrl.Result{}, err
 		}
 		prog = mstep.Progress
-		settled := next.Membership.Handoff == nil || next.Membership.Handoff.State != rqv1.HandoffPreparing
-		if prog == nil && settled && rq.Status.Membership.Phase == next.Membership.Phase {
+		// replace Pods only while no handoff runs and the assignment did not change in this
+		// reconcile (a commit or rollback is written first)
+		if prog == nil && !next.Membership.HandoffInProgress() && rq.Status.Membership.Epoch == next.Membership.Epoch {
 			rstep, err := r.reconcileRollingUpdate(ctx, &rq, keep, pods, byName, hash)
 			r.emit(&rq, rstep.Events)
 			if err != nil {

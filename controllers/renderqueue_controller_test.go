@@ -363,7 +363,7 @@ var _ = Describe("Scaling", func() {
 			Eventually(func(g Gomega) {
 				got := getQueue(g, rq)
 				ms := got.Status.Membership
-				g.Expect(ms.Phase).To(Equal(rqv1.MembershipPreparing))
+				g.Expect(ms.HandoffInProgress()).To(BeTrue())
 				g.Expect(ms.Handoff).NotTo(BeNil())
 				g.Expect(ms.Handoff.State).To(Equal(rqv1.HandoffPreparing))
 				g.Expect(ms.Handoff.Waiting).To(Equal([]string{name + "-shard-3"}))
@@ -422,7 +422,7 @@ var _ = Describe("Scaling", func() {
 		before := settled(rq, 2)
 		scaleViaSpec(rq, 3)
 		Eventually(func(g Gomega) {
-			g.Expect(getQueue(g, rq).Status.Membership.Phase).To(Equal(rqv1.MembershipPreparing))
+			g.Expect(getQueue(g, rq).Status.Membership.HandoffInProgress()).To(BeTrue())
 		}).WithTimeout(15 * time.Second).Should(Succeed())
 		Eventually(func(g Gomega) {
 			got := getQueue(g, rq)
@@ -430,7 +430,7 @@ var _ = Describe("Scaling", func() {
 			g.Expect(ms.Handoff.State).To(Equal(rqv1.HandoffRolledBack))
 			g.Expect(ms.Handoff.Waiting).To(Equal([]string{"stuck-shard-2"}))
 			g.Expect(ms.Epoch).To(BeEquivalentTo(3))
-			g.Expect(ms.Phase).To(Equal(rqv1.MembershipSettled))
+			g.Expect(ms.HandoffInProgress()).To(BeFalse())
 			g.Expect(ms.Incoming).To(BeEmpty())
 			g.Expect(ms.Assignment).To(Equal(before.Status.Membership.Assignment))
 			c := condOf(got, rqv1.ConditionProgressing)

@@ -76,17 +76,6 @@ func (p Priority) RescheduleValue() string {
 	return p.Reschedule
 }
 
-// WalkInterval is how often a shard of this spec walks its slots: verifyInterval, clamped to
-// window/3 when a window is set (a verifyInterval of 0 then means window/3). With window 0 and
-// verifyInterval 0 it is 0: no periodic walks.
-func (s *RenderQueueSpec) WalkInterval() time.Duration {
-	v, w := s.VerifyIntervalDuration(), s.WindowDuration()
-	if w > 0 && (v <= 0 || v > w/3) {
-		return w / 3
-	}
-	return v
-}
-
 // WindowDuration is spec.window; 0 (hold every owned row) when unset.
 func (s *RenderQueueSpec) WindowDuration() time.Duration {
 	if s.Window == nil {
@@ -109,4 +98,11 @@ func (s *RenderQueueSpec) LeaseDurationValue() time.Duration {
 		return DefaultLeaseDuration
 	}
 	return s.LeaseDuration.Duration
+}
+
+// HandoffInProgress says whether a slot handoff is being prepared: its prepare assignment is
+// published and it is neither committed nor rolled back (status.membership.handoff.state
+// Preparing).
+func (m *MembershipStatus) HandoffInProgress() bool {
+	return m.Handoff != nil && m.Handoff.State == HandoffPreparing
 }

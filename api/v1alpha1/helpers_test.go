@@ -2,7 +2,6 @@ package v1alpha1
 
 import (
 	"testing"
-	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
@@ -32,30 +31,12 @@ func TestPriorityValues(t *testing.T) {
 	}
 }
 
-func TestWalkInterval(t *testing.T) {
-	d := func(x time.Duration) *metav1.Duration { return &metav1.Duration{Duration: x} }
-	for _, c := range []struct {
-		window, verify, want time.Duration
-	}{
-		{0, time.Hour, time.Hour},
-		{0, 0, 0},
-		{24 * time.Hour, time.Hour, time.Hour},
-		{24 * time.Hour, 0, 8 * time.Hour},
-		{3 * time.Hour, 2 * time.Hour, time.Hour},
-	} {
-		s := RenderQueueSpec{Window: d(c.window), VerifyInterval: d(c.verify)}
-		if got := s.WalkInterval(); got != c.want {
-			t.Errorf("window %v verify %v: WalkInterval = %v, want %v", c.window, c.verify, got, c.want)
-		}
-	}
-}
-
 func TestDurationDefaults(t *testing.T) {
 	var s RenderQueueSpec
 	if s.WindowDuration() != 0 || s.VerifyIntervalDuration() != DefaultVerifyInterval ||
-		s.LeaseDurationValue() != DefaultLeaseDuration || s.WalkInterval() != DefaultVerifyInterval {
-		t.Errorf("unset durations: window %v verify %v lease %v walk %v", s.WindowDuration(),
-			s.VerifyIntervalDuration(), s.LeaseDurationValue(), s.WalkInterval())
+		s.LeaseDurationValue() != DefaultLeaseDuration {
+		t.Errorf("unset durations: window %v verify %v lease %v", s.WindowDuration(),
+			s.VerifyIntervalDuration(), s.LeaseDurationValue())
 	}
 }
 

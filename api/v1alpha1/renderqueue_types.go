@@ -457,30 +457,12 @@ type WalkSummary struct {
 	UnreadSegments int64 `json:"unreadSegments,omitempty"`
 }
 
-// MembershipPhase is the state of the slot assignment.
-// +kubebuilder:validation:Enum=Settled;Preparing;Committing
-type MembershipPhase string
-
-// Membership phases.
-const (
-	// MembershipSettled: no handoff is in progress.
-	MembershipSettled MembershipPhase = "Settled"
-	// MembershipPreparing: receivers are walking their incoming slots.
-	MembershipPreparing MembershipPhase = "Preparing"
-	// MembershipCommitting: every receiver is prepared; ownership is being moved.
-	MembershipCommitting MembershipPhase = "Committing"
-)
-
 // MembershipStatus is the slot assignment the shards follow (they watch it) and the state of
 // any two-phase handoff.
 type MembershipStatus struct {
 	// Epoch of the committed assignment; bumped by every prepare and commit.
 	// +optional
 	Epoch int64 `json:"epoch,omitempty"`
-
-	// Phase of the handoff.
-	// +optional
-	Phase MembershipPhase `json:"phase,omitempty"`
 
 	// Assignment is the committed ownership: which slots each shard owns and counts.
 	// +listType=map
@@ -493,14 +475,6 @@ type MembershipStatus struct {
 	// +listMapKey=shard
 	// +optional
 	Incoming []ShardSlots `json:"incoming,omitempty"`
-
-	// PreparedEpoch is the epoch of the prepare in progress (or the last one).
-	// +optional
-	PreparedEpoch int64 `json:"preparedEpoch,omitempty"`
-
-	// PreparedAt is when the prepare in progress started.
-	// +optional
-	PreparedAt *metav1.Time `json:"preparedAt,omitempty"`
 
 	// SlotsMoving is the number of slots in Incoming.
 	// +optional

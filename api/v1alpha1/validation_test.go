@@ -424,7 +424,8 @@ var _ = Describe("RenderQueue validation", func() {
 		Expect(k8sClient.Create(ctx, u)).To(Succeed())
 		var rq rqv1.RenderQueue
 		Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(u), &rq)).To(Succeed())
-		Expect(rq.Spec.WalkInterval()).To(Equal(time.Hour))
+		Expect(rq.Spec.WindowDuration()).To(Equal(3 * time.Hour))
+		Expect(rq.Spec.VerifyIntervalDuration()).To(Equal(2 * time.Hour))
 	})
 
 	It("applies the defaults", func() {

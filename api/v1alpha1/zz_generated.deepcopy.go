@@ -85,10 +85,6 @@ func (in *MembershipStatus) DeepCopyInto(out *MembershipStatus) {
 		*out = make([]ShardSlots, len(*in))
 		copy(*out, *in)
 	}
-	if in.PreparedAt != nil {
-		in, out := &in.PreparedAt, &out.PreparedAt
-		*out = (*in).DeepCopy()
-	}
 	if in.Handoff != nil {
 		in, out := &in.Handoff, &out.Handoff
 		*out = new(HandoffStatus)

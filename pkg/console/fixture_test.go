@@ -136,7 +136,7 @@ func newFixture(t *testing.T) *fixture {
 		},
 		CurrentShards: 3, ReadyShards: 3, Due: fixtureWebDue, DueExact: false, DueAsOf: mtime(now.Add(-20 * time.Second)),
 		Membership: rqv1.MembershipStatus{
-			Epoch: 7, Phase: rqv1.MembershipSettled, PreparedEpoch: 6,
+			Epoch:      7,
 			Assignment: []rqv1.ShardSlots{{Shard: "web-shard-0", Slots: "0-340"}, {Shard: "web-shard-1", Slots: "341-681"}, {Shard: "web-shard-2", Slots: "682-1023"}},
 			Handoff: &rqv1.HandoffStatus{
 				State: rqv1.HandoffCommitted, FromEpoch: 5, PrepareEpoch: 6, FinalEpoch: 7,
@@ -169,7 +169,7 @@ func newFixture(t *testing.T) *fixture {
 		},
 		Shards:        []rqv1.ShardStatus{{Name: "images-shard-0", Slots: "0-1023", Phase: "empty", Ready: true, Exact: true}},
 		CurrentShards: 1, ReadyShards: 1, Due: 0, DueExact: true, DueAsOf: mtime(now.Add(-5 * time.Minute)),
-		Membership: rqv1.MembershipStatus{Epoch: 1, Phase: rqv1.MembershipSettled,
+		Membership: rqv1.MembershipStatus{Epoch: 1,
 			Assignment: []rqv1.ShardSlots{{Shard: "images-shard-0", Slots: "0-1023"}}},
 	})
 	createShardPod(t, f.ns, "images", "images-shard-0")

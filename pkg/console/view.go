@@ -50,7 +50,8 @@ type QueueSummary struct {
 	// DueAsOf is status.dueAsOf; nil when the operator has never computed the status (Due is
 	// then meaningless and shown as unknown).
 	DueAsOf *time.Time `json:"dueAsOf"`
-	// Phase is the membership phase (Settled, Preparing, Committing).
+	// Phase is the membership phase: Preparing while a handoff is, Settled otherwise ("" before
+	// the first assignment).
 	Phase      string      `json:"phase"`
 	Conditions []Condition `json:"conditions"`
 }
@@ -242,7 +243,7 @@ func Summarize(rq *rqv1.RenderQueue) QueueSummary {
 	q := QueueSummary{
 		Namespace: rq.Namespace, Name: rq.Name,
 		Shards: rq.Spec.Shards, CurrentShards: st.CurrentShards, ReadyShards: st.ReadyShards,
-		Due: st.Due, DueExact: st.DueExact, Phase: string(st.Membership.Phase),
+		Due: st.Due, DueExact: st.DueExact, Phase: membershipPhase(&st.Membership),
 		Conditions: []Condition{},
 	}
 	if st.DueAsOf != nil {
@@ -475,8 +476,20 @@ func slotOwners(list []rqv1.ShardSlots) ([]SlotOwner, error) {
 	return out, nil
 }
 
+// membershipPhase names the membership's state: Preparing while a handoff is, Settled
+// otherwise, "" before the first assignment.
+func membershipPhase(m *rqv1.MembershipStatus) string {
+	switch {
+	case m.HandoffInProgress():
+		return string(rqv1.HandoffPreparing)
+	case m.Epoch == 0:
+		return ""
+	}
+	return "Settled"
+}
+
 func membershipView(m rqv1.MembershipStatus, now time.Time) Membership {
-	v := Membership{Epoch: m.Epoch, Phase: string(m.Phase), SlotsMoving: m.SlotsMoving}
+	v := Membership{Epoch: m.Epoch, Phase: membershipPhase(&m), SlotsMoving: m.SlotsMoving}
 	var errs []string
 	var err error
 	if v.Assignment, err = slotOwners(m.Assignment); err != nil {

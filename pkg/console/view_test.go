@@ -124,13 +124,19 @@ func TestDetailUnreachableShardUsesOperatorPollMarked(t *testing.T) {
 func TestMembershipView(t *testing.T) {
 	now := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
 	m := rqv1.MembershipStatus{
-		Epoch: 8, Phase: rqv1.MembershipPreparing,
+		Epoch:      8,
 		Assignment: []rqv1.ShardSlots{{Shard: "a", Slots: "0-511"}, {Shard: "b", Slots: "512-1023"}},
 		Incoming:   []rqv1.ShardSlots{{Shard: "c", Slots: "900-1023"}},
 		Handoff: &rqv1.HandoffStatus{State: rqv1.HandoffPreparing, FromEpoch: 7, PrepareEpoch: 8, FinalEpoch: 0,
 			StartedAt: metav1.NewTime(now.Add(-time.Minute)), Deadline: metav1.NewTime(now.Add(4 * time.Minute)), Waiting: []string{"c"}},
 	}
 	v := membershipView(m, now)
+	if v.Phase != "Preparing" {
+		t.Errorf("phase %q during a handoff, want Preparing", v.Phase)
+	}
+	if p := membershipPhase(&rqv1.MembershipStatus{Epoch: 9, Handoff: &rqv1.HandoffStatus{State: rqv1.HandoffCommitted}}); p != "Settled" {
+		t.Errorf("phase %q after a commit, want Settled", p)
+	}
 	if v.Error != "" || v.Assignment[0].Count != 512 || len(v.Incoming) != 1 || v.Incoming[0].Count != 124 {
 		t.Errorf("assignment = %+v incoming = %+v (%s)", v.Assignment, v.Incoming, v.Error)
 	}

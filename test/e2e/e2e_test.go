@@ -281,9 +281,9 @@ func (e *env) exactAndTrue(timeout time.Duration, wantShards int) {
 	eventually(e.t, timeout, 500*time.Millisecond, fmt.Sprintf("RenderQueue exact with due=%d and %d ready shards", want, wantShards), func() (bool, string) {
 		rq := e.queue()
 		st := rq.Status
-		why := fmt.Sprintf("due=%d dueExact=%v ready=%d/%d phase=%s conditions=%s", st.Due, st.DueExact, st.ReadyShards, st.CurrentShards, st.Membership.Phase, conds(st.Conditions))
+		why := fmt.Sprintf("due=%d dueExact=%v ready=%d/%d handoff=%s conditions=%s", st.Due, st.DueExact, st.ReadyShards, st.CurrentShards, handoffState(&st.Membership), conds(st.Conditions))
 		return st.DueExact && st.Due == want && int(st.ReadyShards) == wantShards && int(st.CurrentShards) == wantShards &&
-			st.Membership.Phase == rqv1.MembershipSettled, why
+			!st.Membership.HandoffInProgress(), why
 	})
 }
 
@@ -643,7 +643,7 @@ func (e *env) stepScale(t *testing.T) {
 		due       int64
 		exact     bool
 		epoch     int64
-		phase     rqv1.MembershipPhase
+		handoff   string
 		condition string
 	}
 	var samples, inexact []sample
@@ -651,13 +651,13 @@ func (e *env) stepScale(t *testing.T) {
 	sawRebalancing := false
 	eventually(t, 3*time.Minute, 250*time.Millisecond, "the rebalance to 4 shards to settle", func() (bool, string) {
 		st := e.queue().Status
-		s := sample{n: len(samples) + 1, due: st.Due, exact: st.DueExact, epoch: st.Membership.Epoch, phase: st.Membership.Phase}
+		s := sample{n: len(samples) + 1, due: st.Due, exact: st.DueExact, epoch: st.Membership.Epoch, handoff: handoffState(&st.Membership)}
 		if c := meta.FindStatusCondition(st.Conditions, rqv1.ConditionExact); c != nil {
 			s.condition = fmt.Sprintf("%s %s: %s", c.Status, c.Reason, c.Message)
 		}
 		samples = append(samples, s)
 		if st.DueExact && st.Due != want {
-			t.Fatalf("sample %d claims an exact count %d, but SQL counts %d (epoch %d, %s; Exact: %s)", s.n, st.Due, want, s.epoch, s.phase, s.condition)
+			t.Fatalf("sample %d claims an exact count %d, but SQL counts %d (epoch %d, handoff %s; Exact: %s)", s.n, st.Due, want, s.epoch, s.handoff, s.condition)
 		}
 		if !st.DueExact {
 			inexact = append(inexact, s)
@@ -668,13 +668,13 @@ func (e *env) stepScale(t *testing.T) {
 		if c := meta.FindStatusCondition(st.Conditions, rqv1.ConditionProgressing); c != nil && c.Reason == rqv1.ReasonRebalancing {
 			sawRebalancing = true
 		}
-		why := fmt.Sprintf("current=%d ready=%d phase=%s exact=%v", st.CurrentShards, st.ReadyShards, st.Membership.Phase, st.DueExact)
-		return st.CurrentShards == 4 && st.ReadyShards == 4 && st.Membership.Phase == rqv1.MembershipSettled && st.DueExact, why
+		why := fmt.Sprintf("current=%d ready=%d handoff=%s exact=%v", st.CurrentShards, st.ReadyShards, handoffState(&st.Membership), st.DueExact)
+		return st.CurrentShards == 4 && st.ReadyShards == 4 && !st.Membership.HandoffInProgress() && st.DueExact, why
 	})
 	t.Logf("rebalance 3→4: %d samples against SQL count %d; every exact sample had it; %d samples flagged inexact, %d of them with another due; Rebalancing seen: %v",
 		len(samples), want, len(inexact), len(wrong), sawRebalancing)
 	for _, s := range wrong {
-		t.Logf("  sample %d: due %d (SQL %d), dueExact false, epoch %d %s; Exact: %s", s.n, s.due, want, s.epoch, s.phase, s.condition)
+		t.Logf("  sample %d: due %d (SQL %d), dueExact false, epoch %d, handoff %s; Exact: %s", s.n, s.due, want, s.epoch, s.handoff, s.condition)
 	}
 	if len(wrong) > 0 {
 		// the two-phase handoff keeps every slot counted once through the commit (membership.SumDue
@@ -836,4 +836,12 @@ func (e *env) dumpLogs() {
 		t.Logf("pod %s/%s container %s (%s, restarts %d) log %s, last lines:\n%s", p.Namespace, p.Name, p.Container, p.IP, p.Restarts, p.LogPath, strings.Join(lines, "\n"))
 	}
 	t.Logf("control plane logs: %s", e.c.LogDir())
+}
+
+// handoffState names the state of the membership's last handoff ("none" before the first).
+func handoffState(ms *rqv1.MembershipStatus) string {
+	if ms.Handoff == nil {
+		return "none"
+	}
+	return string(ms.Handoff.State)
 }
