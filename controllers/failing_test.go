@@ -55,7 +55,7 @@ var _ = Describe("A shard that cannot run", func() {
 		Eventually(func(g Gomega) {
 			got := getQueue(g, rq)
 			s := shardOf(got, name)
-			g.Expect(s.Phase).To(Equal(PhaseFailing))
+			g.Expect(s.State).To(Equal(StateFailing))
 			g.Expect(s.Error).To(Equal(`CreateContainerConfigError: secret "pg" not found`))
 			ready := condOf(got, rqv1.ConditionReady)
 			g.Expect(ready.Status).To(Equal(metav1.ConditionFalse))
@@ -105,7 +105,7 @@ var _ = Describe("A shard that cannot run", func() {
 		Eventually(func(g Gomega) {
 			got := getQueue(g, rq)
 			s := shardOf(got, rqv1.ShardName(rq.Name, 0))
-			g.Expect(s.Phase).To(Equal(shardapi.StatusUnready))
+			g.Expect(s.State).To(Equal(shardapi.StatusUnready))
 			g.Expect(s.Error).To(Equal(dbErr))
 			g.Expect(condOf(got, rqv1.ConditionReady).Message).To(Equal("1 of 2 shards ready; shard nodb-shard-0 is unready: " + dbErr))
 			g.Expect(eventMessage(g, rq, EventShardFailing)).To(Equal("shard nodb-shard-0 is unready: " + dbErr))

@@ -35,9 +35,9 @@ const (
 	labelShard       = "shard"
 )
 
-// shardPhases are the values of renderqueue_queue_shard_phase{phase}: the queue states a shard
+// shardStates are the values of renderqueue_queue_shard_state{state}: the queue states a shard
 // reports and the operator's own (Pending, Unreachable).
-var shardPhases = [...]string{shardapi.StatusQueued, shardapi.StatusEmpty, shardapi.StatusUnready, PhasePending, PhaseUnreachable}
+var shardStates = [...]string{shardapi.StatusQueued, shardapi.StatusEmpty, shardapi.StatusUnready, StatePending, StateUnreachable}
 
 // conditionStatuses are the values of renderqueue_queue_condition{status}.
 var conditionStatuses = [...]metav1.ConditionStatus{metav1.ConditionTrue, metav1.ConditionFalse, metav1.ConditionUnknown}
@@ -121,7 +121,7 @@ type QueueCollector struct {
 type queueDescs struct {
 	due, dueExact, dueAsOf, condition                          *prometheus.Desc
 	shardsDesired, shardsCurrent, shardsReady, slotsMoving     *prometheus.Desc
-	shardDue, shardExact, shardReady, shardPhase, shardHeld    *prometheus.Desc
+	shardDue, shardExact, shardReady, shardState, shardHeld    *prometheus.Desc
 	shardEdge, shardWalkEnd, shardWalkPartial, shardWalkFailed *prometheus.Desc
 	scrapeErrors                                               *prometheus.Desc
 }
@@ -149,8 +149,8 @@ func NewQueueCollector(reader client.Reader, elected <-chan struct{}) *QueueColl
 		shardDue:      d("shard_due", "Due rows of the shard's owned slots, as it reported them.", s),
 		shardExact:    d("shard_exact", "1 when the shard vouches for its due count.", s),
 		shardReady:    d("shard_ready", "1 when the shard's Pod is ready and its first walk finished.", s),
-		shardPhase: d("shard_phase", "1 for the shard's phase (queued, empty, unready as it reports; Pending, Unreachable as the operator sees it), 0 for the others.",
-			s, "phase"),
+		shardState: d("shard_state", "1 for the shard's state (queued, empty, unready as it reports; Pending, Unreachable as the operator sees it), 0 for the others.",
+			s, "state"),
 		shardHeld: d("shard_rows_held", "Rows the shard holds in memory.", s),
 		shardEdge: d("shard_edge_timestamp_seconds",
 			"The shard's edge: every owned row due before it is held. Lagging when below time(). Absent when unknown or unbounded (window 0).", s),
@@ -166,7 +166,7 @@ func NewQueueCollector(reader client.Reader, elected <-chan struct{}) *QueueColl
 func (c *QueueCollector) Describe(ch chan<- *prometheus.Desc) {
 	d := c.d
 	for _, desc := range []*prometheus.Desc{d.due, d.dueExact, d.dueAsOf, d.condition, d.shardsDesired, d.shardsCurrent,
-		d.shardsReady, d.slotsMoving, d.shardDue, d.shardExact, d.shardReady, d.shardPhase, d.shardHeld, d.shardEdge,
+		d.shardsReady, d.slotsMoving, d.shardDue, d.shardExact, d.shardReady, d.shardState, d.shardHeld, d.shardEdge,
 		d.shardWalkEnd, d.shardWalkPartial, d.shardWalkFailed, d.scrapeErrors} {
 		ch <- desc
 	}
@@ -227,8 +227,8 @@ func collectQueue(d queueDescs, rq *rqv1.RenderQueue, ch chan<- prometheus.Metri
 		g(d.shardExact, b2f(sh.Exact), l...)
 		g(d.shardReady, b2f(sh.Ready), l...)
 		g(d.shardHeld, float64(sh.RowsHeld), l...)
-		for _, p := range shardPhases {
-			g(d.shardPhase, b2f(sh.Phase == p), rq.Namespace, rq.Name, sh.Name, p)
+		for _, p := range shardStates {
+			g(d.shardState, b2f(sh.State == p), rq.Namespace, rq.Name, sh.Name, p)
 		}
 		if sh.Edge != nil {
 			g(d.shardEdge, unixSeconds(sh.Edge.Time), l...)

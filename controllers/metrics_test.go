@@ -47,10 +47,10 @@ func TestCollectQueue(t *testing.T) {
 			},
 			Membership: rqv1.MembershipStatus{SlotsMoving: 256},
 			Shards: []rqv1.ShardStatus{
-				{Name: "web-shard-0", Phase: "queued", Ready: true, Due: 1234, Exact: true, RowsHeld: 5000,
+				{Name: "web-shard-0", State: "queued", Ready: true, Due: 1234, Exact: true, RowsHeld: 5000,
 					Edge:     mtime("2026-05-05T10:00:00Z"),
 					LastWalk: &rqv1.WalkSummary{FinishedAt: mtime("2026-05-04T10:00:00Z"), Partial: true, UnreadSegments: 2}},
-				{Name: "web-shard-1", Phase: PhaseUnreachable, Error: "connection refused"},
+				{Name: "web-shard-1", State: StateUnreachable, Error: "connection refused"},
 			},
 		},
 	}
@@ -78,18 +78,18 @@ renderqueue_queue_shard_last_walk_partial{namespace="render",renderqueue="web",s
 # HELP renderqueue_queue_shard_last_walk_end_timestamp_seconds When the shard's last walk finished.
 # TYPE renderqueue_queue_shard_last_walk_end_timestamp_seconds gauge
 renderqueue_queue_shard_last_walk_end_timestamp_seconds{namespace="render",renderqueue="web",shard="web-shard-0"} 1.7778888e+09
-# HELP renderqueue_queue_shard_phase 1 for the shard's phase (queued, empty, unready as it reports; Pending, Unreachable as the operator sees it), 0 for the others.
-# TYPE renderqueue_queue_shard_phase gauge
-renderqueue_queue_shard_phase{namespace="render",phase="Pending",renderqueue="web",shard="web-shard-0"} 0
-renderqueue_queue_shard_phase{namespace="render",phase="Pending",renderqueue="web",shard="web-shard-1"} 0
-renderqueue_queue_shard_phase{namespace="render",phase="Unreachable",renderqueue="web",shard="web-shard-0"} 0
-renderqueue_queue_shard_phase{namespace="render",phase="Unreachable",renderqueue="web",shard="web-shard-1"} 1
-renderqueue_queue_shard_phase{namespace="render",phase="empty",renderqueue="web",shard="web-shard-0"} 0
-renderqueue_queue_shard_phase{namespace="render",phase="empty",renderqueue="web",shard="web-shard-1"} 0
-renderqueue_queue_shard_phase{namespace="render",phase="queued",renderqueue="web",shard="web-shard-0"} 1
-renderqueue_queue_shard_phase{namespace="render",phase="queued",renderqueue="web",shard="web-shard-1"} 0
-renderqueue_queue_shard_phase{namespace="render",phase="unready",renderqueue="web",shard="web-shard-0"} 0
-renderqueue_queue_shard_phase{namespace="render",phase="unready",renderqueue="web",shard="web-shard-1"} 0
+# HELP renderqueue_queue_shard_state 1 for the shard's state (queued, empty, unready as it reports; Pending, Unreachable as the operator sees it), 0 for the others.
+# TYPE renderqueue_queue_shard_state gauge
+renderqueue_queue_shard_state{namespace="render",renderqueue="web",shard="web-shard-0",state="Pending"} 0
+renderqueue_queue_shard_state{namespace="render",renderqueue="web",shard="web-shard-1",state="Pending"} 0
+renderqueue_queue_shard_state{namespace="render",renderqueue="web",shard="web-shard-0",state="Unreachable"} 0
+renderqueue_queue_shard_state{namespace="render",renderqueue="web",shard="web-shard-1",state="Unreachable"} 1
+renderqueue_queue_shard_state{namespace="render",renderqueue="web",shard="web-shard-0",state="empty"} 0
+renderqueue_queue_shard_state{namespace="render",renderqueue="web",shard="web-shard-1",state="empty"} 0
+renderqueue_queue_shard_state{namespace="render",renderqueue="web",shard="web-shard-0",state="queued"} 1
+renderqueue_queue_shard_state{namespace="render",renderqueue="web",shard="web-shard-1",state="queued"} 0
+renderqueue_queue_shard_state{namespace="render",renderqueue="web",shard="web-shard-0",state="unready"} 0
+renderqueue_queue_shard_state{namespace="render",renderqueue="web",shard="web-shard-1",state="unready"} 0
 # HELP renderqueue_queue_shards_current status.currentShards: shards in the committed slot assignment.
 # TYPE renderqueue_queue_shards_current gauge
 renderqueue_queue_shards_current{namespace="render",renderqueue="web"} 2
@@ -105,7 +105,7 @@ renderqueue_queue_slots_moving{namespace="render",renderqueue="web"} 256
 `
 	names := []string{"renderqueue_queue_condition", "renderqueue_queue_due", "renderqueue_queue_due_as_of_timestamp_seconds",
 		"renderqueue_queue_due_exact", "renderqueue_queue_shard_edge_timestamp_seconds", "renderqueue_queue_shard_last_walk_partial",
-		"renderqueue_queue_shard_last_walk_end_timestamp_seconds", "renderqueue_queue_shard_phase", "renderqueue_queue_shards_current",
+		"renderqueue_queue_shard_last_walk_end_timestamp_seconds", "renderqueue_queue_shard_state", "renderqueue_queue_shards_current",
 		"renderqueue_queue_shards_desired", "renderqueue_queue_shards_ready", "renderqueue_queue_slots_moving"}
 	if err := testutil.CollectAndCompare(oneQueue{d, rq}, strings.NewReader(want), names...); err != nil {
 		t.Fatal(err)
@@ -212,7 +212,7 @@ var _ = Describe("Operator metrics", func() {
 			expectValue(g, "renderqueue_queue_shard_last_walk_end_timestamp_seconds", shard(1),
 				float64(got.Status.Shards[1].LastWalk.FinishedAt.Unix()))
 			expectValue(g, "renderqueue_queue_shard_last_walk_partial", shard(0), 0)
-			expectValue(g, "renderqueue_queue_shard_phase", with(shard(0), "phase", "queued"), 1)
+			expectValue(g, "renderqueue_queue_shard_state", with(shard(0), "state", "queued"), 1)
 			// created at 0 on the first reconcile, so the first handoff is an increase
 			expectValue(g, "renderqueue_queue_handoffs_started_total", q, 0)
 			expectValue(g, "renderqueue_queue_handoffs_rolled_back_total", q, 0)
@@ -229,8 +229,8 @@ var _ = Describe("Operator metrics", func() {
 			expectValue(g, "renderqueue_queue_due", q, float64(got.Status.Due))
 			expectValue(g, "renderqueue_queue_condition", with(with(q, "condition", rqv1.ConditionExact), "status", "False"), 1)
 			expectValue(g, "renderqueue_queue_shard_last_walk_partial", shard(0), 1)
-			expectValue(g, "renderqueue_queue_shard_phase", with(shard(1), "phase", PhaseUnreachable), 1)
-			expectValue(g, "renderqueue_queue_shard_phase", with(shard(1), "phase", "queued"), 0)
+			expectValue(g, "renderqueue_queue_shard_state", with(shard(1), "state", StateUnreachable), 1)
+			expectValue(g, "renderqueue_queue_shard_state", with(shard(1), "state", "queued"), 0)
 			_, hasEdge := sampleOf(g, "renderqueue_queue_shard_edge_timestamp_seconds", shard(1))
 			g.Expect(hasEdge).To(BeFalse(), "an unreachable shard's edge is not known")
 		}).Should(Succeed())

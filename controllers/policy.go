@@ -11,18 +11,19 @@ import (
 	rqv1 "github.com/renderqueue/renderqueue/api/v1alpha1"
 )
 
-// Shard phases the operator reports itself, besides the shards' own (queued, empty, unready).
+// Shard states the operator reports itself (status.shards[].state), besides the shards' own (queued,
+// empty, unready).
 const (
-	// PhasePending: the shard cannot be asked yet or is not expected to answer (no Pod, no Pod IP,
+	// StatePending: the shard cannot be asked yet or is not expected to answer (no Pod, no Pod IP,
 	// Pod not Ready yet, Pod being deleted).
-	PhasePending = "Pending"
-	// PhaseUnreachable: the shard was asked and did not answer with a valid status.
-	PhaseUnreachable = "Unreachable"
-	// PhaseFailing: the shard did not answer and Kubernetes says why its keeper does not run (a
+	StatePending = "Pending"
+	// StateUnreachable: the shard was asked and did not answer with a valid status.
+	StateUnreachable = "Unreachable"
+	// StateFailing: the shard did not answer and Kubernetes says why its keeper does not run (a
 	// container waiting with an error such as CreateContainerConfigError or CrashLoopBackOff, a
 	// terminated container, an unschedulable or failed Pod); the shard's error is
 	// "<Reason>: <message>" from the Pod's status (podProblem).
-	PhaseFailing = "Failing"
+	StateFailing = "Failing"
 )
 
 // condition is the outcome of a condition policy: the status, a CamelCase reason and a message
@@ -35,7 +36,7 @@ type condition struct {
 
 // reachable reports whether the operator read the shard's status in the last poll.
 func reachable(s rqv1.ShardStatus) bool {
-	return s.Phase != PhasePending && s.Phase != PhaseUnreachable && s.Phase != PhaseFailing
+	return s.State != StatePending && s.State != StateUnreachable && s.State != StateFailing
 }
 
 // troubled reports whether the shard is not ready for a reason someone must look at: its Pod
@@ -43,10 +44,10 @@ func reachable(s rqv1.ShardStatus) bool {
 // ready (its database unreachable, say). A Pod that is starting or a shard that is loading is not
 // troubled.
 func troubled(s rqv1.ShardStatus) bool {
-	switch s.Phase {
-	case PhaseFailing, PhaseUnreachable:
+	switch s.State {
+	case StateFailing, StateUnreachable:
 		return true
-	case PhasePending:
+	case StatePending:
 		return false
 	default:
 		return !s.Ready && s.Error != ""
@@ -59,10 +60,10 @@ func troubled(s rqv1.ShardStatus) bool {
 // otherwise (Unreachable has events of its own).
 func troubleKey(s rqv1.ShardStatus) string {
 	switch {
-	case s.Phase == PhaseFailing:
+	case s.State == StateFailing:
 		reason, _, _ := strings.Cut(s.Error, ":")
-		return PhaseFailing + "/" + reason
-	case s.Phase == PhaseUnreachable || !troubled(s):
+		return StateFailing + "/" + reason
+	case s.State == StateUnreachable || !troubled(s):
 		return ""
 	default:
 		return "error/" + s.Error
@@ -71,10 +72,10 @@ func troubleKey(s rqv1.ShardStatus) string {
 
 // troubleMessage says what is wrong with a troubled shard, for people.
 func troubleMessage(s rqv1.ShardStatus) string {
-	if s.Phase == PhaseFailing {
+	if s.State == StateFailing {
 		return fmt.Sprintf("shard %s cannot run: %s", s.Name, s.Error)
 	}
-	return fmt.Sprintf("shard %s is %s: %s", s.Name, s.Phase, s.Error)
+	return fmt.Sprintf("shard %s is %s: %s", s.Name, s.State, s.Error)
 }
 
 // maxProblemMessage bounds the part of a container's message quoted in a shard's error.
@@ -206,15 +207,15 @@ func readyCondition(shards []rqv1.ShardStatus) condition {
 	if first == nil {
 		return condition{metav1.ConditionTrue, rqv1.ReasonAllShardsReady, fmt.Sprintf("%d of %d shards ready", ready, len(shards))}
 	}
-	if first.Phase == PhaseFailing {
+	if first.State == StateFailing {
 		return condition{metav1.ConditionFalse, rqv1.ReasonShardsNotReady,
 			fmt.Sprintf("%d of %d shards ready; shard %s cannot run: %s", ready, len(shards), first.Name, first.Error)}
 	}
-	why := first.Phase
+	why := first.State
 	if first.Error != "" {
 		why += ": " + first.Error
-	} else if first.Phase != PhasePending && first.Phase != PhaseUnreachable {
-		why = "loading (" + first.Phase + ")"
+	} else if first.State != StatePending && first.State != StateUnreachable {
+		why = "loading (" + first.State + ")"
 	}
 	return condition{metav1.ConditionFalse, rqv1.ReasonShardsNotReady,
 		fmt.Sprintf("%d of %d shards ready; shard %s is %s", ready, len(shards), first.Name, why)}
@@ -239,10 +240,10 @@ func exactCondition(shards []rqv1.ShardStatus, sumExact bool, notAdopted []strin
 	if len(unreachable) > 0 {
 		s := unreachable[0]
 		what := "unreachable"
-		switch s.Phase {
-		case PhasePending:
+		switch s.State {
+		case StatePending:
 			what = "not serving yet"
-		case PhaseFailing:
+		case StateFailing:
 			what = "not running"
 		}
 		msg := fmt.Sprintf("shard %s is %s", s.Name, what)
@@ -254,7 +255,7 @@ func exactCondition(shards []rqv1.ShardStatus, sumExact bool, notAdopted []strin
 	}
 	if len(inexact) > 0 {
 		s := inexact[0]
-		why := s.Phase
+		why := s.State
 		if s.Error != "" {
 			why += ": " + s.Error
 		}

@@ -17,7 +17,7 @@ func i64(v int64) *int64 { return &v }
 
 // healthy is a reachable, ready, exact shard with a finished complete walk and an edge ahead.
 func healthy(name string) rqv1.ShardStatus {
-	return rqv1.ShardStatus{Name: name, Phase: shardapi.StatusQueued, Ready: true, Exact: true, Due: 5,
+	return rqv1.ShardStatus{Name: name, State: shardapi.StatusQueued, Ready: true, Exact: true, Due: 5,
 		EdgeAheadSeconds: i64(3600), LastWalk: &rqv1.WalkSummary{}}
 }
 
@@ -48,9 +48,9 @@ func TestReadyCondition(t *testing.T) {
 	}{
 		{"no shards", nil, metav1.ConditionFalse, rqv1.ReasonShardsNotReady, []string{"no shards"}},
 		{"all ready", []rqv1.ShardStatus{healthy("a"), healthy("b")}, metav1.ConditionTrue, rqv1.ReasonAllShardsReady, []string{"2 of 2"}},
-		{"one pending", []rqv1.ShardStatus{healthy("a"), {Name: "b", Phase: PhasePending, Error: "the Pod has no IP yet"}},
+		{"one pending", []rqv1.ShardStatus{healthy("a"), {Name: "b", State: StatePending, Error: "the Pod has no IP yet"}},
 			metav1.ConditionFalse, rqv1.ReasonShardsNotReady, []string{"1 of 2", "shard b is Pending: the Pod has no IP yet"}},
-		{"one loading", []rqv1.ShardStatus{with(healthy("a"), func(s *rqv1.ShardStatus) { s.Ready, s.Phase = false, "unready" })},
+		{"one loading", []rqv1.ShardStatus{with(healthy("a"), func(s *rqv1.ShardStatus) { s.Ready, s.State = false, "unready" })},
 			metav1.ConditionFalse, rqv1.ReasonShardsNotReady, []string{"shard a is loading (unready)"}},
 	} {
 		got := readyCondition(tc.shards)
@@ -59,7 +59,7 @@ func TestReadyCondition(t *testing.T) {
 }
 
 func TestExactCondition(t *testing.T) {
-	unreachable := rqv1.ShardStatus{Name: "web-shard-1", Phase: PhaseUnreachable, Error: "unreachable: connection refused"}
+	unreachable := rqv1.ShardStatus{Name: "web-shard-1", State: StateUnreachable, Error: "unreachable: connection refused"}
 	for _, tc := range []struct {
 		name       string
 		shards     []rqv1.ShardStatus
@@ -76,9 +76,9 @@ func TestExactCondition(t *testing.T) {
 			metav1.ConditionFalse, rqv1.ReasonShardUnreachable, []string{"shard web-shard-1 is unreachable", "connection refused", "lower bound"}},
 		{"two unreachable", []rqv1.ShardStatus{unreachable, with(unreachable, func(s *rqv1.ShardStatus) { s.Name = "web-shard-2" })}, true, nil,
 			metav1.ConditionFalse, rqv1.ReasonShardUnreachable, []string{"web-shard-1", "and 1 more shard"}},
-		{"pending", []rqv1.ShardStatus{{Name: "p", Phase: PhasePending}}, true, nil,
+		{"pending", []rqv1.ShardStatus{{Name: "p", State: StatePending}}, true, nil,
 			metav1.ConditionFalse, rqv1.ReasonShardUnreachable, []string{"shard p is not serving yet"}},
-		{"inexact", []rqv1.ShardStatus{healthy("a"), with(healthy("b"), func(s *rqv1.ShardStatus) { s.Exact, s.Phase, s.Due = false, "unready", 42 })}, true, nil,
+		{"inexact", []rqv1.ShardStatus{healthy("a"), with(healthy("b"), func(s *rqv1.ShardStatus) { s.Exact, s.State, s.Due = false, "unready", 42 })}, true, nil,
 			metav1.ConditionFalse, rqv1.ReasonShardInexact, []string{"shard b", "42", "unready"}},
 		{"owner not adopted", []rqv1.ShardStatus{healthy("a"), healthy("b")}, false, []string{"b"},
 			metav1.ConditionFalse, rqv1.ReasonMembershipChanging, []string{"shard b has not adopted the assignment at epoch 7"}},
@@ -106,7 +106,7 @@ func TestEdgeCondition(t *testing.T) {
 			metav1.ConditionFalse, rqv1.ReasonEdgeLagging, []string{"shard web-shard-1 edge is 1h20m behind now"}},
 		{"worst named", []rqv1.ShardStatus{lag("a", -90), lag("b", -7200), lag("c", -30)},
 			metav1.ConditionFalse, rqv1.ReasonEdgeLagging, []string{"shard b edge is 2h behind now", "and 2 more shards"}},
-		{"unreachable shards are not judged", []rqv1.ShardStatus{{Name: "a", Phase: PhaseUnreachable, EdgeAheadSeconds: i64(-100)}},
+		{"unreachable shards are not judged", []rqv1.ShardStatus{{Name: "a", State: StateUnreachable, EdgeAheadSeconds: i64(-100)}},
 			metav1.ConditionUnknown, rqv1.ReasonNoShardReports, nil},
 	} {
 		checkCondition(t, tc.name, edgeCondition(tc.shards), tc.status, tc.reason, tc.msg...)
@@ -130,7 +130,7 @@ func TestWalksCondition(t *testing.T) {
 		msg    []string
 	}{
 		{"complete", []rqv1.ShardStatus{healthy("a")}, metav1.ConditionTrue, rqv1.ReasonWalksComplete, nil},
-		{"no walks yet", []rqv1.ShardStatus{{Name: "a", Phase: PhasePending}}, metav1.ConditionUnknown, rqv1.ReasonNoShardReports, nil},
+		{"no walks yet", []rqv1.ShardStatus{{Name: "a", State: StatePending}}, metav1.ConditionUnknown, rqv1.ReasonNoShardReports, nil},
 		{"partial", []rqv1.ShardStatus{healthy("a"), partial}, metav1.ConditionFalse, rqv1.ReasonPartialWalk,
 			[]string{"shard web-shard-2's last walk left 3 segments unread", "2026-11-29T12:00:00Z"}},
 		{"partial named before failed", []rqv1.ShardStatus{failed, partial}, metav1.ConditionFalse, rqv1.ReasonPartialWalk, []string{"web-shard-2"}},
@@ -150,11 +150,11 @@ func TestProgressingCondition(t *testing.T) {
 		msg    []string
 	}{
 		{"settled", nil, []rqv1.ShardStatus{healthy("a")}, metav1.ConditionFalse, rqv1.ReasonSettled, []string{"1 shards settled at membership epoch 3"}},
-		{"rebalancing wins", &progress{Reason: rqv1.ReasonRebalancing, Message: "moving"}, []rqv1.ShardStatus{{Name: "a", Phase: PhasePending}},
+		{"rebalancing wins", &progress{Reason: rqv1.ReasonRebalancing, Message: "moving"}, []rqv1.ShardStatus{{Name: "a", State: StatePending}},
 			metav1.ConditionTrue, rqv1.ReasonRebalancing, []string{"moving"}},
-		{"loading", nil, []rqv1.ShardStatus{healthy("a"), {Name: "b", Phase: PhasePending}}, metav1.ConditionTrue, rqv1.ReasonLoading,
+		{"loading", nil, []rqv1.ShardStatus{healthy("a"), {Name: "b", State: StatePending}}, metav1.ConditionTrue, rqv1.ReasonLoading,
 			[]string{"shard b is loading", "1 of 2"}},
-		{"an unreachable shard is not loading", nil, []rqv1.ShardStatus{healthy("a"), {Name: "b", Phase: PhaseUnreachable}},
+		{"an unreachable shard is not loading", nil, []rqv1.ShardStatus{healthy("a"), {Name: "b", State: StateUnreachable}},
 			metav1.ConditionFalse, rqv1.ReasonSettled, nil},
 	} {
 		checkCondition(t, tc.name, progressingCondition(tc.p, tc.shards, 3), tc.status, tc.reason, tc.msg...)
@@ -215,16 +215,16 @@ func TestShardStatusUnreachableAndPending(t *testing.T) {
 	if got.URL != "http://10.244.0.7:8080" {
 		t.Errorf("an unreachable shard's URL %q, want the one it was asked at (workers back off from it themselves)", got.URL)
 	}
-	if got.Phase != PhaseUnreachable || got.Error != "unreachable: refused" || got.Ready || got.Slots != "0-9" {
+	if got.State != StateUnreachable || got.Error != "unreachable: refused" || got.Ready || got.Slots != "0-9" {
 		t.Errorf("unreachable: %+v", got)
 	}
 	// a Pod not Ready yet (its keeper starting) is pending
 	got = shardStatus(shardReport{Name: "s", Pod: &corev1.Pod{}, Asked: true, Err: errString("unreachable: refused")}, "0-9", nil)
-	if got.Phase != PhasePending || got.Error != "unreachable: refused" {
+	if got.State != StatePending || got.Error != "unreachable: refused" {
 		t.Errorf("starting: %+v", got)
 	}
 	got = shardStatus(shardReport{Name: "s", Err: errString("no Pod")}, "", nil)
-	if got.Phase != PhasePending || got.Error != "no Pod" {
+	if got.State != StatePending || got.Error != "no Pod" {
 		t.Errorf("pending: %+v", got)
 	}
 }
@@ -307,11 +307,11 @@ func TestSortShards(t *testing.T) {
 func TestTransitionEventsOnlyOnChange(t *testing.T) {
 	lagging := rqv1.RenderQueueStatus{
 		Conditions: []metav1.Condition{{Type: rqv1.ConditionEdgeHealthy, Status: metav1.ConditionFalse, Reason: rqv1.ReasonEdgeLagging, Message: "lag"}},
-		Shards:     []rqv1.ShardStatus{{Name: "a", Phase: PhaseUnreachable, Error: "refused"}},
+		Shards:     []rqv1.ShardStatus{{Name: "a", State: StateUnreachable, Error: "refused"}},
 	}
 	healthyStatus := rqv1.RenderQueueStatus{
 		Conditions: []metav1.Condition{{Type: rqv1.ConditionEdgeHealthy, Status: metav1.ConditionTrue, Reason: rqv1.ReasonEdgeAhead}},
-		Shards:     []rqv1.ShardStatus{{Name: "a", Phase: "queued"}},
+		Shards:     []rqv1.ShardStatus{{Name: "a", State: "queued"}},
 	}
 	reasons := func(evs []pendingEvent) string {
 		var out []string
@@ -432,23 +432,23 @@ func TestShardStatusFailing(t *testing.T) {
 	pod := &corev1.Pod{Status: corev1.PodStatus{ContainerStatuses: []corev1.ContainerStatus{{Name: "keeper",
 		State: corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: "CreateContainerConfigError", Message: `secret "renderqueue-db" not found`}}}}}}
 	got := shardStatus(shardReport{Name: "s", Pod: pod, Err: errString("the Pod has no IP yet")}, "0-9", nil)
-	if got.Phase != PhaseFailing || got.Error != `CreateContainerConfigError: secret "renderqueue-db" not found` || got.Ready {
+	if got.State != StateFailing || got.Error != `CreateContainerConfigError: secret "renderqueue-db" not found` || got.Ready {
 		t.Errorf("failing: %+v", got)
 	}
 	// a shard that answers speaks for itself, whatever the Pod's last state
 	pod.Status.ContainerStatuses[0].State = corev1.ContainerState{Running: &corev1.ContainerStateRunning{}}
 	got = shardStatus(shardReport{Name: "s", Pod: pod, Asked: true, Status: &shardapi.Status{Shard: "s", Status: shardapi.StatusUnready,
 		Error: "database unreachable: dial tcp 10.0.0.9:5432: connect: connection refused"}}, "0-9", nil)
-	if got.Phase != shardapi.StatusUnready || got.Error != "database unreachable: dial tcp 10.0.0.9:5432: connect: connection refused" || got.Ready {
+	if got.State != shardapi.StatusUnready || got.Error != "database unreachable: dial tcp 10.0.0.9:5432: connect: connection refused" || got.Ready {
 		t.Errorf("answering: %+v", got)
 	}
 }
 
 func TestReadyConditionNamesTheProblem(t *testing.T) {
-	loading := rqv1.ShardStatus{Name: "a", Phase: shardapi.StatusUnready}
-	starting := rqv1.ShardStatus{Name: "a", Phase: PhasePending, Error: "the Pod has no IP yet"}
-	failing := rqv1.ShardStatus{Name: "b", Phase: PhaseFailing, Error: `CreateContainerConfigError: secret "renderqueue-db" not found`}
-	dbDown := rqv1.ShardStatus{Name: "c", Phase: shardapi.StatusUnready, Error: "database unreachable: connection refused"}
+	loading := rqv1.ShardStatus{Name: "a", State: shardapi.StatusUnready}
+	starting := rqv1.ShardStatus{Name: "a", State: StatePending, Error: "the Pod has no IP yet"}
+	failing := rqv1.ShardStatus{Name: "b", State: StateFailing, Error: `CreateContainerConfigError: secret "renderqueue-db" not found`}
+	dbDown := rqv1.ShardStatus{Name: "c", State: shardapi.StatusUnready, Error: "database unreachable: connection refused"}
 	for _, tc := range []struct {
 		name   string
 		shards []rqv1.ShardStatus
@@ -477,13 +477,13 @@ func TestTransitionEventsOfFailingShards(t *testing.T) {
 	st := func(shards ...rqv1.ShardStatus) *rqv1.RenderQueueStatus {
 		return &rqv1.RenderQueueStatus{Shards: shards}
 	}
-	pending := rqv1.ShardStatus{Name: "a", Phase: PhasePending}
-	noSecret := rqv1.ShardStatus{Name: "a", Phase: PhaseFailing, Error: `CreateContainerConfigError: secret "renderqueue-db" not found`}
-	crash1 := rqv1.ShardStatus{Name: "a", Phase: PhaseFailing, Error: "CrashLoopBackOff: container keeper exited with code 1; restarted 1 times"}
-	crash2 := rqv1.ShardStatus{Name: "a", Phase: PhaseFailing, Error: "CrashLoopBackOff: container keeper exited with code 1; restarted 2 times"}
-	dbDown := rqv1.ShardStatus{Name: "a", Phase: shardapi.StatusUnready, Error: "database unreachable: connection refused"}
-	loading := rqv1.ShardStatus{Name: "a", Phase: shardapi.StatusUnready}
-	unreachable := rqv1.ShardStatus{Name: "a", Phase: PhaseUnreachable, Error: "refused"}
+	pending := rqv1.ShardStatus{Name: "a", State: StatePending}
+	noSecret := rqv1.ShardStatus{Name: "a", State: StateFailing, Error: `CreateContainerConfigError: secret "renderqueue-db" not found`}
+	crash1 := rqv1.ShardStatus{Name: "a", State: StateFailing, Error: "CrashLoopBackOff: container keeper exited with code 1; restarted 1 times"}
+	crash2 := rqv1.ShardStatus{Name: "a", State: StateFailing, Error: "CrashLoopBackOff: container keeper exited with code 1; restarted 2 times"}
+	dbDown := rqv1.ShardStatus{Name: "a", State: shardapi.StatusUnready, Error: "database unreachable: connection refused"}
+	loading := rqv1.ShardStatus{Name: "a", State: shardapi.StatusUnready}
+	unreachable := rqv1.ShardStatus{Name: "a", State: StateUnreachable, Error: "refused"}
 	events := func(prev, next rqv1.ShardStatus) string {
 		var out []string
 		for _, e := range transitionEvents(st(prev), st(next), nil) {

@@ -237,7 +237,7 @@ var _ = Describe("RenderQueue status", func() {
 		s1 := got.Status.Shards[1]
 		Expect(s1.Name).To(Equal("web-shard-1"))
 		Expect(s1.Slots).To(Equal("342-682"))
-		Expect(s1.Phase).To(Equal("queued"))
+		Expect(s1.State).To(Equal("queued"))
 		Expect(s1.URL).To(HavePrefix("http://127.0.0.1:"), "the URL the shard was polled at, for render workers")
 		Expect(s1.RowsHeld).To(BeEquivalentTo(1000))
 		Expect(s1.RowsOwned).To(BeEquivalentTo(6000))
@@ -313,7 +313,7 @@ var _ = Describe("RenderQueue status", func() {
 				got := getQueue(g, rq)
 				g.Expect(got.Status.DueExact).To(BeFalse())
 				g.Expect(got.Status.Due).To(BeEquivalentTo(23), "a lower bound: the other shards' slots")
-				g.Expect(got.Status.Shards[0].Phase).To(Equal(PhaseUnreachable))
+				g.Expect(got.Status.Shards[0].State).To(Equal(StateUnreachable))
 				g.Expect(got.Status.Shards[0].Error).To(ContainSubstring(tc.err))
 				c := condOf(got, rqv1.ConditionExact)
 				g.Expect(c.Reason).To(Equal(rqv1.ReasonShardUnreachable))

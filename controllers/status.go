@@ -22,7 +22,7 @@ const (
 	EventShardUnreachable = rqv1.ReasonShardUnreachable
 	// EventShardReachable: a shard that was unreachable answers again.
 	EventShardReachable = "ShardReachable"
-	// EventShardFailing: a shard's Pod cannot run its keeper (PhaseFailing: the reason from the
+	// EventShardFailing: a shard's Pod cannot run its keeper (StateFailing: the reason from the
 	// Pod's status), or the shard answers with an error while not ready (its database
 	// unreachable, say); emitted when the problem starts or changes.
 	EventShardFailing = "ShardFailing"
@@ -63,24 +63,24 @@ func shardStatus(rep shardReport, owned string, prev *rqv1.ShardStatus) rqv1.Sha
 		// what Kubernetes says is wrong with the Pod names the cause better than the poll's
 		// "connection refused"
 		if reason, msg := podProblem(rep.Pod); reason != "" {
-			s.Phase, s.Error = PhaseFailing, reason
+			s.State, s.Error = StateFailing, reason
 			if msg != "" {
 				s.Error += ": " + msg
 			}
 			return s
 		}
-		s.Phase = PhaseUnreachable
+		s.State = StateUnreachable
 		// a Pod that is not Ready yet (its keeper starting) is pending, not unreachable: no
 		// warning for a shard that was never expected to answer
 		if !rep.Asked || !podReady(rep.Pod) {
-			s.Phase = PhasePending
+			s.State = StatePending
 		}
 		if rep.Err != nil {
 			s.Error = rep.Err.Error()
 		}
 		return s
 	}
-	s.Phase = st.Status
+	s.State = st.Status
 	s.Ready = podReady(rep.Pod) && walked(rep)
 	s.RowsHeld = int64(st.Rows.Held)
 	s.RowsOwned = int64(st.Rows.Held) + int64(st.Rows.OwnedNotHeld)
@@ -266,21 +266,21 @@ func transitionEvents(prev, next *rqv1.RenderQueueStatus, pods map[string]*corev
 	for _, s := range next.Shards {
 		ps, known := was[s.Name]
 		switch {
-		case s.Phase == PhaseUnreachable && ps.Phase != PhaseUnreachable:
+		case s.State == StateUnreachable && ps.State != StateUnreachable:
 			out = append(out, pendingEvent{Type: corev1.EventTypeWarning, Reason: EventShardUnreachable, Action: "Poll",
 				Message: fmt.Sprintf("shard %s is unreachable: %s", s.Name, s.Error), Related: relatedPod(pods, s.Name)})
-		case known && ps.Phase == PhaseUnreachable && reachable(s):
+		case known && ps.State == StateUnreachable && reachable(s):
 			out = append(out, pendingEvent{Type: corev1.EventTypeNormal, Reason: EventShardReachable, Action: "Poll",
-				Message: fmt.Sprintf("shard %s answers again (status %s)", s.Name, s.Phase), Related: relatedPod(pods, s.Name)})
+				Message: fmt.Sprintf("shard %s answers again (status %s)", s.Name, s.State), Related: relatedPod(pods, s.Name)})
 		}
 		key, prevKey := troubleKey(s), troubleKey(ps)
 		switch {
 		case key != "" && key != prevKey:
 			out = append(out, pendingEvent{Type: corev1.EventTypeWarning, Reason: EventShardFailing, Action: "Poll",
 				Message: troubleMessage(s), Related: relatedPod(pods, s.Name)})
-		case key == "" && prevKey != "" && s.Phase != PhaseUnreachable:
+		case key == "" && prevKey != "" && s.State != StateUnreachable:
 			out = append(out, pendingEvent{Type: corev1.EventTypeNormal, Reason: EventShardRecovered, Action: "Poll",
-				Message: fmt.Sprintf("shard %s recovered (was: %s); now %s", s.Name, ps.Error, s.Phase), Related: relatedPod(pods, s.Name)})
+				Message: fmt.Sprintf("shard %s recovered (was: %s); now %s", s.Name, ps.Error, s.State), Related: relatedPod(pods, s.Name)})
 		}
 	}
 	return out

@@ -368,12 +368,12 @@ type ShardStatus struct {
 	// +optional
 	URL string `json:"url,omitempty"`
 
-	// Phase is the shard's queue state as it reports it (queued, empty, unready), or the
+	// State is the shard's queue state as it reports it (queued, empty, unready), or the
 	// operator's view when it cannot ask (Pending while the Pod starts, Unreachable, Failing
 	// when the Pod's status says why the keeper does not run; Error then holds that reason and
 	// message, e.g. `CreateContainerConfigError: secret "renderqueue-db" not found`).
 	// +optional
-	Phase string `json:"phase,omitempty"`
+	State string `json:"state,omitempty"`
 
 	// Ready is true once the shard has finished its first walk.
 	// +optional

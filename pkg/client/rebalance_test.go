@@ -57,7 +57,7 @@ func publishStatus(t *testing.T, k crclient.Client, rq *rqv1.RenderQueue, cl *cl
 	rq.Status.Shards = nil
 	for _, s := range cl.Shards() {
 		st := s.Keeper.Status(time.Now())
-		rq.Status.Shards = append(rq.Status.Shards, rqv1.ShardStatus{Name: s.Name, URL: s.URL, Due: int64(st.Due), Phase: st.Status})
+		rq.Status.Shards = append(rq.Status.Shards, rqv1.ShardStatus{Name: s.Name, URL: s.URL, Due: int64(st.Due), State: st.Status})
 	}
 	rq.Status.CurrentShards = int32(len(rq.Status.Shards))
 	if err := k.Status().Update(ctx, rq); err != nil {

@@ -130,9 +130,9 @@ func newFixture(t *testing.T) *fixture {
 			cond(rqv1.ConditionProgressing, metav1.ConditionFalse, rqv1.ReasonSettled, "", now.Add(-41*time.Minute)),
 		},
 		Shards: []rqv1.ShardStatus{
-			{Name: "web-shard-0", Slots: "0-340", Phase: "queued", Ready: true, RowsHeld: 91000, RowsOwned: 155000, Due: 412, Exact: true, EdgeAheadSeconds: &edgeAhead, LastWalk: walk, Epoch: 7, PreparedEpoch: 6},
-			{Name: "web-shard-1", Slots: "341-681", Phase: "queued", Ready: true, RowsHeld: 88000, RowsOwned: 150000, Due: 377, EdgeAheadSeconds: &edgeAhead, LastWalk: walk, Epoch: 7, PreparedEpoch: 6},
-			{Name: "web-shard-2", Slots: "682-1023", Phase: "queued", Ready: true, RowsHeld: 90500, RowsOwned: 154000, Due: 405, Exact: true, EdgeAheadSeconds: &edgeAhead, LastWalk: walk, Epoch: 7, PreparedEpoch: 6},
+			{Name: "web-shard-0", Slots: "0-340", State: "queued", Ready: true, RowsHeld: 91000, RowsOwned: 155000, Due: 412, Exact: true, EdgeAheadSeconds: &edgeAhead, LastWalk: walk, Epoch: 7, PreparedEpoch: 6},
+			{Name: "web-shard-1", Slots: "341-681", State: "queued", Ready: true, RowsHeld: 88000, RowsOwned: 150000, Due: 377, EdgeAheadSeconds: &edgeAhead, LastWalk: walk, Epoch: 7, PreparedEpoch: 6},
+			{Name: "web-shard-2", Slots: "682-1023", State: "queued", Ready: true, RowsHeld: 90500, RowsOwned: 154000, Due: 405, Exact: true, EdgeAheadSeconds: &edgeAhead, LastWalk: walk, Epoch: 7, PreparedEpoch: 6},
 		},
 		CurrentShards: 3, ReadyShards: 3, Due: fixtureWebDue, DueExact: false, DueAsOf: mtime(now.Add(-20 * time.Second)),
 		Membership: rqv1.MembershipStatus{
@@ -167,7 +167,7 @@ func newFixture(t *testing.T) *fixture {
 			cond(rqv1.ConditionWalksComplete, metav1.ConditionTrue, rqv1.ReasonWalksComplete, "", now.Add(-2*time.Hour)),
 			cond(rqv1.ConditionProgressing, metav1.ConditionFalse, rqv1.ReasonSettled, "", now.Add(-2*time.Hour)),
 		},
-		Shards:        []rqv1.ShardStatus{{Name: "images-shard-0", Slots: "0-1023", Phase: "empty", Ready: true, Exact: true}},
+		Shards:        []rqv1.ShardStatus{{Name: "images-shard-0", Slots: "0-1023", State: "empty", Ready: true, Exact: true}},
 		CurrentShards: 1, ReadyShards: 1, Due: 0, DueExact: true, DueAsOf: mtime(now.Add(-5 * time.Minute)),
 		Membership: rqv1.MembershipStatus{Epoch: 1,
 			Assignment: []rqv1.ShardSlots{{Shard: "images-shard-0", Slots: "0-1023"}}},

@@ -130,8 +130,8 @@ func inexactReason(rq *rqv1.RenderQueue) string {
 			continue
 		}
 		s := sh.Name
-		if sh.Phase != "" {
-			s += " " + sh.Phase
+		if sh.State != "" {
+			s += " " + sh.State
 		}
 		if sh.Error != "" {
 			s += ": " + sh.Error

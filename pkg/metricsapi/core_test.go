@@ -33,7 +33,7 @@ func inexact(rq *rqv1.RenderQueue) {
 	}}
 	rq.Status.Shards = []rqv1.ShardStatus{
 		{Name: rq.Name + "-shard-0", Exact: true, Due: 1},
-		{Name: rq.Name + "-shard-1", Phase: "Unreachable", Error: "connection refused"},
+		{Name: rq.Name + "-shard-1", State: "Unreachable", Error: "connection refused"},
 	}
 }
 

@@ -35,8 +35,8 @@ type Queue struct {
 // ShardRead is one shard's /v1/status, or why it could not be read.
 type ShardRead struct {
 	Name string
-	// Phase is the shard's phase in the RenderQueue's status (used when Status is nil).
-	Phase  string
+	// State is the shard's state in the RenderQueue's status (used when Status is nil).
+	State  string
 	Status *shardapi.Status
 	Err    error
 }
@@ -69,7 +69,7 @@ func LoadQueue(ctx context.Context, cfg *rest.Config, namespace, name string, ti
 	q := Queue{RenderQueue: &rq, Shards: make([]ShardRead, len(rq.Status.Shards)), Now: time.Now()}
 	var wg sync.WaitGroup
 	for i, s := range rq.Status.Shards {
-		q.Shards[i] = ShardRead{Name: s.Name, Phase: s.Phase}
+		q.Shards[i] = ShardRead{Name: s.Name, State: s.State}
 		wg.Go(func() {
 			sctx, cancel := context.WithTimeout(ctx, timeout)
 			defer cancel()
@@ -118,7 +118,7 @@ func WriteQueue(w io.Writer, q Queue) error {
 	for _, s := range q.Shards {
 		st := s.Status
 		if st == nil {
-			state := strings.ToLower(orDash(s.Phase))
+			state := strings.ToLower(orDash(s.State))
 			_, _ = fmt.Fprintf(tw, "%s\t%s\t-\t-\t-\t-\t-\n", s.Name, state)
 			if s.Err != nil {
 				problems = append(problems, fmt.Sprintf("%s: %v", s.Name, s.Err))

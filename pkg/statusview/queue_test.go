@@ -43,9 +43,9 @@ func cannedQueue(t *testing.T) Queue {
 			Status:     rqv1.RenderQueueStatus{Due: 4221, DueExact: false, ReadyShards: 2},
 		},
 		Shards: []ShardRead{
-			{Name: "web-shard-0", Phase: "unready", Status: &s0},
-			{Name: "web-shard-1", Phase: "queued", Status: &s1},
-			{Name: "web-shard-2", Phase: "Pending", Err: errors.New("the server is currently unable to handle the request")},
+			{Name: "web-shard-0", State: "unready", Status: &s0},
+			{Name: "web-shard-1", State: "queued", Status: &s1},
+			{Name: "web-shard-2", State: "Pending", Err: errors.New("the server is currently unable to handle the request")},
 		},
 		Now: s1.AsOf,
 	}
@@ -117,7 +117,7 @@ func TestLoadQueueThroughTheAPIServer(t *testing.T) {
 	if err := k.Create(ctx, rq); err != nil {
 		t.Fatal(err)
 	}
-	rq.Status.Shards = []rqv1.ShardStatus{{Name: "web-shard-0", Phase: "queued", URL: "http://10.244.0.7:8080"}, {Name: "web-shard-1", Phase: "Pending"}}
+	rq.Status.Shards = []rqv1.ShardStatus{{Name: "web-shard-0", State: "queued", URL: "http://10.244.0.7:8080"}, {Name: "web-shard-1", State: "Pending"}}
 	rq.Status.Due = 12
 	if err := k.Status().Update(ctx, rq); err != nil {
 		t.Fatal(err)

@@ -54,10 +54,10 @@ func (e *env) stepMissingSecret(t *testing.T) {
 			}
 		}
 		ready := meta.FindStatusCondition(st.Conditions, rqv1.ConditionReady)
-		if shard.Phase != "Failing" || !strings.Contains(shard.Error, "CreateContainerConfigError") ||
+		if shard.State != "Failing" || !strings.Contains(shard.Error, "CreateContainerConfigError") ||
 			!strings.Contains(shard.Error, `"`+storeSecret+`" not found`) ||
 			ready == nil || !strings.Contains(ready.Message, pod+" cannot run: CreateContainerConfigError") {
-			return false, fmt.Sprintf("shard %s: %s %q; %s", pod, shard.Phase, shard.Error, conds(st.Conditions))
+			return false, fmt.Sprintf("shard %s: %s %q; %s", pod, shard.State, shard.Error, conds(st.Conditions))
 		}
 		described = e.kubectl("describe", "renderqueue", queueName)
 		for _, want := range []string{"CreateContainerConfigError", `"` + storeSecret + `" not found`, "ShardFailing"} {
@@ -122,7 +122,7 @@ spec:
 	eventually(t, 90*time.Second, time.Second, "kubectl describe to show the keeper's database error", func() (bool, string) {
 		st := broken().Status
 		ready := meta.FindStatusCondition(st.Conditions, rqv1.ConditionReady)
-		if len(st.Shards) != 1 || st.Shards[0].Phase != "unready" || !strings.Contains(st.Shards[0].Error, addr) ||
+		if len(st.Shards) != 1 || st.Shards[0].State != "unready" || !strings.Contains(st.Shards[0].Error, addr) ||
 			ready == nil || !strings.Contains(ready.Message, shard+" is unready: connecting to the database") {
 			return false, fmt.Sprintf("shards %+v; %s", st.Shards, conds(st.Conditions))
 		}
