@@ -18,7 +18,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
-	"github.com/renderqueue/renderqueue/pkg/keeper/core"
 	"github.com/renderqueue/renderqueue/pkg/schedule"
 	"github.com/renderqueue/renderqueue/pkg/shardapi"
 )
@@ -317,11 +316,8 @@ func parseItems(keys []string, leases []string, nextDue []*time.Time) ([]Complet
 	items := make([]CompleteItem, len(keys))
 	var problems []string
 	for i, k := range keys {
-		switch {
-		case k == "":
-			problems = append(problems, fmt.Sprintf("item %d: key is empty", i))
-		case len(k) > schedule.MaxKeyBytes:
-			problems = append(problems, fmt.Sprintf("item %d: key is %d bytes, over %d", i, len(k), schedule.MaxKeyBytes))
+		if why := schedule.KeyProblem(k); why != "" {
+			problems = append(problems, fmt.Sprintf("item %d: %s", i, why))
 		}
 		if j, dup := seen[k]; dup {
 			problems = append(problems, fmt.Sprintf("item %d: same key as item %d", i, j))
@@ -334,8 +330,8 @@ func parseItems(keys []string, leases []string, nextDue []*time.Time) ([]Complet
 		items[i] = CompleteItem{Key: k, Lease: tok}
 		if nextDue != nil && nextDue[i] != nil {
 			d := *nextDue[i]
-			if ms := d.UnixMilli(); ms < 0 || ms >= core.MaxDueMs {
-				problems = append(problems, fmt.Sprintf("item %d: nextDue %s is outside [1970, 2106)", i, d.Format(time.RFC3339)))
+			if why := schedule.DueProblem(d); why != "" {
+				problems = append(problems, fmt.Sprintf("item %d: nextDue: %s", i, why))
 			}
 			items[i].NextDue = &d
 		}

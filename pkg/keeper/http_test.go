@@ -46,7 +46,7 @@ func TestHTTPAPIRejectsBadRequests(t *testing.T) {
 		{"huge lease", "/v1/claim", `{"n":1,"leaseSeconds":1e9}`, true, 400, "leaseSeconds"},
 		{"no items", "/v1/complete", `{"items":[]}`, true, 400, "items is empty"},
 		{"bad lease", "/v1/complete", `{"items":[{"key":"a","lease":"xyz"}]}`, true, 400, "not 16 hex digits"},
-		{"empty key", "/v1/complete", `{"items":[{"key":"","lease":"` + lease + `"}]}`, true, 400, "key is empty"},
+		{"empty key", "/v1/complete", `{"items":[{"key":"","lease":"` + lease + `"}]}`, true, 400, "empty key"},
 		{"one bad item refuses all", "/v1/complete", `{"items":[{"key":"` + claimed[0].Key + `","lease":"` + lease + `"},{"key":"b","lease":"1"}]}`, true, 400, "item 1"},
 		{"duplicate key", "/v1/release", `{"items":[{"key":"a","lease":"` + lease + `"},{"key":"a","lease":"` + lease + `"}]}`, true, 400, "same key"},
 		{"bad next due", "/v1/complete", `{"items":[{"key":"` + claimed[0].Key + `","lease":"` + lease + `","nextDue":"1900-01-01T00:00:00Z"}]}`, true, 400, "outside"},

@@ -17,9 +17,6 @@ const NumSlots = 1024
 // slotShift is how far a (sign-flipped) 64-bit hash is shifted right to give its slot.
 const slotShift = 54
 
-// MaxKeyBytes is the longest key (canonical URL) a schedule row may have.
-const MaxKeyBytes = 2048
-
 // SlotOf returns the slot of an ownership hash: the hash space in signed order, cut into
 // NumSlots equal contiguous ranges.
 func SlotOf(keyHash int64) int {
@@ -74,7 +71,7 @@ func ParseSource(s string) (Source, error) {
 // Row is one schedule row with its scheduling fields, as read from the store or carried by a
 // change event.
 type Row struct {
-	// Key is the canonical URL (at most MaxKeyBytes bytes).
+	// Key is the canonical URL (at most MaxKeyBytes bytes). What a valid row is: valid.go.
 	Key string
 	// KeyHash is the ownership hash computed by the database.
 	KeyHash int64
@@ -83,7 +80,7 @@ type Row struct {
 	// HasDue is false when the row is unscheduled (due_at NULL). An absent due time is never read
 	// as any particular instant.
 	HasDue bool
-	// Cadence is the render interval; a valid row has Cadence > 0.
+	// Cadence is the render interval: whole milliseconds within [MinCadence, MaxCadence].
 	Cadence time.Duration
 	// Route is the route / template group, for the byRoute summary.
 	Route string

@@ -11,7 +11,6 @@ import (
 
 	"sigs.k8s.io/yaml"
 
-	"github.com/renderqueue/renderqueue/pkg/keeper/core"
 	"github.com/renderqueue/renderqueue/pkg/schedule"
 )
 
@@ -88,8 +87,8 @@ func (f Fleet) Validate() error {
 			errs = append(errs, fmt.Errorf("%s: rows %d is negative", where, c.Rows))
 		}
 		total += max(c.Rows, 0)
-		if c.Cadence < time.Second || c.Cadence > core.MaxCadence || c.Cadence%time.Millisecond != 0 {
-			errs = append(errs, fmt.Errorf("%s: cadence %v must be whole milliseconds within [1s, %v]", where, c.Cadence, core.MaxCadence))
+		if c.Cadence < time.Second || c.Cadence > schedule.MaxCadence || c.Cadence%time.Millisecond != 0 {
+			errs = append(errs, fmt.Errorf("%s: cadence %v must be whole milliseconds within [1s, %v]", where, c.Cadence, schedule.MaxCadence))
 		}
 		if c.Source != schedule.SourceDiscovered && c.Source != schedule.SourceSubmitted {
 			errs = append(errs, fmt.Errorf("%s: unknown source %d", where, c.Source))

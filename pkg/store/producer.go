@@ -27,8 +27,8 @@ import (
 type RowJSON struct {
 	// Key is the canonical URL: 1 to 2048 bytes, no NUL byte.
 	Key string `json:"key"`
-	// Cadence is the render interval, a Go duration ("96h", "1h30m"): positive, whole
-	// milliseconds.
+	// Cadence is the render interval, a Go duration ("96h", "1h30m"): whole milliseconds, at
+	// least 1ms and at most 10 years (schedule.MinCadence, MaxCadence).
 	Cadence string `json:"cadence"`
 	// Route groups rows for the byRoute summary (at most 256 bytes). Default "".
 	Route string `json:"route,omitempty"`
@@ -36,7 +36,7 @@ type RowJSON struct {
 	Source string `json:"source,omitempty"`
 	// Urgent rows are claimed first, within the RenderQueue's urgentMaxShare.
 	Urgent bool `json:"urgent,omitempty"`
-	// Due is the next render time (RFC 3339, years 1 to 9999).
+	// Due is the next render time (RFC 3339, within [1970, 2106)).
 	Due *time.Time `json:"due,omitempty"`
 	// Unscheduled rows have no due time (due_at NULL): held by no shard until one is set.
 	Unscheduled bool `json:"unscheduled,omitempty"`

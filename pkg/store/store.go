@@ -23,9 +23,6 @@ import (
 	"github.com/renderqueue/renderqueue/pkg/schedule"
 )
 
-// MaxRouteBytes is the longest route a row may have.
-const MaxRouteBytes = 256
-
 // Store is the schedule store. All methods are safe for concurrent use.
 type Store interface {
 	// Migrate brings the store's schema up to date. It is idempotent and safe to run concurrently
@@ -70,8 +67,8 @@ type Store interface {
 	// in input order: the row as stored after the write (with its new rev), or Found false when no
 	// row has the key. When the same key is completed more than once in one group, the writes are
 	// applied in arrival order, each with its own rev (and each checks its Rev against the row as
-	// the writes before it left it). Bad input (empty or over-long key, due
-	// time outside years 1-9999) refuses the whole call with a *ValidationError and writes
+	// the writes before it left it). Bad input (a key or due time a row may not
+	// have, pkg/schedule) refuses the whole call with a *ValidationError and writes
 	// nothing. Once its items joined a group, Complete waits for that group's outcome even if
 	// ctx ends, so the caller always learns whether they were written.
 	Complete(ctx context.Context, items []Completion) ([]CompleteResult, error)
@@ -298,54 +295,19 @@ func displayKey(k string) string {
 	return k
 }
 
-// validateKey returns why key is not a valid key, or "".
-func validateKey(key string) string {
-	switch {
-	case key == "":
-		return "empty key"
-	case len(key) > schedule.MaxKeyBytes:
-		return fmt.Sprintf("key is %d bytes, longer than %d", len(key), schedule.MaxKeyBytes)
-	case strings.IndexByte(key, 0) >= 0:
-		return "key contains a NUL byte"
-	}
-	return ""
-}
-
-// ValidateRows checks an Upsert batch: every key non-empty, at most schedule.MaxKeyBytes bytes and
-// free of NUL bytes; no key twice; cadence positive and a whole number of milliseconds; route at
-// most MaxRouteBytes bytes and free of NUL bytes; a known source; a due time (when set) that the
-// store can hold (years 1 to 9999). It returns nil or a *ValidationError naming every bad row.
+// ValidateRows checks an Upsert batch: every row storable (schedule.Row.Problems: key, cadence,
+// route, source and due time within the limits of pkg/schedule) and no key twice. It returns nil
+// or a *ValidationError naming every bad row.
 func ValidateRows(rows []schedule.Row) error {
 	var probs []Problem
 	seen := make(map[string]int, len(rows))
 	for i := range rows {
 		r := &rows[i]
-		var reasons []string
-		if why := validateKey(r.Key); why != "" {
-			reasons = append(reasons, why)
-		}
+		reasons := r.Problems()
 		if j, dup := seen[r.Key]; dup {
 			reasons = append(reasons, fmt.Sprintf("same key as item %d", j))
 		} else {
 			seen[r.Key] = i
-		}
-		if r.Cadence <= 0 {
-			reasons = append(reasons, fmt.Sprintf("cadence %v is not positive", r.Cadence))
-		} else if r.Cadence%time.Millisecond != 0 {
-			reasons = append(reasons, fmt.Sprintf("cadence %v is not a whole number of milliseconds", r.Cadence))
-		}
-		if len(r.Route) > MaxRouteBytes {
-			reasons = append(reasons, fmt.Sprintf("route is %d bytes, longer than %d", len(r.Route), MaxRouteBytes))
-		} else if strings.IndexByte(r.Route, 0) >= 0 {
-			reasons = append(reasons, "route contains a NUL byte")
-		}
-		if r.Source != schedule.SourceDiscovered && r.Source != schedule.SourceSubmitted {
-			reasons = append(reasons, fmt.Sprintf("unknown source %v", r.Source))
-		}
-		if r.HasDue {
-			if why := validateDue(r.Due); why != "" {
-				reasons = append(reasons, why)
-			}
 		}
 		if len(reasons) > 0 {
 			probs = append(probs, Problem{Index: i, Key: displayKey(r.Key), Reason: strings.Join(reasons, ", ")})
@@ -357,23 +319,16 @@ func ValidateRows(rows []schedule.Row) error {
 	return nil
 }
 
-func validateDue(t time.Time) string {
-	if y := t.UTC().Year(); y < 1 || y > 9999 {
-		return fmt.Sprintf("due time %v is outside years 1-9999", t)
-	}
-	return ""
-}
-
-// ValidateCompletions checks a Complete call: every key valid (as for ValidateRows) and every due
-// time within years 1 to 9999. The same key may appear more than once.
+// ValidateCompletions checks a Complete call: every key and due time valid (schedule.KeyProblem,
+// schedule.DueProblem). The same key may appear more than once.
 func ValidateCompletions(items []Completion) error {
 	var probs []Problem
 	for i, c := range items {
 		var reasons []string
-		if why := validateKey(c.Key); why != "" {
+		if why := schedule.KeyProblem(c.Key); why != "" {
 			reasons = append(reasons, why)
 		}
-		if why := validateDue(c.Due); why != "" {
+		if why := schedule.DueProblem(c.Due); why != "" {
 			reasons = append(reasons, why)
 		}
 		if len(reasons) > 0 {

@@ -56,14 +56,16 @@ func TestValidateRows(t *testing.T) {
 	bad := ok
 	bad.Key, bad.Cadence = strings.Repeat("k", schedule.MaxKeyBytes+1), 0
 	err := ValidateRows([]schedule.Row{ok, bad, {Key: "x\x00y", Cadence: time.Hour, Route: "r\x00"},
-		{Key: "https://c", Cadence: time.Hour, HasDue: true, Due: time.Date(10000, 1, 1, 0, 0, 0, 0, time.UTC)}})
+		{Key: "https://c", Cadence: time.Hour, HasDue: true, Due: time.Date(10000, 1, 1, 0, 0, 0, 0, time.UTC)},
+		// what the keeper could never hold is not stored either
+		{Key: "https://d", Cadence: 20 * 365 * 24 * time.Hour, HasDue: true, Due: time.Date(1900, 1, 1, 0, 0, 0, 0, time.UTC)}})
 	var ve *ValidationError
-	if !errors.As(err, &ve) || len(ve.Problems) != 3 {
+	if !errors.As(err, &ve) || len(ve.Problems) != 4 {
 		t.Fatalf("got %v", err)
 	}
 	msg := err.Error()
 	for _, want := range []string{"nothing written", "item 1", "longer than 2048", "cadence 0s is not positive",
-		"item 2", "NUL", "item 3", "years 1-9999"} {
+		"item 2", "NUL", "item 3", "outside [1970, 2106)", "item 4", "cadence 175200h0m0s is over 87600h0m0s", "1900-01-01T00:00:00Z is outside"} {
 		if !strings.Contains(msg, want) {
 			t.Errorf("error %q lacks %q", msg, want)
 		}

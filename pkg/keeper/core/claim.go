@@ -1,7 +1,6 @@
 package core
 
 import (
-	"bytes"
 	"container/heap"
 	"errors"
 	"math"
@@ -218,14 +217,8 @@ func (c *Core) claimBest(nowMs int64, p phase, leaseFor time.Duration, out *[]Cl
 	return true
 }
 
-// before says whether record a sorts before b on ties: earlier due, then smaller key.
-func (c *Core) before(a, b uint32) bool {
-	ra, rb := c.rows.at(a), c.rows.at(b)
-	if da, db := ra.due(), rb.due(); da != db {
-		return da < db
-	}
-	return bytes.Compare(c.keys.get(ra.keyOff), c.keys.get(rb.keyOff)) < 0
-}
+// before says whether record a sorts before b on ties of score (cmpDueKey).
+func (c *Core) before(a, b uint32) bool { return c.cmpDueKey(a, b) < 0 }
 
 // expireLeases ends every lease that expired at or before now.
 func (c *Core) expireLeases(nowMs int64) {

@@ -14,8 +14,9 @@
 //     leave a tombstone (their rev), so an older walked copy cannot bring them back.
 //   - Admission: a valid row is held iff window is 0 or due < now + window when it is applied. A
 //     held row leaves only when an event moves it out of the window, deletes it, or its slot leaves.
-//   - Invalid rows (absent due, cadence < 1 ms or > 10 years, due outside [1970, 2106), empty or
-//     over-long key, unknown source) are never held and never coerced; they are counted.
+//   - Invalid rows (schedule.Row.HoldProblem: absent due, cadence or due time outside the limits
+//     of pkg/schedule, a bad key or route, unknown source) are never held and never coerced;
+//     they are counted.
 //   - Claim order: urgent rows first (at most UrgentMaxShare of a batch while other rows are due),
 //     then each class's floor (Config.Floors), then by score (now − due) / cadence × boost(source),
 //     ties by due then key. Due times are held at millisecond precision.
@@ -35,13 +36,10 @@ import (
 	"github.com/renderqueue/renderqueue/pkg/schedule"
 )
 
-// Limits on what a valid row may carry.
+// What a valid row may carry is pkg/schedule's (valid.go: a row is held only when
+// Row.HoldProblem is ""); records and claim trees keep due seconds in 32 bits, which is where its
+// due-time bound comes from.
 const (
-	// MaxCadence is the longest cadence a valid row may have.
-	MaxCadence = 10 * 365 * 24 * time.Hour
-	// MaxDueMs bounds due times: records and claim trees keep due seconds in 32 bits (until
-	// 2106-02-07).
-	MaxDueMs = int64(math.MaxUint32) * 1000
 	// maxRoutes and maxGroups bound the interned routes and (cadence, source, urgent) groups.
 	maxRoutes = math.MaxUint16
 	maxGroups = math.MaxUint16
@@ -170,8 +168,8 @@ func validateFloors(floors []Floor) []error {
 	sum := 0.0
 	for i, f := range floors {
 		switch {
-		case f.Cadence < time.Millisecond || f.Cadence > MaxCadence:
-			errs = append(errs, fmt.Errorf("floor %d (%v): cadence must be within [1ms, %v]", i, f, MaxCadence))
+		case f.Cadence < schedule.MinCadence || f.Cadence > schedule.MaxCadence:
+			errs = append(errs, fmt.Errorf("floor %d (%v): cadence must be within [%v, %v]", i, f, schedule.MinCadence, schedule.MaxCadence))
 		case f.Cadence%time.Millisecond != 0:
 			errs = append(errs, fmt.Errorf("floor %d (%v): cadence must be whole milliseconds (rows' cadences are)", i, f))
 		}
@@ -506,28 +504,6 @@ func (c *Core) forEachHeld(fn func(id uint32, r *rec)) {
 	}
 }
 
-// invalidReason says why a row cannot be held, or "" when it can.
-func invalidReason(r *schedule.Row) string {
-	switch {
-	case r.Key == "":
-		return "empty key"
-	case len(r.Key) > schedule.MaxKeyBytes:
-		return fmt.Sprintf("key is %d bytes, over the limit of %d", len(r.Key), schedule.MaxKeyBytes)
-	case !r.HasDue:
-		return "due time is absent"
-	case r.Cadence < time.Millisecond:
-		return fmt.Sprintf("cadence %v is below 1ms", r.Cadence)
-	case r.Cadence > MaxCadence:
-		return fmt.Sprintf("cadence %v is over %v", r.Cadence, MaxCadence)
-	case r.Source != schedule.SourceDiscovered && r.Source != schedule.SourceSubmitted:
-		return fmt.Sprintf("unknown source %d", r.Source)
-	}
-	if ms := r.Due.UnixMilli(); ms < 0 || ms >= MaxDueMs {
-		return fmt.Sprintf("due time %s is outside [1970, 2106)", r.Due.UTC().Format(time.RFC3339))
-	}
-	return ""
-}
-
 // lookup returns the newest rev the core knows of key and whether it holds it (as record id).
 func (c *Core) lookup(key string) (id uint32, held bool, rev int64, knownKey bool) {
 	return c.lookupFound(key, noRecord)
@@ -593,7 +569,7 @@ func (c *Core) apply(nowMs int64, row *schedule.Row, heldID uint32) Outcome {
 		}
 		return Outcome{Result: Ignored, WasHeld: held}
 	}
-	if reason := invalidReason(row); reason != "" {
+	if reason := row.HoldProblem(); reason != "" {
 		if held {
 			c.removeRow(id)
 		}

@@ -54,7 +54,7 @@ func (m *refModel) knownRev(key string) (int64, bool) {
 }
 
 func (m *refModel) valid(r schedule.Row) bool {
-	if r.Key == "" || len(r.Key) > schedule.MaxKeyBytes || !r.HasDue || r.Cadence < time.Millisecond || r.Cadence > MaxCadence {
+	if r.Key == "" || len(r.Key) > schedule.MaxKeyBytes || !r.HasDue || r.Cadence < time.Millisecond || r.Cadence > schedule.MaxCadence {
 		return false
 	}
 	if r.Source > schedule.SourceSubmitted {

@@ -43,7 +43,7 @@ type rec struct {
 // due returns the due time in ms since the Unix epoch.
 func (r *rec) due() int64 { return int64(r.dueSec)*1000 + int64(r.msFlags&msMask) }
 
-// setDue sets the due time (ms in [0, MaxDueMs)), keeping the flags.
+// setDue sets the due time (ms in [0, schedule.MaxDueMs)), keeping the flags.
 func (r *rec) setDue(ms int64) {
 	r.dueSec = uint32(ms / 1000)
 	r.msFlags = r.msFlags&^msMask | uint16(ms%1000)

@@ -147,7 +147,14 @@ func (c *Core) cmpEntry(a, b uint64) int {
 	if ia == ib {
 		return 0
 	}
-	ra, rb := c.rows.at(ia), c.rows.at(ib)
+	return c.cmpDueKey(ia, ib)
+}
+
+// cmpDueKey is the one tie-break of the core: held records a and b in due order, equal dues by
+// key (bytes). It orders the trees, and so claims of equal score, the oldest row and everything
+// else the core reports first.
+func (c *Core) cmpDueKey(a, b uint32) int {
+	ra, rb := c.rows.at(a), c.rows.at(b)
 	if da, db := ra.due(), rb.due(); da != db {
 		if da < db {
 			return -1

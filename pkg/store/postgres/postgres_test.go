@@ -147,7 +147,7 @@ func TestBulkPayloads(t *testing.T) {
 		if i%100 == 0 { // the largest entries: longest key and route
 			r.Key = fmt.Sprintf("https://example.com/long/%07d/", i)
 			r.Key += strings.Repeat("k", schedule.MaxKeyBytes-len(r.Key))
-			r.Route = strings.Repeat("r", store.MaxRouteBytes)
+			r.Route = strings.Repeat("r", schedule.MaxRouteBytes)
 		}
 		rows[i] = r
 	}

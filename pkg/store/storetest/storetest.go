@@ -1126,7 +1126,7 @@ func testRejectBadInput(t *testing.T, h Harness) {
 	src := Row("bad/source", base)
 	src.Source = schedule.Source(7)
 	route := Row("bad/route", base)
-	route.Route = strings.Repeat("r", store.MaxRouteBytes+1)
+	route.Route = strings.Repeat("r", schedule.MaxRouteBytes+1)
 	empty := Row("", base)
 	empty.Key = ""
 	maxKey := Row("", base)
