@@ -26,8 +26,8 @@ import (
 	"github.com/renderqueue/renderqueue/pkg/buildinfo"
 	"github.com/renderqueue/renderqueue/pkg/keeper"
 	"github.com/renderqueue/renderqueue/pkg/keeper/core"
+	"github.com/renderqueue/renderqueue/pkg/keeper/kubesource"
 	"github.com/renderqueue/renderqueue/pkg/membership"
-	"github.com/renderqueue/renderqueue/pkg/rqwatch"
 	"github.com/renderqueue/renderqueue/pkg/store"
 	"github.com/renderqueue/renderqueue/pkg/store/postgres"
 )
@@ -92,7 +92,7 @@ func runKeeper(ctx context.Context, args []string, _, stderr io.Writer) error {
 		if err != nil {
 			return fmt.Errorf("kubernetes client config: %w", err)
 		}
-		w, err := rqwatch.New(cfg, *namespace, *rqName, *name, log.WithName("rqwatch"))
+		w, err := kubesource.New(cfg, *namespace, *rqName, *name, log.WithName("kubesource"))
 		if err != nil {
 			return err
 		}

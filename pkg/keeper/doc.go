@@ -2,9 +2,11 @@
 // pure core (package core) and serves them to render workers.
 //
 // Shard wraps the core with what it cannot do itself: the store (walks, change events,
-// completions), the lock that serialises the core, the goroutines that walk and follow events,
-// and the rules of what the shard vouches for — its edge, gaps, complete and exact (shard.go,
-// status.go). The HTTP API (http.go, the /v1 contract of pkg/shardapi), its limits (limits.go) and
-// the Prometheus metrics (metrics.go) sit on top. A shard gets its settings from a
-// SettingsSource: flags when standalone, its RenderQueue object when the operator runs it.
+// completions), the lock that serialises the core and the goroutines that walk and follow events
+// (shard.go); it tells the coverage ledger (package coverage) what happened and asks it what the
+// shard vouches for — edge, gaps, complete, exact, the queue state. Claims, completions, releases
+// and lease extensions are in leases.go, the status in status.go. The HTTP API (http.go, the /v1
+// contract of pkg/shardapi), its limits (limits.go) and the Prometheus metrics (metrics.go) sit on
+// top. A shard gets its settings from a SettingsSource: flags when standalone (StaticSource), its
+// RenderQueue object when the operator runs it (package kubesource).
 package keeper

@@ -158,7 +158,7 @@ type Shard struct {
 	wake         chan struct{} // asks Run to walk soon
 	fullWanted   bool          // the walk Run does on wake must be full (gap resumed, window changed)
 
-	// leased remembers, by lease token, the key and rev each lease was given for (serve.go).
+	// leased remembers, by lease token, the key and rev each lease was given for (leases.go).
 	leased      map[uint64]leasedRev
 	leasedSwept int // len(leased) after its last sweep
 

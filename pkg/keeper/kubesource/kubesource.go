@@ -1,9 +1,9 @@
-// Package rqwatch is the keeper shard's settings source inside Kubernetes: it watches the
+// Package kubesource is the keeper shard's settings source inside Kubernetes: it watches the
 // shard's own RenderQueue object (and nothing else — its RBAC allows just that object) and turns
 // its spec (window, verifyInterval, leaseDuration, priority: boost, urgent share, floors,
 // reschedule) and status.membership (the shard's owned and incoming slots and the epoch) into
 // keeper.Settings, as CloudNativePG's instance manager watches its own Cluster.
-package rqwatch
+package kubesource
 
 import (
 	"context"
