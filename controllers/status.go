@@ -134,7 +134,9 @@ func validateReport(st *shardapi.Status) (membership.ShardDue, error) {
 		return membership.ShardDue{}, err
 	}
 	d := membership.ShardDue{Owned: owned, DuePerSlot: per}
-	// incoming slots count only once the shard has walked all of them for the epoch it reports
+	// incoming slots count only once the shard has walked all of them for the epoch it reports;
+	// which report a slot's count comes from is membership.SumDue's (pkg/membership's doc, "When a
+	// moving slot's count counts")
 	if st.Membership.PreparedEpoch >= st.Membership.Epoch && !incoming.IsEmpty() {
 		if d.DuePerPreparedSlot, err = slotCounts("duePerIncomingSlot", st.DuePerIncomingSlot, incoming); err != nil {
 			return membership.ShardDue{}, err

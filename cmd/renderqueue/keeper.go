@@ -23,6 +23,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	ctrlconfig "sigs.k8s.io/controller-runtime/pkg/client/config"
 
+	rqv1 "github.com/renderqueue/renderqueue/api/v1alpha1"
 	"github.com/renderqueue/renderqueue/pkg/buildinfo"
 	"github.com/renderqueue/renderqueue/pkg/keeper"
 	"github.com/renderqueue/renderqueue/pkg/keeper/core"
@@ -31,6 +32,23 @@ import (
 	"github.com/renderqueue/renderqueue/pkg/store"
 	"github.com/renderqueue/renderqueue/pkg/store/postgres"
 )
+
+// apiPolicyDefaults returns the claim policy's defaults as the RenderQueue API gives them (the
+// kubebuilder defaults, api/v1alpha1's Default* constants): submitted boost, urgent max share and
+// reschedule policy.
+func apiPolicyDefaults() (boost, share float64, resched core.Reschedule, err error) {
+	var p rqv1.Priority // empty: every value its default
+	if boost, err = p.SubmittedBoostValue(); err != nil {
+		return 0, 0, 0, fmt.Errorf("the API's default submittedBoost: %w", err)
+	}
+	if share, err = p.UrgentMaxShareValue(); err != nil {
+		return 0, 0, 0, fmt.Errorf("the API's default urgentMaxShare: %w", err)
+	}
+	if resched, err = core.ParseReschedule(p.RescheduleValue()); err != nil {
+		return 0, 0, 0, fmt.Errorf("the API's default reschedule: %w", err)
+	}
+	return boost, share, resched, nil
+}
 
 // runKeeper is `renderqueue keeper`: run one keeper shard. Standalone (the default) it owns all
 // slots and takes its policy from flags; with --renderqueue it takes both from its RenderQueue
@@ -42,13 +60,18 @@ func runKeeper(ctx context.Context, args []string, _, stderr io.Writer) error {
 	listen := fs.String("listen", ":8080", "HTTP listen address")
 	name := fs.String("name", "standalone", "shard name, reported in status")
 	window := fs.Duration("window", 0, "hold rows due before now + window (0 = all rows)")
-	verify := fs.Duration("verify-interval", time.Hour, "time between verification walks (clamped to window/3)")
-	lease := fs.Duration("lease", 5*time.Minute, "default lease of a claim")
-	boost := fs.Float64("submitted-boost", 2, "score multiplier for rows from a sitemap")
-	urgentShare := fs.Float64("urgent-max-share", 0.2, "most of a claim batch urgent rows may take while other rows are due")
+	// the defaults are the RenderQueue API's, so a standalone keeper runs as a managed one does
+	defBoost, defShare, defResched, err := apiPolicyDefaults()
+	if err != nil {
+		return err
+	}
+	verify := fs.Duration("verify-interval", rqv1.DefaultVerifyInterval, "time between verification walks (clamped to window/3)")
+	lease := fs.Duration("lease", rqv1.DefaultLeaseDuration, "default lease of a claim")
+	boost := fs.Float64("submitted-boost", defBoost, "score multiplier for rows from a sitemap")
+	urgentShare := fs.Float64("urgent-max-share", defShare, "most of a claim batch urgent rows may take while other rows are due")
 	var floors floorFlags
 	fs.Var(&floors, "floor", "a class's reserved share of every claim, CADENCE/SOURCE=SHARE (e.g. 96h/discovered=0.05); repeat or comma-separate; shares sum to at most 1 (docs/priority.md)")
-	resched := rescheduleFlag{p: core.KeepPhase}
+	resched := rescheduleFlag{p: defResched}
 	fs.Var(&resched, "reschedule", "next due time of a rendered row: KeepPhase (its own schedule, no drain echo) or AfterRender (completion + cadence)")
 	tokenFile := fs.String("token-file", "", "file holding the API bearer token (default $RENDERQUEUE_TOKEN)")
 	insecure := fs.Bool("insecure-no-auth", false, "serve the mutating API without authentication")

@@ -108,6 +108,8 @@ func (s *Shard) Status(now time.Time) shardapi.Status {
 	for slot, n := range sum.DuePerSlot {
 		st.DuePerSlot[strconv.Itoa(slot)] = n
 	}
+	// incoming slots are reported once walked, not counted in Due: the operator decides when
+	// their counts count (pkg/membership's doc, "When a moving slot's count counts")
 	for slot, n := range sum.DuePerIncomingSlot {
 		if sc.Walked(slot) {
 			if st.DuePerIncomingSlot == nil {

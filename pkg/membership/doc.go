@@ -9,7 +9,7 @@
 // A SlotSet is a bitset of slots with a canonical text form for status ("0-255,300,512-600",
 // see FormatSlots and ParseSlots). An Assignment is one epoch of the membership: the owner of
 // every slot and, during a handoff, the receiver of each moving slot ("incoming"). Its
-// serialisable form is AssignmentSpec.
+// text form is AssignmentSpec.
 //
 // # Planning
 //
@@ -34,7 +34,20 @@
 // prepare's, so that epochs only grow and every shard can tell which assignment is newest.
 // Handoff is the coordinator driving these phases; Apply applies a phase to an assignment.
 //
-// Each shard reports due per owned slot; the operator sums them by the committed assignment
-// (SumDue): every slot's count comes from its one owner, so no slot is counted twice or missed,
-// and the sum is marked inexact while an owner has not yet adopted the assignment.
+// # When a moving slot's count counts
+//
+// This is the one statement of the rule; the keeper (what it reports) and the operator (how it
+// sums) point here. Each shard reports its due rows per owned slot and, per incoming slot, once
+// it has walked every incoming slot of the epoch it reports (preparedEpoch >= epoch: the slot is
+// "prepared"). The operator sums them with SumDue, taking each slot's count from exactly one
+// report:
+//
+//  1. its owner in the committed assignment, when that owner reports owning it;
+//  2. otherwise a shard that still reports owning it (a giver that has not adopted a commit yet:
+//     it holds and follows the slot until it does);
+//  3. otherwise a shard that reports it prepared (a receiver that has not adopted a commit yet:
+//     it has walked the slot and follows its events, but does not count it in its own due).
+//
+// A slot with no such report makes the sum inexact (a lower bound). So no slot is counted twice
+// or missed, and the total stays true through a commit, not only before and after it.
 package membership

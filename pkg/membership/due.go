@@ -16,13 +16,9 @@ type ShardDue struct {
 	DuePerPreparedSlot map[int]int
 }
 
-// SumDue sums due over every slot, taking each slot's count from exactly one report, so that no
-// slot is counted twice or missed:
-//  1. from its owner in the committed assignment a, when that owner reports owning it;
-//  2. otherwise from a shard that still reports owning it (a giver that has not yet adopted a
-//     commit: it holds and follows the slot until it does);
-//  3. otherwise from a shard that reports it prepared (a receiver that has not yet adopted a
-//     commit: it has walked the slot and follows its events).
+// SumDue sums due over every slot of the committed assignment a, taking each slot's count from
+// exactly one report by the rule of the package documentation ("When a moving slot's count
+// counts": owner, else a shard still owning it, else a shard that prepared it).
 //
 // exact is false, and due only a lower bound, when a is empty or some slot has no such report.
 // Whether each shard's own counts are exact is for the caller to combine.

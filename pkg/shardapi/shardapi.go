@@ -39,7 +39,8 @@ type Status struct {
 	DuePerSlot map[string]int `json:"duePerSlot"`
 	// DuePerIncomingSlot is the due count of each incoming slot the shard has walked (not part of
 	// Due). During a handoff the operator takes a moving slot's count from here while the new
-	// owner has not adopted the commit yet, so the sum stays exact through the switch.
+	// owner has not adopted the commit yet, so the sum stays exact through the switch (the rule:
+	// pkg/membership's doc, "When a moving slot's count counts").
 	DuePerIncomingSlot map[string]int `json:"duePerIncomingSlot,omitempty"`
 	Lateness           Lateness       `json:"lateness"`
 	Oldest             *Oldest        `json:"oldest"`
