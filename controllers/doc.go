@@ -14,11 +14,13 @@
 //   - pods.go: creating missing shard Pods (and recreating deleted ones), deleting surplus ones
 //     after their slots moved off, rolling replacement of outdated Pods;
 //   - membership.go: the first assignment, rebalances on scale up and down, resuming a handoff
-//     persisted in status.membership;
+//     persisted in status.membership (parsed once per reconcile; one that does not parse is a
+//     terminal error and Reconciled=False, InvalidMembership);
 //   - poll.go: reading every shard's /v1/status in parallel;
 //   - status.go and policy.go: the status figures and the conditions, the latter as small pure
 //     functions returning (status, reason, message);
 //   - patch.go: writing the status only when it changed;
+//   - events.go: events, emitted once the status write that makes them true succeeded;
 //   - cache.go: the manager's cache options — of the child kinds only objects labelled
 //     renderqueue.dev/queue are cached (a child's name held by an unlabelled object is a
 //     ChildConflict, never taken over), no Secrets, and only the --watch-namespaces when given;

@@ -10,7 +10,6 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	rqv1 "github.com/renderqueue/renderqueue/api/v1alpha1"
@@ -28,22 +27,6 @@ const (
 	// EventRebalanceRolledBack: a receiver did not report in time; ownership stayed.
 	EventRebalanceRolledBack = "RebalanceRolledBack"
 )
-
-// progress is what the operator is changing, for the Progressing condition; nil when nothing.
-type progress struct {
-	Reason  string
-	Message string
-}
-
-// pendingEvent is an event about a RenderQueue, emitted once the status write that makes it true
-// succeeded (or the change it reports was made).
-type pendingEvent struct {
-	Type, Reason, Action, Message string
-	// Related is the object the event is also about (a shard Pod), or nil. The events API counts
-	// repeats of one (regarding, related, reason, action) as a series, so events about different
-	// shards must name their Pod here to stay apart.
-	Related runtime.Object
-}
 
 // targetShards is the shard list spec.shards asks for: <rq>-shard-0 .. <rq>-shard-(n-1).
 func targetShards(rq *rqv1.RenderQueue) []string {
@@ -171,7 +154,8 @@ type membershipStep struct {
 	RequeueAfter time.Duration
 }
 
-// reconcileMembership drives the slot assignment towards spec.shards, writing every change into
+// reconcileMembership drives the slot assignment towards spec.shards from cur (the assignment
+// published in status.membership, parsed once by the caller), writing every change into
 // next.Membership (the caller persists it in one status write, which is when it takes effect):
 //
 //   - no assignment yet: the first one is planned and committed at once (nothing is counted
@@ -181,14 +165,10 @@ type membershipStep struct {
 //   - settled but not balanced over the target shards: once every receiving shard's Pod is Ready,
 //     a rebalance starts with its prepare phase. After a rollback it is retried after
 //     RebalanceRetryAfter.
-func (r *RenderQueueReconciler) reconcileMembership(ctx context.Context, rq *rqv1.RenderQueue,
+func (r *RenderQueueReconciler) reconcileMembership(ctx context.Context, rq *rqv1.RenderQueue, cur membership.Assignment,
 	next *rqv1.RenderQueueStatus, reports []shardReport, pods map[string]*corev1.Pod, now time.Time) (membershipStep, error) {
 	logger := log.FromContext(ctx)
 	ms := &next.Membership
-	cur, err := assignmentFromStatus(*ms)
-	if err != nil {
-		return membershipStep{}, err
-	}
 	if ms.Handoff != nil && ms.Handoff.State == rqv1.HandoffPreparing {
 		return r.stepHandoff(ctx, rq, ms, cur, reports, now)
 	}
@@ -355,22 +335,4 @@ func movedSlots(moves []membership.MoveText) int {
 		}
 	}
 	return n
-}
-
-// podReady reports whether pod exists, is not being deleted and its Ready condition is True.
-func podReady(pod *corev1.Pod) bool {
-	if pod == nil || pod.DeletionTimestamp != nil {
-		return false
-	}
-	for _, c := range pod.Status.Conditions {
-		if c.Type == corev1.PodReady {
-			return c.Status == corev1.ConditionTrue
-		}
-	}
-	return false
-}
-
-func ptrTime(t time.Time) *metav1.Time {
-	mt := metav1.NewTime(t)
-	return &mt
 }

@@ -240,3 +240,16 @@ func progressingReason(rq *rqv1.RenderQueue) string {
 	}
 	return ""
 }
+
+// podReady reports whether pod exists, is not being deleted and its Ready condition is True.
+func podReady(pod *corev1.Pod) bool {
+	if pod == nil || pod.DeletionTimestamp != nil {
+		return false
+	}
+	for _, c := range pod.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}

@@ -26,6 +26,12 @@ const (
 	StateFailing = "Failing"
 )
 
+// progress is what the operator is changing, for the Progressing condition; nil when nothing.
+type progress struct {
+	Reason  string
+	Message string
+}
+
 // condition is the outcome of a condition policy: the status, a CamelCase reason and a message
 // naming the shard and the figure.
 type condition struct {

@@ -12,6 +12,7 @@ import (
 	policyv1 "k8s.io/api/policy/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/tools/events"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -19,6 +20,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	rqv1 "github.com/renderqueue/renderqueue/api/v1alpha1"
 )
@@ -160,9 +162,10 @@ func (r *RenderQueueReconciler) Reconcile(ctx context.Context, req ctrl.Request)
 	now := r.now().Truncate(time.Second) // the API server stores times to the second
 	r.Metrics.track(rq.Namespace, rq.Name)
 
+	// status.membership is parsed once, here; a malformed one is not retried (see invalidMembership)
 	persisted, err := assignmentFromStatus(rq.Status.Membership)
 	if err != nil {
-		return ctrl.Result{}, err
+		return ctrl.Result{}, r.invalidMembership(ctx, &rq, now, err)
 	}
 	blocked := r.specBlocker(&rq)
 	if blocked == nil {
@@ -216,7 +219,7 @@ func (r *RenderQueueReconciler) Reconcile(ctx context.Context, req ctrl.Request)
 	var mstep membershipStep
 	var prog *progress
 	if blocked == nil || blocked.Reason == rqv1.ReasonShardPodRefused {
-		mstep, err = r.reconcileMembership(ctx, &rq, next, reports, pods, now)
+		mstep, err = r.reconcileMembership(ctx, &rq, persisted, next, reports, pods, now)
 		if err != nil {
 			return ctrl.Result{}, err
 		}
@@ -259,14 +262,26 @@ func (r *RenderQueueReconciler) Reconcile(ctx context.Context, req ctrl.Request)
 	return ctrl.Result{RequeueAfter: after}, nil
 }
 
-// emit records evs on rq.
-func (r *RenderQueueReconciler) emit(rq *rqv1.RenderQueue, evs []pendingEvent) {
-	if r.Recorder == nil {
-		return
+// invalidMembership handles a status.membership that does not parse: the record of the slot
+// assignment and of any handoff is unreadable, so the operator must not act on it and retrying
+// changes nothing. It says so in the Reconciled condition (InvalidMembership, with a warning
+// event when the condition turns so) and returns a terminal error: controller-runtime logs it and
+// does not requeue. A later change to the RenderQueue or its Pods reconciles again.
+func (r *RenderQueueReconciler) invalidMembership(ctx context.Context, rq *rqv1.RenderQueue, now time.Time, cause error) error {
+	err := fmt.Errorf("RenderQueue %s/%s: %w", rq.Namespace, rq.Name, cause)
+	next := rq.Status.DeepCopy()
+	setCondition(next, rq.Generation, now, rqv1.ConditionReconciled, condition{Status: metav1.ConditionFalse,
+		Reason: rqv1.ReasonInvalidMembership, Message: fmt.Sprintf(
+			"the operator changes no shard, Pod or slot until it is fixed: %v", cause)})
+	prev := rq.Status.DeepCopy()
+	wrote, perr := patchStatus(ctx, r.Client, rq, next)
+	if perr != nil {
+		return errors.Join(err, perr) // not terminal: the condition must be written
 	}
-	for _, e := range evs {
-		r.Recorder.Eventf(rq, e.Related, e.Type, e.Reason, e.Action, "%s", e.Message)
+	if wrote {
+		r.emit(rq, transitionEvents(prev, next, nil))
 	}
+	return reconcile.TerminalError(err)
 }
 
 // SetupWithManager registers the reconciler with mgr: it watches RenderQueues (spec changes,

@@ -15,8 +15,8 @@ const (
 	// Loading, RollingUpdate), False (Settled) otherwise.
 	ConditionProgressing = "Progressing"
 	// ConditionReconciled is True (ReconcileSucceeded) when the operator can make the shards
-	// what the spec asks; False names what stops it: InvalidSpec, ImageNotAllowed,
-	// ChildConflict (nothing is created or replaced; the existing shards keep running and are
+	// what the spec asks; False names what stops it: InvalidSpec, InvalidMembership,
+	// ImageNotAllowed, ChildConflict (nothing is created or replaced; the existing shards keep running and are
 	// still polled) or ShardPodRefused (the API server refused a shard Pod; everything else
 	// goes on).
 	ConditionReconciled = "Reconciled"
@@ -63,6 +63,11 @@ const (
 	// ReasonInvalidSpec: Reconciled is False: the object does not decode or breaks a rule of the
 	// API (stored before the rule); the message names the field.
 	ReasonInvalidSpec = "InvalidSpec"
+	// ReasonInvalidMembership: Reconciled is False: status.membership (the record of the slot
+	// assignment and of any handoff) does not parse; the operator changes nothing until it is
+	// fixed, and does not retry on its own (a later change to the RenderQueue or its Pods, or an
+	// operator restart, reconciles again).
+	ReasonInvalidMembership = "InvalidMembership"
 	// ReasonImageNotAllowed: Reconciled is False: spec.image is not among the operator's
 	// --allowed-images.
 	ReasonImageNotAllowed = "ImageNotAllowed"
