@@ -1,6 +1,13 @@
 // Package memstore is an in-memory store.Store for fast, deterministic tests of the keeper
 // service. It passes the same conformance suite (pkg/store/storetest) as the PostgreSQL store.
 //
+// It is kept because those tests use it where PostgreSQL cannot do the job as well: the shards of
+// pkg/client's tests (pkg/client/clienttest, many shards and a membership in one process), the
+// keeper's flood test (a shard held behind its lock while thousands of events arrive) and its
+// status and claim benchmarks (a shard of 1M rows with no database in the figures), and the
+// monitoring tests' keeper. Its subscription queue is the store's own (store.EventQueue), so the
+// rules of gaps and overflow are written once for both stores.
+//
 // Differences from PostgreSQL, all deliberate:
 //   - The ownership hash is FNV-1a 64 of the key unless Options.Hash says otherwise (PostgreSQL's
 //     hashtextextended is not reimplemented). Tests that need rows in particular slots can set
@@ -358,7 +365,9 @@ func (s *Store) Subscribe(ctx context.Context, slots []int) (store.Subscription,
 	if err != nil {
 		return nil, fmt.Errorf("subscribe: %w", err)
 	}
-	sub := &subscription{s: s, wake: make(chan struct{}, 1), done: make(chan struct{})}
+	max := s.opts.MaxQueuedEvents
+	sub := &subscription{s: s, wake: make(chan struct{}, 1), done: make(chan struct{}),
+		q: store.NewEventQueue(max, 0, func(int, int64) error { return fmt.Errorf("%w (%d events)", ErrOverflow, max) })}
 	for _, sl := range norm {
 		sub.slots[sl] = true
 	}

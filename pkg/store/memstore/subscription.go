@@ -10,36 +10,26 @@ import (
 	"github.com/renderqueue/renderqueue/pkg/store"
 )
 
-// maxBatchEvents caps the events one Next returns.
-const maxBatchEvents = 8192
-
 // errDisconnected is the cause of gaps made by DisconnectSubscriptions.
 var errDisconnected = errors.New("memstore: subscription disconnected by the test")
 
 // ErrOverflow is the cause of the gap signalled when a subscription's queue is full.
 var ErrOverflow = errors.New("memstore: change events arrived faster than they were taken: the queue is full and events were dropped")
 
-type item struct {
-	kind store.BatchKind
-	ev   store.Event
-	err  error
-}
-
 // subscription implements store.Subscription. Its fields are guarded by s.mu (the store's lock),
 // so publishing and SetSlots are ordered with writes.
 type subscription struct {
-	s            *Store
-	slots        [schedule.NumSlots]bool
-	queue        []item
+	s     *Store
+	slots [schedule.NumSlots]bool
+	// q is the queue of events, gaps and resumptions (store.EventQueue: its bound and how gaps of
+	// different causes combine); a test's disconnection is its SetLost.
+	q            *store.EventQueue
 	disconnected bool
-	// gapOpen: a gap is queued with no resumed after it; overflow: the queue was full and
-	// events are dropped until the consumer has taken all that are queued.
-	gapOpen, overflow bool
-	closed            bool
-	wake              chan struct{}
-	done              chan struct{}
-	closeOnce         sync.Once
-	stopAfter         func() bool
+	closed       bool
+	wake         chan struct{}
+	done         chan struct{}
+	closeOnce    sync.Once
+	stopAfter    func() bool
 }
 
 func (sub *subscription) signal() {
@@ -56,35 +46,13 @@ func (sub *subscription) publish(evs []store.Event) {
 	}
 	n := 0
 	for _, e := range evs {
-		if !sub.slots[schedule.SlotOf(e.Row.KeyHash)] || sub.overflow {
-			continue
-		}
-		if len(sub.queue) >= sub.s.opts.MaxQueuedEvents {
-			sub.overflow = true
-			sub.gap(fmt.Errorf("%w (%d events)", ErrOverflow, sub.s.opts.MaxQueuedEvents))
+		if sub.slots[schedule.SlotOf(e.Row.KeyHash)] {
+			sub.q.Push(e)
 			n++
-			continue
 		}
-		sub.queue = append(sub.queue, item{kind: store.KindEvents, ev: e})
-		n++
 	}
 	if n > 0 {
 		sub.signal()
-	}
-}
-
-// gap queues a gap unless one is open; resumed queues resumed once no cause of a gap holds.
-func (sub *subscription) gap(err error) {
-	if !sub.gapOpen {
-		sub.queue = append(sub.queue, item{kind: store.KindGap, err: err})
-		sub.gapOpen = true
-	}
-}
-
-func (sub *subscription) resumed() {
-	if sub.gapOpen && !sub.disconnected && !sub.overflow {
-		sub.queue = append(sub.queue, item{kind: store.KindResumed})
-		sub.gapOpen = false
 	}
 }
 
@@ -93,7 +61,7 @@ func (sub *subscription) disconnect() {
 		return
 	}
 	sub.disconnected = true
-	sub.gap(errDisconnected)
+	sub.q.SetLost(true, errDisconnected)
 	sub.signal()
 }
 
@@ -102,44 +70,8 @@ func (sub *subscription) reconnect() {
 		return
 	}
 	sub.disconnected = false
-	sub.resumed()
+	sub.q.SetLost(false, nil)
 	sub.signal()
-}
-
-// take removes the next batch (caller holds s.mu). Once an overflowing queue is empty, it
-// queues resumed.
-func (sub *subscription) take() (store.Batch, bool) {
-	if sub.overflow && len(sub.queue) == 0 {
-		sub.overflow = false
-		sub.resumed()
-	}
-	var evs []store.Event
-	i := 0
-	for ; i < len(sub.queue); i++ {
-		it := sub.queue[i]
-		if it.kind != store.KindEvents {
-			if len(evs) > 0 {
-				break
-			}
-			sub.queue = sub.queue[i+1:]
-			return store.Batch{Kind: it.kind, Err: it.err}, true
-		}
-		if sub.slots[schedule.SlotOf(it.ev.Row.KeyHash)] {
-			evs = append(evs, it.ev)
-			if len(evs) == maxBatchEvents {
-				i++
-				break
-			}
-		}
-	}
-	sub.queue = sub.queue[i:]
-	if len(sub.queue) == 0 {
-		sub.queue = nil
-	}
-	if len(evs) == 0 {
-		return store.Batch{}, false
-	}
-	return store.Batch{Kind: store.KindEvents, Events: evs}, true
 }
 
 // Next implements store.Subscription.
@@ -150,7 +82,7 @@ func (sub *subscription) Next(ctx context.Context) (store.Batch, error) {
 			sub.s.mu.Unlock()
 			return store.Batch{}, store.ErrClosed
 		}
-		b, ok := sub.take()
+		b, ok := sub.q.Take(&sub.slots)
 		sub.s.mu.Unlock()
 		if ok {
 			return b, nil
@@ -190,7 +122,7 @@ func (sub *subscription) Close() error {
 	sub.closeOnce.Do(func() {
 		sub.s.mu.Lock()
 		sub.closed = true
-		sub.queue = nil
+		sub.q.Clear()
 		delete(sub.s.subs, sub)
 		sub.s.mu.Unlock()
 		close(sub.done)

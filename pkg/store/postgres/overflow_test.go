@@ -38,12 +38,7 @@ func TestEventQueueOverflow(t *testing.T) {
 	// every event is either queued or dropped, and the queue never held more than max
 	for deadline := time.Now().Add(30 * time.Second); ; {
 		sub.mu.Lock()
-		queued, dropped := 0, sub.dropped
-		for _, it := range sub.queue[sub.head:] {
-			if it.kind == store.KindEvents {
-				queued++
-			}
-		}
+		queued, _, dropped := sub.q.Stats()
 		sub.mu.Unlock()
 		if queued > max {
 			t.Fatalf("%d events queued, more than %d", queued, max)
@@ -88,10 +83,10 @@ func TestEventQueueByteBound(t *testing.T) {
 	if _, err := st.Upsert(ctx, rows); err != nil {
 		t.Fatal(err)
 	}
-	perEvent := eventBytes(&store.Event{Row: rows[0]})
+	perEvent := store.EventBytes(&store.Event{Row: rows[0]})
 	for deadline := time.Now().Add(30 * time.Second); ; {
 		sub.mu.Lock()
-		queued, dropped, bytes := len(sub.queue)-sub.head-1, sub.dropped, sub.queuedBytes
+		queued, bytes, dropped := sub.q.Stats()
 		sub.mu.Unlock()
 		if bytes > maxBytes {
 			t.Fatalf("%d bytes queued, more than %d", bytes, maxBytes)

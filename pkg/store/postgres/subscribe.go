@@ -10,7 +10,6 @@ import (
 	"strings"
 	"sync"
 	"time"
-	"unsafe"
 
 	"github.com/jackc/pgx/v5/pgconn"
 
@@ -22,16 +21,14 @@ import (
 // sets one), so operators can find them in pg_stat_activity.
 const ListenerApplicationName = "renderqueue-listener"
 
-// maxBatchEvents caps the events one Next returns.
-const maxBatchEvents = 8192
-
 // errOverflow is the gap cause reported when the event queue overflowed.
 var errOverflow = errors.New("change events arrived faster than they were taken: the queue is full and events were dropped")
 
 // errTruncated is the gap cause reported when the table was truncated.
 var errTruncated = errors.New("render_schedule was truncated: rows were removed without change events")
 
-// qitem is one queued subscription item: an event, or a gap or resumed signal.
+// qitem is one item for the queue: an event, or a gap or resumed signal (deliverPending collects
+// them while reading payloads, then queues them under one hold of the lock).
 type qitem struct {
 	kind store.BatchKind
 	ev   store.Event
@@ -70,17 +67,13 @@ type subscription struct {
 	// (reader goroutine only).
 	carried *setReq
 
-	mu    sync.Mutex
-	queue []qitem
-	head  int
-	// gapOpen: a gap is queued with no resumed after it; lost: the connection is down;
-	// overflow: events are being dropped; dropped counts the events dropped so far.
-	gapOpen, lost, overflow bool
-	dropped                 int64
-	queuedBytes             int64                   // eventBytes of the queued events
-	slots                   [schedule.NumSlots]bool // the current set; Next drops events of other slots
-	waitCancel              context.CancelFunc      // interrupts the reader's wait (SetSlots)
-	closed                  bool
+	mu sync.Mutex
+	// q is the queue of events, gaps and resumptions (store.EventQueue: its bounds and how gaps of
+	// different causes combine); a lost connection is its SetLost.
+	q          *store.EventQueue
+	slots      [schedule.NumSlots]bool // the current set; Next drops events of other slots
+	waitCancel context.CancelFunc      // interrupts the reader's wait (SetSlots)
+	closed     bool
 
 	wake   chan struct{}
 	cancel context.CancelFunc
@@ -104,6 +97,11 @@ func (s *Store) Subscribe(ctx context.Context, slots []int) (store.Subscription,
 		wake:   make(chan struct{}, 1),
 		done:   make(chan struct{}),
 	}
+	sub.q = store.NewEventQueue(s.opts.MaxQueuedEvents, s.opts.MaxQueuedBytes, func(events int, bytes int64) error {
+		s.log.Info("Change event queue full: dropping events and signalling a gap until the consumer catches up",
+			"queued", events, "queuedBytes", bytes)
+		return fmt.Errorf("%w (%d events, %d bytes)", errOverflow, events, bytes)
+	})
 	sub.cfg = s.connCfg.Copy()
 	if sub.cfg.RuntimeParams["application_name"] == "" {
 		sub.cfg.RuntimeParams["application_name"] = ListenerApplicationName
@@ -480,20 +478,21 @@ func (sub *subscription) deliverPending(conn *pgconn.PgConn) {
 }
 
 // push queues items: events, and gap and resumed signals of payloads that were dropped (each a
-// gap followed by resumed). See queueLocked for how gaps of different causes combine.
+// gap followed by resumed).
 func (sub *subscription) push(items ...qitem) {
 	if len(items) == 0 {
 		return
 	}
 	sub.mu.Lock()
-	if sub.head > 0 && sub.head >= len(sub.queue)/2 {
-		n := copy(sub.queue, sub.queue[sub.head:])
-		clear(sub.queue[n:])
-		sub.queue = sub.queue[:n]
-		sub.head = 0
-	}
 	for _, it := range items {
-		sub.queueLocked(it)
+		switch it.kind {
+		case store.KindGap:
+			sub.q.Gap(it.err)
+		case store.KindResumed:
+			sub.q.Resumed()
+		default:
+			sub.q.Push(it.ev)
+		}
 	}
 	sub.mu.Unlock()
 	sub.signal()
@@ -503,55 +502,9 @@ func (sub *subscription) push(items ...qitem) {
 // unless the queue still overflows).
 func (sub *subscription) setLost(lost bool, err error) {
 	sub.mu.Lock()
-	sub.lost = lost
-	if lost {
-		sub.queueLocked(qitem{kind: store.KindGap, err: err})
-	} else {
-		sub.queueLocked(qitem{kind: store.KindResumed})
-	}
+	sub.q.SetLost(lost, err)
 	sub.mu.Unlock()
 	sub.signal()
-}
-
-// queueLocked queues one item (caller holds mu). The queue holds at most MaxQueuedEvents events:
-// an event that finds it full starts an overflow — a gap, and every event is dropped until the
-// consumer has taken all that are queued (then resumed: take). One gap covers every cause that
-// holds at the time (lost connection, overflow, dropped payloads): a second gap is not queued
-// while one is open, and resumed is queued only once no cause holds.
-func (sub *subscription) queueLocked(it qitem) {
-	switch it.kind {
-	case store.KindGap:
-		if !sub.gapOpen {
-			sub.queue = append(sub.queue, it)
-			sub.gapOpen = true
-		}
-	case store.KindResumed:
-		if sub.gapOpen && !sub.lost && !sub.overflow {
-			sub.queue = append(sub.queue, it)
-			sub.gapOpen = false
-		}
-	default:
-		switch {
-		case sub.overflow:
-			sub.dropped++
-		case len(sub.queue)-sub.head >= sub.s.opts.MaxQueuedEvents || sub.queuedBytes+eventBytes(&it.ev) > sub.s.opts.MaxQueuedBytes:
-			sub.overflow = true
-			sub.dropped++
-			sub.s.log.Info("Change event queue full: dropping events and signalling a gap until the consumer catches up",
-				"queued", len(sub.queue)-sub.head, "queuedBytes", sub.queuedBytes)
-			sub.queueLocked(qitem{kind: store.KindGap, err: fmt.Errorf("%w (%d events, %d bytes)", errOverflow,
-				len(sub.queue)-sub.head, sub.queuedBytes)})
-		default:
-			sub.queue = append(sub.queue, it)
-			sub.queuedBytes += eventBytes(&it.ev)
-		}
-	}
-}
-
-// eventBytes is about the memory a queued event holds: the queue entry and its key (routes are
-// interned, shared by every row of the route).
-func eventBytes(ev *store.Event) int64 {
-	return int64(unsafe.Sizeof(qitem{})) + int64(len(ev.Row.Key))
 }
 
 func (sub *subscription) signal() {
@@ -571,44 +524,6 @@ func (sub *subscription) markClosed() {
 	}
 }
 
-// take removes the next batch from the queue (caller holds mu). Once an overflowing queue is
-// empty, it queues resumed: events are accepted again from here on.
-func (sub *subscription) take() (store.Batch, bool) {
-	if sub.overflow && sub.head == len(sub.queue) {
-		sub.overflow = false
-		sub.queueLocked(qitem{kind: store.KindResumed})
-	}
-	var evs []store.Event
-	for sub.head < len(sub.queue) {
-		it := &sub.queue[sub.head]
-		if it.kind != store.KindEvents {
-			if len(evs) > 0 {
-				break
-			}
-			b := store.Batch{Kind: it.kind, Err: it.err}
-			*it = qitem{}
-			sub.head++
-			return b, true
-		}
-		sub.queuedBytes -= eventBytes(&it.ev)
-		if sub.slots[schedule.SlotOf(it.ev.Row.KeyHash)] {
-			if evs == nil {
-				evs = make([]store.Event, 0, min(maxBatchEvents, len(sub.queue)-sub.head))
-			}
-			evs = append(evs, it.ev)
-		}
-		*it = qitem{}
-		sub.head++
-		if len(evs) == maxBatchEvents {
-			break
-		}
-	}
-	if len(evs) == 0 {
-		return store.Batch{}, false
-	}
-	return store.Batch{Kind: store.KindEvents, Events: evs}, true
-}
-
 // Next implements store.Subscription.
 func (sub *subscription) Next(ctx context.Context) (store.Batch, error) {
 	for {
@@ -617,7 +532,7 @@ func (sub *subscription) Next(ctx context.Context) (store.Batch, error) {
 			sub.mu.Unlock()
 			return store.Batch{}, store.ErrClosed
 		}
-		b, ok := sub.take()
+		b, ok := sub.q.Take(&sub.slots)
 		sub.mu.Unlock()
 		if ok {
 			return b, nil
