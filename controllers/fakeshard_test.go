@@ -12,7 +12,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	rqv1 "github.com/renderqueue/renderqueue/api/v1alpha1"
-	"github.com/renderqueue/renderqueue/pkg/membership"
+	"github.com/renderqueue/renderqueue/pkg/schedule"
 	"github.com/renderqueue/renderqueue/pkg/shardapi"
 )
 
@@ -119,7 +119,7 @@ func (f *fakeShard) serve(w http.ResponseWriter, r *http.Request) {
 		ahead := f.edge.Sub(now).Seconds()
 		st.EdgeAheadSeconds = &ahead
 	}
-	if set, err := membership.ParseSlots(owned); err == nil && !set.IsEmpty() {
+	if set, err := schedule.ParseSlots(owned); err == nil && !set.IsEmpty() {
 		st.Due = f.due
 		st.DuePerSlot[strconv.Itoa(set.Slots()[0])] = f.due
 	}

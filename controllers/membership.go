@@ -14,6 +14,7 @@ import (
 
 	rqv1 "github.com/renderqueue/renderqueue/api/v1alpha1"
 	"github.com/renderqueue/renderqueue/pkg/membership"
+	"github.com/renderqueue/renderqueue/pkg/schedule"
 )
 
 // Event reasons of the membership step.
@@ -100,10 +101,10 @@ func setAssignment(rq *rqv1.RenderQueue, ms *rqv1.MembershipStatus, a membership
 	sortShards(rq, names)
 	for _, n := range names {
 		if owned := a.Owned(n); !owned.IsEmpty() {
-			ms.Assignment = append(ms.Assignment, rqv1.ShardSlots{Shard: n, Slots: membership.FormatSlots(owned)})
+			ms.Assignment = append(ms.Assignment, rqv1.ShardSlots{Shard: n, Slots: schedule.FormatSlots(owned)})
 		}
 		if in := a.Incoming(n); !in.IsEmpty() {
-			ms.Incoming = append(ms.Incoming, rqv1.ShardSlots{Shard: n, Slots: membership.FormatSlots(in)})
+			ms.Incoming = append(ms.Incoming, rqv1.ShardSlots{Shard: n, Slots: schedule.FormatSlots(in)})
 			moving += in.Len()
 		}
 	}
@@ -196,7 +197,7 @@ func (r *RenderQueueReconciler) reconcileMembership(ctx context.Context, rq *rqv
 		logger.Info("Assigned slots", "epoch", a.Epoch, "shards", len(targets))
 		return membershipStep{Events: []pendingEvent{{
 			Type: corev1.EventTypeNormal, Reason: EventSlotsAssigned, Action: "Assign",
-			Message: fmt.Sprintf("assigned %d slots to %d shards at epoch %d", membership.NumSlots, len(targets), a.Epoch),
+			Message: fmt.Sprintf("assigned %d slots to %d shards at epoch %d", schedule.NumSlots, len(targets), a.Epoch),
 		}}}, nil
 	}
 
@@ -309,7 +310,7 @@ func describeMoves(moves []membership.MoveText) string {
 	per := map[string]int{}
 	var order []string
 	for _, m := range moves {
-		s, err := membership.ParseSlots(m.Slots)
+		s, err := schedule.ParseSlots(m.Slots)
 		if err != nil {
 			continue
 		}
@@ -330,7 +331,7 @@ func describeMoves(moves []membership.MoveText) string {
 func movedSlots(moves []membership.MoveText) int {
 	n := 0
 	for _, m := range moves {
-		if s, err := membership.ParseSlots(m.Slots); err == nil {
+		if s, err := schedule.ParseSlots(m.Slots); err == nil {
 			n += s.Len()
 		}
 	}

@@ -13,6 +13,7 @@ import (
 
 	rqv1 "github.com/renderqueue/renderqueue/api/v1alpha1"
 	"github.com/renderqueue/renderqueue/pkg/membership"
+	"github.com/renderqueue/renderqueue/pkg/schedule"
 	"github.com/renderqueue/renderqueue/pkg/shardapi"
 )
 
@@ -121,11 +122,11 @@ func shardStatus(rep shardReport, owned string, prev *rqv1.ShardStatus) rqv1.Sha
 // validateReport checks the parts of a shard's status the operator computes with; a report that
 // fails is treated like an unreachable shard.
 func validateReport(st *shardapi.Status) (membership.ShardDue, error) {
-	owned, err := membership.ParseSlots(st.Membership.Owned)
+	owned, err := schedule.ParseSlots(st.Membership.Owned)
 	if err != nil {
 		return membership.ShardDue{}, fmt.Errorf("bad membership.owned: %w", err)
 	}
-	incoming, err := membership.ParseSlots(st.Membership.Incoming)
+	incoming, err := schedule.ParseSlots(st.Membership.Incoming)
 	if err != nil {
 		return membership.ShardDue{}, fmt.Errorf("bad membership.incoming: %w", err)
 	}
@@ -147,11 +148,11 @@ func validateReport(st *shardapi.Status) (membership.ShardDue, error) {
 }
 
 // slotCounts parses a per-slot count map whose slots must all be in within.
-func slotCounts(field string, m map[string]int, within membership.SlotSet) (map[int]int, error) {
+func slotCounts(field string, m map[string]int, within schedule.SlotSet) (map[int]int, error) {
 	out := make(map[int]int, len(m))
 	for k, v := range m {
 		slot, err := strconv.Atoi(k)
-		if err != nil || slot < 0 || slot >= membership.NumSlots || v < 0 || !within.Has(slot) {
+		if err != nil || slot < 0 || slot >= schedule.NumSlots || v < 0 || !within.Has(slot) {
 			return nil, fmt.Errorf("bad %s entry %q: %d", field, k, v)
 		}
 		out[slot] = v
@@ -196,7 +197,7 @@ func computeStatus(rq *rqv1.RenderQueue, next *rqv1.RenderQueueStatus, in status
 				}
 			}
 		}
-		s := shardStatus(rep, membership.FormatSlots(committed.Owned(rep.Name)), prev[rep.Name])
+		s := shardStatus(rep, schedule.FormatSlots(committed.Owned(rep.Name)), prev[rep.Name])
 		if !reachable(s) || !s.Exact {
 			allExact = false
 		}

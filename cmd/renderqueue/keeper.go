@@ -28,7 +28,7 @@ import (
 	"github.com/renderqueue/renderqueue/pkg/keeper"
 	"github.com/renderqueue/renderqueue/pkg/keeper/core"
 	"github.com/renderqueue/renderqueue/pkg/keeper/kubesource"
-	"github.com/renderqueue/renderqueue/pkg/membership"
+	"github.com/renderqueue/renderqueue/pkg/schedule"
 	"github.com/renderqueue/renderqueue/pkg/store"
 	"github.com/renderqueue/renderqueue/pkg/store/postgres"
 )
@@ -124,7 +124,7 @@ func runKeeper(ctx context.Context, args []string, _, stderr io.Writer) error {
 		settings := keeper.Settings{
 			Window: *window, VerifyInterval: *verify, LeaseDuration: *lease,
 			SubmittedBoost: *boost, UrgentMaxShare: *urgentShare, Floors: floors, Reschedule: resched.p,
-			Owned: membership.AllSlots(),
+			Owned: schedule.AllSlots(),
 		}
 		if err := settings.Validate(); err != nil {
 			return err

@@ -14,7 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/renderqueue/renderqueue/pkg/keeper"
-	"github.com/renderqueue/renderqueue/pkg/membership"
+	"github.com/renderqueue/renderqueue/pkg/schedule"
 	"github.com/renderqueue/renderqueue/pkg/store/postgres"
 	"github.com/renderqueue/renderqueue/pkg/store/postgres/pgtest"
 )
@@ -29,7 +29,7 @@ func startInProcess(ctx context.Context, dsn, token string) (*Keeper, error) {
 	}
 	sh, err := keeper.NewShard(keeper.Options{Name: "bench", Store: st, Log: logr.Discard()}, keeper.Settings{
 		VerifyInterval: time.Hour, LeaseDuration: 5 * time.Minute, SubmittedBoost: 2, UrgentMaxShare: 0.2,
-		Owned: membership.AllSlots(),
+		Owned: schedule.AllSlots(),
 	})
 	if err != nil {
 		cancel()

@@ -14,11 +14,11 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/renderqueue/renderqueue/pkg/client/clienttest"
-	"github.com/renderqueue/renderqueue/pkg/membership"
+	"github.com/renderqueue/renderqueue/pkg/schedule"
 )
 
 var (
-	membershipParse = membership.ParseSlots
+	membershipParse = schedule.ParseSlots
 	memstoreHash    = clienttest.Hash
 )
 

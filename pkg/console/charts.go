@@ -6,7 +6,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/renderqueue/renderqueue/pkg/membership"
+	"github.com/renderqueue/renderqueue/pkg/schedule"
 	"github.com/renderqueue/renderqueue/pkg/shardapi"
 	"github.com/renderqueue/renderqueue/pkg/statusview"
 )
@@ -327,8 +327,8 @@ func slotStrip(m Membership, colour map[string]int) Chart {
 					class += " incoming"
 				}
 				ch.Rects = append(ch.Rects, svgRect{
-					X: marginLeft + pw*float64(run.First)/membership.NumSlots, Y: y,
-					W: pw * float64(run.Len()) / membership.NumSlots, H: stripH, Class: class,
+					X: marginLeft + pw*float64(run.First)/schedule.NumSlots, Y: y,
+					W: pw * float64(run.Len()) / schedule.NumSlots, H: stripH, Class: class,
 					Title: fmt.Sprintf("%s: slots %s (%d)", o.Shard, run, run.Len()),
 				})
 			}
@@ -336,7 +336,7 @@ func slotStrip(m Membership, colour map[string]int) Chart {
 	}
 	bottom := ch.H - 8
 	for _, s := range []int{0, 256, 512, 768, 1023} {
-		ch.Texts = append(ch.Texts, svgText{X: marginLeft + pw*float64(s)/membership.NumSlots, Y: bottom, Text: fmt.Sprint(s), Anchor: "middle", Class: "axis"})
+		ch.Texts = append(ch.Texts, svgText{X: marginLeft + pw*float64(s)/schedule.NumSlots, Y: bottom, Text: fmt.Sprint(s), Anchor: "middle", Class: "axis"})
 	}
 	return ch
 }

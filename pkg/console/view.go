@@ -10,7 +10,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	rqv1 "github.com/renderqueue/renderqueue/api/v1alpha1"
-	"github.com/renderqueue/renderqueue/pkg/membership"
+	"github.com/renderqueue/renderqueue/pkg/schedule"
 	"github.com/renderqueue/renderqueue/pkg/shardapi"
 	"github.com/renderqueue/renderqueue/pkg/statusview"
 )
@@ -153,7 +153,7 @@ type SlotOwner struct {
 	Slots string `json:"slots"`
 	Count int    `json:"count"`
 	// Runs are the slot ranges, for the slot strip.
-	Runs []membership.Run `json:"-"`
+	Runs []schedule.Run `json:"-"`
 }
 
 // Event is one point of the handoff timeline.
@@ -461,7 +461,7 @@ func slotOwners(list []rqv1.ShardSlots) ([]SlotOwner, error) {
 	var errs []string
 	for _, s := range list {
 		o := SlotOwner{Shard: s.Shard, Slots: s.Slots}
-		set, err := membership.ParseSlots(s.Slots)
+		set, err := schedule.ParseSlots(s.Slots)
 		if err != nil {
 			errs = append(errs, fmt.Sprintf("shard %s: %v", s.Shard, err))
 		} else {

@@ -11,7 +11,6 @@ import (
 	"github.com/go-logr/logr/funcr"
 	"github.com/jackc/pgx/v5"
 
-	"github.com/renderqueue/renderqueue/pkg/membership"
 	"github.com/renderqueue/renderqueue/pkg/schedule"
 	"github.com/renderqueue/renderqueue/pkg/store/postgres"
 	"github.com/renderqueue/renderqueue/pkg/store/postgres/pgtest"
@@ -76,7 +75,7 @@ func TestSettingsDuringOutage(t *testing.T) {
 	eventually(t, "inexact once the listener is cut off", 10*time.Second, func() bool { return !sh.Status(time.Now()).Exact })
 
 	// the slots of the first half of the hash space leave; then they come back, with a new window
-	var half membership.SlotSet
+	var half schedule.SlotSet
 	for sl := schedule.NumSlots / 2; sl < schedule.NumSlots; sl++ {
 		half.Add(sl)
 	}

@@ -180,7 +180,7 @@ func (c *cluster) sample(when string) {
 		allExact := true
 		for name, cs := range c.shards {
 			st := cs.sh.Status(time.Now())
-			owned, err := membership.ParseSlots(st.Membership.Owned)
+			owned, err := schedule.ParseSlots(st.Membership.Owned)
 			if err != nil {
 				c.t.Fatal(err)
 			}

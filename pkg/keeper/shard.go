@@ -14,7 +14,6 @@ import (
 
 	"github.com/renderqueue/renderqueue/pkg/keeper/core"
 	"github.com/renderqueue/renderqueue/pkg/keeper/coverage"
-	"github.com/renderqueue/renderqueue/pkg/membership"
 	"github.com/renderqueue/renderqueue/pkg/schedule"
 	"github.com/renderqueue/renderqueue/pkg/shardapi"
 	"github.com/renderqueue/renderqueue/pkg/store"
@@ -39,8 +38,8 @@ type Settings struct {
 	Reschedule     core.Reschedule
 	// Epoch, Owned and Incoming are the shard's membership.
 	Epoch    int64
-	Owned    membership.SlotSet
-	Incoming membership.SlotSet
+	Owned    schedule.SlotSet
+	Incoming schedule.SlotSet
 }
 
 // Validate says what is wrong with the settings.

@@ -11,7 +11,6 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/jackc/pgx/v5"
 
-	"github.com/renderqueue/renderqueue/pkg/membership"
 	"github.com/renderqueue/renderqueue/pkg/schedule"
 	"github.com/renderqueue/renderqueue/pkg/shardapi"
 	"github.com/renderqueue/renderqueue/pkg/store"
@@ -67,7 +66,7 @@ func (f *faultStore) Walk(ctx context.Context, slots []int, fn store.WalkFunc) (
 	var ok []int
 	for _, s := range slots {
 		if failSlots[s] {
-			seg := store.Segment{First: s, Last: s}
+			seg := schedule.Run{First: s, Last: s}
 			err := fmt.Errorf("injected: segment %d failed", s)
 			if err := fn(store.WalkItem{Segment: seg, End: true, Err: err}); err != nil {
 				return res, err
@@ -102,7 +101,7 @@ type shardEnv struct {
 }
 
 func allSlots(window time.Duration) Settings {
-	return Settings{Window: window, VerifyInterval: time.Hour, LeaseDuration: time.Minute, SubmittedBoost: 2, UrgentMaxShare: 0.2, Owned: membership.AllSlots()}
+	return Settings{Window: window, VerifyInterval: time.Hour, LeaseDuration: time.Minute, SubmittedBoost: 2, UrgentMaxShare: 0.2, Owned: schedule.AllSlots()}
 }
 
 // newShardEnv opens a fresh database with a shard over it (subscribed, not yet loaded).

@@ -4,7 +4,7 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/renderqueue/renderqueue/pkg/membership"
+	"github.com/renderqueue/renderqueue/pkg/schedule"
 	"github.com/renderqueue/renderqueue/pkg/shardapi"
 )
 
@@ -63,8 +63,8 @@ func (s *Shard) Status(now time.Time) shardapi.Status {
 		VerifyInterval: settings.VerifyInterval.Seconds(),
 		Membership: shardapi.Membership{
 			Epoch:         settings.Epoch,
-			Owned:         membership.FormatSlots(settings.Owned),
-			Incoming:      membership.FormatSlots(settings.Incoming),
+			Owned:         schedule.FormatSlots(settings.Owned),
+			Incoming:      schedule.FormatSlots(settings.Incoming),
 			PreparedEpoch: cov.Prepared(),
 		},
 		Rows: shardapi.Rows{

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+
+	"github.com/renderqueue/renderqueue/pkg/schedule"
 )
 
 // Assignment is one version (epoch) of the slot membership: the owner of every slot and, while a
@@ -17,15 +19,15 @@ type Assignment struct {
 	Epoch int64
 
 	// owner[slot] is the shard owning slot ("" only in the empty assignment).
-	owner [NumSlots]string
+	owner [schedule.NumSlots]string
 	// incoming[slot] is the shard slot is incoming to during a prepare phase, "" when none.
-	incoming [NumSlots]string
+	incoming [schedule.NumSlots]string
 }
 
 // NewAssignment returns a settled assignment (nothing incoming) at epoch from each shard's
 // owned slots. The sets must be disjoint and together cover every slot, or all be empty (the
 // empty assignment); shard names must be non-empty.
-func NewAssignment(epoch int64, owned map[string]SlotSet) (Assignment, error) {
+func NewAssignment(epoch int64, owned map[string]schedule.SlotSet) (Assignment, error) {
 	a := Assignment{Epoch: epoch}
 	for _, name := range sortedKeys(owned) {
 		if err := a.claim(name, owned[name]); err != nil {
@@ -39,7 +41,7 @@ func NewAssignment(epoch int64, owned map[string]SlotSet) (Assignment, error) {
 }
 
 // claim makes name the owner of slots, failing if name is empty or a slot already has an owner.
-func (a *Assignment) claim(name string, slots SlotSet) error {
+func (a *Assignment) claim(name string, slots schedule.SlotSet) error {
 	if name == "" {
 		return errors.New("shard name is empty")
 	}
@@ -59,8 +61,8 @@ func (a Assignment) Validate() error {
 	if a.IsEmpty() {
 		return nil
 	}
-	var unowned SlotSet
-	for slot := 0; slot < NumSlots; slot++ {
+	var unowned schedule.SlotSet
+	for slot := 0; slot < schedule.NumSlots; slot++ {
 		switch {
 		case a.owner[slot] == "":
 			unowned.Add(slot)
@@ -77,17 +79,17 @@ func (a Assignment) Validate() error {
 // IsEmpty reports whether no slot has an owner or receiver (the assignment before the first
 // commit).
 func (a Assignment) IsEmpty() bool {
-	return a.owner == [NumSlots]string{} && a.incoming == [NumSlots]string{}
+	return a.owner == [schedule.NumSlots]string{} && a.incoming == [schedule.NumSlots]string{}
 }
 
 // Settled reports whether no slot is incoming, i.e. no handoff is being prepared.
 func (a Assignment) Settled() bool {
-	return a.incoming == [NumSlots]string{}
+	return a.incoming == [schedule.NumSlots]string{}
 }
 
 // Owner returns the shard owning slot, "" in the empty assignment or for a slot out of range.
 func (a Assignment) Owner(slot int) string {
-	if slot < 0 || slot >= NumSlots {
+	if slot < 0 || slot >= schedule.NumSlots {
 		return ""
 	}
 	return a.owner[slot]
@@ -95,27 +97,27 @@ func (a Assignment) Owner(slot int) string {
 
 // IncomingTo returns the shard slot is incoming to, "" when it is not moving or out of range.
 func (a Assignment) IncomingTo(slot int) string {
-	if slot < 0 || slot >= NumSlots {
+	if slot < 0 || slot >= schedule.NumSlots {
 		return ""
 	}
 	return a.incoming[slot]
 }
 
 // Owned returns the slots shard owns: the slots it serves and counts.
-func (a Assignment) Owned(shard string) SlotSet {
+func (a Assignment) Owned(shard string) schedule.SlotSet {
 	return slotsOf(&a.owner, shard)
 }
 
 // Incoming returns the slots incoming to shard: the slots it walks and holds, but neither serves
 // nor counts, until the commit.
-func (a Assignment) Incoming(shard string) SlotSet {
+func (a Assignment) Incoming(shard string) schedule.SlotSet {
 	return slotsOf(&a.incoming, shard)
 }
 
 // Shards returns the names of the shards owning or receiving slots, sorted.
 func (a Assignment) Shards() []string {
 	seen := map[string]bool{}
-	for slot := 0; slot < NumSlots; slot++ {
+	for slot := 0; slot < schedule.NumSlots; slot++ {
 		seen[a.owner[slot]] = true
 		seen[a.incoming[slot]] = true
 	}
@@ -134,8 +136,8 @@ func (a Assignment) Counts() map[string]int {
 	return counts
 }
 
-func slotsOf(names *[NumSlots]string, shard string) SlotSet {
-	var s SlotSet
+func slotsOf(names *[schedule.NumSlots]string, shard string) schedule.SlotSet {
+	var s schedule.SlotSet
 	if shard == "" {
 		return s
 	}
@@ -172,8 +174,8 @@ func (a Assignment) Spec() AssignmentSpec {
 	for _, name := range a.Shards() {
 		spec.Shards = append(spec.Shards, ShardSlots{
 			Name:     name,
-			Owned:    FormatSlots(a.Owned(name)),
-			Incoming: FormatSlots(a.Incoming(name)),
+			Owned:    schedule.FormatSlots(a.Owned(name)),
+			Incoming: schedule.FormatSlots(a.Incoming(name)),
 		})
 	}
 	return spec
@@ -194,11 +196,11 @@ func ParseAssignment(spec AssignmentSpec) (Assignment, error) {
 			return Assignment{}, fmt.Errorf("assignment at epoch %d: shard %q listed twice", spec.Epoch, sh.Name)
 		}
 		seen[sh.Name] = true
-		owned, err := ParseSlots(sh.Owned)
+		owned, err := schedule.ParseSlots(sh.Owned)
 		if err != nil {
 			return Assignment{}, fmt.Errorf("assignment at epoch %d: shard %q owned: %w", spec.Epoch, sh.Name, err)
 		}
-		incoming, err := ParseSlots(sh.Incoming)
+		incoming, err := schedule.ParseSlots(sh.Incoming)
 		if err != nil {
 			return Assignment{}, fmt.Errorf("assignment at epoch %d: shard %q incoming: %w", spec.Epoch, sh.Name, err)
 		}
@@ -212,7 +214,7 @@ func ParseAssignment(spec AssignmentSpec) (Assignment, error) {
 			a.incoming[slot] = sh.Name
 		}
 	}
-	if a.owner == [NumSlots]string{} && !a.Settled() {
+	if a.owner == [schedule.NumSlots]string{} && !a.Settled() {
 		return Assignment{}, fmt.Errorf("assignment at epoch %d: slots are incoming but no slot has an owner", spec.Epoch)
 	}
 	if err := a.Validate(); err != nil {

@@ -4,12 +4,14 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+
+	"github.com/renderqueue/renderqueue/pkg/schedule"
 )
 
 // twoShards returns a settled assignment at epoch 4: a owns 0-511, b owns 512-1023.
 func twoShards(t *testing.T) Assignment {
 	t.Helper()
-	a, err := NewAssignment(4, map[string]SlotSet{"a": SlotRange(0, 511), "b": SlotRange(512, 1023)})
+	a, err := NewAssignment(4, map[string]schedule.SlotSet{"a": schedule.SlotRange(0, 511), "b": schedule.SlotRange(512, 1023)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -18,7 +20,7 @@ func twoShards(t *testing.T) Assignment {
 
 func TestApply(t *testing.T) {
 	settled := twoShards(t)
-	toC := []Move{{From: "a", To: "c", Slots: SlotRange(0, 99)}, {From: "b", To: "c", Slots: SlotRange(1000, 1023)}}
+	toC := []Move{{From: "a", To: "c", Slots: schedule.SlotRange(0, 99)}, {From: "b", To: "c", Slots: schedule.SlotRange(1000, 1023)}}
 	preparing, err := Apply(settled, Phase{Kind: PhasePrepare, Epoch: 5, Moves: toC})
 	if err != nil {
 		t.Fatal(err)
@@ -62,12 +64,12 @@ func TestApply(t *testing.T) {
 		},
 		{
 			name: "prepare needs the giver to own the slots", from: settled,
-			phase:   Phase{Kind: PhasePrepare, Epoch: 5, Moves: []Move{{From: "b", To: "c", Slots: SlotRange(0, 0)}}},
+			phase:   Phase{Kind: PhasePrepare, Epoch: 5, Moves: []Move{{From: "b", To: "c", Slots: schedule.SlotRange(0, 0)}}},
 			wantErr: `slot 0 is owned by "a"`,
 		},
 		{
 			name: "prepare to the owner itself", from: settled,
-			phase:   Phase{Kind: PhasePrepare, Epoch: 5, Moves: []Move{{From: "a", To: "a", Slots: SlotRange(0, 0)}}},
+			phase:   Phase{Kind: PhasePrepare, Epoch: 5, Moves: []Move{{From: "a", To: "a", Slots: schedule.SlotRange(0, 0)}}},
 			wantErr: "different, named shard",
 		},
 		{
@@ -77,7 +79,7 @@ func TestApply(t *testing.T) {
 		},
 		{
 			name: "slot in two moves", from: settled,
-			phase:   Phase{Kind: PhasePrepare, Epoch: 5, Moves: []Move{{From: "a", To: "c", Slots: SlotRange(0, 1)}, {From: "a", To: "d", Slots: SlotRange(1, 2)}}},
+			phase:   Phase{Kind: PhasePrepare, Epoch: 5, Moves: []Move{{From: "a", To: "c", Slots: schedule.SlotRange(0, 1)}, {From: "a", To: "d", Slots: schedule.SlotRange(1, 2)}}},
 			wantErr: "two moves",
 		},
 		{
@@ -92,7 +94,7 @@ func TestApply(t *testing.T) {
 		},
 		{
 			name: "commit to another receiver than prepared", from: preparing,
-			phase:   Phase{Kind: PhaseCommit, Epoch: 6, Moves: []Move{{From: "a", To: "d", Slots: SlotRange(0, 99)}, toC[1]}},
+			phase:   Phase{Kind: PhaseCommit, Epoch: 6, Moves: []Move{{From: "a", To: "d", Slots: schedule.SlotRange(0, 99)}, toC[1]}},
 			wantErr: `incoming to "c"`,
 		},
 		{
@@ -102,7 +104,7 @@ func TestApply(t *testing.T) {
 		},
 		{
 			name: "first commit must cover every slot", from: Assignment{},
-			phase:   Phase{Kind: PhaseCommit, Epoch: 1, Moves: []Move{{To: "a", Slots: SlotRange(0, 1022)}}},
+			phase:   Phase{Kind: PhaseCommit, Epoch: 1, Moves: []Move{{To: "a", Slots: schedule.SlotRange(0, 1022)}}},
 			wantErr: "slots 1023 have no owner",
 		},
 		{
@@ -140,12 +142,12 @@ func TestApply(t *testing.T) {
 				t.Errorf("epoch %d, want %d", got.Epoch, tt.phase.Epoch)
 			}
 			for name, want := range tt.wantOwned {
-				if s := FormatSlots(got.Owned(name)); s != want {
+				if s := schedule.FormatSlots(got.Owned(name)); s != want {
 					t.Errorf("%s owns %q, want %q", name, s, want)
 				}
 			}
 			for name, want := range tt.wantIncoming {
-				if s := FormatSlots(got.Incoming(name)); s != want {
+				if s := schedule.FormatSlots(got.Incoming(name)); s != want {
 					t.Errorf("%s incoming %q, want %q", name, s, want)
 				}
 			}
@@ -155,7 +157,7 @@ func TestApply(t *testing.T) {
 
 func TestAssignmentSpecRoundTrip(t *testing.T) {
 	settled := twoShards(t)
-	preparing, err := Apply(settled, Phase{Kind: PhasePrepare, Epoch: 5, Moves: []Move{{From: "b", To: "c", Slots: SlotRange(700, 800)}}})
+	preparing, err := Apply(settled, Phase{Kind: PhasePrepare, Epoch: 5, Moves: []Move{{From: "b", To: "c", Slots: schedule.SlotRange(700, 800)}}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -242,13 +244,13 @@ func TestParseAssignmentRejects(t *testing.T) {
 }
 
 func TestNewAssignmentRejects(t *testing.T) {
-	if _, err := NewAssignment(1, map[string]SlotSet{"a": SlotRange(0, 10)}); err == nil {
+	if _, err := NewAssignment(1, map[string]schedule.SlotSet{"a": schedule.SlotRange(0, 10)}); err == nil {
 		t.Error("partial cover accepted")
 	}
-	if _, err := NewAssignment(1, map[string]SlotSet{"": AllSlots()}); err == nil {
+	if _, err := NewAssignment(1, map[string]schedule.SlotSet{"": schedule.AllSlots()}); err == nil {
 		t.Error("empty name accepted")
 	}
-	if _, err := NewAssignment(1, map[string]SlotSet{"a": AllSlots(), "b": SlotRange(3, 3)}); err == nil {
+	if _, err := NewAssignment(1, map[string]schedule.SlotSet{"a": schedule.AllSlots(), "b": schedule.SlotRange(3, 3)}); err == nil {
 		t.Error("overlap accepted")
 	}
 	if a, err := NewAssignment(0, nil); err != nil || !a.IsEmpty() {
@@ -258,7 +260,7 @@ func TestNewAssignmentRejects(t *testing.T) {
 
 func TestSumDue(t *testing.T) {
 	settled := twoShards(t)
-	moves := []Move{{From: "a", To: "c", Slots: SlotRange(0, 9)}}
+	moves := []Move{{From: "a", To: "c", Slots: schedule.SlotRange(0, 9)}}
 	preparing, _ := Apply(settled, Phase{Kind: PhasePrepare, Epoch: 5, Moves: moves})
 	committed, _ := Apply(preparing, Phase{Kind: PhaseCommit, Epoch: 6, Moves: moves})
 	due := func(slots ...int) map[int]int {
@@ -284,8 +286,8 @@ func TestSumDue(t *testing.T) {
 			name: "settled",
 			a:    settled,
 			reports: map[string]ShardDue{
-				"a": {Owned: SlotRange(0, 511), DuePerSlot: due(0, 5, 511)},
-				"b": {Owned: SlotRange(512, 1023), DuePerSlot: due(512)},
+				"a": {Owned: schedule.SlotRange(0, 511), DuePerSlot: due(0, 5, 511)},
+				"b": {Owned: schedule.SlotRange(512, 1023), DuePerSlot: due(512)},
 			},
 			wantDue: 4, wantExact: true,
 		},
@@ -293,8 +295,8 @@ func TestSumDue(t *testing.T) {
 			name: "preparing: the receiver's incoming counts are ignored",
 			a:    preparing,
 			reports: map[string]ShardDue{
-				"a": {Owned: SlotRange(0, 511), DuePerSlot: due(0, 5)},
-				"b": {Owned: SlotRange(512, 1023), DuePerSlot: due(512)},
+				"a": {Owned: schedule.SlotRange(0, 511), DuePerSlot: due(0, 5)},
+				"b": {Owned: schedule.SlotRange(512, 1023), DuePerSlot: due(512)},
 				"c": {DuePerSlot: due(0, 5)},
 			},
 			wantDue: 3, wantExact: true,
@@ -303,9 +305,9 @@ func TestSumDue(t *testing.T) {
 			name: "committed, giver not yet adopted: its stale counts are ignored",
 			a:    committed,
 			reports: map[string]ShardDue{
-				"a": {Owned: SlotRange(0, 511), DuePerSlot: due(0, 5, 100)},
-				"b": {Owned: SlotRange(512, 1023)},
-				"c": {Owned: SlotRange(0, 9), DuePerSlot: due(0, 5)},
+				"a": {Owned: schedule.SlotRange(0, 511), DuePerSlot: due(0, 5, 100)},
+				"b": {Owned: schedule.SlotRange(512, 1023)},
+				"c": {Owned: schedule.SlotRange(0, 9), DuePerSlot: due(0, 5)},
 			},
 			wantDue: 3, wantExact: true,
 		},
@@ -313,9 +315,9 @@ func TestSumDue(t *testing.T) {
 			name: "committed, receiver not yet adopted but prepared: its prepared counts stand in",
 			a:    committed,
 			reports: map[string]ShardDue{
-				"a": {Owned: SlotRange(10, 511), DuePerSlot: due(100)},
-				"b": {Owned: SlotRange(512, 1023)},
-				"c": {Prepared: SlotRange(0, 9), DuePerPreparedSlot: due(0, 5)},
+				"a": {Owned: schedule.SlotRange(10, 511), DuePerSlot: due(100)},
+				"b": {Owned: schedule.SlotRange(512, 1023)},
+				"c": {Prepared: schedule.SlotRange(0, 9), DuePerPreparedSlot: due(0, 5)},
 			},
 			wantDue: 3, wantExact: true,
 		},
@@ -323,9 +325,9 @@ func TestSumDue(t *testing.T) {
 			name: "committed, neither adopted: the giver still owns and counts",
 			a:    committed,
 			reports: map[string]ShardDue{
-				"a": {Owned: SlotRange(0, 511), DuePerSlot: due(0, 5, 100)},
-				"b": {Owned: SlotRange(512, 1023)},
-				"c": {Prepared: SlotRange(0, 9), DuePerPreparedSlot: due(0, 5)},
+				"a": {Owned: schedule.SlotRange(0, 511), DuePerSlot: due(0, 5, 100)},
+				"b": {Owned: schedule.SlotRange(512, 1023)},
+				"c": {Prepared: schedule.SlotRange(0, 9), DuePerPreparedSlot: due(0, 5)},
 			},
 			wantDue: 3, wantExact: true,
 		},
@@ -333,8 +335,8 @@ func TestSumDue(t *testing.T) {
 			name: "committed, receiver not yet adopted and not prepared: inexact lower bound",
 			a:    committed,
 			reports: map[string]ShardDue{
-				"a": {Owned: SlotRange(10, 511), DuePerSlot: due(100)},
-				"b": {Owned: SlotRange(512, 1023)},
+				"a": {Owned: schedule.SlotRange(10, 511), DuePerSlot: due(100)},
+				"b": {Owned: schedule.SlotRange(512, 1023)},
 				"c": {},
 			},
 			wantDue: 1, wantExact: false,
@@ -343,7 +345,7 @@ func TestSumDue(t *testing.T) {
 			name: "a shard did not report",
 			a:    settled,
 			reports: map[string]ShardDue{
-				"a": {Owned: SlotRange(0, 511), DuePerSlot: due(3)},
+				"a": {Owned: schedule.SlotRange(0, 511), DuePerSlot: due(3)},
 			},
 			wantDue: 1, wantExact: false,
 		},

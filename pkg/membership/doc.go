@@ -6,8 +6,8 @@
 //
 // # Slots and assignments
 //
-// A SlotSet is a bitset of slots with a canonical text form for status ("0-255,300,512-600",
-// see FormatSlots and ParseSlots). An Assignment is one epoch of the membership: the owner of
+// Slots are pkg/schedule's (schedule.SlotSet, with its text form "0-255,300,512-600", and
+// schedule.Run). An Assignment is one epoch of the membership: the owner of
 // every slot and, during a handoff, the receiver of each moving slot ("incoming"). Its
 // text form is AssignmentSpec.
 //

@@ -1,17 +1,21 @@
 package membership
 
-import "sort"
+import (
+	"sort"
+
+	"github.com/renderqueue/renderqueue/pkg/schedule"
+)
 
 // ShardDue is what one shard reported about its due rows (from its /v1/status).
 type ShardDue struct {
 	// Owned is the slots the shard reported owning (membership.owned).
-	Owned SlotSet
+	Owned schedule.SlotSet
 	// DuePerSlot is the shard's due count per owned slot; a slot it owns but omits counts 0.
 	DuePerSlot map[int]int
 	// Prepared is the incoming slots the shard has fully walked for the epoch it reports
 	// (membership.incoming when preparedEpoch >= epoch, else empty): it holds their rows exactly
 	// and follows their events, but neither serves nor counts them.
-	Prepared SlotSet
+	Prepared schedule.SlotSet
 	// DuePerPreparedSlot is the shard's due count per prepared slot; omitted slots count 0.
 	DuePerPreparedSlot map[int]int
 }
@@ -33,7 +37,7 @@ func SumDue(a Assignment, reports map[string]ShardDue) (due int, exact bool) {
 	sort.Strings(names)
 	exact = true
 slots:
-	for slot := 0; slot < NumSlots; slot++ {
+	for slot := 0; slot < schedule.NumSlots; slot++ {
 		if r, ok := reports[a.Owner(slot)]; ok && r.Owned.Has(slot) {
 			due += r.DuePerSlot[slot]
 			continue

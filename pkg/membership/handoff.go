@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"sort"
 	"time"
+
+	"github.com/renderqueue/renderqueue/pkg/schedule"
 )
 
 // HandoffState is the state of a Handoff.
@@ -204,7 +206,7 @@ func (h Handoff) Step(now time.Time, preparedEpochs map[string]int64) (Handoff, 
 func movesText(moves []Move) []MoveText {
 	out := make([]MoveText, 0, len(moves))
 	for _, m := range moves {
-		out = append(out, MoveText{From: m.From, To: m.To, Slots: FormatSlots(m.Slots)})
+		out = append(out, MoveText{From: m.From, To: m.To, Slots: schedule.FormatSlots(m.Slots)})
 	}
 	return out
 }
@@ -212,7 +214,7 @@ func movesText(moves []Move) []MoveText {
 func parseMoves(moves []MoveText) ([]Move, error) {
 	out := make([]Move, 0, len(moves))
 	for _, m := range moves {
-		s, err := ParseSlots(m.Slots)
+		s, err := schedule.ParseSlots(m.Slots)
 		if err != nil {
 			return nil, fmt.Errorf("move from %q to %q: %w", m.From, m.To, err)
 		}

@@ -3,6 +3,8 @@ package membership
 import (
 	"fmt"
 	"sort"
+
+	"github.com/renderqueue/renderqueue/pkg/schedule"
 )
 
 // PhaseKind names a step of a handoff.
@@ -26,7 +28,7 @@ type Move struct {
 	// To is the shard receiving the slots.
 	To string
 	// Slots is the slots moving.
-	Slots SlotSet
+	Slots schedule.SlotSet
 }
 
 // Phase is one published version of the assignment during a handoff.
@@ -61,7 +63,7 @@ func Apply(a Assignment, p Phase) (Assignment, error) {
 		err = applyCommit(&next, p.Moves)
 	case PhaseRollback:
 		if err = checkIncoming(&next, p.Moves); err == nil {
-			next.incoming = [NumSlots]string{}
+			next.incoming = [schedule.NumSlots]string{}
 		}
 	default:
 		err = fmt.Errorf("unknown phase kind %q", p.Kind)
@@ -123,7 +125,7 @@ func applyCommit(a *Assignment, moves []Move) error {
 			a.owner[slot] = to
 		}
 	}
-	a.incoming = [NumSlots]string{}
+	a.incoming = [schedule.NumSlots]string{}
 	return nil
 }
 
@@ -132,7 +134,7 @@ func checkIncoming(a *Assignment, moves []Move) error {
 	if a.Settled() {
 		return fmt.Errorf("no handoff is being prepared")
 	}
-	var covered SlotSet
+	var covered schedule.SlotSet
 	for _, m := range moves {
 		for _, slot := range m.Slots.Slots() {
 			if covered.Has(slot) {
@@ -144,7 +146,7 @@ func checkIncoming(a *Assignment, moves []Move) error {
 			}
 		}
 	}
-	var incoming SlotSet
+	var incoming schedule.SlotSet
 	for slot, to := range a.incoming {
 		if to != "" {
 			incoming.Add(slot)
@@ -158,9 +160,9 @@ func checkIncoming(a *Assignment, moves []Move) error {
 
 // movesBetween returns the slots whose owner differs between from and to, grouped by (old
 // owner, new owner) and sorted.
-func movesBetween(from, to *[NumSlots]string) []Move {
+func movesBetween(from, to *[schedule.NumSlots]string) []Move {
 	type pair struct{ from, to string }
-	sets := map[pair]SlotSet{}
+	sets := map[pair]schedule.SlotSet{}
 	for slot := range from {
 		if from[slot] != to[slot] {
 			k := pair{from[slot], to[slot]}

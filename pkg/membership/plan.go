@@ -3,6 +3,8 @@ package membership
 import (
 	"fmt"
 	"sort"
+
+	"github.com/renderqueue/renderqueue/pkg/schedule"
 )
 
 // Plan is the sequence of phases taking an assignment to a target shard list.
@@ -107,8 +109,8 @@ func checkTarget(target []string) error {
 	if len(target) == 0 {
 		return fmt.Errorf("target has no shards")
 	}
-	if len(target) > NumSlots {
-		return fmt.Errorf("target has %d shards, more than the %d slots", len(target), NumSlots)
+	if len(target) > schedule.NumSlots {
+		return fmt.Errorf("target has %d shards, more than the %d slots", len(target), schedule.NumSlots)
 	}
 	seen := map[string]bool{}
 	for i, name := range target {
@@ -129,11 +131,11 @@ func initialPlan(epoch int64, target []string) Plan {
 	moves := make([]Move, 0, n)
 	first := 0
 	for i, name := range target {
-		size := NumSlots / n
-		if i < NumSlots%n {
+		size := schedule.NumSlots / n
+		if i < schedule.NumSlots%n {
 			size++
 		}
-		moves = append(moves, Move{To: name, Slots: SlotRange(first, first+size-1)})
+		moves = append(moves, Move{To: name, Slots: schedule.SlotRange(first, first+size-1)})
 		first += size
 	}
 	return Plan{FromEpoch: epoch, Phases: []Phase{{Kind: PhaseCommit, Epoch: epoch + 1, Moves: moves}}}
@@ -147,8 +149,8 @@ func targetCounts(counts map[string]int, target []string) map[string]int {
 	sort.SliceStable(order, func(i, j int) bool { return counts[order[i]] > counts[order[j]] })
 	want := make(map[string]int, n)
 	for i, name := range order {
-		want[name] = NumSlots / n
-		if i < NumSlots%n {
+		want[name] = schedule.NumSlots / n
+		if i < schedule.NumSlots%n {
 			want[name]++
 		}
 	}
@@ -158,7 +160,7 @@ func targetCounts(counts map[string]int, target []string) map[string]int {
 // balance reassigns slots from shards with excess to shards with deficit until no deficit is
 // left (the totals are equal), growing receivers' runs at boundaries first and seeding a new
 // run only when no receiver borders a giver. It updates owner, excess and deficit in place.
-func balance(owner *[NumSlots]string, excess, deficit map[string]int, rank map[string]int) {
+func balance(owner *[schedule.NumSlots]string, excess, deficit map[string]int, rank map[string]int) {
 	for {
 		if growAtBoundary(owner, excess, deficit) {
 			continue
@@ -174,8 +176,8 @@ func balance(owner *[NumSlots]string, excess, deficit map[string]int, rank map[s
 // growAtBoundary finds the first boundary between a giver with excess and a receiver with
 // deficit and moves to the receiver as many slots as allowed from the giver's run end at that
 // boundary. It reports whether it moved anything.
-func growAtBoundary(owner *[NumSlots]string, excess, deficit map[string]int) bool {
-	for i := 0; i+1 < NumSlots; i++ {
+func growAtBoundary(owner *[schedule.NumSlots]string, excess, deficit map[string]int) bool {
+	for i := 0; i+1 < schedule.NumSlots; i++ {
 		l, r := owner[i], owner[i+1]
 		if l == r {
 			continue
@@ -211,7 +213,7 @@ func neediest(deficit map[string]int, rank map[string]int) string {
 // seed gives recv a new run: the largest piece it can take from the end of one giver's run,
 // preferring a piece that is a giver's whole run, then one next to another giver with excess
 // (so recv can grow into it), then the lowest slot.
-func seed(owner *[NumSlots]string, excess, deficit map[string]int, recv string) {
+func seed(owner *[schedule.NumSlots]string, excess, deficit map[string]int, recv string) {
 	type candidate struct {
 		giver       string
 		first, last int
@@ -230,10 +232,10 @@ func seed(owner *[NumSlots]string, excess, deficit map[string]int, recv string) 
 		return a.first < b.first
 	}
 	growsInto := func(slot int, giver string) bool {
-		return slot >= 0 && slot < NumSlots && owner[slot] != giver && excess[owner[slot]] > 0
+		return slot >= 0 && slot < schedule.NumSlots && owner[slot] != giver && excess[owner[slot]] > 0
 	}
 	var best *candidate
-	for slot := 0; slot < NumSlots; {
+	for slot := 0; slot < schedule.NumSlots; {
 		g := owner[slot]
 		first, last := runAround(owner, slot)
 		slot = last + 1
@@ -256,19 +258,19 @@ func seed(owner *[NumSlots]string, excess, deficit map[string]int, recv string) 
 }
 
 // runAround returns the maximal run of slot's owner containing slot.
-func runAround(owner *[NumSlots]string, slot int) (first, last int) {
+func runAround(owner *[schedule.NumSlots]string, slot int) (first, last int) {
 	first, last = slot, slot
 	for first > 0 && owner[first-1] == owner[slot] {
 		first--
 	}
-	for last+1 < NumSlots && owner[last+1] == owner[slot] {
+	for last+1 < schedule.NumSlots && owner[last+1] == owner[slot] {
 		last++
 	}
 	return first, last
 }
 
 // transfer gives slots first..last (owned by from) to to and updates excess and deficit.
-func transfer(owner *[NumSlots]string, excess, deficit map[string]int, from, to string, first, last int) {
+func transfer(owner *[schedule.NumSlots]string, excess, deficit map[string]int, from, to string, first, last int) {
 	for s := first; s <= last; s++ {
 		owner[s] = to
 	}

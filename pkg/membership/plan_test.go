@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+
+	"github.com/renderqueue/renderqueue/pkg/schedule"
 )
 
 // mustPlanApply plans from a to target and applies every phase, failing the test on error.
@@ -60,7 +62,7 @@ func TestPlanRebalance(t *testing.T) {
 	}{
 		{
 			name: "first assignment is contiguous ranges, first shards larger",
-			from: 0, target: shardNames(3), wantMoved: NumSlots,
+			from: 0, target: shardNames(3), wantMoved: schedule.NumSlots,
 			wantPhases: []PhaseKind{PhaseCommit},
 			wantLayout: "shard-0=0-341 shard-1=342-682 shard-2=683-1023",
 		},
@@ -105,7 +107,7 @@ func TestPlanRebalance(t *testing.T) {
 		},
 		{
 			name: "replace every shard",
-			from: 2, target: []string{"a", "b"}, wantMoved: NumSlots,
+			from: 2, target: []string{"a", "b"}, wantMoved: schedule.NumSlots,
 			wantPhases: []PhaseKind{PhasePrepare, PhaseCommit},
 			wantRuns:   map[string]int{"a": 1, "b": 1},
 		},
@@ -171,7 +173,7 @@ func checkBalanced(t *testing.T, end Assignment, target []string) {
 	if len(counts) != len(target) {
 		t.Errorf("owners %v, want exactly %v", counts, target)
 	}
-	lo, hi := NumSlots/len(target), (NumSlots+len(target)-1)/len(target)
+	lo, hi := schedule.NumSlots/len(target), (schedule.NumSlots+len(target)-1)/len(target)
 	for _, name := range target {
 		if c := counts[name]; c < lo || c > hi {
 			t.Errorf("%s owns %d slots, want %d..%d", name, c, lo, hi)
@@ -199,7 +201,7 @@ func TestPlanRebalanceErrors(t *testing.T) {
 		{name: "no shards", current: settled, target: nil, wantErr: "no shards"},
 		{name: "empty name", current: settled, target: []string{"a", ""}, wantErr: "empty name"},
 		{name: "duplicate", current: settled, target: []string{"a", "a"}, wantErr: "listed twice"},
-		{name: "too many", current: settled, target: shardNames(NumSlots + 1), wantErr: "more than"},
+		{name: "too many", current: settled, target: shardNames(schedule.NumSlots + 1), wantErr: "more than"},
 		{name: "handoff in progress", current: preparing, target: shardNames(3), wantErr: "being prepared"},
 	}
 	for _, tt := range tests {
@@ -213,8 +215,8 @@ func TestPlanRebalanceErrors(t *testing.T) {
 }
 
 func TestPlanRebalanceOneSlotEach(t *testing.T) {
-	_, end := mustPlanApply(t, Assignment{}, shardNames(NumSlots))
-	checkBalanced(t, end, shardNames(NumSlots))
+	_, end := mustPlanApply(t, Assignment{}, shardNames(schedule.NumSlots))
+	checkBalanced(t, end, shardNames(schedule.NumSlots))
 	_, end = mustPlanApply(t, end, shardNames(3))
 	checkBalanced(t, end, shardNames(3))
 }

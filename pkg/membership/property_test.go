@@ -7,11 +7,13 @@ import (
 	"time"
 
 	"pgregory.net/rapid"
+
+	"github.com/renderqueue/renderqueue/pkg/schedule"
 )
 
 // genSlotSet draws a slot set: either random runs (like real assignments) or random bits.
-func genSlotSet(t *rapid.T, label string) SlotSet {
-	var s SlotSet
+func genSlotSet(t *rapid.T, label string) schedule.SlotSet {
+	var s schedule.SlotSet
 	if rapid.Bool().Draw(t, label+"/bits") {
 		for i := range s {
 			s[i] = rapid.Uint64().Draw(t, label+"/word")
@@ -19,9 +21,9 @@ func genSlotSet(t *rapid.T, label string) SlotSet {
 		return s
 	}
 	for range rapid.IntRange(0, 8).Draw(t, label+"/runs") {
-		first := rapid.IntRange(0, NumSlots-1).Draw(t, label+"/first")
-		last := rapid.IntRange(first, min(NumSlots-1, first+300)).Draw(t, label+"/last")
-		s = s.Union(SlotRange(first, last))
+		first := rapid.IntRange(0, schedule.NumSlots-1).Draw(t, label+"/first")
+		last := rapid.IntRange(first, min(schedule.NumSlots-1, first+300)).Draw(t, label+"/last")
+		s = s.Union(schedule.SlotRange(first, last))
 	}
 	return s
 }
@@ -29,8 +31,8 @@ func genSlotSet(t *rapid.T, label string) SlotSet {
 func TestPropertyFormatParseRoundTrip(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
 		s := genSlotSet(t, "set")
-		text := FormatSlots(s)
-		back, err := ParseSlots(text)
+		text := schedule.FormatSlots(s)
+		back, err := schedule.ParseSlots(text)
 		if err != nil {
 			t.Fatalf("ParseSlots(FormatSlots(s) = %q): %v", text, err)
 		}
@@ -56,7 +58,7 @@ func TestPropertyParseNeverPartial(t *testing.T) {
 		var text string
 		if rapid.Bool().Draw(t, "mutate") {
 			// Mutate a valid text, so that near-valid inputs are common.
-			text = FormatSlots(genSlotSet(t, "set"))
+			text = schedule.FormatSlots(genSlotSet(t, "set"))
 			r := []rune(text)
 			pos := rapid.IntRange(0, len(r)).Draw(t, "pos")
 			c := rapid.SampledFrom(alphabet).Draw(t, "char")
@@ -76,7 +78,7 @@ func TestPropertyParseNeverPartial(t *testing.T) {
 		} else {
 			text = string(rapid.SliceOfN(rapid.SampledFrom(alphabet), 0, 24).Draw(t, "runes"))
 		}
-		got, err := ParseSlots(text)
+		got, err := schedule.ParseSlots(text)
 		if err != nil {
 			if !got.IsEmpty() {
 				t.Fatalf("ParseSlots(%q) returned %s with error %v", text, got, err)
@@ -86,7 +88,7 @@ func TestPropertyParseNeverPartial(t *testing.T) {
 			}
 			return
 		}
-		if canon := FormatSlots(got); canon != text {
+		if canon := schedule.FormatSlots(got); canon != text {
 			t.Fatalf("ParseSlots(%q) accepted non-canonical text (canonical %q)", text, canon)
 		}
 	})
@@ -100,7 +102,7 @@ func genAssignment(t *rapid.T, pool []string) Assignment {
 		return Assignment{Epoch: rapid.Int64Range(0, 5).Draw(t, "epoch")}
 	case 1:
 		n := rapid.IntRange(1, len(pool)).Draw(t, "owners")
-		cuts := rapid.SliceOfNDistinct(rapid.IntRange(1, NumSlots-1), n-1, n-1, rapid.ID[int]).Draw(t, "cuts")
+		cuts := rapid.SliceOfNDistinct(rapid.IntRange(1, schedule.NumSlots-1), n-1, n-1, rapid.ID[int]).Draw(t, "cuts")
 		a := Assignment{Epoch: rapid.Int64Range(1, 100).Draw(t, "epoch")}
 		isCut := map[int]bool{}
 		for _, c := range cuts {
@@ -160,7 +162,7 @@ func minMoves(counts map[string]int, target []string) int {
 			}
 			m := removed
 			for _, name := range target {
-				tc := NumSlots / n
+				tc := schedule.NumSlots / n
 				if ceil[name] {
 					tc++
 				}
@@ -178,20 +180,20 @@ func minMoves(counts map[string]int, target []string) int {
 		}
 		choose(i+1, left, ceil)
 	}
-	choose(0, NumSlots%n, map[string]bool{})
+	choose(0, schedule.NumSlots%n, map[string]bool{})
 	return best
 }
 
 // checkOwnership checks, through the serialised form, that every slot has exactly one owner
 // and at most one receiver, never its owner.
 func checkOwnership(t *rapid.T, a Assignment, what string) {
-	var owned, incoming SlotSet
+	var owned, incoming schedule.SlotSet
 	for _, sh := range a.Spec().Shards {
-		o, err := ParseSlots(sh.Owned)
+		o, err := schedule.ParseSlots(sh.Owned)
 		if err != nil {
 			t.Fatalf("%s: %v", what, err)
 		}
-		in, err := ParseSlots(sh.Incoming)
+		in, err := schedule.ParseSlots(sh.Incoming)
 		if err != nil {
 			t.Fatalf("%s: %v", what, err)
 		}
@@ -206,8 +208,8 @@ func checkOwnership(t *rapid.T, a Assignment, what string) {
 		}
 		owned, incoming = owned.Union(o), incoming.Union(in)
 	}
-	if owned != AllSlots() {
-		t.Fatalf("%s: slots %s have no owner", what, AllSlots().Minus(owned))
+	if owned != schedule.AllSlots() {
+		t.Fatalf("%s: slots %s have no owner", what, schedule.AllSlots().Minus(owned))
 	}
 }
 
@@ -229,7 +231,7 @@ func TestPropertyPlanner(t *testing.T) {
 			checkOwnership(t, a, string(ph.Kind))
 			if ph.Kind == PhasePrepare {
 				// Owners unchanged; exactly the moving slots are incoming.
-				for slot := 0; slot < NumSlots; slot++ {
+				for slot := 0; slot < schedule.NumSlots; slot++ {
 					if a.Owner(slot) != prev.Owner(slot) {
 						t.Fatalf("prepare changed the owner of slot %d", slot)
 					}
@@ -240,12 +242,12 @@ func TestPropertyPlanner(t *testing.T) {
 
 		// Moved slots, counted independently of the plan.
 		moved := 0
-		for slot := 0; slot < NumSlots; slot++ {
+		for slot := 0; slot < schedule.NumSlots; slot++ {
 			if start.Owner(slot) != end.Owner(slot) {
 				moved++
 			}
 		}
-		want := NumSlots
+		want := schedule.NumSlots
 		if !start.IsEmpty() {
 			want = minMoves(start.Counts(), target)
 		}
@@ -258,7 +260,7 @@ func TestPropertyPlanner(t *testing.T) {
 		if len(counts) != len(target) {
 			t.Fatalf("owners %v, target %v", counts, target)
 		}
-		lo, hi := NumSlots, 0
+		lo, hi := schedule.NumSlots, 0
 		for _, name := range target {
 			lo, hi = min(lo, counts[name]), max(hi, counts[name])
 		}
@@ -307,7 +309,7 @@ func TestPropertyHandoff(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
 		start := genAssignment(t, pool)
 		if start.IsEmpty() {
-			start, _ = NewAssignment(3, map[string]SlotSet{"s0": AllSlots()})
+			start, _ = NewAssignment(3, map[string]schedule.SlotSet{"s0": schedule.AllSlots()})
 		}
 		plan, err := PlanRebalance(start, genTarget(t, pool))
 		if err != nil {
@@ -376,7 +378,7 @@ func TestPropertyHandoff(t *testing.T) {
 		if a.Epoch != start.Epoch+2 || !a.Settled() {
 			t.Fatalf("end at epoch %d (settled %v), want %d settled", a.Epoch, a.Settled(), start.Epoch+2)
 		}
-		for slot := 0; slot < NumSlots; slot++ {
+		for slot := 0; slot < schedule.NumSlots; slot++ {
 			want := start.Owner(slot)
 			if h.State == HandoffCommitted {
 				if to := plan.Phases[0]; to.Kind == PhasePrepare {

@@ -1,6 +1,8 @@
 // Package schedule holds the row model shared by the store, the keeper and the operator: one
-// schedule row per URL, the ownership hash the database computes for it, and the slot formula that
-// cuts the hash space into NumSlots equal, contiguous slots.
+// schedule row per URL and what a valid row is (valid.go), the ownership hash the database
+// computes for it, the slot formula that cuts the hash space into NumSlots equal, contiguous
+// slots, and the one slot vocabulary of membership, store and keeper (slots.go: SlotSet, Run and
+// their hash ranges).
 //
 // Nothing here does I/O; the hash itself is never computed in Go (PostgreSQL's
 // hashtextextended(key, 0) computes it and it travels with every row and event).
@@ -23,9 +25,9 @@ func SlotOf(keyHash int64) int {
 	return int((uint64(keyHash) ^ 1<<63) >> slotShift)
 }
 
-// SlotRange returns the inclusive range of signed hashes that fall into slot s.
+// SlotHashRange returns the inclusive range of signed hashes that fall into slot s.
 // It panics when s is not a valid slot, which is a programming error.
-func SlotRange(s int) (lo, hi int64) {
+func SlotHashRange(s int) (lo, hi int64) {
 	if s < 0 || s >= NumSlots {
 		panic(fmt.Sprintf("schedule: slot %d out of range [0,%d)", s, NumSlots))
 	}

@@ -27,7 +27,7 @@ func TestSlotOf(t *testing.T) {
 func TestSlotRangeRoundTrip(t *testing.T) {
 	prevHi := int64(0)
 	for s := 0; s < NumSlots; s++ {
-		lo, hi := SlotRange(s)
+		lo, hi := SlotHashRange(s)
 		if SlotOf(lo) != s || SlotOf(hi) != s {
 			t.Fatalf("slot %d: range [%d,%d] maps to %d..%d", s, lo, hi, SlotOf(lo), SlotOf(hi))
 		}
@@ -36,7 +36,7 @@ func TestSlotRangeRoundTrip(t *testing.T) {
 		}
 		prevHi = hi
 	}
-	if lo, _ := SlotRange(0); lo != math.MinInt64 {
+	if lo, _ := SlotHashRange(0); lo != math.MinInt64 {
 		t.Fatalf("slot 0 starts at %d", lo)
 	}
 	if prevHi != math.MaxInt64 {

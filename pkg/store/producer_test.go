@@ -17,7 +17,7 @@ import (
 func rowsOf(t *testing.T, st store.Store) map[string]schedule.Row {
 	t.Helper()
 	out := map[string]schedule.Row{}
-	_, err := st.Walk(context.Background(), store.AllSlots(), func(it store.WalkItem) error {
+	_, err := st.Walk(context.Background(), schedule.AllSlots().Slots(), func(it store.WalkItem) error {
 		for _, r := range it.Rows {
 			out[r.Key] = r
 		}

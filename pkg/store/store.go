@@ -90,8 +90,9 @@ type WalkFunc func(item WalkItem) error
 
 // WalkItem is one call of a WalkFunc: a batch of rows of a segment, or the end of a segment.
 type WalkItem struct {
-	// Segment is the segment the rows belong to.
-	Segment Segment
+	// Segment is the segment the rows belong to: a run of adjacent slots, walked as one key
+	// range (schedule.Run.HashRange).
+	Segment schedule.Run
 	// Rows are rows of the segment's slots in (key_hash, key) order. Empty when End is set.
 	Rows []schedule.Row
 	// End marks the last item of the segment.
@@ -101,35 +102,9 @@ type WalkItem struct {
 	Err error
 }
 
-// Segment is a run of adjacent slots, First to Last inclusive, walked as one key range.
-type Segment struct {
-	First, Last int
-}
-
-// Contains reports whether slot s is in the segment.
-func (g Segment) Contains(s int) bool { return s >= g.First && s <= g.Last }
-
-// Len is the number of slots in the segment.
-func (g Segment) Len() int { return g.Last - g.First + 1 }
-
-// HashRange returns the inclusive range of ownership hashes of the segment's slots.
-func (g Segment) HashRange() (lo, hi int64) {
-	lo, _ = schedule.SlotRange(g.First)
-	_, hi = schedule.SlotRange(g.Last)
-	return lo, hi
-}
-
-// String formats the segment as "first-last" (or "first" for a single slot).
-func (g Segment) String() string {
-	if g.First == g.Last {
-		return fmt.Sprint(g.First)
-	}
-	return fmt.Sprintf("%d-%d", g.First, g.Last)
-}
-
 // SegmentResult is the outcome of one segment of a walk.
 type SegmentResult struct {
-	Segment Segment
+	Segment schedule.Run
 	// Rows is how many rows of the segment were delivered.
 	Rows int
 	// Err is nil when the segment was read completely.
@@ -364,23 +339,14 @@ func NormalizeSlots(slots []int) ([]int, error) {
 
 // Segments cuts a sorted, duplicate-free slot list into segments: runs of adjacent slots, each at
 // most maxLen slots long (maxLen <= 0 means unbounded).
-func Segments(slots []int, maxLen int) []Segment {
-	var segs []Segment
+func Segments(slots []int, maxLen int) []schedule.Run {
+	var segs []schedule.Run
 	for _, s := range slots {
 		if n := len(segs); n > 0 && segs[n-1].Last == s-1 && (maxLen <= 0 || segs[n-1].Len() < maxLen) {
 			segs[n-1].Last = s
 			continue
 		}
-		segs = append(segs, Segment{First: s, Last: s})
+		segs = append(segs, schedule.Run{First: s, Last: s})
 	}
 	return segs
-}
-
-// AllSlots returns every slot, 0 to schedule.NumSlots-1.
-func AllSlots() []int {
-	s := make([]int, schedule.NumSlots)
-	for i := range s {
-		s[i] = i
-	}
-	return s
 }

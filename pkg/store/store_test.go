@@ -26,11 +26,11 @@ func TestSegments(t *testing.T) {
 			t.Errorf("Segments(%v, %d) = %s, want %s", tc.slots, tc.max, got, tc.want)
 		}
 	}
-	lo, hi := Segment{First: 0, Last: schedule.NumSlots - 1}.HashRange()
+	lo, hi := schedule.Run{First: 0, Last: schedule.NumSlots - 1}.HashRange()
 	if lo != -1<<63 || hi != 1<<63-1 {
 		t.Errorf("all slots: hash range %d..%d", lo, hi)
 	}
-	lo, hi = Segment{First: 3, Last: 4}.HashRange()
+	lo, hi = schedule.Run{First: 3, Last: 4}.HashRange()
 	if schedule.SlotOf(lo) != 3 || schedule.SlotOf(hi) != 4 || schedule.SlotOf(lo-1) != 2 || schedule.SlotOf(hi+1) != 5 {
 		t.Errorf("slots 3-4: hash range %d..%d", lo, hi)
 	}

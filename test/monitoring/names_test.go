@@ -16,8 +16,8 @@ import (
 	"github.com/renderqueue/renderqueue/controllers"
 	"github.com/renderqueue/renderqueue/pkg/buildinfo"
 	"github.com/renderqueue/renderqueue/pkg/keeper"
-	"github.com/renderqueue/renderqueue/pkg/membership"
 	"github.com/renderqueue/renderqueue/pkg/metricsapi"
+	"github.com/renderqueue/renderqueue/pkg/schedule"
 	"github.com/renderqueue/renderqueue/pkg/store/memstore"
 )
 
@@ -106,7 +106,7 @@ func exportedMetrics(t *testing.T) exported {
 	sh, err := keeper.NewShard(keeper.Options{
 		Name: "names", Store: memstore.New(memstore.Options{}), Log: logr.Discard(), Metrics: keeper.NewMetrics(kreg),
 	}, keeper.Settings{Window: 24 * time.Hour, VerifyInterval: time.Hour, LeaseDuration: time.Minute,
-		SubmittedBoost: 2, UrgentMaxShare: 0.2, Owned: membership.AllSlots()})
+		SubmittedBoost: 2, UrgentMaxShare: 0.2, Owned: schedule.AllSlots()})
 	if err != nil {
 		t.Fatal(err)
 	}

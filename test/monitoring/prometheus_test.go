@@ -20,7 +20,6 @@ import (
 
 	"github.com/renderqueue/renderqueue/pkg/buildinfo"
 	"github.com/renderqueue/renderqueue/pkg/keeper"
-	"github.com/renderqueue/renderqueue/pkg/membership"
 	"github.com/renderqueue/renderqueue/pkg/schedule"
 	"github.com/renderqueue/renderqueue/pkg/store/memstore"
 )
@@ -148,7 +147,7 @@ func TestThrowawayPrometheus(t *testing.T) {
 	reg := prometheus.NewPedanticRegistry()
 	sh, err := keeper.NewShard(keeper.Options{Name: "web-shard-0", Store: st, Log: logr.Discard(), Metrics: keeper.NewMetrics(reg)},
 		keeper.Settings{Window: 24 * time.Hour, VerifyInterval: time.Hour, LeaseDuration: time.Minute,
-			SubmittedBoost: 2, UrgentMaxShare: 0.2, Owned: membership.AllSlots()})
+			SubmittedBoost: 2, UrgentMaxShare: 0.2, Owned: schedule.AllSlots()})
 	if err != nil {
 		t.Fatal(err)
 	}

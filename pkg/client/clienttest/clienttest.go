@@ -355,7 +355,7 @@ func (c *Cluster) Rebalance(between func(phase string), target ...string) {
 func NewLoadingShard(t TB, opts Options) string {
 	t.Helper()
 	sh, err := keeper.NewShard(keeper.Options{Name: "loading", Store: memstore.New(memstore.Options{}), Log: logr.Discard()},
-		keeper.Settings{LeaseDuration: time.Minute, SubmittedBoost: 2, UrgentMaxShare: 0.2, Owned: membership.AllSlots()})
+		keeper.Settings{LeaseDuration: time.Minute, SubmittedBoost: 2, UrgentMaxShare: 0.2, Owned: schedule.AllSlots()})
 	if err != nil {
 		t.Fatalf("clienttest: %v", err)
 	}

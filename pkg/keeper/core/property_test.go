@@ -20,7 +20,7 @@ func testHash(key string) int64 {
 	if err != nil {
 		i = 0
 	}
-	lo, _ := schedule.SlotRange(testSlots[i%len(testSlots)])
+	lo, _ := schedule.SlotHashRange(testSlots[i%len(testSlots)])
 	return lo + int64(i)
 }
 

@@ -22,7 +22,6 @@ import (
 	rqv1 "github.com/renderqueue/renderqueue/api/v1alpha1"
 	"github.com/renderqueue/renderqueue/pkg/keeper"
 	"github.com/renderqueue/renderqueue/pkg/keeper/core"
-	"github.com/renderqueue/renderqueue/pkg/membership"
 	"github.com/renderqueue/renderqueue/pkg/schedule"
 )
 
@@ -60,17 +59,17 @@ func SettingsFor(rq *rqv1.RenderQueue, shard string) (keeper.Settings, error) {
 		Reschedule:     resched,
 		Epoch:          rq.Status.Membership.Epoch,
 	}
-	find := func(list []rqv1.ShardSlots, what string) (membership.SlotSet, error) {
+	find := func(list []rqv1.ShardSlots, what string) (schedule.SlotSet, error) {
 		for _, e := range list {
 			if e.Shard == shard {
-				set, err := membership.ParseSlots(e.Slots)
+				set, err := schedule.ParseSlots(e.Slots)
 				if err != nil {
-					return membership.SlotSet{}, fmt.Errorf("renderqueue %s/%s: %s slots of %s: %w", rq.Namespace, rq.Name, what, shard, err)
+					return schedule.SlotSet{}, fmt.Errorf("renderqueue %s/%s: %s slots of %s: %w", rq.Namespace, rq.Name, what, shard, err)
 				}
 				return set, nil
 			}
 		}
-		return membership.SlotSet{}, nil
+		return schedule.SlotSet{}, nil
 	}
 	if s.Owned, err = find(rq.Status.Membership.Assignment, "owned"); err != nil {
 		return keeper.Settings{}, err

@@ -19,7 +19,6 @@ import (
 	rqv1 "github.com/renderqueue/renderqueue/api/v1alpha1"
 	"github.com/renderqueue/renderqueue/pkg/keeper"
 	"github.com/renderqueue/renderqueue/pkg/keeper/core"
-	"github.com/renderqueue/renderqueue/pkg/membership"
 	"github.com/renderqueue/renderqueue/pkg/schedule"
 )
 
@@ -83,10 +82,10 @@ func TestSettingsFor(t *testing.T) {
 			t.Errorf("%s: %v", tc.name, err)
 			continue
 		}
-		if got := membership.FormatSlots(s.Owned); got != tc.owned {
+		if got := schedule.FormatSlots(s.Owned); got != tc.owned {
 			t.Errorf("%s: owned %q, want %q", tc.name, got, tc.owned)
 		}
-		if got := membership.FormatSlots(s.Incoming); got != tc.incoming {
+		if got := schedule.FormatSlots(s.Incoming); got != tc.incoming {
 			t.Errorf("%s: incoming %q, want %q", tc.name, got, tc.incoming)
 		}
 		if s.Window != 24*time.Hour || s.SubmittedBoost != 2 || s.UrgentMaxShare != 0.2 || s.LeaseDuration != 5*time.Minute ||
@@ -179,7 +178,7 @@ func TestSourceFollowsItsRenderQueue(t *testing.T) {
 		}
 	}
 	waitFor("epoch 3 and slots 512-1023", func(s keeper.Settings) bool {
-		return s.Epoch == 3 && membership.FormatSlots(s.Owned) == "512-1023"
+		return s.Epoch == 3 && schedule.FormatSlots(s.Owned) == "512-1023"
 	})
 
 	// a policy change (floors, reschedule) reaches the shard

@@ -43,7 +43,7 @@ type Options struct {
 	// SegmentSlots caps the slots of a walk segment. Default 16.
 	SegmentSlots int
 	// FailSegment, when set, makes the walk of every segment it returns true for fail.
-	FailSegment func(store.Segment) bool
+	FailSegment func(schedule.Run) bool
 	// MaxQueuedEvents caps the events a subscription holds for its consumer; beyond it events
 	// are dropped and signalled as a gap, then resumed once the consumer has taken the queue.
 	// Default 262144.
@@ -326,7 +326,7 @@ type stopError struct{ err error }
 
 func (e *stopError) Error() string { return e.err.Error() }
 
-func (s *Store) walkSegment(ctx context.Context, g store.Segment, sr *store.SegmentResult, total *int, fn store.WalkFunc) error {
+func (s *Store) walkSegment(ctx context.Context, g schedule.Run, sr *store.SegmentResult, total *int, fn store.WalkFunc) error {
 	if s.opts.FailSegment != nil && s.opts.FailSegment(g) {
 		return fmt.Errorf("walking slots %v: %w", g, ErrInjected)
 	}

@@ -26,7 +26,7 @@ func TestDisconnectLosesWrites(t *testing.T) {
 	st := New(Options{})
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	sub, err := st.Subscribe(ctx, store.AllSlots())
+	sub, err := st.Subscribe(ctx, schedule.AllSlots().Slots())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -60,7 +60,7 @@ func TestDisconnectLosesWrites(t *testing.T) {
 
 // TestHashOption: a custom hash places rows in chosen slots.
 func TestHashOption(t *testing.T) {
-	lo, _ := schedule.SlotRange(5)
+	lo, _ := schedule.SlotHashRange(5)
 	st := New(Options{Hash: func(string) int64 { return lo + 1 }})
 	out, err := st.Upsert(context.Background(), []schedule.Row{storetest.Row("x", time.Now())})
 	if err != nil || out[0].Slot() != 5 {
@@ -76,7 +76,7 @@ func TestEventQueueOverflow(t *testing.T) {
 	st := New(Options{MaxQueuedEvents: max})
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	sub, err := st.Subscribe(ctx, store.AllSlots())
+	sub, err := st.Subscribe(ctx, schedule.AllSlots().Slots())
 	if err != nil {
 		t.Fatal(err)
 	}

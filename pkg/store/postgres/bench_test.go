@@ -132,7 +132,7 @@ func benchWalk(b *testing.B, db *benchDB) {
 	total := 0
 	for range b.N {
 		held = held[:0]
-		res, err := st.Walk(ctx, store.AllSlots(), func(it store.WalkItem) error {
+		res, err := st.Walk(ctx, schedule.AllSlots().Slots(), func(it store.WalkItem) error {
 			held = append(held, it.Rows...)
 			return nil
 		})
@@ -192,7 +192,7 @@ func BenchmarkEventLatency(b *testing.B) {
 	st, keys := completeDB.fill(b, 100000)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	sub, err := st.Subscribe(ctx, store.AllSlots())
+	sub, err := st.Subscribe(ctx, schedule.AllSlots().Slots())
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -20,7 +20,7 @@ func TestEventQueueOverflow(t *testing.T) {
 	st, _ := openTestStore(t, Options{MaxQueuedEvents: max})
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	s, err := st.Subscribe(ctx, store.AllSlots())
+	s, err := st.Subscribe(ctx, schedule.AllSlots().Slots())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -70,7 +70,7 @@ func TestEventQueueByteBound(t *testing.T) {
 	st, _ := openTestStore(t, Options{MaxQueuedBytes: maxBytes})
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	s, err := st.Subscribe(ctx, store.AllSlots())
+	s, err := st.Subscribe(ctx, schedule.AllSlots().Slots())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -60,7 +60,7 @@ func TestEventRoundTrip(t *testing.T) {
 	st, _ := openTestStore(t, Options{})
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	sub, err := st.Subscribe(ctx, store.AllSlots())
+	sub, err := st.Subscribe(ctx, schedule.AllSlots().Slots())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -139,7 +139,7 @@ func TestIdleHealthChecks(t *testing.T) {
 		poll := time.NewTimer(10 * time.Millisecond)
 		<-poll.C
 	}
-	if err := sub.SetSlots(ctx, store.AllSlots()); err != nil {
+	if err := sub.SetSlots(ctx, schedule.AllSlots().Slots()); err != nil {
 		t.Fatal(err)
 	}
 	out, err := st.Upsert(ctx, []schedule.Row{{Key: "https://example.com/health", Cadence: time.Hour}})

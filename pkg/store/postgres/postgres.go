@@ -34,6 +34,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/renderqueue/renderqueue/pkg/schedule"
 	"github.com/renderqueue/renderqueue/pkg/store"
 )
 
@@ -88,7 +89,7 @@ type Options struct {
 
 	// failSegment, when set, makes the page queries of the segments it returns true for fail in
 	// the database (a test hook).
-	failSegment func(store.Segment) bool
+	failSegment func(schedule.Run) bool
 }
 
 func (o *Options) setDefaults() {

@@ -72,7 +72,7 @@ func TestSlotFormula(t *testing.T) {
 	ctx := context.Background()
 	hashes := []int64{math.MinInt64, math.MinInt64 + 1, -1, 0, 1, math.MaxInt64 - 1, math.MaxInt64}
 	for s := range schedule.NumSlots {
-		lo, hi := schedule.SlotRange(s)
+		lo, hi := schedule.SlotHashRange(s)
 		hashes = append(hashes, lo, hi)
 	}
 	rng := rand.New(rand.NewPCG(7, 8))
@@ -205,7 +205,7 @@ func TestForeignWriters(t *testing.T) {
 	st, _ := openTestStore(t, Options{})
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	sub, err := st.Subscribe(ctx, store.AllSlots())
+	sub, err := st.Subscribe(ctx, schedule.AllSlots().Slots())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -388,7 +388,7 @@ func TestReconnectBackoff(t *testing.T) {
 		t.Fatalf("after the listener was ended: %+v, %v; want a gap", b, err)
 	}
 	setDone := make(chan error, 1)
-	go func() { setDone <- sub.SetSlots(ctx, store.AllSlots()) }()
+	go func() { setDone <- sub.SetSlots(ctx, schedule.AllSlots().Slots()) }()
 	// Let several reconnect attempts fail (the store logs each one).
 	deadline := time.After(30 * time.Second)
 	for failed.Load() < 3 {

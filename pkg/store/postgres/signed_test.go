@@ -110,7 +110,7 @@ func TestForgedEventsAreGaps(t *testing.T) {
 	st, dsn := openTestStore(t, Options{EventMaxAge: time.Minute})
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	sub, err := st.Subscribe(ctx, store.AllSlots())
+	sub, err := st.Subscribe(ctx, schedule.AllSlots().Slots())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -190,7 +190,7 @@ func TestKeyRotation(t *testing.T) {
 	st, _ := openTestStore(t, Options{})
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	sub, err := st.Subscribe(ctx, store.AllSlots())
+	sub, err := st.Subscribe(ctx, schedule.AllSlots().Slots())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -264,7 +264,7 @@ func TestRoles(t *testing.T) {
 	if _, err := st.pool.Exec(ctx, `GRANT EXECUTE ON FUNCTION renderqueue_event_key() TO `+keeper); err != nil {
 		t.Fatal(err)
 	}
-	sub, err := ks.Subscribe(ctx, store.AllSlots())
+	sub, err := ks.Subscribe(ctx, schedule.AllSlots().Slots())
 	if err != nil {
 		t.Fatalf("subscribing with the grant: %v", err)
 	}

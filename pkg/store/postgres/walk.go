@@ -125,7 +125,7 @@ func markUnended(res *store.WalkResult, ended []bool, err error) {
 // walker is one walk worker: it reads whole segments on one pool connection.
 type walker struct {
 	s      *Store
-	segs   []store.Segment
+	segs   []schedule.Run
 	out    chan<- walkMsg
 	free   chan []schedule.Row
 	routes interner

@@ -36,7 +36,7 @@ type Options struct {
 	SegmentSlots int
 	// FailSegment, when set, makes the walk of every segment it returns true for fail (a query
 	// error in the real store), while other segments are read as usual.
-	FailSegment func(store.Segment) bool
+	FailSegment func(schedule.Run) bool
 }
 
 // Harness adapts an implementation to the suite.
@@ -167,8 +167,8 @@ func sameFields(got, want schedule.Row) string {
 type walkRecord struct {
 	rows     map[string]schedule.Row
 	dups     []string
-	ends     map[store.Segment]error
-	endCount map[store.Segment]int
+	ends     map[schedule.Run]error
+	endCount map[schedule.Run]int
 	res      store.WalkResult
 }
 
@@ -176,9 +176,9 @@ type walkRecord struct {
 // (key_hash, key) order, inside the segment, before its end; one end per segment).
 func walk(t *testing.T, st store.Store, slots []int, onItem func(store.WalkItem)) (*walkRecord, error) {
 	t.Helper()
-	rec := &walkRecord{rows: map[string]schedule.Row{}, ends: map[store.Segment]error{}, endCount: map[store.Segment]int{}}
+	rec := &walkRecord{rows: map[string]schedule.Row{}, ends: map[schedule.Run]error{}, endCount: map[schedule.Run]int{}}
 	var inFlight atomic.Int32
-	last := map[store.Segment]schedule.Row{}
+	last := map[schedule.Run]schedule.Row{}
 	res, err := st.Walk(ctxT(t), slots, func(it store.WalkItem) error {
 		if inFlight.Add(1) != 1 {
 			t.Errorf("walk callback called concurrently")
@@ -228,7 +228,7 @@ func testMigrate(t *testing.T, h Harness) {
 	if err := st.Migrate(ctxT(t)); err != nil {
 		t.Fatalf("migrate with data: %v", err)
 	}
-	rec, err := walk(t, st, store.AllSlots(), nil)
+	rec, err := walk(t, st, schedule.AllSlots().Slots(), nil)
 	if err != nil || len(rec.rows) != 3 {
 		t.Fatalf("after migrating again: %d rows, err %v; want 3", len(rec.rows), err)
 	}
@@ -255,7 +255,7 @@ func testUpsertRoundTrip(t *testing.T, h Harness) {
 		}
 		revs[out[i].Rev] = true
 	}
-	rec, err := walk(t, st, store.AllSlots(), nil)
+	rec, err := walk(t, st, schedule.AllSlots().Slots(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -476,16 +476,16 @@ func testWalkConcurrentWrites(t *testing.T, h Harness) {
 
 func testWalkFailedSegment(t *testing.T, h Harness) {
 	const bad = 40 // the segment holding slot 40 fails
-	st := newStore(t, h, Options{PageRows: 50, SegmentSlots: 16, FailSegment: func(g store.Segment) bool { return g.Contains(bad) }})
+	st := newStore(t, h, Options{PageRows: 50, SegmentSlots: 16, FailSegment: func(g schedule.Run) bool { return g.Contains(bad) }})
 	all := upsert(t, st, makeRows("failseg", 3000))
-	rec, err := walk(t, st, store.AllSlots(), nil)
+	rec, err := walk(t, st, schedule.AllSlots().Slots(), nil)
 	if err != nil {
 		t.Fatalf("walk with a failing segment returned an error: %v", err)
 	}
 	if f := rec.res.Failed(); f != 1 || !rec.res.Partial() {
 		t.Fatalf("failed segments: %d (partial %v), want 1", f, rec.res.Partial())
 	}
-	var badSeg store.Segment
+	var badSeg schedule.Run
 	for _, sr := range rec.res.Segments {
 		if sr.Segment.Contains(bad) {
 			badSeg = sr.Segment
@@ -514,7 +514,7 @@ func testWalkCallbackError(t *testing.T, h Harness) {
 	upsert(t, st, makeRows("cberr", 500))
 	boom := errors.New("boom")
 	calls := 0
-	_, err := st.Walk(ctxT(t), store.AllSlots(), func(store.WalkItem) error {
+	_, err := st.Walk(ctxT(t), schedule.AllSlots().Slots(), func(store.WalkItem) error {
 		calls++
 		if calls == 3 {
 			return boom
@@ -626,7 +626,7 @@ func subscribe(t *testing.T, st store.Store, slots []int) store.Subscription {
 
 func testEventsRev(t *testing.T, h Harness) {
 	st := newStore(t, h, Options{})
-	sub := subscribe(t, st, store.AllSlots())
+	sub := subscribe(t, st, schedule.AllSlots().Slots())
 	c := collect(t, sub)
 	ctx := ctxT(t)
 	r := Row("events/a", base)
@@ -803,7 +803,7 @@ func testSetSlots(t *testing.T, h Harness) {
 
 func testBulkEvents(t *testing.T, h Harness) {
 	st := newStore(t, h, Options{})
-	sub := subscribe(t, st, store.AllSlots())
+	sub := subscribe(t, st, schedule.AllSlots().Slots())
 	c := collect(t, sub)
 	rows := makeRows("bulk", h.BulkRows)
 	upsert(t, st, rows)
@@ -834,7 +834,7 @@ func testBulkEvents(t *testing.T, h Harness) {
 
 func testGap(t *testing.T, h Harness) {
 	st := newStore(t, h, Options{})
-	sub := subscribe(t, st, store.AllSlots())
+	sub := subscribe(t, st, schedule.AllSlots().Slots())
 	c := collect(t, sub)
 	before := Row("gap/before", base)
 	upsert(t, st, []schedule.Row{before})
@@ -951,7 +951,7 @@ func testCompleteResults(t *testing.T, h Harness) {
 		Route: in[1].Route, Source: in[1].Source}); d != "" {
 		t.Errorf("result 2: %s", d)
 	}
-	rec, err := walk(t, st, store.AllSlots(), nil)
+	rec, err := walk(t, st, schedule.AllSlots().Slots(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1013,7 +1013,7 @@ func testCompleteChecksRev(t *testing.T, h Harness) {
 	if r := res[4]; !r.Found || !r.Changed || !r.Row.Due.Equal(due) {
 		t.Errorf("second of the same lease twice: %+v, want Changed", r)
 	}
-	rec, err := walk(t, st, store.AllSlots(), nil)
+	rec, err := walk(t, st, schedule.AllSlots().Slots(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1072,7 +1072,7 @@ func testCompleteConcurrent(t *testing.T, h Harness) {
 			t.Errorf("key %q: result %+v", r.Key, got)
 		}
 	}
-	rec, err := walk(t, st, store.AllSlots(), nil)
+	rec, err := walk(t, st, schedule.AllSlots().Slots(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1096,7 +1096,7 @@ func testDelete(t *testing.T, h Harness) {
 	if res[0].Key != rows[1].Key || res[0].KeyHash != rows[1].KeyHash || res[0].Rev <= rows[1].Rev {
 		t.Errorf("result 0: %+v", res[0])
 	}
-	rec, err := walk(t, st, store.AllSlots(), nil)
+	rec, err := walk(t, st, schedule.AllSlots().Slots(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1171,7 +1171,7 @@ func testRejectBadInput(t *testing.T, h Harness) {
 	if _, err := st.Complete(ctx, []store.Completion{{Key: good.Key, Due: time.Date(10000, 1, 1, 0, 0, 0, 0, time.UTC)}}); err == nil {
 		t.Errorf("complete with a due time in year 10000: no error")
 	}
-	rec, err := walk(t, st, store.AllSlots(), nil)
+	rec, err := walk(t, st, schedule.AllSlots().Slots(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1186,7 +1186,7 @@ func testRejectBadInput(t *testing.T, h Harness) {
 
 func testStoreClose(t *testing.T, h Harness) {
 	st := h.New(t, Options{})
-	sub, err := st.Subscribe(ctxT(t), store.AllSlots())
+	sub, err := st.Subscribe(ctxT(t), schedule.AllSlots().Slots())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1206,7 +1206,7 @@ func testStoreClose(t *testing.T, h Harness) {
 	if _, err := st.Delete(ctx, []string{"https://example.com/closed"}); !errors.Is(err, store.ErrClosed) {
 		t.Errorf("Delete after Close: %v, want ErrClosed", err)
 	}
-	if _, err := st.Walk(ctx, store.AllSlots(), func(store.WalkItem) error { return nil }); !errors.Is(err, store.ErrClosed) {
+	if _, err := st.Walk(ctx, schedule.AllSlots().Slots(), func(store.WalkItem) error { return nil }); !errors.Is(err, store.ErrClosed) {
 		t.Errorf("Walk after Close: %v, want ErrClosed", err)
 	}
 	if _, err := st.Subscribe(ctx, []int{0}); !errors.Is(err, store.ErrClosed) {

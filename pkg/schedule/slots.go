@@ -1,16 +1,11 @@
-package membership
+package schedule
 
 import (
 	"fmt"
 	"math/bits"
 	"strconv"
 	"strings"
-
-	"github.com/renderqueue/renderqueue/pkg/schedule"
 )
-
-// NumSlots is the number of hash slots; see schedule.NumSlots.
-const NumSlots = schedule.NumSlots
 
 // slotWords is the number of 64-bit words in a SlotSet.
 const slotWords = NumSlots / 64
@@ -29,6 +24,17 @@ type Run struct {
 
 // Len returns the number of slots in the run.
 func (r Run) Len() int { return r.Last - r.First + 1 }
+
+// Contains reports whether slot s is in the run.
+func (r Run) Contains(s int) bool { return s >= r.First && s <= r.Last }
+
+// HashRange returns the inclusive range of ownership hashes of the run's slots: one key range,
+// which is what makes a shard's walk a few range scans.
+func (r Run) HashRange() (lo, hi int64) {
+	lo, _ = SlotHashRange(r.First)
+	_, hi = SlotHashRange(r.Last)
+	return lo, hi
+}
 
 // String returns the run in the compact text form: "7" for a single slot, "0-255" otherwise.
 func (r Run) String() string {
@@ -51,7 +57,7 @@ func AllSlots() SlotSet {
 // within [0, NumSlots) or is descending, which is a programming error.
 func SlotRange(first, last int) SlotSet {
 	if first < 0 || last >= NumSlots || first > last {
-		panic(fmt.Sprintf("membership: slot range %d-%d not within [0,%d)", first, last, NumSlots))
+		panic(fmt.Sprintf("schedule: slot range %d-%d not within [0,%d)", first, last, NumSlots))
 	}
 	var s SlotSet
 	for i := first; i <= last; i++ {
@@ -130,7 +136,7 @@ func (s SlotSet) Slots() []int {
 }
 
 // Runs returns the maximal runs of consecutive slots in ascending order (nil when empty). Each
-// run is one contiguous range of the hash space (schedule.SlotRange of its first and last slot).
+// run is one contiguous range of the hash space (SlotHashRange of its first and last slot).
 func (s SlotSet) Runs() []Run {
 	var out []Run
 	for slot := 0; slot < NumSlots; slot++ {
@@ -151,7 +157,7 @@ func (s SlotSet) String() string { return FormatSlots(s) }
 
 func checkSlot(slot int) {
 	if slot < 0 || slot >= NumSlots {
-		panic(fmt.Sprintf("membership: slot %d out of range [0,%d)", slot, NumSlots))
+		panic(fmt.Sprintf("schedule: slot %d out of range [0,%d)", slot, NumSlots))
 	}
 }
 
