@@ -155,9 +155,10 @@ type membershipStep struct {
 	RequeueAfter time.Duration
 }
 
-// reconcileMembership drives the slot assignment towards spec.shards from cur (the assignment
+// reconcileMembership drives the slot assignment towards spec.shards from *assign (the assignment
 // published in status.membership, parsed once by the caller), writing every change into
-// next.Membership (the caller persists it in one status write, which is when it takes effect):
+// next.Membership (the caller persists it in one status write, which is when it takes effect)
+// and the assignment it publishes into *assign, so the caller never parses it back:
 //
 //   - no assignment yet: the first one is planned and committed at once (nothing is counted
 //     before it, so there is nothing to prepare; shards can load while their Pods start);
@@ -166,12 +167,13 @@ type membershipStep struct {
 //   - settled but not balanced over the target shards: once every receiving shard's Pod is Ready,
 //     a rebalance starts with its prepare phase. After a rollback it is retried after
 //     RebalanceRetryAfter.
-func (r *RenderQueueReconciler) reconcileMembership(ctx context.Context, rq *rqv1.RenderQueue, cur membership.Assignment,
+func (r *RenderQueueReconciler) reconcileMembership(ctx context.Context, rq *rqv1.RenderQueue, assign *membership.Assignment,
 	next *rqv1.RenderQueueStatus, reports []shardReport, pods map[string]*corev1.Pod, now time.Time) (membershipStep, error) {
 	logger := log.FromContext(ctx)
 	ms := &next.Membership
+	cur := *assign
 	if ms.Handoff != nil && ms.Handoff.State == rqv1.HandoffPreparing {
-		return r.stepHandoff(ctx, rq, ms, cur, reports, now)
+		return r.stepHandoff(ctx, rq, ms, assign, reports, now)
 	}
 	targets := targetShards(rq)
 	plan, err := membership.PlanRebalance(cur, targets)
@@ -192,6 +194,7 @@ func (r *RenderQueueReconciler) reconcileMembership(ctx context.Context, rq *rqv
 			return membershipStep{}, fmt.Errorf("applying the first assignment: %w", err)
 		}
 		setAssignment(rq, ms, a)
+		*assign = a
 		ms.Handoff = handoffToStatus(h)
 		ms.Handoff.FinishedAt = ptrTime(now)
 		logger.Info("Assigned slots", "epoch", a.Epoch, "shards", len(targets))
@@ -237,6 +240,7 @@ func (r *RenderQueueReconciler) reconcileMembership(ctx context.Context, rq *rqv
 		return membershipStep{}, fmt.Errorf("applying the prepare phase at epoch %d: %w", act.Phase.Epoch, err)
 	}
 	setAssignment(rq, ms, a)
+	*assign = a
 	ms.Handoff = handoffToStatus(h)
 	msg := fmt.Sprintf("moving %d slots to %d shards (%s): prepare at epoch %d, waiting for %s to report prepared by %s",
 		plan.Moved(), len(targets), describeMoves(h.Moves), h.PrepareEpoch, strings.Join(h.Waiting, ", "),
@@ -250,10 +254,12 @@ func (r *RenderQueueReconciler) reconcileMembership(ctx context.Context, rq *rqv
 	}, nil
 }
 
-// stepHandoff advances the handoff persisted in ms with the shards' reports.
+// stepHandoff advances the handoff persisted in ms with the shards' reports, from the published
+// assignment *assign, which it updates when it publishes another.
 func (r *RenderQueueReconciler) stepHandoff(ctx context.Context, rq *rqv1.RenderQueue, ms *rqv1.MembershipStatus,
-	cur membership.Assignment, reports []shardReport, now time.Time) (membershipStep, error) {
+	assign *membership.Assignment, reports []shardReport, now time.Time) (membershipStep, error) {
 	logger := log.FromContext(ctx)
+	cur := *assign
 	h := handoffFromStatus(ms.Handoff)
 	prepared := map[string]int64{}
 	for _, rep := range reports {
@@ -281,6 +287,7 @@ func (r *RenderQueueReconciler) stepHandoff(ctx context.Context, rq *rqv1.Render
 			return membershipStep{}, fmt.Errorf("applying the %s phase at epoch %d: %w", act.Phase.Kind, act.Phase.Epoch, err)
 		}
 		setAssignment(rq, ms, a)
+		*assign = a
 		ms.Handoff = handoffToStatus(nextH)
 		ms.Handoff.FinishedAt = ptrTime(now)
 		if act.Kind == membership.ActionCommit {

@@ -162,8 +162,10 @@ func (r *RenderQueueReconciler) Reconcile(ctx context.Context, req ctrl.Request)
 	now := r.now().Truncate(time.Second) // the API server stores times to the second
 	r.Metrics.track(rq.Namespace, rq.Name)
 
-	// status.membership is parsed once, here; a malformed one is not retried (see invalidMembership)
-	persisted, err := assignmentFromStatus(rq.Status.Membership)
+	// status.membership is parsed once, here; a malformed one is not retried (see
+	// invalidMembership). The membership step updates assign as it publishes, and the status is
+	// computed from it.
+	assign, err := assignmentFromStatus(rq.Status.Membership)
 	if err != nil {
 		return ctrl.Result{}, r.invalidMembership(ctx, &rq, now, err)
 	}
@@ -185,11 +187,11 @@ func (r *RenderQueueReconciler) Reconcile(ctx context.Context, req ctrl.Request)
 	var keep []string
 	if blocked != nil {
 		// only the shards that exist: nothing is created for a spec the operator cannot act on
-		keep = persisted.Shards()
+		keep = assign.Shards()
 		sortShards(&rq, keep)
 		logger.V(1).Info("Not reconciling the shards", "reason", blocked.Reason, "message", blocked.Message)
 	} else {
-		keep = shardsToKeep(&rq, persisted)
+		keep = shardsToKeep(&rq, assign)
 		if err := r.ensureTokenSecret(ctx, &rq, keep, pods); err != nil {
 			return ctrl.Result{}, err
 		}
@@ -219,7 +221,7 @@ func (r *RenderQueueReconciler) Reconcile(ctx context.Context, req ctrl.Request)
 	var mstep membershipStep
 	var prog *progress
 	if blocked == nil || blocked.Reason == rqv1.ReasonShardPodRefused {
-		mstep, err = r.reconcileMembership(ctx, &rq, persisted, next, reports, pods, now)
+		mstep, err = r.reconcileMembership(ctx, &rq, &assign, next, reports, pods, now)
 		if err != nil {
 			return ctrl.Result{}, err
 		}
@@ -236,7 +238,7 @@ func (r *RenderQueueReconciler) Reconcile(ctx context.Context, req ctrl.Request)
 		}
 	}
 
-	if err := computeStatus(&rq, next, statusInputs{reports: reports, progress: prog, blocked: blocked, now: now}); err != nil {
+	if err := computeStatus(&rq, next, statusInputs{committed: assign, reports: reports, progress: prog, blocked: blocked, now: now}); err != nil {
 		return ctrl.Result{}, err
 	}
 	prev := rq.Status.DeepCopy()

@@ -162,8 +162,11 @@ func slotCounts(field string, m map[string]int, within schedule.SlotSet) (map[in
 
 // statusInputs is what computeStatus needs besides the RenderQueue.
 type statusInputs struct {
-	reports  []shardReport
-	progress *progress
+	// committed is the assignment next.Membership publishes (parsed once per reconcile, or as
+	// the membership step made it).
+	committed membership.Assignment
+	reports   []shardReport
+	progress  *progress
 	// blocked is what stops the operator from acting on the spec (the Reconciled condition);
 	// nil when nothing does.
 	blocked *blocker
@@ -173,10 +176,7 @@ type statusInputs struct {
 // computeStatus fills next (already carrying the membership step's result) with the shards,
 // the due sum and the conditions.
 func computeStatus(rq *rqv1.RenderQueue, next *rqv1.RenderQueueStatus, in statusInputs) error {
-	committed, err := assignmentFromStatus(next.Membership)
-	if err != nil {
-		return err
-	}
+	committed := in.committed
 	prev := map[string]*rqv1.ShardStatus{}
 	for i := range rq.Status.Shards {
 		prev[rq.Status.Shards[i].Name] = &rq.Status.Shards[i]
