@@ -156,9 +156,11 @@ type membershipStep struct {
 }
 
 // reconcileMembership drives the slot assignment towards spec.shards from *assign (the assignment
-// published in status.membership, parsed once by the caller), writing every change into
-// next.Membership (the caller persists it in one status write, which is when it takes effect)
-// and the assignment it publishes into *assign, so the caller never parses it back:
+// published in status.membership, parsed once by the caller). What to do is decided by
+// pkg/membership in one call (membership.Decide); this writes the decision into next.Membership
+// (the caller persists it in one status write, which is when it takes effect) and the assignment
+// it publishes into *assign, so the caller never parses it back, and turns it into the
+// Progressing message and the events:
 //
 //   - no assignment yet: the first one is planned and committed at once (nothing is counted
 //     before it, so there is nothing to prepare; shards can load while their Pods start);
@@ -171,141 +173,96 @@ func (r *RenderQueueReconciler) reconcileMembership(ctx context.Context, rq *rqv
 	next *rqv1.RenderQueueStatus, reports []shardReport, pods map[string]*corev1.Pod, now time.Time) (membershipStep, error) {
 	logger := log.FromContext(ctx)
 	ms := &next.Membership
-	cur := *assign
-	if ms.Handoff != nil && ms.Handoff.State == rqv1.HandoffPreparing {
-		return r.stepHandoff(ctx, rq, ms, assign, reports, now)
-	}
 	targets := targetShards(rq)
-	plan, err := membership.PlanRebalance(cur, targets)
-	if err != nil {
-		return membershipStep{}, fmt.Errorf("planning the slots of %d shards from epoch %d: %w", len(targets), cur.Epoch, err)
+	sit := membership.Situation{
+		Current: *assign, Targets: targets, Prepared: map[string]int64{}, Now: now,
+		Ready:   func(name string) bool { return podReady(pods[name]) },
+		Timeout: r.rebalanceTimeout(), RetryAfter: r.rebalanceRetryAfter(),
 	}
-	if plan.IsEmpty() {
-		return membershipStep{}, nil
-	}
-
-	if cur.IsEmpty() {
-		h, act, err := membership.StartHandoff(cur, plan, now, r.rebalanceTimeout())
-		if err != nil {
-			return membershipStep{}, fmt.Errorf("starting the first assignment: %w", err)
-		}
-		a, err := membership.Apply(cur, act.Phase)
-		if err != nil {
-			return membershipStep{}, fmt.Errorf("applying the first assignment: %w", err)
-		}
-		setAssignment(rq, ms, a)
-		*assign = a
-		ms.Handoff = handoffToStatus(h)
-		ms.Handoff.FinishedAt = ptrTime(now)
-		logger.Info("Assigned slots", "epoch", a.Epoch, "shards", len(targets))
-		return membershipStep{Events: []pendingEvent{{
-			Type: corev1.EventTypeNormal, Reason: EventSlotsAssigned, Action: "Assign",
-			Message: fmt.Sprintf("assigned %d slots to %d shards at epoch %d", schedule.NumSlots, len(targets), a.Epoch),
-		}}}, nil
-	}
-
-	if last := ms.Handoff; last != nil && last.State == rqv1.HandoffRolledBack && last.FinishedAt != nil {
-		if retry := last.FinishedAt.Add(r.rebalanceRetryAfter()); now.Before(retry) {
-			return membershipStep{
-				Progress: &progress{Reason: rqv1.ReasonRebalancing, Message: fmt.Sprintf(
-					"the rebalance from epoch %d rolled back (%s did not report prepared); retrying at %s",
-					last.FromEpoch, strings.Join(last.Waiting, ", "), retry.UTC().Format(time.RFC3339))},
-				RequeueAfter: retry.Sub(now),
-			}, nil
-		}
-	}
-
-	receivers := map[string]bool{}
-	for _, m := range plan.Moves() {
-		receivers[m.To] = true
-	}
-	var notReady []string
-	for _, name := range targets {
-		if receivers[name] && !podReady(pods[name]) {
-			notReady = append(notReady, name)
-		}
-	}
-	if len(notReady) > 0 {
-		return membershipStep{Progress: &progress{Reason: rqv1.ReasonRebalancing, Message: fmt.Sprintf(
-			"waiting for %s to become ready before moving %d slots to %d shards",
-			strings.Join(notReady, ", "), plan.Moved(), len(targets))}}, nil
-	}
-
-	h, act, err := membership.StartHandoff(cur, plan, now, r.rebalanceTimeout())
-	if err != nil {
-		return membershipStep{}, fmt.Errorf("starting a rebalance from epoch %d: %w", cur.Epoch, err)
-	}
-	a, err := membership.Apply(cur, act.Phase)
-	if err != nil {
-		return membershipStep{}, fmt.Errorf("applying the prepare phase at epoch %d: %w", act.Phase.Epoch, err)
-	}
-	setAssignment(rq, ms, a)
-	*assign = a
-	ms.Handoff = handoffToStatus(h)
-	msg := fmt.Sprintf("moving %d slots to %d shards (%s): prepare at epoch %d, waiting for %s to report prepared by %s",
-		plan.Moved(), len(targets), describeMoves(h.Moves), h.PrepareEpoch, strings.Join(h.Waiting, ", "),
-		h.Deadline.UTC().Format(time.RFC3339))
-	logger.Info("Rebalance started", "fromEpoch", h.FromEpoch, "prepareEpoch", h.PrepareEpoch,
-		"slotsMoving", plan.Moved(), "receivers", h.Receivers())
-	return membershipStep{
-		Progress:     &progress{Reason: rqv1.ReasonRebalancing, Message: msg},
-		Events:       []pendingEvent{{Type: corev1.EventTypeNormal, Reason: EventRebalanceStarted, Action: "Prepare", Message: msg}},
-		RequeueAfter: act.RequeueAfter,
-	}, nil
-}
-
-// stepHandoff advances the handoff persisted in ms with the shards' reports, from the published
-// assignment *assign, which it updates when it publishes another.
-func (r *RenderQueueReconciler) stepHandoff(ctx context.Context, rq *rqv1.RenderQueue, ms *rqv1.MembershipStatus,
-	assign *membership.Assignment, reports []shardReport, now time.Time) (membershipStep, error) {
-	logger := log.FromContext(ctx)
-	cur := *assign
-	h := handoffFromStatus(ms.Handoff)
-	prepared := map[string]int64{}
 	for _, rep := range reports {
 		if rep.Reachable() {
-			prepared[rep.Name] = rep.Status.Membership.PreparedEpoch
+			sit.Prepared[rep.Name] = rep.Status.Membership.PreparedEpoch
 		}
 	}
-	nextH, act, err := h.Step(now, prepared)
-	if err != nil {
-		return membershipStep{}, fmt.Errorf("stepping the handoff from epoch %d: %w", h.FromEpoch, err)
+	var last membership.Handoff
+	if ms.Handoff != nil {
+		last = handoffFromStatus(ms.Handoff)
+		sit.Last = &last
+		if ms.Handoff.FinishedAt != nil {
+			sit.LastFinished = ms.Handoff.FinishedAt.Time
+		}
 	}
-	switch act.Kind {
-	case membership.ActionWait:
-		ms.Handoff.Waiting = slices.Clone(nextH.Waiting)
+	step, err := membership.Decide(sit)
+	if err != nil {
+		return membershipStep{}, err
+	}
+	publish := func() {
+		setAssignment(rq, ms, step.Publish)
+		*assign = step.Publish
+		ms.Handoff = handoffToStatus(step.Handoff)
+	}
+	h := step.Handoff
+	switch step.Kind {
+	case membership.StepAssign:
+		publish()
+		ms.Handoff.FinishedAt = ptrTime(now)
+		logger.Info("Assigned slots", "epoch", step.Publish.Epoch, "shards", len(targets))
+		return membershipStep{Events: []pendingEvent{{
+			Type: corev1.EventTypeNormal, Reason: EventSlotsAssigned, Action: "Assign",
+			Message: fmt.Sprintf("assigned %d slots to %d shards at epoch %d", schedule.NumSlots, len(targets), step.Publish.Epoch),
+		}}}, nil
+	case membership.StepRetryLater:
+		return membershipStep{
+			Progress: &progress{Reason: rqv1.ReasonRebalancing, Message: fmt.Sprintf(
+				"the rebalance from epoch %d rolled back (%s did not report prepared); retrying at %s",
+				last.FromEpoch, strings.Join(last.Waiting, ", "), step.RetryAt.UTC().Format(time.RFC3339))},
+			RequeueAfter: step.RequeueAfter,
+		}, nil
+	case membership.StepWaitReady:
+		return membershipStep{Progress: &progress{Reason: rqv1.ReasonRebalancing, Message: fmt.Sprintf(
+			"waiting for %s to become ready before moving %d slots to %d shards",
+			strings.Join(step.NotReady, ", "), step.Plan.Moved(), len(targets))}}, nil
+	case membership.StepPrepare:
+		publish()
+		msg := fmt.Sprintf("moving %d slots to %d shards (%s): prepare at epoch %d, waiting for %s to report prepared by %s",
+			step.Plan.Moved(), len(targets), describeMoves(h.Moves), h.PrepareEpoch, strings.Join(h.Waiting, ", "),
+			h.Deadline.UTC().Format(time.RFC3339))
+		logger.Info("Rebalance started", "fromEpoch", h.FromEpoch, "prepareEpoch", h.PrepareEpoch,
+			"slotsMoving", step.Plan.Moved(), "receivers", h.Receivers())
+		return membershipStep{
+			Progress:     &progress{Reason: rqv1.ReasonRebalancing, Message: msg},
+			Events:       []pendingEvent{{Type: corev1.EventTypeNormal, Reason: EventRebalanceStarted, Action: "Prepare", Message: msg}},
+			RequeueAfter: step.RequeueAfter,
+		}, nil
+	case membership.StepWait:
+		ms.Handoff.Waiting = slices.Clone(h.Waiting)
 		return membershipStep{
 			Progress: &progress{Reason: rqv1.ReasonRebalancing, Message: fmt.Sprintf(
 				"moving %d slots (%s) at prepare epoch %d: waiting for %s to report prepared, rollback at %s",
-				movedSlots(h.Moves), describeMoves(h.Moves), h.PrepareEpoch, strings.Join(nextH.Waiting, ", "),
-				h.Deadline.UTC().Format(time.RFC3339))},
-			RequeueAfter: act.RequeueAfter,
+				movedSlots(last.Moves), describeMoves(last.Moves), last.PrepareEpoch, strings.Join(h.Waiting, ", "),
+				last.Deadline.UTC().Format(time.RFC3339))},
+			RequeueAfter: step.RequeueAfter,
 		}, nil
-	case membership.ActionCommit, membership.ActionRollback:
-		a, err := membership.Apply(cur, act.Phase)
-		if err != nil {
-			return membershipStep{}, fmt.Errorf("applying the %s phase at epoch %d: %w", act.Phase.Kind, act.Phase.Epoch, err)
-		}
-		setAssignment(rq, ms, a)
-		*assign = a
-		ms.Handoff = handoffToStatus(nextH)
+	case membership.StepCommit:
+		publish()
 		ms.Handoff.FinishedAt = ptrTime(now)
-		if act.Kind == membership.ActionCommit {
-			msg := fmt.Sprintf("committed the move of %d slots (%s) at epoch %d",
-				movedSlots(h.Moves), describeMoves(h.Moves), a.Epoch)
-			logger.Info("Rebalance committed", "epoch", a.Epoch, "slotsMoved", movedSlots(h.Moves))
-			return membershipStep{Events: []pendingEvent{{
-				Type: corev1.EventTypeNormal, Reason: EventRebalanceCommitted, Action: "Commit", Message: msg,
-			}}}, nil
-		}
+		msg := fmt.Sprintf("committed the move of %d slots (%s) at epoch %d",
+			movedSlots(last.Moves), describeMoves(last.Moves), step.Publish.Epoch)
+		logger.Info("Rebalance committed", "epoch", step.Publish.Epoch, "slotsMoved", movedSlots(last.Moves))
+		return membershipStep{Events: []pendingEvent{{
+			Type: corev1.EventTypeNormal, Reason: EventRebalanceCommitted, Action: "Commit", Message: msg,
+		}}}, nil
+	case membership.StepRollback:
+		publish()
+		ms.Handoff.FinishedAt = ptrTime(now)
 		msg := fmt.Sprintf("rolled back the move of %d slots at epoch %d: %s did not report prepare epoch %d walked by %s",
-			movedSlots(h.Moves), a.Epoch, strings.Join(nextH.Waiting, ", "), h.PrepareEpoch,
-			h.Deadline.UTC().Format(time.RFC3339))
-		logger.Info("Rebalance rolled back", "epoch", a.Epoch, "waiting", nextH.Waiting)
+			movedSlots(last.Moves), step.Publish.Epoch, strings.Join(h.Waiting, ", "), last.PrepareEpoch,
+			last.Deadline.UTC().Format(time.RFC3339))
+		logger.Info("Rebalance rolled back", "epoch", step.Publish.Epoch, "waiting", h.Waiting)
 		return membershipStep{
 			Progress:     &progress{Reason: rqv1.ReasonRebalancing, Message: msg},
 			Events:       []pendingEvent{{Type: corev1.EventTypeWarning, Reason: EventRebalanceRolledBack, Action: "Rollback", Message: msg}},
-			RequeueAfter: r.rebalanceRetryAfter(),
+			RequeueAfter: step.RequeueAfter,
 		}, nil
 	default:
 		return membershipStep{}, nil

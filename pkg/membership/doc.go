@@ -33,6 +33,9 @@
 // again with nothing incoming. The commit and the rollback get their own epoch, above the
 // prepare's, so that epochs only grow and every shard can tell which assignment is newest.
 // Handoff is the coordinator driving these phases; Apply applies a phase to an assignment.
+// Decide is the operator's one call: from the published assignment, the last handoff and what
+// the shards and their Pods report, it says what to publish next (the first assignment, a
+// prepare, a commit or rollback) or why to wait.
 //
 // # When a moving slot's count counts
 //
