@@ -9,8 +9,10 @@ KUSTOMIZE ?= $(GO) run sigs.k8s.io/kustomize/kustomize/v5@$(KUSTOMIZE_VERSION)
 # The release: dist/ pins the operator (and the shards' default) image to $(IMG).
 VERSION ?= v0.1.0
 IMG ?= ghcr.io/renderqueue/renderqueue:$(VERSION)
+# How long `make soak` loops the chaos cases.
+DURATION ?= 30m
 
-.PHONY: all build test bench fmt vet lint run tidy manifests generate verify-generated dist verify-dist e2e demo docker-build
+.PHONY: all build test bench fmt vet lint run tidy manifests generate verify-generated dist verify-dist e2e soak demo docker-build
 all: build
 
 build: ## Build bin/renderqueue (and bin/kubectl-renderqueue, the kubectl plugin: a link to it).
@@ -66,7 +68,10 @@ verify-dist: ## Fail when the committed dist/ is not the current rendering of co
 
 e2e: ## End-to-end test: local control plane, PostgreSQL, operator, real keeper processes, kubectl, HPA.
 	KUBEBUILDER_ASSETS=$${KUBEBUILDER_ASSETS:-$$(hack/setup-envtest.sh | tail -n 1)} \
-	  $(GO) test -tags e2e -count=1 -timeout 15m -v ./test/e2e/...
+	  $(GO) test -tags e2e -count=1 -timeout 25m -v ./test/e2e/...
+
+soak: ## The e2e chaos test (TestChaos) in a loop for DURATION (default 30m), with a summary at the end (as root).
+	DURATION=$(DURATION) hack/soak.sh
 
 demo: ## The whole system locally: control plane, 3-shard RenderQueue, 200k rows, workers, HPA metric (KEEP=1 keeps it).
 	hack/demo.sh

@@ -83,5 +83,5 @@ fi
 # with the alert rules. About 3.5 min, as root; see `make e2e` and docs/local-cluster.md.
 if [ "${run_e2e:-0}" = 1 ]; then
   echo "test: running the end-to-end test (go test -tags e2e ./test/e2e/...)" >&2
-  go test -tags e2e -count=1 -timeout 15m ./test/e2e/...
+  go test -tags e2e -count=1 -timeout 25m ./test/e2e/...
 fi

@@ -354,8 +354,11 @@ func metricPath(metric string) string {
 		namespace, metric, url.QueryEscape("renderqueue.dev/name="+queueName))
 }
 
-// TestEndToEnd is the user's day with real parts; see the package documentation.
-func TestEndToEnd(t *testing.T) {
+// startEnv builds the binary (E2E_BINARY: a prebuilt one) and starts the local cluster with
+// its PostgreSQL, skipping the test where it cannot run (-short, not root). The cluster is
+// stopped when t ends, after the containers' logs were printed if t failed.
+func startEnv(t *testing.T) *env {
+	t.Helper()
 	if testing.Short() {
 		t.Skip("e2e: skipped with -short")
 	}
@@ -419,7 +422,12 @@ func TestEndToEnd(t *testing.T) {
 	if e.k8s, err = client.New(c.RESTConfig, client.Options{Scheme: scheme}); err != nil {
 		t.Fatalf("building a client: %v", err)
 	}
+	return e
+}
 
+// TestEndToEnd is the user's day with real parts; see the package documentation.
+func TestEndToEnd(t *testing.T) {
+	e := startEnv(t)
 	steps := []struct {
 		name string
 		run  func(t *testing.T)

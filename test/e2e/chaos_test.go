@@ -1,0 +1,898 @@
+//go:build e2e
+
+package e2e
+
+// TestChaos: faults in the middle of slot handoffs, with writers and render workers running
+// throughout, on a cluster of its own (config/default as shipped, the operator Deployment scaled
+// to two replicas with leader election).
+//
+// The cases, in the order of spec.shards 3→4→6→2→5:
+//
+//   - kill-giver-in-prepare (3→4): SIGKILL a shard that gives slots while the prepare is in flight;
+//   - kill-receiver-in-walk (4→6): SIGKILL a receiving shard while it walks its incoming slots;
+//   - kill-operator-in-handoff (6→2): SIGKILL the leading operator replica between prepare and
+//     commit; the other replica (or the restarted one) takes the leader Lease over and finishes;
+//   - restart-postgres-in-handoff (2→5): stop and start PostgreSQL during the prepare;
+//   - rescale-in-flight (5→3→4→6→2→5): change spec.shards again while each handoff is in flight.
+//
+// A prepare is held in flight where a case needs it to be by an ACCESS EXCLUSIVE lock on
+// render_schedule (a receiver's walk waits for it), taken before the change and released after
+// the fault.
+//
+// Checks:
+//   - quiescent samples: before and after every case, and between cases in the soak, writers and
+//     workers are paused (nothing writes, no row crosses now: see chaosHorizon) and the queue,
+//     once settled (no handoff in flight) and exact, must report the SQL count of due rows;
+//   - every completion a worker saw acknowledged must be in PostgreSQL: an audit trigger (created
+//     by the test) records every row version written, and each acknowledged completion's next
+//     due time must be among its key's;
+//   - no key may be acknowledged twice for overlapping leases (a row handed out twice at once
+//     and both renders recorded); overlapping leases themselves are counted and reported.
+//
+// CHAOS_DURATION (a Go duration) loops the case mix until that much time has passed (`make soak
+// DURATION=30m`); unset, the mix runs once (the CI version, about 4 minutes). The summary is
+// logged at the end and written to CHAOS_SUMMARY when set. CHAOS_CASES (comma-separated names)
+// runs only those cases.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	rqv1 "github.com/renderqueue/renderqueue/api/v1alpha1"
+	"github.com/renderqueue/renderqueue/pkg/client"
+	"github.com/renderqueue/renderqueue/pkg/membership"
+)
+
+const (
+	chaosRows      = 20000
+	chaosOverdue   = 1500
+	chaosLease     = 30 * time.Second
+	chaosWorkers   = 4
+	chaosBatch     = 5
+	leaderLease    = "renderqueue-operator.renderqueue.dev"
+	sampleTimeout  = 90 * time.Second
+	settleTimeout  = 4 * time.Minute
+	preparePoll    = 100 * time.Millisecond
+	prepareTimeout = 2 * time.Minute
+)
+
+// chaosHorizon: no row is due between now − 10 minutes and now + the horizon when the test
+// starts, and nothing the test writes lands there, so no row crosses now while the test runs and
+// the SQL count of due rows changes only by writes.
+func chaosHorizon(d time.Duration) time.Duration { return max(3*time.Hour, d+time.Hour) }
+
+type ackRec struct {
+	key     string
+	nextDue time.Time
+	lease   string
+}
+
+type leaseRec struct {
+	lease   string
+	shard   string
+	claimed time.Time
+	expires time.Time
+	ended   time.Time // acknowledged or refused; zero: ran out
+	outcome string    // "acknowledged", the shard's reason for refusing, or "" (never answered)
+}
+
+type sampleRec struct {
+	n      int
+	why    string
+	sqlDue int64
+	waited time.Duration
+	epoch  int64
+	shards int32
+}
+
+// chaosCase is one fault; run returns its outcome for the summary.
+type chaosCase struct {
+	name string
+	run  func(t *testing.T) string
+}
+
+type caseRec struct {
+	round   int
+	name    string
+	shards  string
+	outcome string
+	took    time.Duration
+}
+
+// chaos is TestChaos's state: the load (writers, workers) and what it recorded.
+type chaos struct {
+	e       *env
+	pool    *pgxpool.Pool
+	horizon time.Duration
+	gate    sync.RWMutex // writers and workers hold it shared per request; a sample takes it
+	stop    atomic.Bool
+	wg      sync.WaitGroup
+	cl      *client.Client
+
+	mu         sync.Mutex
+	keys       []string
+	acks       []ackRec
+	leases     map[string][]*leaseRec
+	refused    map[string]int
+	unanswered int
+	claimed    int
+	writes     int
+	writeErrs  int
+	samples    []sampleRec
+	cases      []caseRec
+}
+
+func TestChaos(t *testing.T) {
+	e := startEnv(t)
+	var duration time.Duration
+	if d := os.Getenv("CHAOS_DURATION"); d != "" {
+		var err error
+		if duration, err = time.ParseDuration(d); err != nil || duration <= 0 {
+			t.Fatalf("CHAOS_DURATION=%q: want a positive Go duration such as 30m", d)
+		}
+	}
+	ch := &chaos{e: e, horizon: chaosHorizon(duration), leases: map[string][]*leaseRec{}, refused: map[string]int{}}
+	step := func(name string, f func(t *testing.T)) {
+		if !t.Run(name, func(st *testing.T) { e.t = st; f(st) }) {
+			e.t = t
+			t.Fatalf("step %s failed; stopping", name)
+		}
+		e.t = t
+	}
+	t.Cleanup(func() {
+		if ch.pool != nil {
+			ch.pool.Close()
+		}
+	})
+	step("setup", ch.setup)
+	t.Cleanup(ch.stopLoad) // before the pool closes and the cluster stops
+	step("load", ch.startLoad)
+	step("sample-initial", func(t *testing.T) { ch.sample(t, "initial, 3 shards") })
+
+	cases := []chaosCase{
+		{"kill-giver-in-prepare", ch.caseKillGiver},
+		{"kill-receiver-in-walk", ch.caseKillReceiver},
+		{"kill-operator-in-handoff", ch.caseKillOperator},
+		{"restart-postgres-in-handoff", ch.caseRestartPostgres},
+		{"rescale-in-flight", ch.caseRescaleInFlight},
+	}
+	if only := os.Getenv("CHAOS_CASES"); only != "" { // a comma-separated subset, in the mix's order
+		want := strings.Split(only, ",")
+		cases = slices.DeleteFunc(cases, func(c chaosCase) bool { return !slices.Contains(want, c.name) })
+		if len(cases) == 0 {
+			t.Fatalf("CHAOS_CASES=%q names none of the cases", only)
+		}
+	}
+	start := time.Now()
+	for round := 1; ; round++ {
+		for _, c := range cases {
+			from := e.queue().Spec.Shards
+			began := time.Now()
+			var outcome string
+			step(fmt.Sprintf("round-%d/%s", round, c.name), func(t *testing.T) {
+				outcome = c.run(t)
+				ch.sample(t, "after "+c.name)
+			})
+			ch.mu.Lock()
+			ch.cases = append(ch.cases, caseRec{round: round, name: c.name, outcome: outcome, took: time.Since(began),
+				shards: fmt.Sprintf("%d→%d", from, e.queue().Spec.Shards)})
+			ch.mu.Unlock()
+		}
+		if duration == 0 || time.Since(start) >= duration {
+			break
+		}
+		// between rounds in the soak: the load alone, sampled
+		for i := 0; i < 3; i++ {
+			time.Sleep(5 * time.Second) // load runs between samples: what the soak is for
+			step(fmt.Sprintf("round-%d/sample-%d", round, i+1), func(t *testing.T) { ch.sample(t, "between rounds") })
+		}
+	}
+	step("verify", ch.verify)
+}
+
+// setup seeds the schedule and the audit trigger, installs config/default with two operator
+// replicas, and applies a 3-shard RenderQueue; it waits until the queue is exact.
+func (ch *chaos) setup(t *testing.T) {
+	e := ch.e
+	dsn := e.c.Postgres.DSN
+	for _, args := range [][]string{
+		{"schema", "migrate", "--dsn", dsn},
+		{"seed", "--dsn", dsn, "--rows", fmt.Sprint(chaosRows), "--overdue", fmt.Sprint(chaosOverdue), "--progress", "0"},
+	} {
+		if out, err := execOut(e.bin, args...); err != nil {
+			t.Fatalf("renderqueue %s: %v\n%s", args[0], err, out)
+		}
+	}
+	e.sql(fmt.Sprintf(`UPDATE render_schedule SET due_at = now() + interval '%d seconds'
+		WHERE due_at > now() - interval '10 minutes' AND due_at <= now() + interval '%d seconds'`,
+		int(ch.horizon.Seconds()), int(ch.horizon.Seconds())))
+	// every row version written, with its due time: what an acknowledged completion must be among
+	e.sql(`CREATE TABLE chaos_audit (key text COLLATE "C" NOT NULL, due_at timestamptz, rev bigint NOT NULL,
+		at timestamptz NOT NULL DEFAULT clock_timestamp())`)
+	e.sql(`CREATE FUNCTION chaos_audit() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN INSERT INTO chaos_audit (key, due_at, rev) VALUES (NEW.key, NEW.due_at, NEW.rev); RETURN NULL; END $$`)
+	e.sql(`CREATE TRIGGER chaos_audit AFTER INSERT OR UPDATE ON render_schedule FOR EACH ROW EXECUTE FUNCTION chaos_audit()`)
+	var err error
+	if ch.pool, err = pgxpool.New(context.Background(), dsn); err != nil {
+		t.Fatalf("connecting to PostgreSQL: %v", err)
+	}
+	rows, err := ch.pool.Query(context.Background(), `SELECT key FROM render_schedule`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ch.keys, err = pgx.CollectRows(rows, pgx.RowTo[string]); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("seeded %d rows, %d due; audit trigger on render_schedule", len(ch.keys), e.sqlDue())
+
+	e.kubectl("create", "namespace", operatorNS)
+	out := e.kubectl("apply", "--server-side", "-k", filepath.Join(e.root, "config", "default"))
+	t.Logf("kubectl apply --server-side -k config/default:\n%s", out)
+	e.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd/renderqueues.renderqueue.dev")
+	e.kubectl("-n", operatorNS, "scale", "deployment/renderqueue-operator", "--replicas=2")
+	e.kubectl("-n", namespace, "create", "secret", "generic", storeSecret, "--from-literal=dsn="+e.c.Postgres.TCPDSN)
+	e.kubectl("-n", operatorNS, "rollout", "status", "deployment/renderqueue-operator", "--timeout=150s")
+	manifest := fmt.Sprintf(`apiVersion: renderqueue.dev/v1alpha1
+kind: RenderQueue
+metadata: {name: %s, namespace: %s}
+spec:
+  shards: 3
+  window: 24h
+  verifyInterval: 60m
+  leaseDuration: %s
+  store: {secretRef: {name: %s, key: dsn}}
+`, queueName, namespace, chaosLease, storeSecret)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if out, err := e.c.Kubectl(ctx, []byte(manifest), "apply", "-f", "-"); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	e.kubectl("wait", "--for=condition=Ready", "--timeout=120s", "renderqueue/"+queueName)
+	e.exactAndTrue(2*time.Minute, 3)
+	holder, pod := ch.leader(t)
+	t.Logf("operator leader %s (pod %s); kubectl get pods -A:\n%s", holder, pod, e.kubectl("get", "pods", "-A", "-o", "wide"))
+}
+
+func execOut(bin string, args ...string) (string, error) {
+	out, err := exec.Command(bin, args...).CombinedOutput()
+	return string(out), err
+}
+
+// startLoad starts the writer and the render workers; stopLoad (at the end of the test) stops
+// them and waits for their last completions.
+func (ch *chaos) startLoad(t *testing.T) {
+	e := ch.e
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	sec, err := e.c.Client.CoreV1().Secrets(namespace).Get(ctx, queueName+"-api-token", metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("reading the API token: %v", err)
+	}
+	disc, err := client.RenderQueueDiscovery(e.c.RESTConfig, namespace, queueName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cl, err := client.New(client.Options{Discovery: disc, Token: string(sec.Data["token"]), Batch: chaosBatch,
+		HTTPClient: &http.Client{Timeout: 15 * time.Second}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ch.cl = cl
+	for i := range chaosWorkers {
+		ch.wg.Go(func() { ch.worker(i) })
+	}
+	ch.wg.Go(ch.writer)
+	t.Logf("load started: %d workers (claims of %d, lease %s), 1 writer", chaosWorkers, chaosBatch, chaosLease)
+}
+
+func (ch *chaos) stopLoad() {
+	if ch.stop.Swap(true) || ch.cl == nil {
+		return
+	}
+	ch.wg.Wait()
+	_ = ch.cl.Close()
+}
+
+// pause sleeps d unless the load is stopping.
+func (ch *chaos) pause(d time.Duration) {
+	deadline := time.Now().Add(d)
+	for !ch.stop.Load() && time.Now().Before(deadline) {
+		time.Sleep(min(50*time.Millisecond, time.Until(deadline)))
+	}
+}
+
+// worker claims rows, "renders" them (a few milliseconds) and completes them with a next due
+// time of its own choosing beyond the horizon, recording every claim and every answer.
+func (ch *chaos) worker(id int) {
+	rng := rand.New(rand.NewPCG(uint64(id), uint64(time.Now().UnixNano())))
+	for !ch.stop.Load() {
+		ch.gate.RLock()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		items, err := ch.cl.Claim(ctx, chaosBatch)
+		cancel()
+		ch.gate.RUnlock()
+		if err != nil || len(items) == 0 {
+			ch.pause(200 * time.Millisecond)
+			continue
+		}
+		now := time.Now()
+		ch.mu.Lock()
+		ch.claimed += len(items)
+		for _, it := range items {
+			ch.leases[it.Key] = append(ch.leases[it.Key], &leaseRec{lease: it.Lease, shard: it.Shard, claimed: now, expires: it.LeaseExpires})
+		}
+		ch.mu.Unlock()
+		// the render: slow enough that the writer keeps a backlog of due rows (the workers complete
+		// about as many rows a second as the writer makes due), so samples compare real counts
+		time.Sleep(time.Duration(800+rng.IntN(800)) * time.Millisecond)
+		done := make([]client.Completion, len(items))
+		for i, it := range items {
+			// unique to the millisecond per key in practice, beyond the horizon (never due in the test)
+			next := time.Now().Add(ch.horizon + time.Hour + time.Duration(rng.Int64N(int64(time.Hour)))).Truncate(time.Millisecond)
+			done[i] = client.Completion{Item: it, NextDue: next}
+		}
+		ch.complete(done)
+	}
+}
+
+// complete sends completions, retrying those whose request was not answered (a 503, a
+// connection error) with the same lease, as pkg/client's Run does; it records each answer.
+func (ch *chaos) complete(done []client.Completion) {
+	for attempt := 0; attempt < 5 && len(done) > 0; attempt++ {
+		if attempt > 0 {
+			time.Sleep(time.Duration(attempt) * 500 * time.Millisecond)
+		}
+		ch.gate.RLock()
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		res, _ := ch.cl.Complete(ctx, done)
+		cancel()
+		ch.gate.RUnlock()
+		now := time.Now()
+		var again []client.Completion
+		ch.mu.Lock()
+		for i, err := range res {
+			d := done[i]
+			var ie *client.ItemError
+			switch {
+			case err == nil:
+				ch.acks = append(ch.acks, ackRec{key: d.Item.Key, nextDue: d.NextDue, lease: d.Item.Lease})
+				ch.endLease(d.Item, now, "acknowledged")
+			case errors.As(err, &ie):
+				ch.refused[ie.Reason]++
+				ch.endLease(d.Item, now, "refused: "+ie.Reason)
+			default:
+				again = append(again, d)
+			}
+		}
+		ch.mu.Unlock()
+		done = again
+	}
+	ch.mu.Lock()
+	ch.unanswered += len(done)
+	ch.mu.Unlock()
+}
+
+func (ch *chaos) endLease(it client.Item, at time.Time, outcome string) {
+	for _, l := range ch.leases[it.Key] {
+		if l.lease == it.Lease && l.shard == it.Shard {
+			l.ended, l.outcome = at, outcome
+		}
+	}
+}
+
+// writer is a producer: it makes rows due, pushes rows beyond the horizon, inserts new rows
+// (due or not), deletes rows and flips urgent, about 20 writes a second.
+func (ch *chaos) writer() {
+	rng := rand.New(rand.NewPCG(7, uint64(time.Now().UnixNano())))
+	n := 0
+	for !ch.stop.Load() {
+		ch.mu.Lock()
+		key := ch.keys[rng.IntN(len(ch.keys))]
+		ch.mu.Unlock()
+		var q string
+		var args []any
+		switch p := rng.IntN(100); {
+		case p < 55: // due now: a row to render
+			q, args = `UPDATE render_schedule SET due_at = now() - make_interval(secs => $2) WHERE key = $1`, []any{key, 60 + rng.IntN(3600)}
+		case p < 70: // not due for a long time
+			q, args = `UPDATE render_schedule SET due_at = now() + make_interval(secs => $2) WHERE key = $1`, []any{key, int(ch.horizon.Seconds()) + 3*3600 + rng.IntN(3600)}
+		case p < 90: // a new row, due or not
+			n++
+			key = fmt.Sprintf("https://chaos.example/%d/%d", time.Now().UnixNano(), n)
+			secs := -(60 + rng.IntN(3600))
+			if rng.IntN(2) == 0 {
+				secs = int(ch.horizon.Seconds()) + 3*3600 + rng.IntN(3600)
+			}
+			q, args = `INSERT INTO render_schedule (key, due_at, cadence_ms, source) VALUES ($1, now() + make_interval(secs => $2), 3600000, 'submitted')`, []any{key, secs}
+		case p < 95:
+			q, args = `DELETE FROM render_schedule WHERE key = $1`, []any{key}
+		default:
+			q, args = `UPDATE render_schedule SET urgent = NOT urgent WHERE key = $1`, []any{key}
+		}
+		ch.gate.RLock()
+		ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+		_, err := ch.pool.Exec(ctx, q, args...)
+		cancel()
+		ch.gate.RUnlock()
+		ch.mu.Lock()
+		if err != nil {
+			ch.writeErrs++
+		} else {
+			ch.writes++
+			if strings.HasPrefix(q, "INSERT") {
+				ch.keys = append(ch.keys, key)
+			}
+		}
+		ch.mu.Unlock()
+		ch.pause(50 * time.Millisecond)
+	}
+}
+
+// sample pauses the writers and workers, counts the due rows in SQL and waits for the queue to
+// be settled (no handoff in flight), exact and equal to that count.
+func (ch *chaos) sample(t *testing.T, why string) {
+	ch.gate.Lock()
+	defer ch.gate.Unlock()
+	paused := time.Now()
+	want := ch.sqlDue(t)
+	var st rqv1.RenderQueueStatus
+	eventually(t, sampleTimeout, 250*time.Millisecond, fmt.Sprintf("sample %q: the queue settled, exact and at the SQL count %d", why, want), func() (bool, string) {
+		st = ch.e.queue().Status
+		return !st.Membership.HandoffInProgress() && st.DueExact && st.Due == want && st.ReadyShards == st.CurrentShards,
+			fmt.Sprintf("due=%d exact=%v handoff=%s ready=%d/%d; %s", st.Due, st.DueExact, handoffString(st.Membership.Handoff), st.ReadyShards, st.CurrentShards, conds(st.Conditions))
+	})
+	ch.mu.Lock()
+	s := sampleRec{n: len(ch.samples) + 1, why: why, sqlDue: want, waited: time.Since(paused), epoch: st.Membership.Epoch, shards: st.CurrentShards}
+	ch.samples = append(ch.samples, s)
+	ch.mu.Unlock()
+	t.Logf("sample %d (%s): due %d = SQL, %d shards, epoch %d, after %s paused", s.n, why, want, s.shards, s.epoch, s.waited.Round(100*time.Millisecond))
+}
+
+func (ch *chaos) sqlDue(t *testing.T) int64 {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var n int64
+	if err := ch.pool.QueryRow(ctx, `SELECT count(*) FROM render_schedule WHERE due_at <= now()`).Scan(&n); err != nil {
+		t.Fatalf("counting due rows: %v", err)
+	}
+	return n
+}
+
+// lockTable takes an ACCESS EXCLUSIVE lock on render_schedule, so every walk (and every write)
+// waits: a prepare stays in flight while it is held. unlock is idempotent.
+func (ch *chaos) lockTable(t *testing.T) (unlock func()) {
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, ch.e.c.Postgres.DSN)
+	if err != nil {
+		t.Fatalf("connecting to PostgreSQL: %v", err)
+	}
+	if _, err := conn.Exec(ctx, `BEGIN; LOCK TABLE render_schedule IN ACCESS EXCLUSIVE MODE`); err != nil {
+		_ = conn.Close(ctx)
+		t.Fatalf("locking render_schedule: %v", err)
+	}
+	var once sync.Once
+	unlock = func() {
+		once.Do(func() {
+			cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			defer cancel()
+			_, _ = conn.Exec(cctx, `ROLLBACK`)
+			_ = conn.Close(cctx)
+		})
+	}
+	t.Cleanup(unlock)
+	return unlock
+}
+
+// scale sets spec.shards.
+func (ch *chaos) scale(n int) {
+	ch.e.kubectl("scale", "renderqueue", queueName, fmt.Sprintf("--replicas=%d", n))
+}
+
+// waitPreparing waits for a handoff in its prepare phase with a prepare epoch above after and
+// returns the status that shows it.
+func (ch *chaos) waitPreparing(t *testing.T, after int64) rqv1.RenderQueueStatus {
+	var st rqv1.RenderQueueStatus
+	eventually(t, prepareTimeout, preparePoll, fmt.Sprintf("a prepare above epoch %d", after), func() (bool, string) {
+		st = ch.e.queue().Status
+		h := st.Membership.Handoff
+		return h != nil && h.State == rqv1.HandoffPreparing && h.PrepareEpoch > after,
+			fmt.Sprintf("epoch=%d handoff=%s; %s", st.Membership.Epoch, handoffString(h), conds(st.Conditions))
+	})
+	return st
+}
+
+func handoffString(h *rqv1.HandoffStatus) string {
+	if h == nil {
+		return "none"
+	}
+	return fmt.Sprintf("%s from epoch %d (prepare %d, final %d)", h.State, h.FromEpoch, h.PrepareEpoch, h.FinalEpoch)
+}
+
+// waitSettled waits until the queue runs n ready shards with the membership settled and exact.
+func (ch *chaos) waitSettled(t *testing.T, n int) rqv1.RenderQueueStatus {
+	var st rqv1.RenderQueueStatus
+	eventually(t, settleTimeout, 500*time.Millisecond, fmt.Sprintf("the queue settled at %d shards", n), func() (bool, string) {
+		st = ch.e.queue().Status
+		return !st.Membership.HandoffInProgress() && int(st.CurrentShards) == n && int(st.ReadyShards) == n &&
+				len(st.Membership.Assignment) == n && st.DueExact,
+			fmt.Sprintf("current=%d ready=%d assignment=%d exact=%v handoff=%s; %s", st.CurrentShards,
+				st.ReadyShards, len(st.Membership.Assignment), st.DueExact, handoffString(st.Membership.Handoff), conds(st.Conditions))
+	})
+	return st
+}
+
+// roles are the givers and receivers of the handoff in st.
+func roles(t *testing.T, st rqv1.RenderQueueStatus) (givers, receivers []string) {
+	owned := map[string]membership.SlotSet{}
+	for _, a := range st.Membership.Assignment {
+		s, err := membership.ParseSlots(a.Slots)
+		if err != nil {
+			t.Fatalf("slots of %s: %v", a.Shard, err)
+		}
+		owned[a.Shard] = s
+	}
+	give := map[string]bool{}
+	for _, in := range st.Membership.Incoming {
+		s, err := membership.ParseSlots(in.Slots)
+		if err != nil {
+			t.Fatalf("incoming slots of %s: %v", in.Shard, err)
+		}
+		if s.Len() == 0 {
+			continue
+		}
+		receivers = append(receivers, in.Shard)
+		for name, o := range owned {
+			for _, sl := range s.Slots() {
+				if o.Has(sl) {
+					give[name] = true
+					break
+				}
+			}
+		}
+	}
+	for g := range give {
+		givers = append(givers, g)
+	}
+	sort.Strings(givers)
+	sort.Strings(receivers)
+	return givers, receivers
+}
+
+func (ch *chaos) kill(t *testing.T, ns, pod string) int {
+	pid, err := ch.e.c.Runner.KillPod(ns, pod, syscall.SIGKILL)
+	if err != nil {
+		t.Fatalf("kill -9 %s/%s: %v", ns, pod, err)
+	}
+	return pid
+}
+
+// caseKillGiver: 3→4; SIGKILL a giving shard while the prepare is in flight.
+func (ch *chaos) caseKillGiver(t *testing.T) string {
+	before := ch.e.queue().Status.Membership.Epoch
+	unlock := ch.lockTable(t)
+	ch.scale(4)
+	st := ch.waitPreparing(t, before)
+	givers, receivers := roles(t, st)
+	if len(givers) == 0 {
+		t.Fatalf("the prepare at epoch %d has no giver", st.Membership.Handoff.PrepareEpoch)
+	}
+	victim := givers[len(givers)-1]
+	pid := ch.kill(t, namespace, victim)
+	still := handoffString(ch.e.queue().Status.Membership.Handoff)
+	unlock()
+	t.Logf("prepare epoch %d (givers %v → receivers %v): killed giver %s (pid %d); handoff after the kill: %s",
+		st.Membership.Handoff.PrepareEpoch, givers, receivers, victim, pid, still)
+	end := ch.waitSettled(t, 4)
+	return fmt.Sprintf("killed giver %s during prepare epoch %d (handoff %s at the kill); handoff %s, epoch %d",
+		victim, st.Membership.Handoff.PrepareEpoch, still, handoffString(end.Membership.Handoff), end.Membership.Epoch)
+}
+
+// caseKillReceiver: 4→6; SIGKILL a receiving shard while it walks its incoming slots (the walk
+// waits on the table lock, and its /v1/status says it is walking).
+func (ch *chaos) caseKillReceiver(t *testing.T) string {
+	before := ch.e.queue().Status.Membership.Epoch
+	unlock := ch.lockTable(t)
+	ch.scale(6)
+	st := ch.waitPreparing(t, before)
+	_, receivers := roles(t, st)
+	if len(receivers) == 0 {
+		t.Fatalf("the prepare at epoch %d has no receiver", st.Membership.Handoff.PrepareEpoch)
+	}
+	victim := receivers[len(receivers)-1]
+	url := ""
+	for _, s := range st.Shards {
+		if s.Name == victim {
+			url = s.URL
+		}
+	}
+	walking := "no status"
+	eventually(t, 30*time.Second, 50*time.Millisecond, victim+" walking its incoming slots", func() (bool, string) {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		ss, err := client.GetStatus(ctx, &http.Client{}, url)
+		if err != nil {
+			return false, err.Error()
+		}
+		walking = fmt.Sprintf("walkingSince=%v incoming=%q preparedEpoch=%d epoch=%d", ss.WalkingSince, ss.Membership.Incoming, ss.Membership.PreparedEpoch, ss.Membership.Epoch)
+		return ss.WalkingSince != nil && ss.Membership.Incoming != "" && ss.Membership.PreparedEpoch < st.Membership.Handoff.PrepareEpoch, walking
+	})
+	pid := ch.kill(t, namespace, victim)
+	unlock()
+	t.Logf("prepare epoch %d (receivers %v): killed receiver %s (pid %d) in its walk (%s)", st.Membership.Handoff.PrepareEpoch, receivers, victim, pid, walking)
+	end := ch.waitSettled(t, 6)
+	return fmt.Sprintf("killed receiver %s in its walk of prepare epoch %d; handoff %s, epoch %d",
+		victim, st.Membership.Handoff.PrepareEpoch, handoffString(end.Membership.Handoff), end.Membership.Epoch)
+}
+
+// leader returns the holder of the operator's leader Lease and its Pod's name.
+func (ch *chaos) leader(t *testing.T) (holder, pod string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	l, err := ch.e.c.Client.CoordinationV1().Leases(operatorNS).Get(ctx, leaderLease, metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("reading the leader Lease: %v", err)
+	}
+	if l.Spec.HolderIdentity == nil {
+		return "", ""
+	}
+	holder = *l.Spec.HolderIdentity
+	pod, _, _ = strings.Cut(holder, "_")
+	return holder, pod
+}
+
+// caseKillOperator: 6→2; SIGKILL the leading operator replica between prepare and commit; another
+// operator process takes the Lease over and finishes the handoff.
+func (ch *chaos) caseKillOperator(t *testing.T) string {
+	before := ch.e.queue().Status.Membership.Epoch
+	unlock := ch.lockTable(t)
+	ch.scale(2)
+	st := ch.waitPreparing(t, before)
+	holder, pod := ch.leader(t)
+	if pod == "" {
+		t.Fatal("no operator holds the leader Lease")
+	}
+	pid := ch.kill(t, operatorNS, pod)
+	t.Logf("prepare epoch %d: killed the leading operator %s (pod %s, pid %d)", st.Membership.Handoff.PrepareEpoch, holder, pod, pid)
+	unlock()
+	var next, nextPod string
+	eventually(t, 2*time.Minute, 250*time.Millisecond, "another operator process to lead", func() (bool, string) {
+		next, nextPod = ch.leader(t)
+		return next != "" && next != holder, "holder " + next
+	})
+	who := "the other replica"
+	if nextPod == pod {
+		who = "the restarted replica"
+	}
+	mid := ch.e.queue().Status
+	t.Logf("%s (%s) leads; handoff then: %s", nextPod, who, handoffString(mid.Membership.Handoff))
+	end := ch.waitSettled(t, 2)
+	return fmt.Sprintf("killed leader %s in prepare epoch %d; %s %s took over; handoff %s, epoch %d",
+		pod, st.Membership.Handoff.PrepareEpoch, who, nextPod, handoffString(end.Membership.Handoff), end.Membership.Epoch)
+}
+
+// caseRestartPostgres: 2→5; stop PostgreSQL during the prepare, wait for the queue to turn
+// inexact, start it again.
+func (ch *chaos) caseRestartPostgres(t *testing.T) string {
+	before := ch.e.queue().Status.Membership.Epoch
+	unlock := ch.lockTable(t)
+	ch.scale(5)
+	st := ch.waitPreparing(t, before)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	if err := ch.e.c.Postgres.Pause(ctx); err != nil {
+		t.Fatal(err)
+	}
+	unlock() // its connection is gone
+	resumed := false
+	defer func() {
+		if !resumed {
+			_ = ch.e.c.Postgres.Resume(context.Background())
+		}
+	}()
+	down := time.Now()
+	eventually(t, 60*time.Second, 250*time.Millisecond, "the queue to turn inexact", func() (bool, string) {
+		s := ch.e.queue().Status
+		return !s.DueExact, fmt.Sprintf("due=%d exact=%v", s.Due, s.DueExact)
+	})
+	mid := ch.e.queue().Status
+	if err := ch.e.c.Postgres.Resume(ctx); err != nil {
+		t.Fatal(err)
+	}
+	resumed = true
+	t.Logf("prepare epoch %d: PostgreSQL down for %s (handoff %s)", st.Membership.Handoff.PrepareEpoch,
+		time.Since(down).Round(100*time.Millisecond), handoffString(mid.Membership.Handoff))
+	end := ch.waitSettled(t, 5)
+	return fmt.Sprintf("PostgreSQL stopped during prepare epoch %d for %s; handoff %s, epoch %d", st.Membership.Handoff.PrepareEpoch,
+		time.Since(down).Round(time.Second), handoffString(end.Membership.Handoff), end.Membership.Epoch)
+}
+
+// caseRescaleInFlight: 5→3→4→6→2→5, each change written while the handoff towards the one before
+// is in its prepare. The first prepare is held there by the table lock until the next change is
+// written; the later ones are caught by polling (a prepare lasts until the operator's next poll
+// of the shards finds every receiver prepared), and the lock holds each while the change is
+// written. Whether each change landed in flight is checked and reported; the first must have.
+func (ch *chaos) caseRescaleInFlight(t *testing.T) string {
+	chain := []int{3, 4, 6, 2, 5}
+	var seen []string
+	inFlight := 0
+	epoch := ch.e.queue().Status.Membership.Epoch
+	unlock := ch.lockTable(t)
+	ch.scale(chain[0])
+	for i := 1; i < len(chain); i++ {
+		st := ch.waitPreparing(t, epoch)
+		if i > 1 {
+			unlock = ch.lockTable(t)
+		}
+		epoch = st.Membership.Handoff.PrepareEpoch
+		ch.scale(chain[i])
+		now := ch.e.queue().Status
+		landed := now.Membership.Handoff != nil && now.Membership.Handoff.State == rqv1.HandoffPreparing && now.Membership.Handoff.PrepareEpoch == epoch
+		unlock()
+		if landed {
+			inFlight++
+		} else if i == 1 {
+			t.Fatalf("the change to %d shards was written after the prepare at epoch %d finished (held by the lock): %s", chain[i], epoch, handoffString(now.Membership.Handoff))
+		}
+		seen = append(seen, fmt.Sprintf("→%d during prepare %d towards %d (%s)", chain[i], epoch, chain[i-1], map[bool]string{true: "in flight", false: "missed: it had finished"}[landed]))
+		t.Logf("spec.shards %d → %d while the prepare at epoch %d towards %d shards: in flight %v", chain[i-1], chain[i], epoch, chain[i-1], landed)
+	}
+	end := ch.waitSettled(t, chain[len(chain)-1])
+	return fmt.Sprintf("%d of %d changes in flight: %s; handoff %s, epoch %d", inFlight, len(chain)-1, strings.Join(seen, "; "),
+		handoffString(end.Membership.Handoff), end.Membership.Epoch)
+}
+
+// verify stops the load, takes the last sample and checks every acknowledged completion against
+// the audit of written row versions; then it prints the summary.
+func (ch *chaos) verify(t *testing.T) {
+	ch.stopLoad()
+	ch.sample(t, "final, load stopped")
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	rows, err := ch.pool.Query(ctx, `SELECT key, due_at FROM chaos_audit WHERE due_at IS NOT NULL`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	written := map[string]map[int64]bool{}
+	var key string
+	var due time.Time
+	if _, err := pgx.ForEachRow(rows, []any{&key, &due}, func() error {
+		if written[key] == nil {
+			written[key] = map[int64]bool{}
+		}
+		written[key][due.UnixMicro()] = true
+		return nil
+	}); err != nil {
+		t.Fatalf("reading the audit: %v", err)
+	}
+	ch.mu.Lock()
+	defer ch.mu.Unlock()
+	var missing []ackRec
+	for _, a := range ch.acks {
+		if !written[a.key][a.nextDue.UnixMicro()] {
+			missing = append(missing, a)
+		}
+	}
+	// leases of one key that overlapped in time: the row handed out twice at once. Where the
+	// earlier lease was still acknowledged after the later one was granted, two shards served
+	// the row at once (a commit adopted by the receiver before the giver); otherwise the earlier
+	// lease was lost (the row moved away with its slot, README: leases), as documented.
+	overlaps, cross, bothServed, bothAcked := 0, 0, 0, 0
+	var details []string
+	for k, ls := range ch.leases {
+		sort.Slice(ls, func(i, j int) bool { return ls[i].claimed.Before(ls[j].claimed) })
+		for i := range ls {
+			end := ls[i].expires
+			if !ls[i].ended.IsZero() && ls[i].ended.Before(end) {
+				end = ls[i].ended
+			}
+			for j := i + 1; j < len(ls) && ls[j].claimed.Before(end); j++ {
+				a, b := ls[i], ls[j]
+				overlaps++
+				if a.shard != b.shard {
+					cross++
+				}
+				if a.outcome == "acknowledged" {
+					bothServed++
+				}
+				if a.outcome == "acknowledged" && b.outcome == "acknowledged" {
+					bothAcked++
+					t.Errorf("key %s acknowledged twice for overlapping leases (%s from %s, %s from %s)", k, a.lease, a.shard, b.lease, b.shard)
+				}
+				details = append(details, fmt.Sprintf("%s: leased by %s at %s (%s at %s), again by %s at %s (%s)", k,
+					a.shard, a.claimed.Format("15:04:05.000"), or(a.outcome, "never answered"), a.ended.Format("15:04:05.000"),
+					b.shard, b.claimed.Format("15:04:05.000"), or(b.outcome, "never answered")))
+			}
+		}
+	}
+	slices.Sort(details)
+	for i, d := range details {
+		if i == 20 {
+			t.Logf("... and %d more", len(details)-20)
+			break
+		}
+		t.Logf("overlapping leases: %s", d)
+	}
+	acked := 0
+	for _, ls := range ch.leases {
+		for _, l := range ls {
+			if l.outcome == "acknowledged" {
+				acked++
+			}
+		}
+	}
+	if acked != len(ch.acks) {
+		t.Errorf("%d leases acknowledged, %d acknowledgements recorded", acked, len(ch.acks))
+	}
+	var refused []string
+	for r, n := range ch.refused {
+		refused = append(refused, fmt.Sprintf("%s: %d", r, n))
+	}
+	slices.Sort(refused)
+
+	var b strings.Builder
+	fmt.Fprintf(&b, "chaos summary\n\n| round | case | spec.shards | outcome | took |\n| --- | --- | --- | --- | --- |\n")
+	for _, c := range ch.cases {
+		fmt.Fprintf(&b, "| %d | %s | %s | %s | %s |\n", c.round, c.name, c.shards, c.outcome, c.took.Round(time.Second))
+	}
+	fmt.Fprintf(&b, "\n| check | figure |\n| --- | --- |\n")
+	fmt.Fprintf(&b, "| chaos cases run | %d |\n", len(ch.cases))
+	fmt.Fprintf(&b, "| quiescent samples checked (status.due = SQL count, settled and exact) | %d |\n", len(ch.samples))
+	fmt.Fprintf(&b, "| rows claimed | %d |\n", ch.claimed)
+	fmt.Fprintf(&b, "| completions acknowledged | %d |\n", len(ch.acks))
+	fmt.Fprintf(&b, "| acknowledged completions persisted (in the audit) | %d |\n", len(ch.acks)-len(missing))
+	fmt.Fprintf(&b, "| completions refused | %d (%s) |\n", sum(ch.refused), strings.Join(refused, "; "))
+	fmt.Fprintf(&b, "| completions never answered (5 attempts) | %d |\n", ch.unanswered)
+	fmt.Fprintf(&b, "| overlapping leases of one key (of them: different shards; earlier one still acknowledged) | %d (%d; %d) |\n", overlaps, cross, bothServed)
+	fmt.Fprintf(&b, "| keys acknowledged twice for overlapping leases | %d |\n", bothAcked)
+	fmt.Fprintf(&b, "| producer writes (failed) | %d (%d) |\n", ch.writes, ch.writeErrs)
+	summary := b.String()
+	t.Log(summary)
+	if p := os.Getenv("CHAOS_SUMMARY"); p != "" {
+		if err := os.WriteFile(p, []byte(summary), 0o644); err != nil {
+			t.Errorf("writing CHAOS_SUMMARY: %v", err)
+		}
+	}
+	for i, a := range missing {
+		if i == 10 {
+			t.Errorf("... and %d more", len(missing)-10)
+			break
+		}
+		t.Errorf("acknowledged completion not persisted: key %s next due %s (lease %s)", a.key, a.nextDue.Format(time.RFC3339Nano), a.lease)
+	}
+	if len(ch.acks) == 0 {
+		t.Error("no completion was acknowledged: the workers did nothing")
+	}
+}
+
+func or(s, dflt string) string {
+	if s == "" {
+		return dflt
+	}
+	return s
+}
+
+func sum(m map[string]int) int {
+	n := 0
+	for _, v := range m {
+		n += v
+	}
+	return n
+}
