@@ -58,7 +58,7 @@ import (
 
 	rqv1 "github.com/renderqueue/renderqueue/api/v1alpha1"
 	"github.com/renderqueue/renderqueue/pkg/client"
-	"github.com/renderqueue/renderqueue/pkg/membership"
+	"github.com/renderqueue/renderqueue/pkg/schedule"
 )
 
 const (
@@ -541,9 +541,9 @@ func (ch *chaos) waitSettled(t *testing.T, n int) rqv1.RenderQueueStatus {
 
 // roles are the givers and receivers of the handoff in st.
 func roles(t *testing.T, st rqv1.RenderQueueStatus) (givers, receivers []string) {
-	owned := map[string]membership.SlotSet{}
+	owned := map[string]schedule.SlotSet{}
 	for _, a := range st.Membership.Assignment {
-		s, err := membership.ParseSlots(a.Slots)
+		s, err := schedule.ParseSlots(a.Slots)
 		if err != nil {
 			t.Fatalf("slots of %s: %v", a.Shard, err)
 		}
@@ -551,7 +551,7 @@ func roles(t *testing.T, st rqv1.RenderQueueStatus) (givers, receivers []string)
 	}
 	give := map[string]bool{}
 	for _, in := range st.Membership.Incoming {
-		s, err := membership.ParseSlots(in.Slots)
+		s, err := schedule.ParseSlots(in.Slots)
 		if err != nil {
 			t.Fatalf("incoming slots of %s: %v", in.Shard, err)
 		}
