@@ -58,16 +58,6 @@ type Class struct {
 	LateBy [shardapi.LateBuckets]int
 }
 
-// lateBucket returns the shardapi.LateBy bucket of a row lateMs late with cadence cadenceMs.
-func lateBucket(lateMs, cadenceMs int64) int {
-	for i := range shardapi.LateBuckets - 1 {
-		if num, den := shardapi.LateBound(i); lateMs*den <= cadenceMs*num {
-			return i
-		}
-	}
-	return shardapi.LateBuckets - 1
-}
-
 // Coming counts held rows of owned slots not yet due, by how soon they come due: Next15m has
 // due in (now, now+15m], ByHour[h] due in (now+h hours, now+h+1 hours].
 type Coming struct {

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/renderqueue/renderqueue/pkg/schedule"
+	"github.com/renderqueue/renderqueue/pkg/shardapi"
 )
 
 // summaryScan computes a summary the direct way: one pass over every held record, percentiles by
@@ -174,4 +175,15 @@ func TestSummaryMatchesScan(t *testing.T) {
 	if h := c.groups[0].owned.height; h < 1 {
 		t.Fatalf("tree height %d: the test does not reach inner nodes", h)
 	}
+}
+
+// lateBucket returns the shardapi.LateBy bucket of one row lateMs late with cadence cadenceMs,
+// row by row: the scans' way to the counts the core reads from its trees.
+func lateBucket(lateMs, cadenceMs int64) int {
+	for i := range shardapi.LateBuckets - 1 {
+		if num, den := shardapi.LateBound(i); lateMs*den <= cadenceMs*num {
+			return i
+		}
+	}
+	return shardapi.LateBuckets - 1
 }
