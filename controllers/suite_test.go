@@ -70,6 +70,10 @@ func TestControllers(t *testing.T) {
 			"`export KUBEBUILDER_ASSETS=$(hack/setup-envtest.sh | tail -n 1)`")
 	}
 	RegisterFailHandler(Fail)
+	// An Eventually without a timeout of its own waits this long, not Gomega's 1 s: on a loaded
+	// 2-core CI machine the API server's answers and the event recorder's client-side throttling
+	// (events are sent at a limited rate) take seconds.
+	SetDefaultEventuallyTimeout(15 * time.Second)
 	RunSpecs(t, "controllers suite (envtest)")
 }
 
