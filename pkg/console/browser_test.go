@@ -16,6 +16,7 @@ import (
 	"github.com/chromedp/chromedp"
 
 	rqv1 "github.com/renderqueue/renderqueue/api/v1alpha1"
+	"github.com/renderqueue/renderqueue/internal/textfmt"
 	"github.com/renderqueue/renderqueue/pkg/console/browsertest"
 )
 
@@ -108,7 +109,7 @@ func TestBrowser(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := num(rq.Status.Due); shown != want {
+	if want := textfmt.Thousands(rq.Status.Due); shown != want {
 		t.Errorf("the console shows due %q, the RenderQueue status says %s", shown, want)
 	}
 	if badge, _ := browsertest.TextNow(browserCtx, "#summary .card.big .badge"); badge != "lower bound" {

@@ -15,6 +15,7 @@ import (
 
 	rqv1 "github.com/renderqueue/renderqueue/api/v1alpha1"
 	rqclient "github.com/renderqueue/renderqueue/pkg/client"
+	"github.com/renderqueue/renderqueue/pkg/console/view"
 	"github.com/renderqueue/renderqueue/pkg/shardapi"
 )
 
@@ -27,16 +28,6 @@ type ShardURLFunc func(pod *corev1.Pod) (string, error)
 
 // errQueueNotFound is returned by source.queue for a RenderQueue that does not exist.
 var errQueueNotFound = errors.New("no such RenderQueue")
-
-// shardReport is what the console learnt about one shard for one page.
-type shardReport struct {
-	// Name of the shard.
-	Name string
-	// Status is its /v1/status; nil when it could not be read.
-	Status *shardapi.Status
-	// Err says why Status is nil.
-	Err error
-}
 
 // source reads what the console shows: RenderQueues and shard Pods through a controller-runtime
 // reader (the operator's cache), and each shard's /v1/status over HTTP.
@@ -97,9 +88,9 @@ func shardNames(rq *rqv1.RenderQueue) []string {
 
 // shards asks every shard of rq for its /v1/status, in parallel, each bounded by the timeout. A
 // shard that cannot be asked or does not answer gets an error, never a failed page.
-func (s *source) shards(ctx context.Context, rq *rqv1.RenderQueue) []shardReport {
+func (s *source) shards(ctx context.Context, rq *rqv1.RenderQueue) []view.ShardReport {
 	names := shardNames(rq)
-	out := make([]shardReport, len(names))
+	out := make([]view.ShardReport, len(names))
 	var pods corev1.PodList
 	podErr := s.reader.List(ctx, &pods, client.InNamespace(rq.Namespace), client.MatchingLabels{rqv1.LabelQueue: rq.Name})
 	byName := map[string]*corev1.Pod{}

@@ -21,7 +21,10 @@
 // Data: RenderQueues and shard Pods through a controller-runtime client.Reader (the operator's
 // cache, read only), and each shard's GET /v1/status, asked by the console when a page is built
 // (one function, fetchShardStatus, with a short timeout). "Due over the last hour" is sampled
-// from status.due by a [Sampler] into a bounded in-memory [History].
+// from status.due by a [Sampler] into a bounded in-memory [History]. What the pages show — the
+// summaries, the per-shard rows, the charts' geometry — is computed from these by the pure
+// package pkg/console/view; this package reads, serves (the templates and static files are
+// embedded here) and guards.
 //
 // Access: by default the console listens on 127.0.0.1 only and asks for no token — reaching it
 // takes `kubectl port-forward`, so the Kubernetes permission pods/portforward in the operator's

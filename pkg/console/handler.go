@@ -14,6 +14,8 @@ import (
 
 	"github.com/go-logr/logr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/renderqueue/renderqueue/pkg/console/view"
 )
 
 // Defaults of the console's timing.
@@ -117,7 +119,7 @@ func newHandler(o HandlerOptions) (*handler, error) {
 		h.now = time.Now
 	}
 	for _, name := range pageNames {
-		t, err := template.New(name).Funcs(templateFuncs()).ParseFS(templateFS,
+		t, err := template.New(name).Funcs(view.TemplateFuncs()).ParseFS(templateFS,
 			"templates/layout.html", "templates/fragments.html", "templates/"+name+".html")
 		if err != nil {
 			return nil, fmt.Errorf("console: parsing the %s page: %w", name, err)
@@ -229,9 +231,9 @@ func (h *handler) queuesPage(w http.ResponseWriter, r *http.Request) {
 		h.unavailable(w, r, p.Root, err)
 		return
 	}
-	list := make([]QueueSummary, 0, len(rqs))
+	list := make([]view.QueueSummary, 0, len(rqs))
 	for i := range rqs {
-		list = append(list, Summarize(&rqs[i]))
+		list = append(list, view.Summarize(&rqs[i]))
 	}
 	p.Data = list
 	if r.URL.Query().Get("format") == "fragments" {
@@ -241,48 +243,19 @@ func (h *handler) queuesPage(w http.ResponseWriter, r *http.Request) {
 	h.render(w, http.StatusOK, "queues", p)
 }
 
-// queueView is the one-queue page's data: the detail and its charts.
-type queueView struct {
-	QueueDetail
-	ComingChart   Chart
-	HistoryChart  Chart
-	ClassChart    Chart
-	LateChart     Chart
-	SlotChart     Chart
-	TimelineChart Chart
-	// Colour is each shard's colour index in the slot strip and legend.
-	Colour map[string]int
-}
-
 // detail builds the one-queue view: the RenderQueue, every shard asked now, the history.
-func (h *handler) detail(ctx context.Context, namespace, name string) (*queueView, error) {
+func (h *handler) detail(ctx context.Context, namespace, name string) (*view.QueueView, error) {
 	rq, err := h.src.queue(ctx, namespace, name)
 	if err != nil {
 		return nil, err
 	}
 	reports := h.src.shards(ctx, rq)
 	now := h.now().UTC()
-	var hist []Sample
+	var hist []view.Sample
 	if h.history != nil {
 		hist = h.history.Samples(namespace, name, now)
 	}
-	d := Detail(rq, reports, hist, now)
-	v := &queueView{QueueDetail: d, Colour: map[string]int{}}
-	for i, s := range d.Shard {
-		v.Colour[s.Name] = i
-	}
-	for _, o := range d.Membership.Assignment {
-		if _, ok := v.Colour[o.Shard]; !ok {
-			v.Colour[o.Shard] = len(v.Colour)
-		}
-	}
-	v.ComingChart = comingChart(d.Coming)
-	v.HistoryChart = historyChart(d.History, now, h.interval)
-	v.ClassChart = classChart(d.Classes)
-	v.LateChart = lateChart(d.Classes)
-	v.SlotChart = slotStrip(d.Membership, v.Colour)
-	v.TimelineChart = timelineChart(d.Membership.Handoff)
-	return v, nil
+	return view.NewQueueView(view.Detail(rq, reports, hist, now), h.interval), nil
 }
 
 func (h *handler) queuePage(w http.ResponseWriter, r *http.Request) {
@@ -319,11 +292,11 @@ func (h *handler) queuesJSON(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	out := struct {
-		Now    time.Time      `json:"now"`
-		Queues []QueueSummary `json:"queues"`
-	}{Now: h.now().UTC(), Queues: make([]QueueSummary, 0, len(rqs))}
+		Now    time.Time           `json:"now"`
+		Queues []view.QueueSummary `json:"queues"`
+	}{Now: h.now().UTC(), Queues: make([]view.QueueSummary, 0, len(rqs))}
 	for i := range rqs {
-		out.Queues = append(out.Queues, Summarize(&rqs[i]))
+		out.Queues = append(out.Queues, view.Summarize(&rqs[i]))
 	}
 	writeJSON(w, http.StatusOK, out)
 }

@@ -15,6 +15,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	rqv1 "github.com/renderqueue/renderqueue/api/v1alpha1"
+	"github.com/renderqueue/renderqueue/pkg/console/view"
 )
 
 // get serves one GET through h and returns the status, content type and body.
@@ -74,11 +75,11 @@ func TestQueuesJSON(t *testing.T) {
 	if code != http.StatusOK {
 		t.Fatalf("GET /api/v1/queues = %d\n%s", code, body)
 	}
-	var out struct{ Queues []QueueSummary }
+	var out struct{ Queues []view.QueueSummary }
 	if err := json.Unmarshal([]byte(body), &out); err != nil {
 		t.Fatal(err)
 	}
-	byName := map[string]QueueSummary{}
+	byName := map[string]view.QueueSummary{}
 	for _, q := range out.Queues {
 		if q.Namespace == f.ns {
 			byName[q.Name] = q
@@ -88,8 +89,8 @@ func TestQueuesJSON(t *testing.T) {
 	if web.Due != fixtureWebDue || web.DueExact || web.ReadyShards != 3 || web.Shards != 3 || web.DueAsOf == nil {
 		t.Errorf("web = %+v", web)
 	}
-	if len(web.Conditions) != 5 || web.Conditions[0].Type != rqv1.ConditionReady || web.Conditions[1].Tone != toneBad ||
-		web.Conditions[4].Type != rqv1.ConditionProgressing || web.Conditions[4].Tone != toneOK {
+	if len(web.Conditions) != 5 || web.Conditions[0].Type != rqv1.ConditionReady || web.Conditions[1].Tone != "bad" ||
+		web.Conditions[4].Type != rqv1.ConditionProgressing || web.Conditions[4].Tone != "ok" {
 		t.Errorf("web conditions (order Ready, Exact, EdgeHealthy, WalksComplete, Progressing; tones) = %+v", web.Conditions)
 	}
 	if images.Due != 0 || !images.DueExact {
@@ -133,7 +134,7 @@ func TestQueueJSON(t *testing.T) {
 	if code != http.StatusOK {
 		t.Fatalf("GET /api/v1/queues/.../web = %d\n%s", code, body)
 	}
-	var d QueueDetail
+	var d view.QueueDetail
 	if err := json.Unmarshal([]byte(body), &d); err != nil {
 		t.Fatal(err)
 	}
@@ -252,7 +253,7 @@ func TestShardFailures(t *testing.T) {
 			mustContain(t, "the page", body, `data-shard="web-shard-0" data-exact="false" data-reachable="false"`,
 				`web-shard-0 did not answer the console`, c.want)
 			code, _, body = get(t, h, "/api/v1/queues/"+f.ns+"/web")
-			var d QueueDetail
+			var d view.QueueDetail
 			if code != http.StatusOK || json.Unmarshal([]byte(body), &d) != nil || d.Reachable != 1 || d.Shard[0].Reachable {
 				t.Errorf("JSON = %d, reachable %d", code, d.Reachable)
 			}

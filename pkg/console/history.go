@@ -11,27 +11,12 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 
 	rqv1 "github.com/renderqueue/renderqueue/api/v1alpha1"
+	"github.com/renderqueue/renderqueue/pkg/console/view"
 )
 
-// HistorySpan is how far back the due history goes ("due over the last hour").
-const HistorySpan = time.Hour
-
-// Sample is one reading of a RenderQueue's status.due.
-type Sample struct {
-	// At is when the console read the status.
-	At time.Time `json:"at"`
-	// Due is status.due at that moment.
-	Due int64 `json:"due"`
-	// Exact is status.dueExact at that moment: false makes Due a lower bound.
-	Exact bool `json:"exact"`
-	// Known is false when the status had never been computed (no status.dueAsOf): Due means
-	// nothing then.
-	Known bool `json:"known"`
-}
-
-// History keeps, per RenderQueue, the samples of the last HistorySpan in a ring buffer of fixed
-// capacity: memory is bounded by the number of RenderQueues times the capacity. It is safe for
-// concurrent use. Queues that disappear from a recorded list are forgotten.
+// History keeps, per RenderQueue, the samples of the last [view.HistorySpan] in a ring buffer of
+// fixed capacity: memory is bounded by the number of RenderQueues times the capacity. It is safe
+// for concurrent use. Queues that disappear from a recorded list are forgotten.
 type History struct {
 	capacity int
 	span     time.Duration
@@ -42,12 +27,12 @@ type History struct {
 
 // ring is a fixed-capacity ring buffer of samples, oldest first from start.
 type ring struct {
-	buf   []Sample
+	buf   []view.Sample
 	start int
 	n     int
 }
 
-func (r *ring) add(s Sample) {
+func (r *ring) add(s view.Sample) {
 	if r.n < len(r.buf) {
 		r.buf[(r.start+r.n)%len(r.buf)] = s
 		r.n++
@@ -58,8 +43,8 @@ func (r *ring) add(s Sample) {
 }
 
 // since returns the samples at or after t, oldest first.
-func (r *ring) since(t time.Time) []Sample {
-	out := make([]Sample, 0, r.n)
+func (r *ring) since(t time.Time) []view.Sample {
+	out := make([]view.Sample, 0, r.n)
 	for i := 0; i < r.n; i++ {
 		s := r.buf[(r.start+i)%len(r.buf)]
 		if !s.At.Before(t) {
@@ -69,15 +54,15 @@ func (r *ring) since(t time.Time) []Sample {
 	return out
 }
 
-// NewHistory returns a History for samples taken every interval over HistorySpan: each queue
-// keeps span/interval + 1 samples.
+// NewHistory returns a History for samples taken every interval over [view.HistorySpan]: each
+// queue keeps span/interval + 1 samples.
 func NewHistory(interval time.Duration) (*History, error) {
-	if interval <= 0 || interval > HistorySpan {
-		return nil, fmt.Errorf("history sample interval %s must be positive and at most %s", interval, HistorySpan)
+	if interval <= 0 || interval > view.HistorySpan {
+		return nil, fmt.Errorf("history sample interval %s must be positive and at most %s", interval, view.HistorySpan)
 	}
 	return &History{
-		capacity: int(HistorySpan/interval) + 1,
-		span:     HistorySpan,
+		capacity: int(view.HistorySpan/interval) + 1,
+		span:     view.HistorySpan,
 		queues:   map[string]*ring{},
 	}, nil
 }
@@ -98,10 +83,10 @@ func (h *History) Record(now time.Time, rqs []rqv1.RenderQueue) {
 		seen[k] = true
 		r := h.queues[k]
 		if r == nil {
-			r = &ring{buf: make([]Sample, h.capacity)}
+			r = &ring{buf: make([]view.Sample, h.capacity)}
 			h.queues[k] = r
 		}
-		r.add(Sample{At: now, Due: rq.Status.Due, Exact: rq.Status.DueExact, Known: rq.Status.DueAsOf != nil})
+		r.add(view.Sample{At: now, Due: rq.Status.Due, Exact: rq.Status.DueExact, Known: rq.Status.DueAsOf != nil})
 	}
 	for k := range h.queues {
 		if !seen[k] {
@@ -110,9 +95,9 @@ func (h *History) Record(now time.Time, rqs []rqv1.RenderQueue) {
 	}
 }
 
-// Samples returns the samples of the queue taken within HistorySpan before now, oldest first;
-// nil when the queue has none.
-func (h *History) Samples(namespace, name string, now time.Time) []Sample {
+// Samples returns the samples of the queue taken within [view.HistorySpan] before now, oldest
+// first; nil when the queue has none.
+func (h *History) Samples(namespace, name string, now time.Time) []view.Sample {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	r := h.queues[queueKey(namespace, name)]

@@ -11,6 +11,8 @@ import (
 
 	"github.com/go-logr/logr"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
+
+	"github.com/renderqueue/renderqueue/pkg/console/view"
 )
 
 // DefaultBindAddress is where the console listens unless told otherwise: loopback only, reached
@@ -85,8 +87,8 @@ func (o *Options) Validate() error {
 	if o.Refresh <= 0 || o.SampleInterval <= 0 || o.ShardTimeout <= 0 {
 		return errors.New("--console-refresh, --console-sample-interval and --console-shard-timeout must be positive")
 	}
-	if o.SampleInterval > HistorySpan {
-		return fmt.Errorf("--console-sample-interval %s is longer than the %s the console shows", o.SampleInterval, HistorySpan)
+	if o.SampleInterval > view.HistorySpan {
+		return fmt.Errorf("--console-sample-interval %s is longer than the %s the console shows", o.SampleInterval, view.HistorySpan)
 	}
 	if o.Listener != nil {
 		return nil

@@ -12,6 +12,8 @@ import (
 	"github.com/go-logr/logr/testr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	"github.com/renderqueue/renderqueue/pkg/console/view"
 )
 
 // TestAddToManager runs the console as the operator does: added to a controller-runtime manager,
@@ -48,11 +50,11 @@ func TestAddToManager(t *testing.T) {
 			return false, err.Error()
 		}
 		defer func() { _ = resp.Body.Close() }()
-		var d QueueDetail
+		var d view.QueueDetail
 		if err := json.NewDecoder(resp.Body).Decode(&d); err != nil {
 			return false, fmt.Sprintf("HTTP %d: %v", resp.StatusCode, err)
 		}
-		last := Sample{}
+		last := view.Sample{}
 		if len(d.History) > 0 {
 			last = d.History[len(d.History)-1]
 		}

@@ -1,4 +1,4 @@
-package console
+package view
 
 import (
 	"errors"
@@ -100,7 +100,7 @@ func TestDetailUnreachableShardUsesOperatorPollMarked(t *testing.T) {
 	rq.Spec.Shards = 2
 	rq.Status.Shards = []rqv1.ShardStatus{{Name: "q-shard-0", Slots: "0-511", Due: 40, Exact: true, RowsHeld: 100, RowsOwned: 130, EdgeAheadSeconds: &ahead}}
 	edge := now.Add(10 * time.Minute)
-	reports := []shardReport{
+	reports := []ShardReport{
 		{Name: "q-shard-0", Err: errors.New("unreachable: connection refused")},
 		{Name: "q-shard-1", Status: &shardapi.Status{Shard: "q-shard-1", AsOf: now, Status: "queued", Exact: true, Complete: true, Due: 7,
 			Edge: &edge, Lateness: shardapi.Lateness{P99Relative: math.NaN()}, Membership: shardapi.Membership{Owned: "512-1023"},
@@ -170,10 +170,10 @@ func TestDetailClassLateness(t *testing.T) {
 	now := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
 	rq := &rqv1.RenderQueue{ObjectMeta: metav1.ObjectMeta{Name: "q", Namespace: "n"}}
 	rq.Spec.Shards = 3
-	st := func(name string, c shardapi.Class) shardReport {
-		return shardReport{Name: name, Status: &shardapi.Status{Shard: name, AsOf: now, Due: c.Due, Classes: []shardapi.Class{c}}}
+	st := func(name string, c shardapi.Class) ShardReport {
+		return ShardReport{Name: name, Status: &shardapi.Status{Shard: name, AsOf: now, Due: c.Due, Classes: []shardapi.Class{c}}}
 	}
-	reports := []shardReport{
+	reports := []ShardReport{
 		st("q-shard-0", shardapi.Class{Cadence: 3600, Source: "submitted", Due: 10, Held: 20, MaxLateSeconds: 900, LateBy: []int{5, 4, 1, 0, 0}}),
 		st("q-shard-1", shardapi.Class{Cadence: 3600, Source: "submitted", Due: 6, Held: 8, MaxLateSeconds: 8000, LateBy: []int{1, 0, 0, 2, 3}}),
 		st("q-shard-2", shardapi.Class{Cadence: 3600, Source: "submitted", Due: 4, Held: 5}), // no buckets: an older shard

@@ -1,4 +1,4 @@
-package console
+package view
 
 import (
 	"fmt"
@@ -24,8 +24,9 @@ func ago(t, now time.Time) string {
 	return statusview.Seconds(math.Round(d)) + " ago"
 }
 
-// templateFuncs are the helpers the templates use.
-func templateFuncs() template.FuncMap {
+// TemplateFuncs are the helpers the console's templates use to format the view: num, secs,
+// clock, ago, stamp, rel, f1, stateTone, handoffTone and more.
+func TemplateFuncs() template.FuncMap {
 	return template.FuncMap{
 		"num": func(v any) string {
 			switch n := v.(type) {

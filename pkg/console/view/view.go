@@ -1,4 +1,4 @@
-package console
+package view
 
 import (
 	"fmt"
@@ -203,6 +203,68 @@ type QueueDetail struct {
 // Unreachable is the number of shards that did not answer the console.
 func (d QueueDetail) Unreachable() int { return len(d.Shard) - d.Reachable }
 
+// ShardReport is what the console learnt about one shard for one page: its /v1/status, or why
+// there is none.
+type ShardReport struct {
+	// Name of the shard.
+	Name string
+	// Status is its /v1/status; nil when it could not be read.
+	Status *shardapi.Status
+	// Err says why Status is nil.
+	Err error
+}
+
+// HistorySpan is how far back the due history goes ("due over the last hour"): the span of the
+// history chart, and what the console's History keeps.
+const HistorySpan = time.Hour
+
+// Sample is one reading of a RenderQueue's status.due.
+type Sample struct {
+	// At is when the console read the status.
+	At time.Time `json:"at"`
+	// Due is status.due at that moment.
+	Due int64 `json:"due"`
+	// Exact is status.dueExact at that moment: false makes Due a lower bound.
+	Exact bool `json:"exact"`
+	// Known is false when the status had never been computed (no status.dueAsOf): Due means
+	// nothing then.
+	Known bool `json:"known"`
+}
+
+// QueueView is the one-queue page's data: the detail and its charts.
+type QueueView struct {
+	QueueDetail
+	ComingChart   Chart
+	HistoryChart  Chart
+	ClassChart    Chart
+	LateChart     Chart
+	SlotChart     Chart
+	TimelineChart Chart
+	// Colour is each shard's colour index in the slot strip and legend.
+	Colour map[string]int
+}
+
+// NewQueueView draws the charts of d; interval is the history's sampling interval (for the
+// history chart's gaps and caption).
+func NewQueueView(d QueueDetail, interval time.Duration) *QueueView {
+	v := &QueueView{QueueDetail: d, Colour: map[string]int{}}
+	for i, s := range d.Shard {
+		v.Colour[s.Name] = i
+	}
+	for _, o := range d.Membership.Assignment {
+		if _, ok := v.Colour[o.Shard]; !ok {
+			v.Colour[o.Shard] = len(v.Colour)
+		}
+	}
+	v.ComingChart = comingChart(d.Coming)
+	v.HistoryChart = historyChart(d.History, d.Now, interval)
+	v.ClassChart = classChart(d.Classes)
+	v.LateChart = lateChart(d.Classes)
+	v.SlotChart = slotStrip(d.Membership, v.Colour)
+	v.TimelineChart = timelineChart(d.Membership.Handoff)
+	return v
+}
+
 // goodWhenTrue says, per condition type, whether True is the healthy state.
 var goodWhenTrue = map[string]bool{
 	rqv1.ConditionReady:         true,
@@ -330,7 +392,7 @@ func timePtr(t *metav1.Time) *time.Time {
 
 // shardRow builds one row of the shard table from the shard's report, falling back on the
 // operator's last poll (op, may be nil) when the shard could not be asked.
-func shardRow(r shardReport, op *rqv1.ShardStatus, now time.Time) Shard {
+func shardRow(r ShardReport, op *rqv1.ShardStatus, now time.Time) Shard {
 	s := Shard{Name: r.Name}
 	if op != nil {
 		s.Slots = op.Slots
@@ -388,7 +450,7 @@ func shardRow(r shardReport, op *rqv1.ShardStatus, now time.Time) Shard {
 }
 
 // Detail is the one-queue view of rq from the shards' reports, the due history and now.
-func Detail(rq *rqv1.RenderQueue, reports []shardReport, history []Sample, now time.Time) QueueDetail {
+func Detail(rq *rqv1.RenderQueue, reports []ShardReport, history []Sample, now time.Time) QueueDetail {
 	d := QueueDetail{QueueSummary: Summarize(rq), Now: now.UTC(), History: history, Shard: []Shard{}, Classes: []Class{}}
 	if d.History == nil {
 		d.History = []Sample{}

@@ -1,4 +1,4 @@
-package console
+package view
 
 import (
 	"fmt"
@@ -12,7 +12,8 @@ import (
 )
 
 // The charts are computed here as plain geometry (pure functions of the view) and drawn as inline
-// SVG by one template (chart.svg in templates/): no JavaScript, nothing fetched.
+// SVG by one template ("chart" in pkg/console/templates/fragments.html): no JavaScript, nothing
+// fetched.
 
 // svgRect is a rectangle (a bar, a slot run).
 type svgRect struct {
