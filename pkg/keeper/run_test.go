@@ -14,6 +14,7 @@ import (
 	"github.com/renderqueue/renderqueue/pkg/shardapi"
 	"github.com/renderqueue/renderqueue/pkg/store"
 	"github.com/renderqueue/renderqueue/pkg/store/postgres"
+	"github.com/renderqueue/renderqueue/pkg/store/postgres/changes"
 	"github.com/renderqueue/renderqueue/pkg/store/postgres/pgtest"
 )
 
@@ -80,7 +81,7 @@ func TestRunRepairsAfterGap(t *testing.T) {
 	}
 	allow(false)
 	defer allow(true)
-	if _, err := conn.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1 AND datname = current_database()`, postgres.ListenerApplicationName); err != nil {
+	if _, err := conn.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1 AND datname = current_database()`, changes.ListenerApplicationName); err != nil {
 		t.Fatal(err)
 	}
 	eventually(t, "inexact after the listener is cut off", 10*time.Second, func() bool { return !sh.Status(time.Now()).Exact })

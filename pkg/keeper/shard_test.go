@@ -15,6 +15,7 @@ import (
 	"github.com/renderqueue/renderqueue/pkg/shardapi"
 	"github.com/renderqueue/renderqueue/pkg/store"
 	"github.com/renderqueue/renderqueue/pkg/store/postgres"
+	"github.com/renderqueue/renderqueue/pkg/store/postgres/changes"
 	"github.com/renderqueue/renderqueue/pkg/store/postgres/pgtest"
 )
 
@@ -329,7 +330,7 @@ func TestShardGapRepair(t *testing.T) {
 	}
 	allow(false)
 	defer allow(true)
-	if _, err := conn.Exec(e.ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1 AND datname = current_database()`, postgres.ListenerApplicationName); err != nil {
+	if _, err := conn.Exec(e.ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1 AND datname = current_database()`, changes.ListenerApplicationName); err != nil {
 		t.Fatal(err)
 	}
 	e.pumpUntil("the gap", func() bool { _, lasting := e.sh.cov.LastGap(); return lasting })

@@ -8,15 +8,17 @@
 // with pg_notify on its slot's channel, rq_slot_<slot>, in payloads under 8000 bytes (see
 // migrations/0001_render_schedule.sql for the format). Deletes get a fresh rev in their event.
 // Every payload is signed (HMAC-SHA-256 under a key only the schema owner and roles granted
-// renderqueue_event_key() can read, migrations/0002_signed_events.sql); subscriptions drop a
-// payload that is unsigned, badly signed, stale or replayed as a gap (docs/security.md).
+// renderqueue_event_key() can read, migrations/0002_signed_events.sql); subscriptions (package
+// changes, pkg/store/postgres/changes) drop a payload that is unsigned, badly signed, stale or
+// replayed as a gap (docs/security.md).
 //
 //   - Walks are keyset-paginated over (key_hash, key) within the hash range of a segment (a run of
 //     adjacent slots), read with the binary protocol on Options.WalkConns connections in parallel,
 //     and handed to the caller's function from one goroutine.
-//   - Subscriptions hold one dedicated connection that LISTENs on exactly the subscribed slots'
-//     channels; when it is lost they signal a gap at once, reconnect with backoff and signal
-//     resumed once LISTEN is active again. A TRUNCATE of the table is signalled as a gap too.
+//   - Subscriptions (package changes) hold one dedicated connection that LISTENs on exactly the
+//     subscribed slots' channels; when it is lost they signal a gap at once, reconnect with
+//     backoff and signal resumed once LISTEN is active again. A TRUNCATE of the table is
+//     signalled as a gap too. The store closes them when it is closed.
 //   - Completions are group-committed: concurrent Complete calls are merged into one UPDATE
 //     (one transaction, so one notifying commit), flushed when Options.FlushRows items are waiting
 //     or Options.FlushDelay after the first one arrived; up to Options.CommitConns groups commit
@@ -36,6 +38,7 @@ import (
 
 	"github.com/renderqueue/renderqueue/pkg/schedule"
 	"github.com/renderqueue/renderqueue/pkg/store"
+	"github.com/renderqueue/renderqueue/pkg/store/postgres/changes"
 )
 
 // Options tunes a Store. The zero value gives the defaults.
@@ -122,30 +125,7 @@ func (o *Options) setDefaults() {
 	if o.FlushRows <= 0 {
 		o.FlushRows = 5000
 	}
-	if o.ReconnectMin <= 0 {
-		o.ReconnectMin = 50 * time.Millisecond
-	}
-	if o.ReconnectMax < o.ReconnectMin {
-		o.ReconnectMax = 5 * time.Second
-		if o.ReconnectMax < o.ReconnectMin {
-			o.ReconnectMax = o.ReconnectMin
-		}
-	}
-	if o.HealthInterval <= 0 {
-		o.HealthInterval = 15 * time.Second
-	}
-	if o.EventMaxAge <= 0 {
-		o.EventMaxAge = 5 * time.Minute
-	}
-	if o.MaxQueuedEvents <= 0 {
-		o.MaxQueuedEvents = 1 << 18
-	}
-	if o.MaxQueuedBytes <= 0 {
-		o.MaxQueuedBytes = 64 << 20
-	}
-	if o.MaxRememberedEvents <= 0 {
-		o.MaxRememberedEvents = 1 << 19
-	}
+	// The subscriptions' options take their defaults in changes.Config.
 }
 
 // Store is the PostgreSQL schedule store. Create it with Open; it implements store.Store.
@@ -159,7 +139,7 @@ type Store struct {
 	done     chan struct{}
 	closeMu  sync.Mutex
 	isClosed bool
-	subs     map[*subscription]struct{} // open subscriptions, closed with the store (closeMu)
+	subs     map[*changes.Subscription]struct{} // open subscriptions, closed with the store (closeMu)
 }
 
 var _ store.Store = (*Store)(nil)
@@ -190,7 +170,7 @@ func Open(ctx context.Context, dsn string, opts Options) (*Store, error) {
 		commits: make(chan *completeReq, 1024),
 		stop:    make(chan struct{}),
 		done:    make(chan struct{}),
-		subs:    map[*subscription]struct{}{},
+		subs:    map[*changes.Subscription]struct{}{},
 	}
 	go s.committer()
 	return s, nil
@@ -209,7 +189,7 @@ func (s *Store) Close() error {
 	}
 	s.isClosed = true
 	close(s.stop)
-	subs := make([]*subscription, 0, len(s.subs))
+	subs := make([]*changes.Subscription, 0, len(s.subs))
 	for sub := range s.subs {
 		subs = append(subs, sub)
 	}
@@ -220,6 +200,43 @@ func (s *Store) Close() error {
 	<-s.done
 	s.pool.Close()
 	return nil
+}
+
+// Subscribe implements store.Store: a change-event subscription (package changes) on its own
+// connection, closed with the store.
+func (s *Store) Subscribe(ctx context.Context, slots []int) (store.Subscription, error) {
+	if s.closed() {
+		return nil, store.ErrClosed
+	}
+	sub, err := changes.Subscribe(ctx, changes.Config{
+		Conn:                s.connCfg,
+		Logger:              s.log,
+		ReconnectMin:        s.opts.ReconnectMin,
+		ReconnectMax:        s.opts.ReconnectMax,
+		HealthInterval:      s.opts.HealthInterval,
+		EventMaxAge:         s.opts.EventMaxAge,
+		MaxQueuedEvents:     s.opts.MaxQueuedEvents,
+		MaxQueuedBytes:      s.opts.MaxQueuedBytes,
+		MaxRememberedEvents: s.opts.MaxRememberedEvents,
+		OnOpen: func(sub *changes.Subscription) error {
+			s.closeMu.Lock()
+			defer s.closeMu.Unlock()
+			if s.isClosed {
+				return store.ErrClosed
+			}
+			s.subs[sub] = struct{}{}
+			return nil
+		},
+		OnClose: func(sub *changes.Subscription) {
+			s.closeMu.Lock()
+			delete(s.subs, sub)
+			s.closeMu.Unlock()
+		},
+	}, slots)
+	if err != nil {
+		return nil, err
+	}
+	return sub, nil
 }
 
 func (s *Store) closed() bool {

@@ -7,16 +7,14 @@ import (
 	"math"
 	"math/rand/v2"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/go-logr/logr/funcr"
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/renderqueue/renderqueue/pkg/schedule"
 	"github.com/renderqueue/renderqueue/pkg/store"
+	"github.com/renderqueue/renderqueue/pkg/store/postgres/changes"
 	"github.com/renderqueue/renderqueue/pkg/store/postgres/pgtest"
 	"github.com/renderqueue/renderqueue/pkg/store/storetest"
 )
@@ -45,7 +43,7 @@ func breakListeners(tb testing.TB, st *Store) {
 	defer cancel()
 	var n int
 	err := st.pool.QueryRow(ctx, `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
-		WHERE datname = current_database() AND application_name = $1`, ListenerApplicationName).Scan(&n)
+		WHERE datname = current_database() AND application_name = $1`, changes.ListenerApplicationName).Scan(&n)
 	if err != nil {
 		tb.Fatalf("terminating the listeners: %v", err)
 	}
@@ -107,96 +105,6 @@ func TestSlotFormula(t *testing.T) {
 	if err := st.pool.QueryRow(ctx, "SELECT hashtextextended($1, 0)", out[0].Key).Scan(&h); err != nil || h != out[0].KeyHash {
 		t.Errorf("key_hash %d, hashtextextended %d (%v)", out[0].KeyHash, h, err)
 	}
-}
-
-// listenAll opens a raw connection LISTENing on every slot channel and collects payloads.
-func listenAll(t *testing.T, dsn string) (*pgconn.PgConn, *[]*pgconn.Notification) {
-	t.Helper()
-	cfg, err := pgconn.ParseConfig(dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var got []*pgconn.Notification
-	cfg.OnNotification = func(_ *pgconn.PgConn, n *pgconn.Notification) { got = append(got, n) }
-	conn, err := pgconn.ConnectConfig(context.Background(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = conn.Close(context.Background()) })
-	var b strings.Builder
-	for s := range schedule.NumSlots {
-		b.WriteString("LISTEN " + channelName(s) + ";")
-	}
-	if _, err := conn.Exec(context.Background(), b.String()).ReadAll(); err != nil {
-		t.Fatal(err)
-	}
-	return conn, &got
-}
-
-// TestBulkPayloads writes 100,000 rows in one statement, some with the longest key and route, and
-// checks the raw notifications: every payload under the limit, on the right channel, and every
-// row's event present exactly once.
-func TestBulkPayloads(t *testing.T) {
-	st, dsn := openTestStore(t, Options{})
-	conn, got := listenAll(t, dsn)
-	key := eventKey(t, st)
-	const n = 100000
-	rows := make([]schedule.Row, n)
-	for i := range rows {
-		r := storetest.Row(fmt.Sprintf("payload/%d", i), time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC).Add(time.Duration(i)*time.Second))
-		if i%100 == 0 { // the largest entries: longest key and route
-			r.Key = fmt.Sprintf("https://example.com/long/%07d/", i)
-			r.Key += strings.Repeat("k", schedule.MaxKeyBytes-len(r.Key))
-			r.Route = strings.Repeat("r", schedule.MaxRouteBytes)
-		}
-		rows[i] = r
-	}
-	ctx := context.Background()
-	if _, err := st.Upsert(ctx, rows); err != nil {
-		t.Fatal(err)
-	}
-	seen := make(map[string]int, n)
-	var maxLen, payloads int
-	deadline := time.Now().Add(time.Minute)
-	for len(seen) < n && time.Now().Before(deadline) {
-		wctx, cancel := context.WithDeadline(ctx, deadline)
-		err := conn.WaitForNotification(wctx)
-		cancel()
-		if err != nil {
-			t.Fatalf("waiting for notifications (%d rows seen): %v", len(seen), err)
-		}
-		for _, nt := range *got {
-			payloads++
-			maxLen = max(maxLen, len(nt.Payload))
-			if len(nt.Payload) >= maxPayloadBytes {
-				t.Errorf("payload of %d bytes on %s", len(nt.Payload), nt.Channel)
-			}
-			e, err := openEnvelope(nt.Payload)
-			if err != nil || !e.authentic(key, nt.Channel) {
-				t.Fatalf("a payload not signed with the key: %v", err)
-			}
-			evs, err := parseEntries(e.body, interner{}, nil)
-			if err != nil {
-				t.Fatalf("parsing a payload: %v", err)
-			}
-			for _, e := range evs {
-				if want := channelName(e.Row.Slot()); nt.Channel != want {
-					t.Errorf("event of slot %d on channel %s", e.Row.Slot(), nt.Channel)
-				}
-				seen[e.Row.Key]++
-			}
-		}
-		*got = (*got)[:0]
-	}
-	if len(seen) != n {
-		t.Fatalf("events for %d of %d rows", len(seen), n)
-	}
-	for k, c := range seen {
-		if c != 1 {
-			t.Errorf("key %q: %d events", k, c)
-		}
-	}
-	t.Logf("%d rows in %d notifications, largest payload %d bytes", n, payloads, maxLen)
 }
 
 // TestForeignWriters: rows written with plain SQL (an application's own importer) get their hash,
@@ -345,77 +253,5 @@ func tableStats(tb testing.TB, st *Store, atLeast int64) [2]int64 {
 		}
 		poll := time.NewTimer(50 * time.Millisecond)
 		<-poll.C
-	}
-}
-
-// TestReconnectBackoff: while the database refuses connections the listener keeps retrying with
-// backoff; a SetSlots call made meanwhile returns once it is back, with the new set active.
-func TestReconnectBackoff(t *testing.T) {
-	var failed atomic.Int32
-	attempt := make(chan struct{}, 1)
-	logger := funcr.New(func(prefix, args string) {
-		if strings.Contains(args, "reconnect failed") {
-			failed.Add(1)
-			select {
-			case attempt <- struct{}{}:
-			default:
-			}
-		}
-	}, funcr.Options{})
-	st, _ := openTestStore(t, Options{Logger: logger, ReconnectMin: 10 * time.Millisecond, ReconnectMax: 50 * time.Millisecond})
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	var db string
-	if err := st.pool.QueryRow(ctx, "SELECT current_database()").Scan(&db); err != nil {
-		t.Fatal(err)
-	}
-	sub, err := st.Subscribe(ctx, []int{1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = sub.Close() }()
-	admin, err := pgx.Connect(ctx, pgtest.DSN(t)) // a database cannot refuse connections from itself
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = admin.Close(context.Background()) }()
-	if _, err := admin.Exec(ctx, "ALTER DATABASE "+db+" WITH ALLOW_CONNECTIONS false"); err != nil {
-		t.Fatal(err)
-	}
-	breakListeners(t, st)
-	b, err := sub.Next(ctx)
-	if err != nil || b.Kind != store.KindGap {
-		t.Fatalf("after the listener was ended: %+v, %v; want a gap", b, err)
-	}
-	setDone := make(chan error, 1)
-	go func() { setDone <- sub.SetSlots(ctx, schedule.AllSlots().Slots()) }()
-	// Let several reconnect attempts fail (the store logs each one).
-	deadline := time.After(30 * time.Second)
-	for failed.Load() < 3 {
-		select {
-		case err := <-setDone:
-			t.Fatalf("SetSlots returned (%v) while the database refused connections", err)
-		case <-attempt:
-		case <-deadline:
-			t.Fatalf("only %d failed reconnect attempts logged", failed.Load())
-		}
-	}
-	if _, err := admin.Exec(ctx, "ALTER DATABASE "+db+" WITH ALLOW_CONNECTIONS true"); err != nil {
-		t.Fatal(err)
-	}
-	if err := <-setDone; err != nil {
-		t.Fatalf("SetSlots: %v", err)
-	}
-	b, err = sub.Next(ctx)
-	if err != nil || b.Kind != store.KindResumed {
-		t.Fatalf("after connections are allowed again: %+v, %v; want resumed", b, err)
-	}
-	out, err := st.Upsert(ctx, []schedule.Row{storetest.Row("backoff/after", time.Now())})
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err = sub.Next(ctx)
-	if err != nil || b.Kind != store.KindEvents || b.Events[0].Row != out[0] {
-		t.Fatalf("event after resuming on all slots: %+v, %v", b, err)
 	}
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/renderqueue/renderqueue/pkg/schedule"
 	"github.com/renderqueue/renderqueue/pkg/store"
+	"github.com/renderqueue/renderqueue/pkg/store/postgres/internal/columns"
 )
 
 const (
@@ -68,7 +69,7 @@ func (s *Store) Walk(ctx context.Context, slots []int, fn store.WalkFunc) (store
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			w := walker{s: s, segs: segs, out: out, free: free, routes: interner{}}
+			w := walker{s: s, segs: segs, out: out, free: free, routes: columns.Interner{}}
 			w.run(wctx, jobs)
 		}()
 	}
@@ -128,7 +129,7 @@ type walker struct {
 	segs   []schedule.Run
 	out    chan<- walkMsg
 	free   chan []schedule.Row
-	routes interner
+	routes columns.Interner
 	conn   *pgxpool.Conn
 }
 

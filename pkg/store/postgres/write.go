@@ -10,6 +10,7 @@ import (
 
 	"github.com/renderqueue/renderqueue/pkg/schedule"
 	"github.com/renderqueue/renderqueue/pkg/store"
+	"github.com/renderqueue/renderqueue/pkg/store/postgres/internal/columns"
 )
 
 const upsertSQL = `INSERT INTO render_schedule AS r (key, due_at, cadence_ms, route, source, urgent)
@@ -56,7 +57,7 @@ func scanRow(rows pgx.Rows, extra ...any) (schedule.Row, error) {
 			r.Due = due.Time.UTC()
 		}
 	}
-	r.Cadence = cadenceFromMillis(ms)
+	r.Cadence = columns.CadenceFromMillis(ms)
 	src, err := schedule.ParseSource(source)
 	if err != nil {
 		return r, fmt.Errorf("key %q: %w", r.Key, err)

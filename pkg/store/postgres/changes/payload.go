@@ -1,4 +1,4 @@
-package postgres
+package changes
 
 import (
 	"crypto/hmac"
@@ -13,6 +13,7 @@ import (
 
 	"github.com/renderqueue/renderqueue/pkg/schedule"
 	"github.com/renderqueue/renderqueue/pkg/store"
+	"github.com/renderqueue/renderqueue/pkg/store/postgres/internal/columns"
 )
 
 // truncateBody is the body of the payload sent on every slot channel when the table is
@@ -27,7 +28,8 @@ func channelName(slot int) string { return "rq_slot_" + strconv.Itoa(slot) }
 
 var errBadPayload = errors.New("malformed change event payload")
 
-// Why a payload was not accepted as one the schema's triggers sent (migrations/0002).
+// Why a payload was not accepted as one the schema's triggers sent
+// (pkg/store/postgres/migrations/0002_signed_events.sql).
 var (
 	errUnsigned     = errors.New("unsigned change event payload (not sent by the schema's triggers, or by a schema older than version 2)")
 	errBadSignature = errors.New("change event payload with a wrong signature (forged, or signed with another key)")
@@ -35,8 +37,8 @@ var (
 	errReplayed     = errors.New("change event payload received twice (replayed)")
 )
 
-// envelope is a signed payload taken apart (format 2, migrations/0002_signed_events.sql):
-// "2" ts "," mac "," body.
+// envelope is a signed payload taken apart (format 2,
+// pkg/store/postgres/migrations/0002_signed_events.sql): "2" ts "," mac "," body.
 type envelope struct {
 	ts     int64  // microseconds since the epoch, the database's clock
 	tsText string // ts as signed
@@ -152,9 +154,9 @@ func (g *replayGuard) drop() {
 }
 
 // parseEntries appends the events of a payload's body (the entries of format 1, see
-// migrations/0001_render_schedule.sql) to evs. Keys are copied out of the payload so events do
-// not pin it in memory.
-func parseEntries(p string, routes interner, evs []store.Event) ([]store.Event, error) {
+// pkg/store/postgres/migrations/0001_render_schedule.sql) to evs. Keys are copied out of the
+// payload so events do not pin it in memory.
+func parseEntries(p string, routes columns.Interner, evs []store.Event) ([]store.Event, error) {
 	for len(p) > 0 {
 		var ev store.Event
 		var err error
@@ -172,13 +174,13 @@ func parseEntries(p string, routes interner, evs []store.Event) ([]store.Event, 
 			if us, p, err = parseInt(p, ','); err != nil {
 				return evs, fmt.Errorf("%w: due: %w", errBadPayload, err)
 			}
-			r.Due, r.HasDue = microsToTime(us), true
+			r.Due, r.HasDue = columns.MicrosToTime(us), true
 		}
 		var ms, flags, n int64
 		if ms, p, err = parseInt(p, ','); err != nil {
 			return evs, fmt.Errorf("%w: cadence: %w", errBadPayload, err)
 		}
-		r.Cadence = cadenceFromMillis(ms)
+		r.Cadence = columns.CadenceFromMillis(ms)
 		if flags, p, err = parseInt(p, ','); err != nil {
 			return evs, fmt.Errorf("%w: flags: %w", errBadPayload, err)
 		}
@@ -196,7 +198,7 @@ func parseEntries(p string, routes interner, evs []store.Event) ([]store.Event, 
 		if n, p, err = parseInt(p, ':'); err != nil || n < 0 || int64(len(p)) < n {
 			return evs, fmt.Errorf("%w: route length", errBadPayload)
 		}
-		r.Route, p = routes.getString(p[:n]), p[n:]
+		r.Route, p = routes.GetString(p[:n]), p[n:]
 		evs = append(evs, ev)
 	}
 	return evs, nil

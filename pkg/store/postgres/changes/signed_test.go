@@ -1,13 +1,11 @@
-package postgres
+package changes_test
 
 import (
 	"context"
 	"crypto/rand"
-	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -17,87 +15,31 @@ import (
 
 	"github.com/renderqueue/renderqueue/pkg/schedule"
 	"github.com/renderqueue/renderqueue/pkg/store"
+	"github.com/renderqueue/renderqueue/pkg/store/postgres"
+	"github.com/renderqueue/renderqueue/pkg/store/postgres/changes"
 	"github.com/renderqueue/renderqueue/pkg/store/storetest"
 )
-
-// eventKey reads the change-event signing key (the test role owns the schema).
-func eventKey(tb testing.TB, st *Store) []byte {
-	tb.Helper()
-	var h string
-	if err := st.pool.QueryRow(context.Background(), `SELECT renderqueue_event_key()`).Scan(&h); err != nil {
-		tb.Fatal(err)
-	}
-	k, err := hex.DecodeString(h)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	return k
-}
-
-// signedPayload builds a format-2 payload of body on channel, signed at ts under key.
-func signedPayload(key []byte, channel string, ts time.Time, body string) string {
-	tsText := strconv.FormatInt(ts.UnixMicro(), 10)
-	mac := signature(key, channel, tsText, body)
-	return "2" + tsText + "," + hex.EncodeToString(mac[:]) + "," + body
-}
-
-// entry is one format-1 entry for row r (as the trigger writes it).
-func entry(r schedule.Row, deleted bool) string {
-	due := ""
-	if r.HasDue {
-		due = strconv.FormatInt(r.Due.UnixMicro(), 10)
-	}
-	flags := 0
-	if r.Source == schedule.SourceSubmitted {
-		flags |= 1
-	}
-	if r.Urgent {
-		flags |= 2
-	}
-	if deleted {
-		flags |= 4
-	}
-	return fmt.Sprintf("%d,%d,%s,%d,%d,%d:%s%d:%s", r.Rev, r.KeyHash, due, r.Cadence.Milliseconds(), flags,
-		len(r.Key), r.Key, len(r.Route), r.Route)
-}
-
-// nextUntil reads batches up to and including the first for which stop is true.
-func nextUntil(t *testing.T, sub store.Subscription, stop func(store.Batch) bool) []store.Batch {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	var out []store.Batch
-	for {
-		b, err := sub.Next(ctx)
-		if err != nil {
-			t.Fatalf("after %d batches: %v", len(out), err)
-		}
-		out = append(out, b)
-		if stop(b) {
-			return out
-		}
-	}
-}
 
 // TestSignatureMatchesGo: the HMAC the database computes with sha256() is HMAC-SHA-256 as Go's
 // crypto/hmac computes it, for bodies with non-ASCII text.
 func TestSignatureMatchesGo(t *testing.T) {
-	st, _ := openTestStore(t, Options{})
+	st, _ := openTestStore(t, postgres.Options{})
 	key := eventKey(t, st)
 	if len(key) != 64 {
 		t.Fatalf("key of %d bytes", len(key))
 	}
 	for _, body := range []string{"", "T", "1,2,,3,0,3:abc0:", "ü例え\n\t,:" + strings.Repeat("x", 7000)} {
 		var p string
-		if err := st.pool.QueryRow(context.Background(), `SELECT renderqueue_sign('rq_slot_7', $1)`, body).Scan(&p); err != nil {
+		if err := st.Pool().QueryRow(context.Background(), `SELECT renderqueue_sign('rq_slot_7', $1)`, body).Scan(&p); err != nil {
 			t.Fatal(err)
 		}
-		e, err := openEnvelope(p)
-		if err != nil || e.body != body || !e.authentic(key, "rq_slot_7") || e.authentic(key, "rq_slot_8") {
+		got, ts, authentic, err := changes.OpenPayload(key, "rq_slot_7", p)
+		_, _, otherChannel, _ := changes.OpenPayload(key, "rq_slot_8", p)
+		if err != nil || got != body || !authentic || otherChannel {
 			t.Fatalf("body %.20q: payload %.120q: %v", body, p, err)
 		}
-		if d := time.Since(time.UnixMicro(e.ts)); d < -time.Minute || d > time.Minute {
-			t.Errorf("signed at %v", time.UnixMicro(e.ts))
+		if d := time.Since(time.UnixMicro(ts)); d < -time.Minute || d > time.Minute {
+			t.Errorf("signed at %v", time.UnixMicro(ts))
 		}
 	}
 }
@@ -107,7 +49,7 @@ func TestSignatureMatchesGo(t *testing.T) {
 // no event and are signalled as a gap, then resumed; real writes before and after flow as events
 // with no gap.
 func TestForgedEventsAreGaps(t *testing.T) {
-	st, dsn := openTestStore(t, Options{EventMaxAge: time.Minute})
+	st, dsn := openTestStore(t, postgres.Options{EventMaxAge: time.Minute})
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	sub, err := st.Subscribe(ctx, schedule.AllSlots().Slots())
@@ -142,7 +84,7 @@ func TestForgedEventsAreGaps(t *testing.T) {
 	fake := storetest.Row("https://example.com/fake", time.Now().Add(-10*time.Hour))
 	fake.Urgent, fake.Rev = true, hide.Rev+1
 	fake.KeyHash = hide.KeyHash // same slot, same channel
-	ch := channelName(real[0].Slot())
+	ch := changes.ChannelName(real[0].Slot())
 	body := entry(hide, false) + entry(fake, false)
 	otherKey := make([]byte, 64)
 	_, _ = rand.Read(otherKey)
@@ -155,14 +97,14 @@ func TestForgedEventsAreGaps(t *testing.T) {
 		name, channel, payload string
 		want                   error
 	}{
-		{"unsigned (format 1)", ch, "1" + body, errUnsigned},
-		{"another key", ch, signedPayload(otherKey, ch, time.Now(), body), errBadSignature},
-		{"signed for another channel", ch, signedPayload(key, channelName((real[0].Slot()+1)%schedule.NumSlots), time.Now(), body), errBadSignature},
-		{"a real signature on another body", ch, strings.Replace(signedPayload(key, ch, time.Now(), "x"), ",x", ","+body, 1), errBadSignature},
-		{"stale", ch, signedPayload(key, ch, time.Now().Add(-2*time.Minute), body), errStale},
-		{"from the future", ch, signedPayload(key, ch, time.Now().Add(2*time.Minute), body), errStale},
-		{"replayed", captured.Channel, captured.Payload, errReplayed},
-		{"truncated signature", ch, signedPayload(key, ch, time.Now(), body)[:40], errBadPayload},
+		{"unsigned (format 1)", ch, "1" + body, changes.ErrUnsigned},
+		{"another key", ch, signedPayload(otherKey, ch, time.Now(), body), changes.ErrBadSignature},
+		{"signed for another channel", ch, signedPayload(key, changes.ChannelName((real[0].Slot()+1)%schedule.NumSlots), time.Now(), body), changes.ErrBadSignature},
+		{"a real signature on another body", ch, strings.Replace(signedPayload(key, ch, time.Now(), "x"), ",x", ","+body, 1), changes.ErrBadSignature},
+		{"stale", ch, signedPayload(key, ch, time.Now().Add(-2*time.Minute), body), changes.ErrStale},
+		{"from the future", ch, signedPayload(key, ch, time.Now().Add(2*time.Minute), body), changes.ErrStale},
+		{"replayed", captured.Channel, captured.Payload, changes.ErrReplayed},
+		{"truncated signature", ch, signedPayload(key, ch, time.Now(), body)[:40], changes.ErrBadPayload},
 	} {
 		if _, err := conn.Exec(ctx, `SELECT pg_notify($1, $2)`, tc.channel, tc.payload); err != nil {
 			t.Fatal(err)
@@ -187,7 +129,7 @@ func TestForgedEventsAreGaps(t *testing.T) {
 // TestKeyRotation: after the key is rotated, the subscription reads the new key at the first
 // payload signed with it, and the write flows as an event with no gap.
 func TestKeyRotation(t *testing.T) {
-	st, _ := openTestStore(t, Options{})
+	st, _ := openTestStore(t, postgres.Options{})
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	sub, err := st.Subscribe(ctx, schedule.AllSlots().Slots())
@@ -196,14 +138,14 @@ func TestKeyRotation(t *testing.T) {
 	}
 	defer func() { _ = sub.Close() }()
 	old := eventKey(t, st)
-	if _, err := st.pool.Exec(ctx, `SELECT renderqueue_rotate_event_key()`); err != nil {
+	if _, err := st.Pool().Exec(ctx, `SELECT renderqueue_rotate_event_key()`); err != nil {
 		t.Fatal(err)
 	}
 	if string(eventKey(t, st)) == string(old) {
 		t.Fatal("the key did not change")
 	}
-	// the subscription read its key less than keyRefreshInterval ago: wait that long once
-	time.Sleep(keyRefreshInterval)
+	// the subscription read its key less than changes.KeyRefreshInterval ago: wait that long once
+	time.Sleep(changes.KeyRefreshInterval)
 	out, err := st.Upsert(ctx, []schedule.Row{storetest.Row("https://example.com/rotated", time.Now())})
 	if err != nil {
 		t.Fatal(err)
@@ -218,7 +160,7 @@ func TestKeyRotation(t *testing.T) {
 // are signed) but cannot read the key or sign; a keeper role needs EXECUTE on
 // renderqueue_event_key() to subscribe, and is told so without it.
 func TestRoles(t *testing.T) {
-	st, dsn := openTestStore(t, Options{})
+	st, dsn := openTestStore(t, postgres.Options{})
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	var b [4]byte
@@ -233,15 +175,15 @@ func TestRoles(t *testing.T) {
 		`GRANT SELECT, UPDATE ON render_schedule TO ` + keeper,
 		`GRANT USAGE ON SEQUENCE render_schedule_rev_seq TO ` + keeper,
 	} {
-		if _, err := st.pool.Exec(ctx, q); err != nil {
+		if _, err := st.Pool().Exec(ctx, q); err != nil {
 			t.Fatalf("%s: %v", q, err)
 		}
 	}
 	t.Cleanup(func() {
 		ctx := context.Background()
 		for _, r := range []string{producer, keeper} {
-			_, _ = st.pool.Exec(ctx, `DROP OWNED BY `+r)
-			_, _ = st.pool.Exec(ctx, `DROP ROLE `+r)
+			_, _ = st.Pool().Exec(ctx, `DROP OWNED BY `+r)
+			_, _ = st.Pool().Exec(ctx, `DROP ROLE `+r)
 		}
 	})
 	as := func(role string) string {
@@ -253,7 +195,7 @@ func TestRoles(t *testing.T) {
 	}
 
 	// the keeper role without the grant: Subscribe says what to grant
-	ks, err := Open(ctx, as(keeper), Options{})
+	ks, err := postgres.Open(ctx, as(keeper), postgres.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -261,7 +203,7 @@ func TestRoles(t *testing.T) {
 	if _, err := ks.Subscribe(ctx, []int{1}); err == nil || !strings.Contains(err.Error(), "GRANT EXECUTE ON FUNCTION renderqueue_event_key()") {
 		t.Fatalf("subscribing without the grant: %v", err)
 	}
-	if _, err := st.pool.Exec(ctx, `GRANT EXECUTE ON FUNCTION renderqueue_event_key() TO `+keeper); err != nil {
+	if _, err := st.Pool().Exec(ctx, `GRANT EXECUTE ON FUNCTION renderqueue_event_key() TO `+keeper); err != nil {
 		t.Fatal(err)
 	}
 	sub, err := ks.Subscribe(ctx, schedule.AllSlots().Slots())
@@ -321,40 +263,68 @@ func TestRoles(t *testing.T) {
 	}
 }
 
-// TestReplayGuard: the guard's window, its memory of payloads and its bound.
-func TestReplayGuard(t *testing.T) {
-	const sec = int64(time.Second / time.Microsecond)
-	g := newReplayGuard(time.Minute, 3)
-	mac := func(i int) *[sha256.Size]byte {
-		var m [sha256.Size]byte
-		m[0], m[1] = byte(i), byte(i>>8)
-		return &m
+// TestBulkPayloads writes 100,000 rows in one statement, some with the longest key and route, and
+// checks the raw notifications: every payload under the limit, on the right channel, and every
+// row's event present exactly once.
+func TestBulkPayloads(t *testing.T) {
+	st, dsn := openTestStore(t, postgres.Options{})
+	conn, got := listenAll(t, dsn)
+	key := eventKey(t, st)
+	const n = 100000
+	rows := make([]schedule.Row, n)
+	for i := range rows {
+		r := storetest.Row(fmt.Sprintf("payload/%d", i), time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC).Add(time.Duration(i)*time.Second))
+		if i%100 == 0 { // the largest entries: longest key and route
+			r.Key = fmt.Sprintf("https://example.com/long/%07d/", i)
+			r.Key += strings.Repeat("k", schedule.MaxKeyBytes-len(r.Key))
+			r.Route = strings.Repeat("r", schedule.MaxRouteBytes)
+		}
+		rows[i] = r
 	}
-	now := int64(1_000_000) * sec
-	for i, tc := range []struct {
-		ts, now int64
-		mac     int
-		want    error
-	}{
-		{now, now, 1, nil},
-		{now, now, 1, errReplayed},
-		{now - 61*sec, now, 2, errStale},
-		{now + 61*sec, now, 3, errStale},
-		{now - 30*sec, now, 4, nil},
-		{now + 30*sec, now, 5, nil},
-		{now + 1, now, 6, nil},                       // a fourth remembered: the oldest arrival (mac 1, ts now) is forgotten
-		{now, now, 7, errStale},                      // signed no later than a forgotten one: cannot be told from a replay
-		{now + 2, now, 1, nil},                       // a new payload
-		{now + 30*sec, now + 80*sec, 5, errReplayed}, // remembered while fresh
-		{now + 30*sec, now + 100*sec, 5, errStale},   // then too old: refused by age, forgotten
-		{now + 190*sec, now + 200*sec, 8, nil},
-	} {
-		err := g.admit(tc.ts, mac(tc.mac), tc.now)
-		if !errors.Is(err, tc.want) && (err != nil || tc.want != nil) {
-			t.Errorf("step %d: %v, want %v", i, err, tc.want)
+	ctx := context.Background()
+	if _, err := st.Upsert(ctx, rows); err != nil {
+		t.Fatal(err)
+	}
+	seen := make(map[string]int, n)
+	var maxLen, payloads int
+	deadline := time.Now().Add(time.Minute)
+	for len(seen) < n && time.Now().Before(deadline) {
+		wctx, cancel := context.WithDeadline(ctx, deadline)
+		err := conn.WaitForNotification(wctx)
+		cancel()
+		if err != nil {
+			t.Fatalf("waiting for notifications (%d rows seen): %v", len(seen), err)
+		}
+		for _, nt := range *got {
+			payloads++
+			maxLen = max(maxLen, len(nt.Payload))
+			if len(nt.Payload) >= changes.MaxPayloadBytes {
+				t.Errorf("payload of %d bytes on %s", len(nt.Payload), nt.Channel)
+			}
+			body, _, authentic, err := changes.OpenPayload(key, nt.Channel, nt.Payload)
+			if err != nil || !authentic {
+				t.Fatalf("a payload not signed with the key: %v", err)
+			}
+			evs, err := changes.ParseBody(body)
+			if err != nil {
+				t.Fatalf("parsing a payload: %v", err)
+			}
+			for _, e := range evs {
+				if want := changes.ChannelName(e.Row.Slot()); nt.Channel != want {
+					t.Errorf("event of slot %d on channel %s", e.Row.Slot(), nt.Channel)
+				}
+				seen[e.Row.Key]++
+			}
+		}
+		*got = (*got)[:0]
+	}
+	if len(seen) != n {
+		t.Fatalf("events for %d of %d rows", len(seen), n)
+	}
+	for k, c := range seen {
+		if c != 1 {
+			t.Errorf("key %q: %d events", k, c)
 		}
 	}
-	if len(g.seen) > 3 || len(g.ring)-g.head > 3 {
-		t.Errorf("remembers %d payloads, at most 3", len(g.seen))
-	}
+	t.Logf("%d rows in %d notifications, largest payload %d bytes", n, payloads, maxLen)
 }

@@ -1,4 +1,4 @@
-package postgres
+package changes
 
 import (
 	"context"
@@ -11,14 +11,17 @@ import (
 	"sync"
 	"time"
 
+	"github.com/go-logr/logr"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/renderqueue/renderqueue/pkg/schedule"
 	"github.com/renderqueue/renderqueue/pkg/store"
+	"github.com/renderqueue/renderqueue/pkg/store/postgres/internal/columns"
 )
 
-// ListenerApplicationName is the application_name of subscription connections (unless the DSN
-// sets one), so operators can find them in pg_stat_activity.
+// ListenerApplicationName is the application_name of subscription connections (unless the
+// connection configuration, the store's DSN, sets one), so operators can find them in
+// pg_stat_activity.
 const ListenerApplicationName = "renderqueue-listener"
 
 // errOverflow is the gap cause reported when the event queue overflowed.
@@ -26,6 +29,65 @@ var errOverflow = errors.New("change events arrived faster than they were taken:
 
 // errTruncated is the gap cause reported when the table was truncated.
 var errTruncated = errors.New("render_schedule was truncated: rows were removed without change events")
+
+// Config configures a subscription. Zero durations and sizes take the defaults.
+type Config struct {
+	// Conn is the connection configuration (copied): one dedicated connection, its
+	// application_name ListenerApplicationName unless Conn sets one. Required.
+	Conn *pgconn.Config
+	// Logger receives reconnects and refused payloads. Default: discard.
+	Logger logr.Logger
+	// ReconnectMin and ReconnectMax bound the backoff of reconnects. Defaults 50ms and 5s.
+	ReconnectMin, ReconnectMax time.Duration
+	// HealthInterval is how long an idle connection waits before checking it is alive with a
+	// round trip. Default 15s.
+	HealthInterval time.Duration
+	// EventMaxAge is how far from the database's current time (as last measured) a payload's
+	// signing time may be; a payload signed earlier or later is dropped as a gap. Default 5m.
+	EventMaxAge time.Duration
+	// MaxQueuedEvents and MaxQueuedBytes cap the events held for the consumer (store.EventQueue);
+	// beyond them events are dropped and signalled as a gap. Defaults 262144 and 64 MiB.
+	MaxQueuedEvents int
+	MaxQueuedBytes  int64
+	// MaxRememberedEvents caps the payloads remembered to refuse replays within EventMaxAge.
+	// Default 524288.
+	MaxRememberedEvents int
+	// OnOpen, when set, is called with the subscription once it is connected and before it
+	// starts; an error closes it and Subscribe returns that error. OnClose, when set, is called
+	// each time Close has stopped it. A store uses them to close its open subscriptions.
+	OnOpen  func(*Subscription) error
+	OnClose func(*Subscription)
+}
+
+func (c *Config) setDefaults() {
+	if c.Logger.GetSink() == nil {
+		c.Logger = logr.Discard()
+	}
+	if c.ReconnectMin <= 0 {
+		c.ReconnectMin = 50 * time.Millisecond
+	}
+	if c.ReconnectMax < c.ReconnectMin {
+		c.ReconnectMax = 5 * time.Second
+		if c.ReconnectMax < c.ReconnectMin {
+			c.ReconnectMax = c.ReconnectMin
+		}
+	}
+	if c.HealthInterval <= 0 {
+		c.HealthInterval = 15 * time.Second
+	}
+	if c.EventMaxAge <= 0 {
+		c.EventMaxAge = 5 * time.Minute
+	}
+	if c.MaxQueuedEvents <= 0 {
+		c.MaxQueuedEvents = 1 << 18
+	}
+	if c.MaxQueuedBytes <= 0 {
+		c.MaxQueuedBytes = 64 << 20
+	}
+	if c.MaxRememberedEvents <= 0 {
+		c.MaxRememberedEvents = 1 << 19
+	}
+}
 
 // qitem is one item for the queue: an event, or a gap or resumed signal (deliverPending collects
 // them while reading payloads, then queues them under one hold of the lock).
@@ -41,16 +103,17 @@ type setReq struct {
 	reply chan error
 }
 
-// subscription implements store.Subscription with one dedicated connection, owned by the
-// reader goroutine (run).
-type subscription struct {
-	s   *Store
-	cfg *pgconn.Config
+// Subscription is a store.Subscription with one dedicated connection, owned by the reader
+// goroutine (run). Create it with Subscribe.
+type Subscription struct {
+	opts    Config
+	log     logr.Logger
+	connCfg *pgconn.Config
 
 	// pending collects notifications as pgconn reads them (OnNotification runs on the reader
 	// goroutine, inside whatever call is reading the connection); spare is the other buffer.
 	pending, spare []*pgconn.Notification
-	routes         interner
+	routes         columns.Interner
 	// key verifies the payloads' signatures; keyAt is when it was read, clockOffset the
 	// database's clock minus ours then. guard refuses stale and replayed payloads. badLog
 	// limits the log lines about refused payloads (reader goroutine only).
@@ -80,33 +143,43 @@ type subscription struct {
 	done   chan struct{}
 }
 
-// Subscribe implements store.Store.
-func (s *Store) Subscribe(ctx context.Context, slots []int) (store.Subscription, error) {
+var _ store.Subscription = (*Subscription)(nil)
+
+// Subscribe LISTENs on the channels of slots and returns the subscription: the change events
+// of those slots' rows, and a gap (then resumed) whenever events may have been lost — the
+// connection was lost, a payload was refused, the queue overflowed or the table was truncated.
+// It ends when ctx does or when it is closed.
+func Subscribe(ctx context.Context, cfg Config, slots []int) (*Subscription, error) {
 	norm, err := store.NormalizeSlots(slots)
 	if err != nil {
 		return nil, fmt.Errorf("subscribe: %w", err)
 	}
-	if s.closed() {
-		return nil, store.ErrClosed
+	if cfg.Conn == nil {
+		return nil, errors.New("subscribe: no connection configuration")
 	}
-	sub := &subscription{
-		s:      s,
-		routes: interner{},
-		guard:  newReplayGuard(s.opts.EventMaxAge, s.opts.MaxRememberedEvents),
+	cfg.setDefaults()
+	sub := &Subscription{
+		opts:   cfg,
+		log:    cfg.Logger,
+		routes: columns.Interner{},
+		guard:  newReplayGuard(cfg.EventMaxAge, cfg.MaxRememberedEvents),
 		ctrl:   make(chan *setReq, 16),
 		wake:   make(chan struct{}, 1),
 		done:   make(chan struct{}),
 	}
-	sub.q = store.NewEventQueue(s.opts.MaxQueuedEvents, s.opts.MaxQueuedBytes, func(events int, bytes int64) error {
-		s.log.Info("Change event queue full: dropping events and signalling a gap until the consumer catches up",
+	sub.q = store.NewEventQueue(cfg.MaxQueuedEvents, cfg.MaxQueuedBytes, func(events int, bytes int64) error {
+		sub.log.Info("Change event queue full: dropping events and signalling a gap until the consumer catches up",
 			"queued", events, "queuedBytes", bytes)
 		return fmt.Errorf("%w (%d events, %d bytes)", errOverflow, events, bytes)
 	})
-	sub.cfg = s.connCfg.Copy()
-	if sub.cfg.RuntimeParams["application_name"] == "" {
-		sub.cfg.RuntimeParams["application_name"] = ListenerApplicationName
+	sub.connCfg = cfg.Conn.Copy()
+	if sub.connCfg.RuntimeParams == nil {
+		sub.connCfg.RuntimeParams = map[string]string{}
 	}
-	sub.cfg.OnNotification = func(_ *pgconn.PgConn, n *pgconn.Notification) {
+	if sub.connCfg.RuntimeParams["application_name"] == "" {
+		sub.connCfg.RuntimeParams["application_name"] = ListenerApplicationName
+	}
+	sub.connCfg.OnNotification = func(_ *pgconn.PgConn, n *pgconn.Notification) {
 		sub.pending = append(sub.pending, n)
 	}
 	var want [schedule.NumSlots]bool
@@ -120,15 +193,13 @@ func (s *Store) Subscribe(ctx context.Context, slots []int) (store.Subscription,
 	sub.slots = want
 	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	sub.cancel = cancel
-	s.closeMu.Lock()
-	if s.isClosed {
-		s.closeMu.Unlock()
-		cancel()
-		_ = conn.Close(context.Background())
-		return nil, store.ErrClosed
+	if cfg.OnOpen != nil {
+		if err := cfg.OnOpen(sub); err != nil {
+			cancel()
+			_ = conn.Close(context.Background())
+			return nil, err
+		}
 	}
-	s.subs[sub] = struct{}{}
-	s.closeMu.Unlock()
 	stopAfter := context.AfterFunc(ctx, func() { _ = sub.Close() })
 	go func() {
 		defer stopAfter()
@@ -139,8 +210,8 @@ func (s *Store) Subscribe(ctx context.Context, slots []int) (store.Subscription,
 
 // connect opens the subscription's connection, LISTENs on the wanted slots' channels and reads
 // the key the payloads are signed with.
-func (sub *subscription) connect(ctx context.Context, want [schedule.NumSlots]bool) (*pgconn.PgConn, error) {
-	conn, err := pgconn.ConnectConfig(ctx, sub.cfg)
+func (sub *Subscription) connect(ctx context.Context, want [schedule.NumSlots]bool) (*pgconn.PgConn, error) {
+	conn, err := pgconn.ConnectConfig(ctx, sub.connCfg)
 	if err != nil {
 		return nil, fmt.Errorf("connecting the listener: %w", err)
 	}
@@ -158,7 +229,7 @@ func (sub *subscription) connect(ctx context.Context, want [schedule.NumSlots]bo
 
 // readKey reads the key change events are signed with (renderqueue_event_key(), which the
 // keeper's role must be granted) and the database's clock.
-func (sub *subscription) readKey(ctx context.Context, conn *pgconn.PgConn) error {
+func (sub *Subscription) readKey(ctx context.Context, conn *pgconn.PgConn) error {
 	before := time.Now()
 	res, err := conn.Exec(ctx, `SELECT renderqueue_event_key(), floor(extract(epoch FROM clock_timestamp()) * 1000000)::bigint`).ReadAll()
 	after := time.Now()
@@ -200,7 +271,7 @@ const keyRefreshInterval = time.Second
 // current key (read again, at most once per keyRefreshInterval, when the signature does not
 // match: the key may have been rotated; conn is nil when the connection is gone), fresh, and
 // not seen before.
-func (sub *subscription) open(conn *pgconn.PgConn, n *pgconn.Notification) (string, error) {
+func (sub *Subscription) open(conn *pgconn.PgConn, n *pgconn.Notification) (string, error) {
 	e, err := openEnvelope(n.Payload)
 	if err != nil {
 		return "", err
@@ -244,7 +315,7 @@ func (l *logLimiter) allow(now time.Time) (ok bool, suppressed int) {
 }
 
 // relisten changes the LISTENed channels to want, in one round trip.
-func (sub *subscription) relisten(ctx context.Context, conn *pgconn.PgConn, want [schedule.NumSlots]bool) error {
+func (sub *Subscription) relisten(ctx context.Context, conn *pgconn.PgConn, want [schedule.NumSlots]bool) error {
 	var b strings.Builder
 	for sl := range schedule.NumSlots {
 		switch {
@@ -266,7 +337,7 @@ func (sub *subscription) relisten(ctx context.Context, conn *pgconn.PgConn, want
 
 // run is the reader goroutine: serve the connection until it fails, signal a gap, reconnect,
 // signal resumed, and so on until the subscription is closed.
-func (sub *subscription) run(ctx context.Context, conn *pgconn.PgConn) {
+func (sub *Subscription) run(ctx context.Context, conn *pgconn.PgConn) {
 	defer close(sub.done)
 	defer sub.markClosed()
 	for {
@@ -277,21 +348,21 @@ func (sub *subscription) run(ctx context.Context, conn *pgconn.PgConn) {
 			sub.failWaiting(store.ErrClosed)
 			return
 		}
-		sub.s.log.Info("change event subscription lost its connection; reconnecting", "error", err.Error())
+		sub.log.Info("change event subscription lost its connection; reconnecting", "error", err.Error())
 		sub.setLost(true, fmt.Errorf("listener connection lost: %w", err))
 		conn = sub.reconnect(ctx)
 		if conn == nil {
 			sub.failWaiting(store.ErrClosed)
 			return
 		}
-		sub.s.log.Info("change event subscription resumed")
+		sub.log.Info("change event subscription resumed")
 		sub.setLost(false, nil)
 	}
 }
 
 // serve waits for notifications, handles SetSlots requests and checks the connection when idle.
 // It returns the error that ended the connection.
-func (sub *subscription) serve(ctx context.Context, conn *pgconn.PgConn) error {
+func (sub *Subscription) serve(ctx context.Context, conn *pgconn.PgConn) error {
 	for {
 		if err := sub.handleSetSlots(ctx, conn); err != nil {
 			return err
@@ -299,7 +370,7 @@ func (sub *subscription) serve(ctx context.Context, conn *pgconn.PgConn) error {
 		// notifications that arrived while LISTEN/UNLISTEN ran are buffered by the connection:
 		// hand them over now, not when the next notification or health check wakes the wait
 		sub.deliverPending(conn)
-		waitCtx, cancel := context.WithTimeout(ctx, sub.s.opts.HealthInterval)
+		waitCtx, cancel := context.WithTimeout(ctx, sub.opts.HealthInterval)
 		sub.mu.Lock()
 		sub.waitCancel = cancel
 		if len(sub.ctrl) > 0 {
@@ -335,7 +406,7 @@ func (sub *subscription) serve(ctx context.Context, conn *pgconn.PgConn) error {
 }
 
 // handleSetSlots applies queued SetSlots requests on a live connection.
-func (sub *subscription) handleSetSlots(ctx context.Context, conn *pgconn.PgConn) error {
+func (sub *Subscription) handleSetSlots(ctx context.Context, conn *pgconn.PgConn) error {
 	for {
 		var req *setReq
 		select {
@@ -360,8 +431,8 @@ func (sub *subscription) handleSetSlots(ctx context.Context, conn *pgconn.PgConn
 
 // reconnect reconnects with backoff, taking SetSlots requests into account, and returns the new
 // connection (LISTENing on the current set) or nil when the subscription is closed.
-func (sub *subscription) reconnect(ctx context.Context) *pgconn.PgConn {
-	backoff := sub.s.opts.ReconnectMin
+func (sub *Subscription) reconnect(ctx context.Context) *pgconn.PgConn {
+	backoff := sub.opts.ReconnectMin
 	var waiting []*setReq
 	sub.mu.Lock()
 	want := sub.slots
@@ -393,7 +464,7 @@ func (sub *subscription) reconnect(ctx context.Context) *pgconn.PgConn {
 					break wait
 				}
 			}
-			backoff = min(2*backoff, sub.s.opts.ReconnectMax)
+			backoff = min(2*backoff, sub.opts.ReconnectMax)
 		}
 		for drained := false; !drained; {
 			select {
@@ -410,7 +481,7 @@ func (sub *subscription) reconnect(ctx context.Context) *pgconn.PgConn {
 			if ctx.Err() != nil {
 				continue // the wait above returns
 			}
-			sub.s.log.Info("change event subscription: reconnect failed", "attempt", attempt+1, "error", err.Error())
+			sub.log.Info("change event subscription: reconnect failed", "attempt", attempt+1, "error", err.Error())
 			continue
 		}
 		sub.mu.Lock()
@@ -424,7 +495,7 @@ func (sub *subscription) reconnect(ctx context.Context) *pgconn.PgConn {
 }
 
 // failWaiting answers SetSlots requests still queued when the subscription ends.
-func (sub *subscription) failWaiting(err error) {
+func (sub *Subscription) failWaiting(err error) {
 	if sub.carried != nil {
 		sub.carried.reply <- err
 		sub.carried = nil
@@ -443,7 +514,7 @@ func (sub *subscription) failWaiting(err error) {
 // payload that is not authentic, fresh and new, or that does not parse, is dropped and
 // signalled as a gap (then resumed: the subscription itself is fine), so the keeper walks
 // rather than trusts it. conn is the live connection (to read a rotated key), or nil.
-func (sub *subscription) deliverPending(conn *pgconn.PgConn) {
+func (sub *Subscription) deliverPending(conn *pgconn.PgConn) {
 	for len(sub.pending) > 0 {
 		// reading the key again may read more notifications into a fresh pending
 		batch := sub.pending
@@ -465,7 +536,7 @@ func (sub *subscription) deliverPending(conn *pgconn.PgConn) {
 			}
 			if err != nil {
 				if ok, more := sub.badLog.allow(time.Now()); ok {
-					sub.s.log.Error(err, "Dropping a change event payload; signalling a gap", "channel", n.Channel,
+					sub.log.Error(err, "Dropping a change event payload; signalling a gap", "channel", n.Channel,
 						"payloadPrefix", prefix(n.Payload), "droppedSinceLastLine", more)
 				}
 				items = append(items, qitem{kind: store.KindGap, err: fmt.Errorf("channel %s: %w", n.Channel, err)},
@@ -479,7 +550,7 @@ func (sub *subscription) deliverPending(conn *pgconn.PgConn) {
 
 // push queues items: events, and gap and resumed signals of payloads that were dropped (each a
 // gap followed by resumed).
-func (sub *subscription) push(items ...qitem) {
+func (sub *Subscription) push(items ...qitem) {
 	if len(items) == 0 {
 		return
 	}
@@ -500,21 +571,21 @@ func (sub *subscription) push(items ...qitem) {
 
 // setLost records that the connection was lost (a gap, with cause err) or is back (resumed,
 // unless the queue still overflows).
-func (sub *subscription) setLost(lost bool, err error) {
+func (sub *Subscription) setLost(lost bool, err error) {
 	sub.mu.Lock()
 	sub.q.SetLost(lost, err)
 	sub.mu.Unlock()
 	sub.signal()
 }
 
-func (sub *subscription) signal() {
+func (sub *Subscription) signal() {
 	select {
 	case sub.wake <- struct{}{}:
 	default:
 	}
 }
 
-func (sub *subscription) markClosed() {
+func (sub *Subscription) markClosed() {
 	sub.mu.Lock()
 	sub.closed = true
 	sub.mu.Unlock()
@@ -525,7 +596,7 @@ func (sub *subscription) markClosed() {
 }
 
 // Next implements store.Subscription.
-func (sub *subscription) Next(ctx context.Context) (store.Batch, error) {
+func (sub *Subscription) Next(ctx context.Context) (store.Batch, error) {
 	for {
 		sub.mu.Lock()
 		if sub.closed {
@@ -546,7 +617,7 @@ func (sub *subscription) Next(ctx context.Context) (store.Batch, error) {
 }
 
 // SetSlots implements store.Subscription.
-func (sub *subscription) SetSlots(ctx context.Context, slots []int) error {
+func (sub *Subscription) SetSlots(ctx context.Context, slots []int) error {
 	norm, err := store.NormalizeSlots(slots)
 	if err != nil {
 		return fmt.Errorf("set slots: %w", err)
@@ -581,11 +652,11 @@ func (sub *subscription) SetSlots(ctx context.Context, slots []int) error {
 }
 
 // Close implements store.Subscription.
-func (sub *subscription) Close() error {
+func (sub *Subscription) Close() error {
 	sub.cancel()
 	<-sub.done
-	sub.s.closeMu.Lock()
-	delete(sub.s.subs, sub)
-	sub.s.closeMu.Unlock()
+	if sub.opts.OnClose != nil {
+		sub.opts.OnClose(sub)
+	}
 	return nil
 }
