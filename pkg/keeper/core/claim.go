@@ -142,7 +142,7 @@ func (c *Core) settleFloors(nowMs int64) {
 		if g.floor < 0 {
 			continue
 		}
-		if e, ok := c.tHead(&g.owned); ok && c.rows.at(entryID(e)).due() <= nowMs {
+		if e, ok := c.trees.Head(&g.owned); ok && c.rows.at(e.ID()).due() <= nowMs {
 			due[g.floor] = true
 		}
 	}
@@ -168,11 +168,11 @@ func (c *Core) claimBest(nowMs int64, p phase, leaseFor time.Duration, out *[]Cl
 		if p == phaseFloor && (g.floor < 0 || c.floors[g.floor].quota == 0) {
 			continue
 		}
-		e, ok := c.tHead(&g.owned)
+		e, ok := c.trees.Head(&g.owned)
 		if !ok {
 			continue
 		}
-		id := entryID(e)
+		id := e.ID()
 		r := c.rows.at(id)
 		due := r.due()
 		if due > nowMs {
@@ -193,7 +193,7 @@ func (c *Core) claimBest(nowMs int64, p phase, leaseFor time.Duration, out *[]Cl
 			f.quota--
 		}
 	}
-	c.tLeaseHead(&best.owned)
+	c.trees.LeaseHead(&best.owned)
 	r := c.rows.at(bestID)
 	r.set(flagLeased)
 	c.nextLease++
@@ -234,7 +234,7 @@ func (c *Core) expireLeases(nowMs int64) {
 func (c *Core) endLease(id uint32) {
 	delete(c.leases, id)
 	r := c.rows.at(id)
-	c.tSetLeased(c.treeOf(r), makeEntry(id, r), false)
+	c.trees.SetLeased(c.treeOf(r), makeEntry(id, r), false)
 	r.clear(flagLeased)
 }
 

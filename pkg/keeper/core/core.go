@@ -33,6 +33,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/renderqueue/renderqueue/pkg/keeper/core/duetree"
 	"github.com/renderqueue/renderqueue/pkg/schedule"
 )
 
@@ -243,14 +244,14 @@ type Outcome struct {
 	Reason string
 }
 
-// group is one (cadence, source, urgent) class of rows with its trees (tree.go): owned holds the
-// rows of owned slots (claimed and counted), incoming those of incoming slots.
+// group is one (cadence, source, urgent) class of rows with its trees (package duetree): owned
+// holds the rows of owned slots (claimed and counted), incoming those of incoming slots.
 type group struct {
 	cadenceMs int64
 	source    schedule.Source
 	urgent    bool
-	owned     tree
-	incoming  tree
+	owned     duetree.Tree
+	incoming  duetree.Tree
 	// floor is the index of the group's floor in Config.Floors, or -1.
 	floor int
 }
@@ -275,7 +276,7 @@ type Core struct {
 	rows  rows
 	keys  arena
 	index index
-	pool  nodePool
+	trees *duetree.Forest // the groups' trees
 
 	groups   []*group
 	groupIdx map[groupKey]uint16
@@ -330,6 +331,7 @@ func New(cfg Config) (*Core, error) {
 		unleasing: noRecord,
 	}
 	c.index.seed = maphash.MakeSeed()
+	c.trees = duetree.NewForest((*treeRecords)(c))
 	c.floors = make([]floorState, len(cfg.Floors))
 	return c, nil
 }
@@ -445,7 +447,7 @@ func (c *Core) SetSlots(states *[schedule.NumSlots]SlotState) {
 }
 
 // treeOf returns the tree that holds r: its group's owned or incoming tree.
-func (c *Core) treeOf(r *rec) *tree {
+func (c *Core) treeOf(r *rec) *duetree.Tree {
 	g := c.groups[r.group]
 	if c.slots[r.slot] == SlotOwned {
 		return &g.owned
@@ -458,9 +460,9 @@ func (c *Core) place(id uint32, r *rec) {
 	t := c.treeOf(r)
 	if c.bulk {
 		r.set(flagPending)
-		t.pending = append(t.pending, makeEntry(id, r))
+		c.trees.AddPending(t, makeEntry(id, r))
 	} else {
-		c.tInsert(t, makeEntry(id, r))
+		c.trees.Insert(t, makeEntry(id, r))
 	}
 	c.countDue(r, 1)
 }
@@ -474,7 +476,7 @@ func (c *Core) unplace(id uint32, r *rec) {
 	if r.has(flagPending) {
 		r.clear(flagPending)
 	} else {
-		c.tDelete(c.treeOf(r), makeEntry(id, r))
+		c.trees.Delete(c.treeOf(r), makeEntry(id, r))
 	}
 	c.countDue(r, -1)
 }
@@ -488,8 +490,8 @@ func (c *Core) BeginBulk() { c.bulk = true }
 func (c *Core) EndBulk() {
 	c.bulk = false
 	for _, g := range c.groups {
-		c.flush(&g.owned)
-		c.flush(&g.incoming)
+		c.trees.Flush(&g.owned)
+		c.trees.Flush(&g.incoming)
 	}
 }
 
@@ -551,7 +553,7 @@ func (c *Core) ApplyCompleted(now time.Time, row schedule.Row, token uint64) Out
 	}
 	o := c.apply(nowMs, &row, id)
 	if c.unleasing != noRecord {
-		c.tSetLeased(c.treeOf(r), makeEntry(c.unleasing, r), false)
+		c.trees.SetLeased(c.treeOf(r), makeEntry(c.unleasing, r), false)
 		c.unleasing = noRecord
 	}
 	return o

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/renderqueue/renderqueue/pkg/keeper/core/duetree"
 	"github.com/renderqueue/renderqueue/pkg/schedule"
 	"pgregory.net/rapid"
 )
@@ -395,8 +396,8 @@ func classCounts(c *Core, floors []Floor, nowMs int64) []int {
 		if g.floor < 0 {
 			continue
 		}
-		c.tVisit(&g.owned, 0, c.tRank(&g.owned, nowMs), func(e uint64) {
-			if e&leasedBit == 0 {
+		c.trees.Visit(&g.owned, 0, c.trees.Rank(&g.owned, nowMs), func(e duetree.Entry) {
+			if !e.Leased() {
 				out[g.floor]++
 			}
 		})

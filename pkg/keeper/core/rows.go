@@ -3,12 +3,14 @@ package core
 import (
 	"encoding/binary"
 	"hash/maphash"
+
+	"github.com/renderqueue/renderqueue/pkg/keeper/core/duetree"
 )
 
 // This file holds the memory layout of the held rows: fixed-size records in chunks, keys in a
 // byte arena, and an open-addressing index from key to record. Together with the claim trees
-// (tree.go) they cost about 24 (record) + key length + 1 (length prefix) + ~7 (index) + ~11 (tree)
-// bytes per row, with no per-row heap object for the garbage collector to trace.
+// (package duetree) they cost about 24 (record) + key length + 1 (length prefix) + ~7 (index) +
+// ~11 (tree) bytes per row, with no per-row heap object for the garbage collector to trace.
 
 const (
 	recChunkBits = 12
@@ -24,7 +26,8 @@ const (
 	// flagSeen is the walk mark: a row of slot s counts as seen by the running walk when this
 	// bit equals Core.parity[s] (see walk.go), so starting a walk unmarks a slot's rows at once.
 	flagSeen
-	// flagPending: the row's entry waits in its tree's pending list (bulk mode, tree.go).
+	// flagPending: the row's entry waits in its tree's pending list (bulk mode,
+	// duetree.Forest.AddPending).
 	flagPending
 	msMask = 1<<10 - 1
 )
@@ -145,7 +148,8 @@ type index struct {
 }
 
 const (
-	idBits = 25
+	// idBits is the width of record ids: the trees' entries hold them in as many bits.
+	idBits = duetree.IDBits
 	idMask = 1<<idBits - 1
 	// MaxRows is the most rows one core can hold: record ids (below MaxRows plus one chunk) must
 	// fit beside the fingerprint here and beside the due time in the claim trees' entries.

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/renderqueue/renderqueue/pkg/keeper/core/duetree"
 	"github.com/renderqueue/renderqueue/pkg/schedule"
 	"github.com/renderqueue/renderqueue/pkg/shardapi"
 )
@@ -97,8 +98,8 @@ func (c *Core) crossing(a, b int64) int {
 	a, b = min(a, b), max(a, b)
 	n := 0
 	for _, g := range c.groups {
-		n += c.tRank(&g.owned, b) - c.tRank(&g.owned, a)
-		n += c.tRank(&g.incoming, b) - c.tRank(&g.incoming, a)
+		n += c.trees.Rank(&g.owned, b) - c.trees.Rank(&g.owned, a)
+		n += c.trees.Rank(&g.incoming, b) - c.trees.Rank(&g.incoming, a)
 	}
 	return n
 }
@@ -114,13 +115,13 @@ func (c *Core) moveCursor(tMs int64) {
 		lo, hi, d = tMs, from, -1
 	}
 	for _, g := range c.groups {
-		c.tVisit(&g.owned, c.tRank(&g.owned, lo), c.tRank(&g.owned, hi), func(e uint64) {
-			r := c.rows.at(entryID(e))
+		c.trees.Visit(&g.owned, c.trees.Rank(&g.owned, lo), c.trees.Rank(&g.owned, hi), func(e duetree.Entry) {
+			r := c.rows.at(e.ID())
 			c.due.slot[r.slot] += d
 			c.due.route[r.route] += d
 		})
-		c.tVisit(&g.incoming, c.tRank(&g.incoming, lo), c.tRank(&g.incoming, hi), func(e uint64) {
-			c.due.slot[c.rows.at(entryID(e)).slot] += d
+		c.trees.Visit(&g.incoming, c.trees.Rank(&g.incoming, lo), c.trees.Rank(&g.incoming, hi), func(e duetree.Entry) {
+			c.due.slot[c.rows.at(e.ID()).slot] += d
 		})
 	}
 	c.due.cursor = tMs
@@ -209,11 +210,10 @@ func (c *Core) CountSummary(now time.Time) SummaryCounts {
 	}
 	var ranks [26]int
 	for _, g := range c.groups {
-		c.flush(&g.incoming)
-		c.flush(&g.owned)
-		s.HeldIncoming += g.incoming.n
+		s.HeldIncoming += c.trees.Len(&g.incoming)
 		t := &g.owned
-		if t.n == 0 {
+		held := c.trees.Len(t)
+		if held == 0 {
 			continue
 		}
 		ck := classKey{g.cadenceMs, g.source}
@@ -222,18 +222,18 @@ func (c *Core) CountSummary(now time.Time) SummaryCounts {
 			cl = &Class{Cadence: time.Duration(g.cadenceMs) * time.Millisecond, Source: g.source}
 			classes[ck] = cl
 		}
-		c.tRanks(t, points[:], ranks[:])
+		c.trees.Ranks(t, points[:], ranks[:])
 		for i, n := range ranks {
 			at[i] += int64(n)
 		}
-		cl.Held += t.n
+		cl.Held += held
 		cl.Due += ranks[0]
 		s.Due += ranks[0]
 		if n := ranks[0]; n > 0 {
-			first, _ := c.tFirst(t)
-			last := c.tSelect(t, n-1)
+			first, _ := c.trees.First(t)
+			last := c.trees.Select(t, n-1)
 			run := dueRun{t: t, n: n, cadenceMs: g.cadenceMs, first: first,
-				firstMs: c.rows.at(entryID(first)).due(), lastMs: c.rows.at(entryID(last)).due()}
+				firstMs: c.rows.at(first.ID()).due(), lastMs: c.rows.at(last.ID()).due()}
 			runs = append(runs, run)
 			c.classLateness(cl, nowMs, run)
 		}
@@ -309,7 +309,7 @@ func (c *Core) classLateness(cl *Class, nowMs int64, run dueRun) {
 	prev := run.n
 	for i := range shardapi.LateBuckets - 1 {
 		num, den := shardapi.LateBound(i)
-		above := c.tRank(run.t, (nowMs*den-run.cadenceMs*num-1)/den)
+		above := c.trees.Rank(run.t, (nowMs*den-run.cadenceMs*num-1)/den)
 		cl.LateBy[i] += prev - above
 		prev = above
 	}
@@ -318,10 +318,10 @@ func (c *Core) classLateness(cl *Class, nowMs int64, run dueRun) {
 
 // dueRun is the due rows of one group's owned tree: its first n entries.
 type dueRun struct {
-	t         *tree
+	t         *duetree.Tree
 	n         int
 	cadenceMs int64
-	first     uint64
+	first     duetree.Entry
 	firstMs   int64 // the earliest due time of the run
 	lastMs    int64 // the latest due time of the run (at or before now)
 }
@@ -335,12 +335,12 @@ func (c *Core) lateness(s *Summary, nowMs int64, runs []dueRun) {
 	maxRel := 0.0
 	for _, r := range runs {
 		total += r.n
-		if c.cmpEntry(r.first, oldest.first) < 0 {
+		if c.trees.Compare(r.first, oldest.first) < 0 {
 			oldest = r
 		}
 		maxRel = max(maxRel, relLate(nowMs, r.firstMs, r.cadenceMs))
 	}
-	or := c.rows.at(entryID(oldest.first))
+	or := c.rows.at(oldest.first.ID())
 	s.Oldest = &OldestRow{Key: string(c.keys.get(or.keyOff)), Due: time.UnixMilli(oldest.firstMs).UTC()}
 	s.Lateness.MaxSeconds = float64(nowMs-oldest.firstMs) / 1000
 	s.Lateness.MaxRelative = maxRel
@@ -373,7 +373,7 @@ func (c *Core) dueQuantile(runs []dueRun, total int, q float64, lo, hi int64) in
 	count := func(x int64) int {
 		n := 0
 		for _, r := range runs {
-			n += c.tRank(r.t, x)
+			n += c.trees.Rank(r.t, x)
 		}
 		return n
 	}
@@ -389,8 +389,8 @@ func (c *Core) dueQuantile(runs []dueRun, total int, q float64, lo, hi int64) in
 	}
 	var cand []int64
 	for _, r := range runs {
-		c.tVisit(r.t, c.tRank(r.t, lo), c.tRank(r.t, hi), func(e uint64) {
-			cand = append(cand, c.rows.at(entryID(e)).due())
+		c.trees.Visit(r.t, c.trees.Rank(r.t, lo), c.trees.Rank(r.t, hi), func(e duetree.Entry) {
+			cand = append(cand, c.rows.at(e.ID()).due())
 		})
 	}
 	slices.Sort(cand)
@@ -404,7 +404,7 @@ func (c *Core) dueQuantile(runs []dueRun, total int, q float64, lo, hi int64) in
 func (c *Core) relQuantile(runs []dueRun, total int, q float64, nowMs int64, maxRel float64) float64 {
 	k := rankOf(q, total)
 	// positions of each run's rows with relative lateness ≤ x are its last cntLE(r, x) due rows
-	cntLE := func(r *dueRun, x float64) int { return r.n - c.tRank(r.t, c.relThreshold(r, nowMs, x)-1) }
+	cntLE := func(r *dueRun, x float64) int { return r.n - c.trees.Rank(r.t, c.relThreshold(r, nowMs, x)-1) }
 	count := func(x float64) int {
 		n := 0
 		for i := range runs {
@@ -435,8 +435,8 @@ func (c *Core) relQuantile(runs []dueRun, total int, q float64, nowMs int64, max
 	xlo, xhi := math.Float64frombits(lo), math.Float64frombits(hi)
 	for i := range runs {
 		r := &runs[i]
-		c.tVisit(r.t, r.n-cntLE(r, xhi), r.n-cntLE(r, xlo), func(e uint64) {
-			cand = append(cand, relLate(nowMs, c.rows.at(entryID(e)).due(), r.cadenceMs))
+		c.trees.Visit(r.t, r.n-cntLE(r, xhi), r.n-cntLE(r, xlo), func(e duetree.Entry) {
+			cand = append(cand, relLate(nowMs, c.rows.at(e.ID()).due(), r.cadenceMs))
 		})
 	}
 	slices.Sort(cand)

@@ -172,7 +172,7 @@ func TestSummaryMatchesScan(t *testing.T) {
 		}
 		compare(fmt.Sprintf("round %d after %d catch-up steps", round, steps), now)
 	}
-	if h := c.groups[0].owned.height; h < 1 {
+	if h := c.groups[0].owned.Height(); h < 1 {
 		t.Fatalf("tree height %d: the test does not reach inner nodes", h)
 	}
 }

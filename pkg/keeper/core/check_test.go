@@ -2,11 +2,11 @@ package core
 
 import (
 	"fmt"
-	"math/rand/v2"
 	"slices"
 	"testing"
 	"time"
 
+	"github.com/renderqueue/renderqueue/pkg/keeper/core/duetree"
 	"github.com/renderqueue/renderqueue/pkg/schedule"
 )
 
@@ -61,16 +61,16 @@ func checkCore(c *Core) error {
 			if inc {
 				t = &g.incoming
 			}
-			got, err := c.checkTree(t)
+			got, err := c.trees.Check(t)
 			if err != nil {
 				errs = append(errs, fmt.Sprintf("group %d incoming=%v: %v", gi, inc, err))
 				continue
 			}
 			// bulk mode: the valid pending entries count as the tree's, once each
-			for _, e := range t.pending {
-				if c.pendingValid(t, e) && !inPending[entryID(e)] {
-					inPending[entryID(e)] = true
-					got = append(got, makeEntry(entryID(e), c.rows.at(entryID(e))))
+			for _, e := range c.trees.Pending(t) {
+				if !inPending[e.ID()] {
+					inPending[e.ID()] = true
+					got = append(got, e)
 				}
 			}
 			w := want[where{gi, inc}]
@@ -78,13 +78,13 @@ func checkCore(c *Core) error {
 				errs = append(errs, fmt.Sprintf("group %d incoming=%v: tree holds %d entries, %d records", gi, inc, len(got), len(w)))
 			}
 			for i, e := range got {
-				leased, ok := w[entryID(e)]
-				if !ok || leased != (e&leasedBit != 0) {
+				leased, ok := w[e.ID()]
+				if !ok || leased != e.Leased() {
 					errs = append(errs, fmt.Sprintf("group %d incoming=%v: entry %d (id %d, leased %v) is no such record (held %v, leased %v)",
-						gi, inc, i, entryID(e), e&leasedBit != 0, ok, leased))
+						gi, inc, i, e.ID(), e.Leased(), ok, leased))
 				}
-				if r := c.rows.at(entryID(e)); uint64(r.due()>>dueStepBits) != e>>dueShift {
-					errs = append(errs, fmt.Sprintf("entry of record %d: due step %d, record due %d", entryID(e), e>>dueShift, r.due()))
+				if r := c.rows.at(e.ID()); duetree.NewEntry(e.ID(), r.due(), e.Leased()) != e {
+					errs = append(errs, fmt.Sprintf("entry %x of record %d: its due step is not the record's due %d", uint64(e), e.ID(), r.due()))
 				}
 			}
 		}
@@ -137,151 +137,6 @@ func nonZero(v []int32) map[int]int32 {
 		}
 	}
 	return m
-}
-
-// checkTree verifies t's structure and returns its entries in order.
-func (c *Core) checkTree(t *tree) ([]uint64, error) {
-	if t.n == 0 {
-		if t.clm != 0 {
-			return nil, fmt.Errorf("empty tree with %d claimable", t.clm)
-		}
-		return nil, nil
-	}
-	var out []uint64
-	var walk func(node uint32, h int) (cnt, clm uint32, first uint64, err error)
-	walk = func(node uint32, h int) (uint32, uint32, uint64, error) {
-		if h == 0 {
-			l := c.pool.leaf(node)
-			if l.n == 0 {
-				return 0, 0, 0, fmt.Errorf("empty leaf %d", node)
-			}
-			var clm uint32
-			for _, e := range l.e[:l.n] {
-				out = append(out, e)
-				clm += claimable(e)
-			}
-			return uint32(l.n), clm, l.e[0], nil
-		}
-		in := c.pool.inner(node)
-		if in.n == 0 {
-			return 0, 0, 0, fmt.Errorf("empty inner node %d", node)
-		}
-		var cnt, clm uint32
-		for i := range int(in.n) {
-			n, m, first, err := walk(in.child[i], h-1)
-			if err != nil {
-				return 0, 0, 0, err
-			}
-			if n != in.cnt[i] || m != in.clm[i] {
-				return 0, 0, 0, fmt.Errorf("inner %d child %d: counts %d/%d, subtree %d/%d", node, i, in.cnt[i], in.clm[i], n, m)
-			}
-			if entryID(first) != entryID(in.sep[i]) {
-				return 0, 0, 0, fmt.Errorf("inner %d child %d: separator names record %d, first entry %d", node, i, entryID(in.sep[i]), entryID(first))
-			}
-			cnt += n
-			clm += m
-		}
-		return cnt, clm, in.sep[0], nil
-	}
-	cnt, clm, _, err := walk(t.root, t.height)
-	if err != nil {
-		return nil, err
-	}
-	if int(cnt) != t.n || int(clm) != t.clm {
-		return nil, fmt.Errorf("tree counts %d/%d, nodes %d/%d", t.n, t.clm, cnt, clm)
-	}
-	for i := 1; i < len(out); i++ {
-		if c.cmpEntry(out[i-1], out[i]) >= 0 {
-			return nil, fmt.Errorf("entries %d and %d out of order", i-1, i)
-		}
-	}
-	if t.headOK {
-		var first uint64
-		for _, e := range out {
-			if e&leasedBit == 0 {
-				first = e
-				break
-			}
-		}
-		if t.head != first {
-			return nil, fmt.Errorf("cached head %x, first claimable %x", t.head, first)
-		}
-	}
-	return out, nil
-}
-
-// TestTreeOrderStatistics drives one group's tree through random inserts, deletions and lease
-// changes large enough to split and merge nodes at several levels, and checks its structure, rank,
-// select and head against a sorted slice after every batch.
-func TestTreeOrderStatistics(t *testing.T) {
-	c := newCore(t, Config{})
-	rng := rand.New(rand.NewPCG(7, 8))
-	now := t0
-	live := map[string]bool{}
-	rev := int64(0)
-	maxHeight := 0
-	for round := range 40 {
-		for range 2000 {
-			k := fmt.Sprintf("k%d", rng.IntN(30000))
-			rev++
-			if live[k] && rng.IntN(3) == 0 {
-				c.Delete(now, k, slotOfKey(k), rev)
-				delete(live, k)
-				continue
-			}
-			// due within ±10 minutes on a 250 ms grid: many ties within one second
-			due := now.Add(time.Duration(rng.IntN(4800)-2400) * 250 * time.Millisecond)
-			c.Apply(now, row(k, due, time.Hour, rev))
-			live[k] = true
-		}
-		if round%3 == 0 {
-			got := c.Claim(now, 500, time.Minute)
-			for i, g := range got {
-				if i%2 == 0 {
-					if err := c.Release(now, g.Key, g.Lease); err != nil {
-						t.Fatal(err)
-					}
-				}
-			}
-		}
-		if err := checkCore(c); err != nil {
-			t.Fatalf("round %d: %v", round, err)
-		}
-		g := c.groups[0]
-		entries, _ := c.checkTree(&g.owned)
-		for _, q := range []int64{-1, 0, 1, 999, 1000, 1250, 300_000, -300_000} {
-			tMs := now.UnixMilli() + q
-			want := 0
-			for _, e := range entries {
-				if c.rows.at(entryID(e)).due() <= tMs {
-					want++
-				}
-			}
-			if got := c.tRank(&g.owned, tMs); got != want {
-				t.Fatalf("round %d: rank(now%+dms) = %d, want %d", round, q, got, want)
-			}
-		}
-		points := []int64{-300_000, -1, 0, 0, 1, 999, 1000, 1250, 300_000, 600_000}
-		for i := range points {
-			points[i] += now.UnixMilli()
-		}
-		ranks := make([]int, len(points))
-		c.tRanks(&g.owned, points, ranks)
-		for i, tMs := range points {
-			if want := c.tRank(&g.owned, tMs); ranks[i] != want {
-				t.Fatalf("round %d: tRanks at now%+dms = %d, tRank %d", round, tMs-now.UnixMilli(), ranks[i], want)
-			}
-		}
-		for _, k := range []int{0, len(entries) / 3, len(entries) - 1} {
-			if got := c.tSelect(&g.owned, k); entryID(got) != entryID(entries[k]) {
-				t.Fatalf("round %d: select(%d) = record %d, want %d", round, k, entryID(got), entryID(entries[k]))
-			}
-		}
-		maxHeight = max(maxHeight, g.owned.height)
-	}
-	if maxHeight < 2 {
-		t.Fatalf("the tree reached height %d: the test does not exercise inner-node splits and merges", maxHeight)
-	}
 }
 
 // TestReserveSizesIndex checks that Reserve sizes the index for a load of that many rows (no
@@ -367,7 +222,7 @@ func TestBulkLoad(t *testing.T) {
 		t.Fatalf("after the build: %v", err)
 	}
 	for _, g := range c.groups {
-		if len(g.owned.pending)+len(g.incoming.pending) > 0 {
+		if g.owned.PendingLen()+g.incoming.PendingLen() > 0 {
 			t.Fatal("pending entries left after EndBulk")
 		}
 	}
