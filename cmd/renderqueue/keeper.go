@@ -26,7 +26,7 @@ import (
 	rqv1 "github.com/renderqueue/renderqueue/api/v1alpha1"
 	"github.com/renderqueue/renderqueue/pkg/buildinfo"
 	"github.com/renderqueue/renderqueue/pkg/keeper"
-	"github.com/renderqueue/renderqueue/pkg/keeper/core"
+	"github.com/renderqueue/renderqueue/pkg/keeper/core/policy"
 	"github.com/renderqueue/renderqueue/pkg/keeper/kubesource"
 	"github.com/renderqueue/renderqueue/pkg/schedule"
 	"github.com/renderqueue/renderqueue/pkg/store"
@@ -36,7 +36,7 @@ import (
 // apiPolicyDefaults returns the claim policy's defaults as the RenderQueue API gives them (the
 // kubebuilder defaults, api/v1alpha1's Default* constants): submitted boost, urgent max share and
 // reschedule policy.
-func apiPolicyDefaults() (boost, share float64, resched core.Reschedule, err error) {
+func apiPolicyDefaults() (boost, share float64, resched policy.Reschedule, err error) {
 	var p rqv1.Priority // empty: every value its default
 	if boost, err = p.SubmittedBoostValue(); err != nil {
 		return 0, 0, 0, fmt.Errorf("the API's default submittedBoost: %w", err)
@@ -44,7 +44,7 @@ func apiPolicyDefaults() (boost, share float64, resched core.Reschedule, err err
 	if share, err = p.UrgentMaxShareValue(); err != nil {
 		return 0, 0, 0, fmt.Errorf("the API's default urgentMaxShare: %w", err)
 	}
-	if resched, err = core.ParseReschedule(p.RescheduleValue()); err != nil {
+	if resched, err = policy.ParseReschedule(p.RescheduleValue()); err != nil {
 		return 0, 0, 0, fmt.Errorf("the API's default reschedule: %w", err)
 	}
 	return boost, share, resched, nil

@@ -10,12 +10,12 @@ import (
 	"strings"
 	"time"
 
-	"github.com/renderqueue/renderqueue/pkg/keeper/core"
+	"github.com/renderqueue/renderqueue/pkg/keeper/core/policy"
 	"github.com/renderqueue/renderqueue/pkg/simulate"
 )
 
 // floorFlags collects repeated --floor flags.
-type floorFlags []core.Floor
+type floorFlags []policy.Floor
 
 func (f *floorFlags) String() string {
 	parts := make([]string, len(*f))
@@ -27,7 +27,7 @@ func (f *floorFlags) String() string {
 
 func (f *floorFlags) Set(s string) error {
 	for _, part := range strings.Split(s, ",") {
-		fl, err := core.ParseFloor(strings.TrimSpace(part))
+		fl, err := policy.ParseFloor(strings.TrimSpace(part))
 		if err != nil {
 			return err
 		}
@@ -36,13 +36,13 @@ func (f *floorFlags) Set(s string) error {
 	return nil
 }
 
-// rescheduleFlag is a core.Reschedule flag.
-type rescheduleFlag struct{ p core.Reschedule }
+// rescheduleFlag is a policy.Reschedule flag.
+type rescheduleFlag struct{ p policy.Reschedule }
 
 func (r *rescheduleFlag) String() string { return r.p.String() }
 
 func (r *rescheduleFlag) Set(s string) (err error) {
-	r.p, err = core.ParseReschedule(s)
+	r.p, err = policy.ParseReschedule(s)
 	return err
 }
 
@@ -75,7 +75,7 @@ func runSimulate(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	urgentShare := fs.Float64("urgent-max-share", 0.2, "keeper: most of a claim urgent rows may take (the simulated fleet has no urgent rows)")
 	var floors floorFlags
 	fs.Var(&floors, "floor", "keeper: a class's floor, CADENCE/SOURCE=SHARE (e.g. 96h/discovered=0.05); repeat or comma-separate")
-	resched := rescheduleFlag{p: core.KeepPhase}
+	resched := rescheduleFlag{p: policy.KeepPhase}
 	fs.Var(&resched, "reschedule", "next due time of a rendered row: KeepPhase or AfterRender (every order)")
 	batch := fs.Int("batch", simulate.DefaultBatch, "rows per claim")
 	tick := fs.Duration("tick", simulate.DefaultTick, "time step: claims at its start, completions at its end")
@@ -160,7 +160,7 @@ func runSimulate(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	base := simulate.Config{
 		Fleet: fleet, Capacity: *capacity, Batch: *batch, Tick: *tick, Duration: *duration,
 		MeasureFrom: *measureFrom, Sample: *sample, Seed: *seedVal,
-		Keeper: core.Config{SubmittedBoost: *boost, UrgentMaxShare: *urgentShare, Floors: floors, Reschedule: resched.p},
+		Keeper: policy.Config{SubmittedBoost: *boost, UrgentMaxShare: *urgentShare, Floors: floors, Reschedule: resched.p},
 	}
 	if set["load"] {
 		base.Load = *load

@@ -6,21 +6,21 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/renderqueue/renderqueue/pkg/keeper/core"
+	"github.com/renderqueue/renderqueue/pkg/keeper/core/policy"
 )
 
 // TestShardCompleteWritesPolicyDue: a completion writes the next due time the shard's Reschedule
 // policy gives (to the store, not just the core), and a worker's nextDue overrides it.
 func TestShardCompleteWritesPolicyDue(t *testing.T) {
 	for _, tc := range []struct {
-		policy core.Reschedule
+		policy policy.Reschedule
 		want   time.Time
 	}{
 		// 90 min late on an hourly cadence: KeepPhase takes the point of the row's own schedule
 		// nearest to an hour after the render (t0+30m and t0+90m tie: the later); AfterRender
 		// an hour after the completion
-		{core.KeepPhase, t0.Add(90 * time.Minute)},
-		{core.AfterRender, t0.Add(time.Hour)},
+		{policy.KeepPhase, t0.Add(90 * time.Minute)},
+		{policy.AfterRender, t0.Add(time.Hour)},
 	} {
 		t.Run(tc.policy.String(), func(t *testing.T) {
 			settings := allSlots(0)

@@ -13,6 +13,7 @@ import (
 	"github.com/go-logr/logr"
 
 	"github.com/renderqueue/renderqueue/pkg/keeper/core"
+	"github.com/renderqueue/renderqueue/pkg/keeper/core/policy"
 	"github.com/renderqueue/renderqueue/pkg/keeper/coverage"
 	"github.com/renderqueue/renderqueue/pkg/schedule"
 	"github.com/renderqueue/renderqueue/pkg/shardapi"
@@ -31,11 +32,11 @@ type Settings struct {
 	VerifyInterval time.Duration
 	// LeaseDuration is the default lease of a claim.
 	LeaseDuration time.Duration
-	// SubmittedBoost, UrgentMaxShare, Floors and Reschedule are the claim policy (see Config).
+	// SubmittedBoost, UrgentMaxShare, Floors and Reschedule are the claim policy (see policy.Config).
 	SubmittedBoost float64
 	UrgentMaxShare float64
-	Floors         []core.Floor
-	Reschedule     core.Reschedule
+	Floors         []policy.Floor
+	Reschedule     policy.Reschedule
 	// Epoch, Owned and Incoming are the shard's membership.
 	Epoch    int64
 	Owned    schedule.SlotSet
@@ -75,8 +76,8 @@ func (s Settings) WalkInterval() time.Duration {
 	return s.VerifyInterval
 }
 
-func (s Settings) coreConfig() core.Config {
-	return core.Config{Window: s.Window, SubmittedBoost: s.SubmittedBoost, UrgentMaxShare: s.UrgentMaxShare,
+func (s Settings) coreConfig() policy.Config {
+	return policy.Config{Window: s.Window, SubmittedBoost: s.SubmittedBoost, UrgentMaxShare: s.UrgentMaxShare,
 		Floors: s.Floors, Reschedule: s.Reschedule}
 }
 

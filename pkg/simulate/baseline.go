@@ -4,7 +4,7 @@ import (
 	"cmp"
 	"slices"
 
-	"github.com/renderqueue/renderqueue/pkg/keeper/core"
+	"github.com/renderqueue/renderqueue/pkg/keeper/core/policy"
 )
 
 // queueSched is a baseline claim order, not the keeper: queues ordered by due time (ties by
@@ -12,14 +12,14 @@ import (
 // priority order for strict class priority.
 type queueSched struct {
 	s       *sim
-	policy  core.Reschedule
+	policy  policy.Reschedule
 	queueOf []int // class → queue
 	queues  []dueHeap
 }
 
-func newQueueSched(s *sim, policy core.Reschedule, byClass bool) *queueSched {
+func newQueueSched(s *sim, p policy.Reschedule, byClass bool) *queueSched {
 	classes := s.cfg.Fleet.Classes
-	q := &queueSched{s: s, policy: policy, queueOf: make([]int, len(classes))}
+	q := &queueSched{s: s, policy: p, queueOf: make([]int, len(classes))}
 	if !byClass {
 		q.queues = make([]dueHeap, 1)
 		return q
@@ -60,7 +60,7 @@ func (q *queueSched) claim(nowMs int64, n int, out []claimed) []claimed {
 
 func (q *queueSched) complete(nowMs int64, c claimed) (int64, error) {
 	ci := q.s.class[c.row]
-	next := core.NextDue(q.policy, ms2time(nowMs), ms2time(c.dueMs), q.s.cfg.Fleet.Classes[ci].Cadence).UnixMilli()
+	next := policy.NextDue(q.policy, ms2time(nowMs), ms2time(c.dueMs), q.s.cfg.Fleet.Classes[ci].Cadence).UnixMilli()
 	q.queues[q.queueOf[ci]].push(entry{dueMs: next, row: int32(c.row)})
 	return next, nil
 }

@@ -14,7 +14,7 @@ func BenchmarkSimulate(b *testing.B) {
 		backlog float64
 	}{{0.8, 0}, {0.95, 1}, {5, 0}} {
 		b.Run(fmt.Sprintf("rows=200k/days=10/load=%v/backlog=%v", sc.load, sc.backlog), func(b *testing.B) {
-			cfg := Config{Fleet: SeedFleet(200_000, 300, 30, sc.backlog), Load: sc.load, Keeper: policy, Duration: 240 * time.Hour}
+			cfg := Config{Fleet: SeedFleet(200_000, 300, 30, sc.backlog), Load: sc.load, Keeper: keeperPolicy, Duration: 240 * time.Hour}
 			renders := 0
 			start := time.Now()
 			for b.Loop() {

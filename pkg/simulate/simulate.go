@@ -26,6 +26,7 @@ import (
 	"time"
 
 	"github.com/renderqueue/renderqueue/pkg/keeper/core"
+	"github.com/renderqueue/renderqueue/pkg/keeper/core/policy"
 	"github.com/renderqueue/renderqueue/pkg/schedule"
 )
 
@@ -67,7 +68,7 @@ type Config struct {
 	Order Order
 	// Keeper is the core's policy (SubmittedBoost, UrgentMaxShare, Floors, Reschedule); its
 	// Window is ignored (every row is held). The baselines use only its Reschedule.
-	Keeper core.Config
+	Keeper policy.Config
 	// Batch is the rows one claim asks for. Default 10.
 	Batch int
 	// Tick is the time step: claims at its start, completions at its end. Default 1m.

@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/renderqueue/renderqueue/pkg/keeper/core"
+	"github.com/renderqueue/renderqueue/pkg/keeper/core/policy"
 	"github.com/renderqueue/renderqueue/pkg/schedule"
 )
 
@@ -44,14 +44,14 @@ func largest(r *Result) ClassResult {
 	return best
 }
 
-var policy = core.Config{SubmittedBoost: 2, UrgentMaxShare: 0.2}
+var keeperPolicy = policy.Config{SubmittedBoost: 2, UrgentMaxShare: 0.2}
 
 // TestEveryClassKeepsRenderingAtFiveTimesCapacity: with the submitted boost at five times
 // capacity, floors keep every class rendering — no class with due rows goes a full cadence
 // without a render. Without floors the boosted rows hold the frontier and the discovered 96 h
 // rows get no render at all.
 func TestEveryClassKeepsRenderingAtFiveTimesCapacity(t *testing.T) {
-	cfg := Config{Fleet: testFleet(0), Load: 5, Keeper: policy, Duration: 240 * time.Hour}
+	cfg := Config{Fleet: testFleet(0), Load: 5, Keeper: keeperPolicy, Duration: 240 * time.Hour}
 	starved := run(t, cfg)
 	if c := class(t, starved, "96h/discovered"); c.Renders != 0 || c.LongestWait != cfg.Duration {
 		t.Errorf("without floors: 96h/discovered rendered %d rows, longest wait %v; the boost should starve it",
@@ -59,7 +59,7 @@ func TestEveryClassKeepsRenderingAtFiveTimesCapacity(t *testing.T) {
 	}
 
 	for _, c := range cfg.Fleet.Classes {
-		cfg.Keeper.Floors = append(cfg.Keeper.Floors, core.Floor{Cadence: c.Cadence, Source: c.Source, Share: 0.03})
+		cfg.Keeper.Floors = append(cfg.Keeper.Floors, policy.Floor{Cadence: c.Cadence, Source: c.Source, Share: 0.03})
 	}
 	res := run(t, cfg)
 	for _, c := range res.Classes {
@@ -80,22 +80,22 @@ func TestEveryClassKeepsRenderingAtFiveTimesCapacity(t *testing.T) {
 // the rate it can sustain. With AfterRender the keeper's drain comes back one cadence later as a
 // wave (the echo), far beyond it.
 func TestNoDrainEcho(t *testing.T) {
-	cfg := Config{Fleet: testFleet(1), Load: 0.95, Keeper: policy, Duration: 240 * time.Hour, MeasureFrom: 120 * time.Hour}
-	byOrder := func(o Order, p core.Reschedule) ClassResult {
+	cfg := Config{Fleet: testFleet(1), Load: 0.95, Keeper: keeperPolicy, Duration: 240 * time.Hour, MeasureFrom: 120 * time.Hour}
+	byOrder := func(o Order, p policy.Reschedule) ClassResult {
 		c := cfg
 		c.Order, c.Keeper.Reschedule = o, p
 		return largest(run(t, c))
 	}
-	keep := byOrder(OrderKeeper, core.KeepPhase)
-	for _, p := range []core.Reschedule{core.AfterRender, core.KeepPhase} {
+	keep := byOrder(OrderKeeper, policy.KeepPhase)
+	for _, p := range []policy.Reschedule{policy.AfterRender, policy.KeepPhase} {
 		strict := byOrder(OrderClassPriority, p)
 		if keep.Lateness.P99 > strict.Lateness.P99*3/2 {
 			t.Errorf("%s p99 lateness in days 6-10: keeper (KeepPhase) %v, strict class priority (%v) %v", keep.Name, keep.Lateness.P99, p, strict.Lateness.P99)
 		}
 		t.Logf("%s p99 in days 6-10: strict class priority (%v) %v", keep.Name, p, strict.Lateness.P99)
 	}
-	echo := byOrder(OrderKeeper, core.AfterRender)
-	strict := byOrder(OrderClassPriority, core.AfterRender)
+	echo := byOrder(OrderKeeper, policy.AfterRender)
+	strict := byOrder(OrderClassPriority, policy.AfterRender)
 	if echo.Lateness.P99 <= strict.Lateness.P99*3/2 {
 		t.Errorf("keeper with AfterRender: %s p99 %v, strict class priority %v; the echo should show", echo.Name, echo.Lateness.P99, strict.Lateness.P99)
 	}
@@ -107,7 +107,7 @@ func TestNoDrainEcho(t *testing.T) {
 // relative lateness stays at or below 0.1; an oldest-due-first queue does worse.
 func TestHourlyClassAtEightyPercent(t *testing.T) {
 	for _, seed := range []uint64{1, 2} {
-		cfg := Config{Fleet: testFleet(0), Load: 0.8, Keeper: policy, Duration: 48 * time.Hour, Seed: seed}
+		cfg := Config{Fleet: testFleet(0), Load: 0.8, Keeper: keeperPolicy, Duration: 48 * time.Hour, Seed: seed}
 		res := run(t, cfg)
 		for _, c := range res.Classes {
 			if c.Cadence == time.Hour && (c.Renders == 0 || c.Lateness.P99Relative > 0.1) {
@@ -125,8 +125,8 @@ func TestHourlyClassAtEightyPercent(t *testing.T) {
 // TestDueCountMatchesCore: the simulator's own due accounting (the due-over-time samples, the
 // longest waits) agrees with the keeper core's exact summary at every sample.
 func TestDueCountMatchesCore(t *testing.T) {
-	cfg := Config{Fleet: testFleet(0.3), Load: 1.1, Keeper: policy, Duration: 100 * time.Hour, Sample: 5 * time.Hour}.withDefaults()
-	cfg.Keeper.Reschedule = core.AfterRender
+	cfg := Config{Fleet: testFleet(0.3), Load: 1.1, Keeper: keeperPolicy, Duration: 100 * time.Hour, Sample: 5 * time.Hour}.withDefaults()
+	cfg.Keeper.Reschedule = policy.AfterRender
 	s, err := newSim(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -168,7 +168,7 @@ func TestRendersAndLateness(t *testing.T) {
 	// ample capacity: every row renders at the first tick at or after its due time (under a
 	// minute late) and comes due again one cadence after its due time (KeepPhase): 10 or 11 renders
 	// of each row in 10 hours
-	res := run(t, Config{Fleet: f, Capacity: 6000, Keeper: policy, Duration: 10 * time.Hour, Seed: 7})
+	res := run(t, Config{Fleet: f, Capacity: 6000, Keeper: keeperPolicy, Duration: 10 * time.Hour, Seed: 7})
 	c := res.Classes[0]
 	if c.Demand != 600 || c.Renders < 600 || c.Renders > 660 {
 		t.Fatalf("renders %d of %v needed", c.Renders, c.Demand)
@@ -178,7 +178,7 @@ func TestRendersAndLateness(t *testing.T) {
 	}
 	// half the capacity, one render every other minute: everything falls behind, the capacity is
 	// used to the last render, and the class waits one tick (a minute) in every other
-	res = run(t, Config{Fleet: f, Capacity: 30, Keeper: policy, Duration: 10 * time.Hour, Seed: 7})
+	res = run(t, Config{Fleet: f, Capacity: 30, Keeper: keeperPolicy, Duration: 10 * time.Hour, Seed: 7})
 	c = res.Classes[0]
 	if c.Renders != 300 || c.Lateness.Max < time.Hour || c.LongestWait != time.Minute || c.DueAtEnd == 0 {
 		t.Fatalf("half capacity: renders %d, lateness %+v, longest wait %v, due at end %d", c.Renders, c.Lateness, c.LongestWait, c.DueAtEnd)
@@ -186,7 +186,7 @@ func TestRendersAndLateness(t *testing.T) {
 }
 
 func TestConfigErrors(t *testing.T) {
-	ok := Config{Fleet: testFleet(0), Load: 1, Keeper: policy, Duration: time.Hour}
+	ok := Config{Fleet: testFleet(0), Load: 1, Keeper: keeperPolicy, Duration: time.Hour}
 	cases := []struct {
 		name string
 		edit func(*Config)
@@ -199,7 +199,7 @@ func TestConfigErrors(t *testing.T) {
 		{"order", func(c *Config) { c.Order = "fifo" }, `unknown order "fifo"`},
 		{"batch", func(c *Config) { c.Batch = -1 }, "batch -1"},
 		{"floors", func(c *Config) {
-			c.Keeper.Floors = []core.Floor{{Cadence: time.Hour, Share: 0.7}, {Cadence: 24 * time.Hour, Share: 0.7}}
+			c.Keeper.Floors = []policy.Floor{{Cadence: time.Hour, Share: 0.7}, {Cadence: 24 * time.Hour, Share: 0.7}}
 		}, "must not sum past 1"},
 		{"no classes", func(c *Config) { c.Fleet = Fleet{} }, "no classes"},
 		{"same class twice", func(c *Config) {

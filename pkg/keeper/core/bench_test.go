@@ -6,8 +6,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/renderqueue/renderqueue/pkg/keeper/core"
 	"github.com/renderqueue/renderqueue/pkg/keeper/core/coretest"
+	"github.com/renderqueue/renderqueue/pkg/keeper/core/policy"
 	"github.com/renderqueue/renderqueue/pkg/schedule"
 )
 
@@ -89,13 +89,13 @@ func BenchmarkKeeperClaim(b *testing.B) {
 		}
 		b.Run(coretest.SizeName(n)+"/batch=100", claim)
 		// the same with a floor on every group (8 floors of 0.05)
-		var floors []core.Floor
+		var floors []policy.Floor
 		for _, cad := range coretest.Cadences() {
 			for _, src := range []schedule.Source{schedule.SourceDiscovered, schedule.SourceSubmitted} {
-				floors = append(floors, core.Floor{Cadence: cad, Source: src, Share: 0.05})
+				floors = append(floors, policy.Floor{Cadence: cad, Source: src, Share: 0.05})
 			}
 		}
-		if err := c.SetConfig(core.Config{SubmittedBoost: 2, UrgentMaxShare: 0.2, Floors: floors}); err != nil {
+		if err := c.SetConfig(policy.Config{SubmittedBoost: 2, UrgentMaxShare: 0.2, Floors: floors}); err != nil {
 			b.Fatal(err)
 		}
 		b.Run(coretest.SizeName(n)+"/batch=100/floors=8", claim)

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/renderqueue/renderqueue/pkg/keeper/core/duetree"
+	"github.com/renderqueue/renderqueue/pkg/keeper/core/policy"
 	"github.com/renderqueue/renderqueue/pkg/schedule"
 )
 
@@ -142,7 +143,7 @@ func nonZero(v []int32) map[int]int32 {
 // TestReserveSizesIndex checks that Reserve sizes the index for a load of that many rows (no
 // rebuild on the way) and that rebuilding it as it grows keeps every key findable.
 func TestReserveSizesIndex(t *testing.T) {
-	c := newCore(t, Config{})
+	c := newCore(t, policy.Config{})
 	c.Reserve(5000)
 	size := len(c.index.slots)
 	if size*3 < 5000*4 {
@@ -176,7 +177,7 @@ func TestReserveSizesIndex(t *testing.T) {
 // again (a record id reused with the same due), moved between owned and incoming, and a lease
 // ended by a completion; then the trees are built and checked, and their summary matches a scan.
 func TestBulkLoad(t *testing.T) {
-	c := newCore(t, Config{})
+	c := newCore(t, policy.Config{})
 	now := t0
 	// a claimed row before bulk mode starts
 	c.Apply(now, row("k0", now.Add(-time.Hour), time.Hour, 1))

@@ -6,6 +6,7 @@ import (
 	"math"
 	"time"
 
+	"github.com/renderqueue/renderqueue/pkg/keeper/core/policy"
 	"github.com/renderqueue/renderqueue/pkg/schedule"
 )
 
@@ -56,17 +57,6 @@ type Claimed struct {
 	Score        float64
 	Lease        uint64
 	LeaseExpires time.Time
-}
-
-// Score is the claim priority of a row due at due with the given cadence and source at now:
-// relative lateness (now − due) / cadence, times the submitted boost for sitemap rows. Times are in
-// milliseconds.
-func Score(nowMs, dueMs, cadenceMs int64, submitted bool, boost float64) float64 {
-	s := float64(nowMs-dueMs) / float64(cadenceMs)
-	if submitted {
-		s *= boost
-	}
-	return s
 }
 
 // floorState is one floor's claim state: its credit (rows owed, fractions included) and, during
@@ -178,7 +168,7 @@ func (c *Core) claimBest(nowMs int64, p phase, leaseFor time.Duration, out *[]Cl
 		if due > nowMs {
 			continue
 		}
-		s := Score(nowMs, due, g.cadenceMs, g.source == schedule.SourceSubmitted, c.cfg.SubmittedBoost)
+		s := policy.Score(nowMs, due, g.cadenceMs, g.source == schedule.SourceSubmitted, c.cfg.SubmittedBoost)
 		if best == nil || s > bestScore || (s == bestScore && c.before(id, bestID)) {
 			best, bestID, bestScore = g, id, s
 		}
@@ -283,6 +273,17 @@ func (c *Core) Extend(now time.Time, key string, token uint64, leaseFor time.Dur
 	return time.UnixMilli(expires).UTC(), nil
 }
 
+// Completion is what completing a leased row writes, as of the completion time.
+type Completion struct {
+	// Cadence and Source are the row's class.
+	Cadence time.Duration
+	Source  schedule.Source
+	// Due is the due time the row is held with.
+	Due time.Time
+	// NextDue is the next due time by the configured Reschedule policy (policy.Config).
+	NextDue time.Time
+}
+
 // Completing checks that token is key's current lease at now, like CheckLease, and returns what
 // completing the row at now writes: its next due time by the Reschedule policy, with its class and
 // the due time it is held with. held reports whether the key is held: the class and due are valid
@@ -300,7 +301,7 @@ func (c *Core) Completing(now time.Time, key string, token uint64) (cp Completio
 		Cadence: time.Duration(g.cadenceMs) * time.Millisecond,
 		Source:  g.source,
 		Due:     time.UnixMilli(r.due()).UTC(),
-		NextDue: time.UnixMilli(nextDueMs(c.cfg.Reschedule, nowMs, r.due(), g.cadenceMs)).UTC(),
+		NextDue: policy.NextDue(c.cfg.Reschedule, now, time.UnixMilli(r.due()), time.Duration(g.cadenceMs)*time.Millisecond),
 	}
 	if l, ok := c.leases[id]; !ok || l.token != token {
 		return cp, true, ErrLeaseLost

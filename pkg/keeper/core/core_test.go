@@ -3,11 +3,11 @@ package core
 import (
 	"errors"
 	"fmt"
-	"math"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/renderqueue/renderqueue/pkg/keeper/core/policy"
 	"github.com/renderqueue/renderqueue/pkg/schedule"
 )
 
@@ -18,7 +18,7 @@ func row(key string, due time.Time, cadence time.Duration, rev int64) schedule.R
 	return schedule.Row{Key: key, KeyHash: testHash(key), Due: due, HasDue: true, Cadence: cadence, Route: "product", Rev: rev}
 }
 
-func newCore(t *testing.T, cfg Config) *Core {
+func newCore(t *testing.T, cfg policy.Config) *Core {
 	t.Helper()
 	if cfg.SubmittedBoost == 0 {
 		cfg.SubmittedBoost = 1
@@ -35,38 +35,8 @@ func newCore(t *testing.T, cfg Config) *Core {
 
 func keysOf(c []Claimed) string { return strings.Join(claimedKeys(c), ",") }
 
-func TestConfigValidate(t *testing.T) {
-	cases := []struct {
-		name string
-		cfg  Config
-		want string // substring of the error; "" = valid
-	}{
-		{"defaults", Config{SubmittedBoost: 1}, ""},
-		{"negative window", Config{Window: -time.Second, SubmittedBoost: 1}, "window"},
-		{"zero boost", Config{}, "submittedBoost"},
-		{"share above 1", Config{SubmittedBoost: 1, UrgentMaxShare: 1.5}, "urgentMaxShare"},
-		{"floors", Config{SubmittedBoost: 1, Floors: []Floor{{time.Hour, schedule.SourceSubmitted, 0.1}, {96 * time.Hour, schedule.SourceDiscovered, 0.2}}}, ""},
-		// decimal shares summing to exactly 1 are valid despite float rounding
-		{"floors sum to 1", Config{SubmittedBoost: 1, Floors: []Floor{{time.Hour, 0, 0.1}, {2 * time.Hour, 0, 0.2}, {3 * time.Hour, 0, 0.7}}}, ""},
-		{"floors past 1", Config{SubmittedBoost: 1, Floors: []Floor{{time.Hour, 0, 0.6}, {2 * time.Hour, 0, 0.5}}}, "sum to 1.1"},
-		{"floor share 0", Config{SubmittedBoost: 1, Floors: []Floor{{time.Hour, 0, 0}}}, "share must be within (0, 1]"},
-		{"floor share NaN", Config{SubmittedBoost: 1, Floors: []Floor{{time.Hour, 0, math.NaN()}}}, "share must be within (0, 1]"},
-		{"floor twice", Config{SubmittedBoost: 1, Floors: []Floor{{time.Hour, 1, 0.1}, {60 * time.Minute, 1, 0.1}}}, "more than one floor"},
-		{"floor cadence 0", Config{SubmittedBoost: 1, Floors: []Floor{{0, 1, 0.1}}}, "cadence must be within"},
-		{"floor cadence µs", Config{SubmittedBoost: 1, Floors: []Floor{{time.Hour + time.Microsecond, 1, 0.1}}}, "whole milliseconds"},
-		{"floor source", Config{SubmittedBoost: 1, Floors: []Floor{{time.Hour, 7, 0.1}}}, "unknown source"},
-		{"reschedule", Config{SubmittedBoost: 1, Reschedule: 9}, "not a policy"},
-	}
-	for _, tc := range cases {
-		err := tc.cfg.Validate()
-		if (tc.want == "") != (err == nil) || (err != nil && !strings.Contains(err.Error(), tc.want)) {
-			t.Errorf("%s: Validate() = %v, want error containing %q", tc.name, err, tc.want)
-		}
-	}
-}
-
 func TestApplyRevOrder(t *testing.T) {
-	c := newCore(t, Config{})
+	c := newCore(t, policy.Config{})
 	c.Apply(t0, row("k1", t0.Add(-time.Hour), time.Hour, 5))
 	cases := []struct {
 		name string
@@ -98,7 +68,7 @@ func TestApplyRevOrder(t *testing.T) {
 }
 
 func TestTombstoneOnlyWhileWalking(t *testing.T) {
-	c := newCore(t, Config{})
+	c := newCore(t, policy.Config{})
 	c.Apply(t0, row("k1", t0, time.Hour, 5))
 	if err := c.BeginWalk(t0, Edge{}, testSlots[:]); err != nil {
 		t.Fatal(err)
@@ -119,7 +89,7 @@ func TestTombstoneOnlyWhileWalking(t *testing.T) {
 }
 
 func TestAdmissionWindow(t *testing.T) {
-	c := newCore(t, Config{Window: 2 * time.Hour})
+	c := newCore(t, policy.Config{Window: 2 * time.Hour})
 	cases := []struct {
 		name string
 		row  schedule.Row
@@ -143,14 +113,14 @@ func TestAdmissionWindow(t *testing.T) {
 		t.Fatalf("held %d, want 1", c.Held())
 	}
 	// window 0 holds everything, however far ahead
-	c0 := newCore(t, Config{})
+	c0 := newCore(t, policy.Config{})
 	if got := c0.Apply(t0, row("k1", t0.Add(1000*time.Hour), 96*time.Hour, 1)).Result; got != Held {
 		t.Fatalf("window 0: %v", got)
 	}
 }
 
 func TestInvalidRowsAreCountedNotCoerced(t *testing.T) {
-	c := newCore(t, Config{})
+	c := newCore(t, policy.Config{})
 	absent := row("k1", time.Time{}, time.Hour, 1)
 	absent.HasDue = false
 	zeroCad := row("k2", t0, 0, 1)
@@ -184,7 +154,7 @@ func TestInvalidRowsAreCountedNotCoerced(t *testing.T) {
 func TestClaimOrder(t *testing.T) {
 	cases := []struct {
 		name  string
-		cfg   Config
+		cfg   policy.Config
 		rows  []schedule.Row
 		n     int
 		want  string // claimed keys in order
@@ -200,7 +170,7 @@ func TestClaimOrder(t *testing.T) {
 		{
 			// the submitted boost: 0.5 × 3 beats 1.0
 			name: "submitted boost",
-			cfg:  Config{SubmittedBoost: 3},
+			cfg:  policy.Config{SubmittedBoost: 3},
 			rows: []schedule.Row{row("k1", t0.Add(-time.Hour), time.Hour, 1), {Key: "k2", KeyHash: testHash("k2"), Due: t0.Add(-30 * time.Minute), HasDue: true, Cadence: time.Hour, Source: schedule.SourceSubmitted, Rev: 1}},
 			n:    2, want: "k2,k1",
 		},
@@ -236,7 +206,7 @@ func TestClaimOrder(t *testing.T) {
 
 func TestUrgentShare(t *testing.T) {
 	mk := func() *Core {
-		c := newCore(t, Config{UrgentMaxShare: 0.25})
+		c := newCore(t, policy.Config{UrgentMaxShare: 0.25})
 		for i, k := range []string{"k1", "k2", "k3", "k4", "k5", "k6"} {
 			r := row(k, t0.Add(-time.Duration(i+1)*time.Minute), time.Hour, 1)
 			r.Urgent = i < 3 // k1..k3 urgent, k4..k6 not
@@ -261,8 +231,8 @@ func TestFloors(t *testing.T) {
 		return r
 	}
 	// the 96 h discovered class always loses by score to the boosted 1 h submitted rows
-	mk := func(floors ...Floor) *Core {
-		c := newCore(t, Config{SubmittedBoost: 2, Floors: floors})
+	mk := func(floors ...policy.Floor) *Core {
+		c := newCore(t, policy.Config{SubmittedBoost: 2, Floors: floors})
 		for i := range 8 {
 			c.Apply(t0, sub(fmt.Sprintf("h%d", i), t0.Add(-time.Duration(2+i)*time.Hour), time.Hour))
 			c.Apply(t0, row(fmt.Sprintf("p%d", i), t0.Add(-time.Duration(10+i)*time.Hour), 96*time.Hour, 1))
@@ -274,12 +244,12 @@ func TestFloors(t *testing.T) {
 		t.Fatalf("no floor: %s", got)
 	}
 	// a floor of 0.5: ⌊0.5 × 4⌋ = 2 rows of the class first (its best), then score order
-	floor := Floor{Cadence: 96 * time.Hour, Source: schedule.SourceDiscovered, Share: 0.5}
+	floor := policy.Floor{Cadence: 96 * time.Hour, Source: schedule.SourceDiscovered, Share: 0.5}
 	if got := keysOf(mk(floor).Claim(t0, 4, time.Minute)); got != "p7,p6,h7,h6" {
 		t.Fatalf("floor 0.5, batch 4: %s", got)
 	}
 	// fractions carry over: with a floor of 0.25 and claims of 1, every fourth claim is the class's
-	c := mk(Floor{Cadence: 96 * time.Hour, Source: schedule.SourceDiscovered, Share: 0.25})
+	c := mk(policy.Floor{Cadence: 96 * time.Hour, Source: schedule.SourceDiscovered, Share: 0.25})
 	var got []string
 	for range 8 {
 		got = append(got, keysOf(c.Claim(t0, 1, time.Hour)))
@@ -290,7 +260,7 @@ func TestFloors(t *testing.T) {
 	// an unused floor goes back to score order in the same claim, and is not saved up: the class
 	// has no due rows, so the claim is all score order, and once its rows come due it gets its
 	// floor, not what it missed
-	c = newCore(t, Config{SubmittedBoost: 1, Floors: []Floor{floor}})
+	c = newCore(t, policy.Config{SubmittedBoost: 1, Floors: []policy.Floor{floor}})
 	for i := range 8 {
 		c.Apply(t0, row(fmt.Sprintf("h%d", i), t0.Add(-time.Duration(2+i)*time.Hour), time.Hour, 1))
 		c.Apply(t0, row(fmt.Sprintf("p%d", i), t0.Add(time.Duration(1+i)*time.Minute), 96*time.Hour, 1))
@@ -306,7 +276,7 @@ func TestFloors(t *testing.T) {
 		t.Fatalf("floor once due: %s", got)
 	}
 	// a class the score order already serves takes nothing extra: the floor counts its rows
-	c = newCore(t, Config{SubmittedBoost: 1, Floors: []Floor{{Cadence: time.Hour, Source: schedule.SourceDiscovered, Share: 0.5}}})
+	c = newCore(t, policy.Config{SubmittedBoost: 1, Floors: []policy.Floor{{Cadence: time.Hour, Source: schedule.SourceDiscovered, Share: 0.5}}})
 	for i := range 8 {
 		c.Apply(t0, row(fmt.Sprintf("h%d", i), t0.Add(-time.Duration(2+i)*time.Hour), time.Hour, 1))
 		c.Apply(t0, row(fmt.Sprintf("p%d", i), t0.Add(-time.Duration(1+i)*time.Hour), 96*time.Hour, 1))
@@ -316,43 +286,8 @@ func TestFloors(t *testing.T) {
 	}
 }
 
-func TestNextDue(t *testing.T) {
-	due := t0
-	cases := []struct {
-		policy  Reschedule
-		late    time.Duration
-		cadence time.Duration
-		want    time.Duration // after due
-	}{
-		{AfterRender, 0, time.Hour, time.Hour},
-		{AfterRender, 150 * time.Minute, time.Hour, 210 * time.Minute},
-		{KeepPhase, 0, time.Hour, time.Hour},
-		{KeepPhase, 29 * time.Minute, time.Hour, time.Hour},                             // due again 31 min after the render
-		{KeepPhase, 30 * time.Minute, time.Hour, 2 * time.Hour},                         // tie: the later point
-		{KeepPhase, 150 * time.Minute, time.Hour, 4 * time.Hour},                        // 2.5 late: due + 4h, 1.5h after the render
-		{KeepPhase, 151 * time.Minute, time.Hour, 4 * time.Hour},                        // nearest to render + 1h = due + 3h31m
-		{KeepPhase, 60 * time.Hour, 96 * time.Hour, 192 * time.Hour},                    // 0.625 late: skip one point
-		{KeepPhase, -time.Hour, time.Hour, time.Hour},                                   // rendered before its due (moved while leased)
-		{KeepPhase, 3*time.Millisecond + 1, 3 * time.Millisecond, 6 * time.Millisecond}, // odd cadence
-	}
-	for _, tc := range cases {
-		got := NextDue(tc.policy, due.Add(tc.late), due, tc.cadence).Sub(due)
-		if got != tc.want {
-			t.Errorf("%v late %v cadence %v: due + %v, want due + %v", tc.policy, tc.late, tc.cadence, got, tc.want)
-		}
-	}
-	for _, p := range []Reschedule{KeepPhase, AfterRender} {
-		if got, err := ParseReschedule(p.String()); got != p || err != nil {
-			t.Errorf("ParseReschedule(%q) = %v, %v", p.String(), got, err)
-		}
-	}
-	if _, err := ParseReschedule("keepphase"); err == nil {
-		t.Error("ParseReschedule accepted a misspelt name")
-	}
-}
-
 func TestLeases(t *testing.T) {
-	c := newCore(t, Config{})
+	c := newCore(t, policy.Config{})
 	c.Apply(t0, row("k1", t0.Add(-time.Hour), time.Hour, 1))
 	got := c.Claim(t0, 1, 5*time.Minute)
 	if len(got) != 1 {
@@ -387,7 +322,7 @@ func TestLeases(t *testing.T) {
 		t.Fatalf("after release claimed %d", n)
 	}
 	// an event moving a leased row keeps the lease; completion = apply the new version, release
-	c2 := newCore(t, Config{})
+	c2 := newCore(t, policy.Config{})
 	c2.Apply(t0, row("k1", t0.Add(-time.Hour), time.Hour, 1))
 	tok = c2.Claim(t0, 1, time.Minute)[0].Lease
 	c2.Apply(t0, row("k1", t0.Add(time.Hour), time.Hour, 2)) // the completion's write
@@ -400,7 +335,7 @@ func TestLeases(t *testing.T) {
 }
 
 func TestSlotsIncomingAndDrop(t *testing.T) {
-	c := newCore(t, Config{})
+	c := newCore(t, policy.Config{})
 	// k1 → slot testSlots[1]
 	c.SetSlot(testSlots[1], SlotIncoming)
 	c.Apply(t0, row("k1", t0.Add(-time.Hour), time.Hour, 1))
@@ -426,7 +361,7 @@ func TestSlotsIncomingAndDrop(t *testing.T) {
 }
 
 func TestWalkAccounting(t *testing.T) {
-	c := newCore(t, Config{Window: 2 * time.Hour})
+	c := newCore(t, policy.Config{Window: 2 * time.Hour})
 	slots := testSlots[:]
 	// load: everything is an admission
 	if err := c.BeginWalk(t0, Edge{}, slots); err != nil {
@@ -477,7 +412,7 @@ func TestWalkAccounting(t *testing.T) {
 }
 
 func TestSummaryFigures(t *testing.T) {
-	c := newCore(t, Config{})
+	c := newCore(t, policy.Config{})
 	rows := []schedule.Row{
 		row("k1", t0.Add(-2*time.Hour), time.Hour, 1),      // late 7200 s, rel 2
 		row("k2", t0.Add(-30*time.Minute), time.Hour, 1),   // late 1800 s, rel 0.5
@@ -520,7 +455,7 @@ func TestSummaryFigures(t *testing.T) {
 }
 
 func TestArenaCompactionKeepsKeys(t *testing.T) {
-	c := newCore(t, Config{})
+	c := newCore(t, policy.Config{})
 	long := strings.Repeat("p", 1000)
 	// churn well over a MiB of keys through the arena so it compacts, then check every
 	// remaining key is still found and claimable by its exact key

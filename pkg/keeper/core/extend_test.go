@@ -5,10 +5,12 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/renderqueue/renderqueue/pkg/keeper/core/policy"
 )
 
 func TestCoreExtend(t *testing.T) {
-	c := newCore(t, Config{UrgentMaxShare: 0.2})
+	c := newCore(t, policy.Config{UrgentMaxShare: 0.2})
 	c.Apply(t0, row("a", t0.Add(-time.Hour), time.Hour, 1))
 	c.Apply(t0, row("b", t0.Add(-time.Hour), time.Hour, 2))
 	got := c.Claim(t0, 2, time.Minute)

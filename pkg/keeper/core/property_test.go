@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/renderqueue/renderqueue/pkg/keeper/core/duetree"
+	"github.com/renderqueue/renderqueue/pkg/keeper/core/policy"
 	"github.com/renderqueue/renderqueue/pkg/schedule"
 	"pgregory.net/rapid"
 )
@@ -63,12 +64,12 @@ func genRow(t *rapid.T, nowMs int64) schedule.Row {
 // operations and compares every claim, lease operation, walk count and summary.
 func TestCoreMatchesReference(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
-		cfg := Config{
+		cfg := policy.Config{
 			Window:         []time.Duration{0, 2 * time.Hour, 24 * time.Hour}[rapid.IntRange(0, 2).Draw(t, "window")],
 			SubmittedBoost: []float64{1, 2, 1.5}[rapid.IntRange(0, 2).Draw(t, "boost")],
 			UrgentMaxShare: []float64{0, 0.2, 0.5, 1}[rapid.IntRange(0, 3).Draw(t, "share")],
 			Floors:         genFloors(t),
-			Reschedule:     Reschedule(rapid.IntRange(0, 1).Draw(t, "reschedule")),
+			Reschedule:     policy.Reschedule(rapid.IntRange(0, 1).Draw(t, "reschedule")),
 			FirstLease:     1000,
 		}
 		core, err := New(cfg)
@@ -263,8 +264,8 @@ func TestCoreMatchesReference(t *testing.T) {
 }
 
 // genFloors draws a valid set of floors over genRow's classes (possibly none).
-func genFloors(t *rapid.T) []Floor {
-	var floors []Floor
+func genFloors(t *rapid.T) []policy.Floor {
+	var floors []policy.Floor
 	sum := 0.0
 	for _, cad := range []time.Duration{time.Hour, 24 * time.Hour, 96 * time.Hour, 90 * time.Minute} {
 		for _, src := range []schedule.Source{schedule.SourceDiscovered, schedule.SourceSubmitted} {
@@ -273,7 +274,7 @@ func genFloors(t *rapid.T) []Floor {
 				continue
 			}
 			sum += share
-			floors = append(floors, Floor{Cadence: cad, Source: src, Share: share})
+			floors = append(floors, policy.Floor{Cadence: cad, Source: src, Share: share})
 		}
 	}
 	return floors
@@ -312,11 +313,11 @@ func TestFloorsTakeNoMoreThanTheirShare(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
 		floors := genFloors(t)
 		boost := []float64{1, 2, 5}[rapid.IntRange(0, 2).Draw(t, "boost")]
-		withFloors, err := New(Config{SubmittedBoost: boost, Floors: floors})
+		withFloors, err := New(policy.Config{SubmittedBoost: boost, Floors: floors})
 		if err != nil {
 			t.Fatal(err)
 		}
-		scoreOnly, err := New(Config{SubmittedBoost: boost})
+		scoreOnly, err := New(policy.Config{SubmittedBoost: boost})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -377,7 +378,7 @@ func TestFloorsTakeNoMoreThanTheirShare(t *testing.T) {
 }
 
 // claimedBy counts claimed rows by the floor of their class (non-urgent only).
-func claimedBy(rows []Claimed, floors []Floor) []int {
+func claimedBy(rows []Claimed, floors []policy.Floor) []int {
 	out := make([]int, len(floors))
 	for _, r := range rows {
 		for i, f := range floors {
@@ -390,7 +391,7 @@ func claimedBy(rows []Claimed, floors []Floor) []int {
 }
 
 // classCounts counts the claimable due rows of each floor's class.
-func classCounts(c *Core, floors []Floor, nowMs int64) []int {
+func classCounts(c *Core, floors []policy.Floor, nowMs int64) []int {
 	out := make([]int, len(floors))
 	for _, g := range c.groups {
 		if g.floor < 0 {

@@ -6,13 +6,14 @@ import (
 	"strings"
 	"time"
 
+	"github.com/renderqueue/renderqueue/pkg/keeper/core/policy"
 	"github.com/renderqueue/renderqueue/pkg/schedule"
 )
 
 // refModel is a naive reference implementation of the core's semantics: maps and sorting, no
 // heaps, no arena, no index. Property tests check the core against it.
 type refModel struct {
-	cfg       Config
+	cfg       policy.Config
 	slots     [schedule.NumSlots]SlotState
 	walked    [schedule.NumSlots]bool
 	held      map[string]*refRow
@@ -36,7 +37,7 @@ type refRow struct {
 	expires int64
 }
 
-func newRef(cfg Config) *refModel {
+func newRef(cfg policy.Config) *refModel {
 	return &refModel{cfg: cfg, held: map[string]*refRow{}, invalid: map[string]int64{}, nextLease: cfg.FirstLease, credit: make([]float64, len(cfg.Floors))}
 }
 
@@ -150,7 +151,7 @@ func (m *refModel) expire(nowMs int64) {
 }
 
 func (m *refModel) score(nowMs int64, r *refRow) float64 {
-	return Score(nowMs, r.dueMs, r.row.Cadence.Milliseconds(), r.row.Source == schedule.SourceSubmitted, m.cfg.SubmittedBoost)
+	return policy.Score(nowMs, r.dueMs, r.row.Cadence.Milliseconds(), r.row.Source == schedule.SourceSubmitted, m.cfg.SubmittedBoost)
 }
 
 func (m *refModel) claim(nowMs int64, n int, leaseFor time.Duration) []string {
@@ -263,7 +264,7 @@ func (m *refModel) floorOf(r *refRow) int {
 	return -1
 }
 
-// completing returns the next due time of a completion at nowMs: with KeepPhase the point
+// completing returns the next due time of a completion at nowMs: with policy.KeepPhase the point
 // due + k·cadence (k ≥ 1) nearest to nowMs + cadence, ties to the later one, found by trying
 // every k.
 func (m *refModel) completing(nowMs int64, key string, token uint64) (int64, bool, error) {
@@ -274,7 +275,7 @@ func (m *refModel) completing(nowMs int64, key string, token uint64) (int64, boo
 	}
 	c := r.row.Cadence.Milliseconds()
 	next := nowMs + c
-	if m.cfg.Reschedule == KeepPhase {
+	if m.cfg.Reschedule == policy.KeepPhase {
 		target := nowMs + c
 		best := r.dueMs + c
 		for k := int64(2); r.dueMs+(k-1)*c <= target; k++ {

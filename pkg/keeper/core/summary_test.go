@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/renderqueue/renderqueue/pkg/keeper/core/policy"
 	"github.com/renderqueue/renderqueue/pkg/schedule"
 	"github.com/renderqueue/renderqueue/pkg/shardapi"
 )
@@ -93,7 +94,7 @@ func summaryScan(c *Core, nowMs int64) Summary {
 // trees several levels deep: 24 groups (cadences × sources × urgent), leases, incoming slots,
 // millisecond due times with many ties, summaries at moving times in both directions, in steps.
 func TestSummaryMatchesScan(t *testing.T) {
-	c, err := New(Config{SubmittedBoost: 2, UrgentMaxShare: 0.3, Window: 30 * time.Hour})
+	c, err := New(policy.Config{SubmittedBoost: 2, UrgentMaxShare: 0.3, Window: 30 * time.Hour})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -21,7 +21,7 @@ import (
 
 	rqv1 "github.com/renderqueue/renderqueue/api/v1alpha1"
 	"github.com/renderqueue/renderqueue/pkg/keeper"
-	"github.com/renderqueue/renderqueue/pkg/keeper/core"
+	"github.com/renderqueue/renderqueue/pkg/keeper/core/policy"
 	"github.com/renderqueue/renderqueue/pkg/schedule"
 )
 
@@ -45,7 +45,7 @@ func SettingsFor(rq *rqv1.RenderQueue, shard string) (keeper.Settings, error) {
 	if err != nil {
 		return keeper.Settings{}, fmt.Errorf("renderqueue %s/%s: %w", rq.Namespace, rq.Name, err)
 	}
-	resched, err := core.ParseReschedule(rq.Spec.Priority.RescheduleValue())
+	resched, err := policy.ParseReschedule(rq.Spec.Priority.RescheduleValue())
 	if err != nil {
 		return keeper.Settings{}, fmt.Errorf("renderqueue %s/%s: priority: %w", rq.Namespace, rq.Name, err)
 	}
@@ -84,8 +84,8 @@ func SettingsFor(rq *rqv1.RenderQueue, shard string) (keeper.Settings, error) {
 }
 
 // floorsOf converts spec.priority.floors; none gives nil (so equal settings compare equal).
-func floorsOf(in []rqv1.Floor) ([]core.Floor, error) {
-	var out []core.Floor
+func floorsOf(in []rqv1.Floor) ([]policy.Floor, error) {
+	var out []policy.Floor
 	for i, f := range in {
 		src, err := schedule.ParseSource(f.Source)
 		if err != nil {
@@ -95,7 +95,7 @@ func floorsOf(in []rqv1.Floor) ([]core.Floor, error) {
 		if err != nil {
 			return nil, fmt.Errorf("priority.floors[%d]: %w", i, err)
 		}
-		out = append(out, core.Floor{Cadence: f.Cadence.Duration, Source: src, Share: share})
+		out = append(out, policy.Floor{Cadence: f.Cadence.Duration, Source: src, Share: share})
 	}
 	return out, nil
 }

@@ -18,7 +18,7 @@ import (
 
 	rqv1 "github.com/renderqueue/renderqueue/api/v1alpha1"
 	"github.com/renderqueue/renderqueue/pkg/keeper"
-	"github.com/renderqueue/renderqueue/pkg/keeper/core"
+	"github.com/renderqueue/renderqueue/pkg/keeper/core/policy"
 	"github.com/renderqueue/renderqueue/pkg/schedule"
 )
 
@@ -89,7 +89,7 @@ func TestSettingsFor(t *testing.T) {
 			t.Errorf("%s: incoming %q, want %q", tc.name, got, tc.incoming)
 		}
 		if s.Window != 24*time.Hour || s.SubmittedBoost != 2 || s.UrgentMaxShare != 0.2 || s.LeaseDuration != 5*time.Minute ||
-			s.Floors != nil || s.Reschedule != core.KeepPhase {
+			s.Floors != nil || s.Reschedule != policy.KeepPhase {
 			t.Errorf("%s: policy %+v", tc.name, s)
 		}
 	}
@@ -102,8 +102,8 @@ func TestSettingsFor(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []core.Floor{{Cadence: 96 * time.Hour, Source: schedule.SourceDiscovered, Share: 0.05}, {Cadence: time.Hour, Source: schedule.SourceSubmitted, Share: 0.1}}
-	if !slices.Equal(s.Floors, want) || s.Reschedule != core.AfterRender {
+	want := []policy.Floor{{Cadence: 96 * time.Hour, Source: schedule.SourceDiscovered, Share: 0.05}, {Cadence: time.Hour, Source: schedule.SourceSubmitted, Share: 0.1}}
+	if !slices.Equal(s.Floors, want) || s.Reschedule != policy.AfterRender {
 		t.Errorf("floors %v reschedule %v, want %v AfterRender", s.Floors, s.Reschedule, want)
 	}
 }
@@ -191,7 +191,7 @@ func TestSourceFollowsItsRenderQueue(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor("the new floors", func(s keeper.Settings) bool {
-		return len(s.Floors) == 1 && s.Floors[0] == (core.Floor{Cadence: 96 * time.Hour, Source: schedule.SourceDiscovered, Share: 0.05}) &&
-			s.Reschedule == core.AfterRender && s.Epoch == 3
+		return len(s.Floors) == 1 && s.Floors[0] == (policy.Floor{Cadence: 96 * time.Hour, Source: schedule.SourceDiscovered, Share: 0.05}) &&
+			s.Reschedule == policy.AfterRender && s.Epoch == 3
 	})
 }

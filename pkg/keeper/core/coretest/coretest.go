@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/renderqueue/renderqueue/pkg/keeper/core"
+	"github.com/renderqueue/renderqueue/pkg/keeper/core/policy"
 	"github.com/renderqueue/renderqueue/pkg/schedule"
 )
 
@@ -98,7 +99,7 @@ func Row(rng *rand.Rand, i int, now time.Time, allDue bool) schedule.Row {
 
 // Config returns the claim policy of the benchmark cores (the keeper tests' allSlots settings
 // have the same).
-func Config() core.Config { return core.Config{SubmittedBoost: 2, UrgentMaxShare: 0.2} }
+func Config() policy.Config { return policy.Config{SubmittedBoost: 2, UrgentMaxShare: 0.2} }
 
 // Build returns a core owning every slot and holding n rows built at now (Row), loaded as a shard
 // loads them: the index sized first, the trees built at the end.

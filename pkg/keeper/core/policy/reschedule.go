@@ -1,10 +1,8 @@
-package core
+package policy
 
 import (
 	"fmt"
 	"time"
-
-	"github.com/renderqueue/renderqueue/pkg/schedule"
 )
 
 // Reschedule is how a completion picks a rendered row's next due time (unless the worker gives
@@ -48,17 +46,6 @@ func ParseReschedule(s string) (Reschedule, error) {
 		}
 	}
 	return 0, fmt.Errorf("unknown reschedule policy %q (want KeepPhase or AfterRender)", s)
-}
-
-// Completion is what completing a leased row writes, as of the completion time.
-type Completion struct {
-	// Cadence and Source are the row's class.
-	Cadence time.Duration
-	Source  schedule.Source
-	// Due is the due time the row is held with.
-	Due time.Time
-	// NextDue is the next due time by the configured Reschedule policy.
-	NextDue time.Time
 }
 
 // NextDue is the next due time policy p gives a row due at due with the given cadence that is
