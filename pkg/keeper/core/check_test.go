@@ -8,6 +8,7 @@ import (
 
 	"github.com/renderqueue/renderqueue/pkg/keeper/core/duetree"
 	"github.com/renderqueue/renderqueue/pkg/keeper/core/policy"
+	"github.com/renderqueue/renderqueue/pkg/keeper/core/rowstore"
 	"github.com/renderqueue/renderqueue/pkg/schedule"
 )
 
@@ -27,32 +28,32 @@ func checkCore(c *Core) error {
 	var seen [schedule.NumSlots]int32
 	routeDue := make([]int32, len(c.routes))
 	var errs []string
-	c.forEachHeld(func(id uint32, r *rec) {
-		st := c.slots[r.slot]
+	c.rows.Each(func(id uint32, r *rowstore.Rec) {
+		st := c.slots[r.Slot]
 		if st == SlotNone {
-			errs = append(errs, fmt.Sprintf("record %d held in slot %d, which is not the shard's", id, r.slot))
+			errs = append(errs, fmt.Sprintf("record %d held in slot %d, which is not the shard's", id, r.Slot))
 			return
 		}
-		w := where{int(r.group), st == SlotIncoming}
+		w := where{int(r.Group), st == SlotIncoming}
 		if want[w] == nil {
 			want[w] = map[uint32]bool{}
 		}
-		want[w][id] = r.has(flagLeased)
-		slotHeld[r.slot]++
-		if _, ok := c.leases[id]; ok != r.has(flagLeased) {
-			errs = append(errs, fmt.Sprintf("record %d: leased flag %v, lease entry %v", id, r.has(flagLeased), ok))
+		want[w][id] = r.Has(flagLeased)
+		slotHeld[r.Slot]++
+		if _, ok := c.leases[id]; ok != r.Has(flagLeased) {
+			errs = append(errs, fmt.Sprintf("record %d: leased flag %v, lease entry %v", id, r.Has(flagLeased), ok))
 		}
-		if r.due() <= c.due.cursor {
-			slotDue[r.slot]++
+		if r.Due() <= c.due.cursor {
+			slotDue[r.Slot]++
 			if st == SlotOwned {
-				routeDue[r.route]++
+				routeDue[r.Route]++
 			}
 		}
-		if c.walk != nil && c.walk.slots[r.slot] && c.isSeen(r) {
-			seen[r.slot]++
+		if c.walk != nil && c.walk.slots[r.Slot] && c.isSeen(r) {
+			seen[r.Slot]++
 		}
 		if c.walk == nil && !c.isSeen(r) {
-			errs = append(errs, fmt.Sprintf("record %d of slot %d unseen between walks", id, r.slot))
+			errs = append(errs, fmt.Sprintf("record %d of slot %d unseen between walks", id, r.Slot))
 		}
 	})
 	inPending := map[uint32]bool{}
@@ -84,30 +85,19 @@ func checkCore(c *Core) error {
 					errs = append(errs, fmt.Sprintf("group %d incoming=%v: entry %d (id %d, leased %v) is no such record (held %v, leased %v)",
 						gi, inc, i, e.ID(), e.Leased(), ok, leased))
 				}
-				if r := c.rows.at(e.ID()); duetree.NewEntry(e.ID(), r.due(), e.Leased()) != e {
-					errs = append(errs, fmt.Sprintf("entry %x of record %d: its due step is not the record's due %d", uint64(e), e.ID(), r.due()))
+				if r := c.rows.At(e.ID()); duetree.NewEntry(e.ID(), r.Due(), e.Leased()) != e {
+					errs = append(errs, fmt.Sprintf("entry %x of record %d: its due step is not the record's due %d", uint64(e), e.ID(), r.Due()))
 				}
 			}
 		}
 	}
-	c.forEachHeld(func(id uint32, r *rec) {
-		if r.has(flagPending) && !inPending[id] {
+	c.rows.Each(func(id uint32, r *rowstore.Rec) {
+		if r.Has(flagPending) && !inPending[id] {
 			errs = append(errs, fmt.Sprintf("record %d marked pending without a pending entry", id))
 		}
 	})
-	inIndex := map[uint32]bool{}
-	for _, e := range c.index.slots {
-		if e == 0 {
-			continue
-		}
-		id := e&idMask - 1
-		if inIndex[id] || c.rows.at(id).msFlags&flagHeld == 0 {
-			errs = append(errs, fmt.Sprintf("index entry for record %d: twice %v, held %v", id, inIndex[id], c.rows.at(id).msFlags&flagHeld != 0))
-		}
-		inIndex[id] = true
-	}
-	if len(inIndex) != c.rows.n || c.index.n != c.rows.n {
-		errs = append(errs, fmt.Sprintf("index holds %d records (counts %d), %d held", len(inIndex), c.index.n, c.rows.n))
+	if err := c.rows.Check(); err != nil {
+		errs = append(errs, err.Error())
 	}
 	if slotDue != c.due.slot {
 		errs = append(errs, fmt.Sprintf("due per slot: counted %v, records %v", nonZero(c.due.slot[:]), nonZero(slotDue[:])))
@@ -138,38 +128,6 @@ func nonZero(v []int32) map[int]int32 {
 		}
 	}
 	return m
-}
-
-// TestReserveSizesIndex checks that Reserve sizes the index for a load of that many rows (no
-// rebuild on the way) and that rebuilding it as it grows keeps every key findable.
-func TestReserveSizesIndex(t *testing.T) {
-	c := newCore(t, policy.Config{})
-	c.Reserve(5000)
-	size := len(c.index.slots)
-	if size*3 < 5000*4 {
-		t.Fatalf("reserved %d slots for 5000 keys", size)
-	}
-	for i := range 5000 {
-		c.Apply(t0, row(fmt.Sprintf("k%d", i), t0, time.Hour, 1))
-	}
-	if len(c.index.slots) != size {
-		t.Fatalf("the index grew from %d to %d slots within its reservation", size, len(c.index.slots))
-	}
-	for i := 5000; i < 20000; i++ { // past the reservation: rebuilt from the records as it grows
-		c.Apply(t0, row(fmt.Sprintf("k%d", i), t0, time.Hour, 1))
-	}
-	if c.index.n != 20000 || len(c.index.slots) == size {
-		t.Fatalf("index holds %d keys in %d slots", c.index.n, len(c.index.slots))
-	}
-	for i := range 20000 {
-		if _, ok := c.index.find(&c.rows, &c.keys, fmt.Sprintf("k%d", i)); !ok {
-			t.Fatalf("k%d not found after the index grew", i)
-		}
-	}
-	c.Reserve(10) // never shrinks
-	if c.index.n != 20000 {
-		t.Fatal("Reserve changed the index")
-	}
 }
 
 // TestBulkLoad loads rows in bulk mode with everything that can happen meanwhile: rows updated to

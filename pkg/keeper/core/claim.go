@@ -132,7 +132,7 @@ func (c *Core) settleFloors(nowMs int64) {
 		if g.floor < 0 {
 			continue
 		}
-		if e, ok := c.trees.Head(&g.owned); ok && c.rows.at(e.ID()).due() <= nowMs {
+		if e, ok := c.trees.Head(&g.owned); ok && c.rows.At(e.ID()).Due() <= nowMs {
 			due[g.floor] = true
 		}
 	}
@@ -163,8 +163,8 @@ func (c *Core) claimBest(nowMs int64, p phase, leaseFor time.Duration, out *[]Cl
 			continue
 		}
 		id := e.ID()
-		r := c.rows.at(id)
-		due := r.due()
+		r := c.rows.At(id)
+		due := r.Due()
 		if due > nowMs {
 			continue
 		}
@@ -184,22 +184,22 @@ func (c *Core) claimBest(nowMs int64, p phase, leaseFor time.Duration, out *[]Cl
 		}
 	}
 	c.trees.LeaseHead(&best.owned)
-	r := c.rows.at(bestID)
-	r.set(flagLeased)
+	r := c.rows.At(bestID)
+	r.Set(flagLeased)
 	c.nextLease++
 	token := c.nextLease
 	expires := nowMs + leaseFor.Milliseconds()
 	c.leases[bestID] = lease{token: token, expires: expires}
 	heap.Push((*expiryHeap)(&c.expiry), leaseExpiry{expires: expires, id: bestID, token: token})
 	*out = append(*out, Claimed{
-		Key:          string(c.keys.get(r.keyOff)),
-		Slot:         int(r.slot),
-		Due:          time.UnixMilli(r.due()).UTC(),
+		Key:          string(c.rows.Key(r)),
+		Slot:         int(r.Slot),
+		Due:          time.UnixMilli(r.Due()).UTC(),
 		Cadence:      time.Duration(best.cadenceMs) * time.Millisecond,
-		Route:        c.routes[r.route],
+		Route:        c.routes[r.Route],
 		Source:       best.source,
 		Urgent:       best.urgent,
-		Rev:          r.rev,
+		Rev:          r.Rev,
 		Score:        bestScore,
 		Lease:        token,
 		LeaseExpires: time.UnixMilli(expires).UTC(),
@@ -223,15 +223,15 @@ func (c *Core) expireLeases(nowMs int64) {
 
 func (c *Core) endLease(id uint32) {
 	delete(c.leases, id)
-	r := c.rows.at(id)
+	r := c.rows.At(id)
 	c.trees.SetLeased(c.treeOf(r), makeEntry(id, r), false)
-	r.clear(flagLeased)
+	r.Clear(flagLeased)
 }
 
 // leaseOf finds key's record and checks that token is its current lease.
 func (c *Core) leaseOf(nowMs int64, key string, token uint64) (uint32, error) {
 	c.expireLeases(nowMs)
-	id, ok := c.index.find(&c.rows, &c.keys, key)
+	id, ok := c.rows.Find(key)
 	if !ok {
 		return 0, ErrNotHeld
 	}
@@ -291,17 +291,17 @@ type Completion struct {
 func (c *Core) Completing(now time.Time, key string, token uint64) (cp Completion, held bool, err error) {
 	nowMs := now.UnixMilli()
 	c.expireLeases(nowMs)
-	id, held := c.index.find(&c.rows, &c.keys, key)
+	id, held := c.rows.Find(key)
 	if !held {
 		return Completion{}, false, ErrNotHeld
 	}
-	r := c.rows.at(id)
-	g := c.groups[r.group]
+	r := c.rows.At(id)
+	g := c.groups[r.Group]
 	cp = Completion{
 		Cadence: time.Duration(g.cadenceMs) * time.Millisecond,
 		Source:  g.source,
-		Due:     time.UnixMilli(r.due()).UTC(),
-		NextDue: policy.NextDue(c.cfg.Reschedule, now, time.UnixMilli(r.due()), time.Duration(g.cadenceMs)*time.Millisecond),
+		Due:     time.UnixMilli(r.Due()).UTC(),
+		NextDue: policy.NextDue(c.cfg.Reschedule, now, time.UnixMilli(r.Due()), time.Duration(g.cadenceMs)*time.Millisecond),
 	}
 	if l, ok := c.leases[id]; !ok || l.token != token {
 		return cp, true, ErrLeaseLost

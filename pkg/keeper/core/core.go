@@ -25,13 +25,13 @@ package core
 
 import (
 	"fmt"
-	"hash/maphash"
 	"math"
 	"slices"
 	"time"
 
 	"github.com/renderqueue/renderqueue/pkg/keeper/core/duetree"
 	"github.com/renderqueue/renderqueue/pkg/keeper/core/policy"
+	"github.com/renderqueue/renderqueue/pkg/keeper/core/rowstore"
 	"github.com/renderqueue/renderqueue/pkg/schedule"
 )
 
@@ -43,6 +43,28 @@ const (
 	maxRoutes = math.MaxUint16
 	maxGroups = math.MaxUint16
 )
+
+// MaxRows is the most rows one core can hold (its store's limit).
+const MaxRows = rowstore.MaxRows
+
+// The core's flags of a held record (rowstore.UserFlag and up).
+const (
+	flagLeased rowstore.Flag = rowstore.UserFlag << iota // the row is leased to a worker
+	flagUrgent                                           // the row is urgent
+	// flagSeen is the walk mark: a row of slot s counts as seen by the running walk when this
+	// bit equals Core.parity[s] (see walk.go), so starting a walk unmarks a slot's rows at once.
+	flagSeen
+	// flagPending: the row's entry waits in its tree's pending list (bulk mode,
+	// duetree.Forest.AddPending).
+	flagPending
+	coreFlags = iota
+)
+
+// the core's flags fit the store's user flags
+const _ uint = rowstore.UserFlags - coreFlags
+
+// noRecord is no record id.
+const noRecord = ^uint32(0)
 
 // SlotState says what the shard does with a slot's rows.
 type SlotState uint8
@@ -123,9 +145,7 @@ type known struct {
 type Core struct {
 	cfg policy.Config
 
-	rows  rows
-	keys  arena
-	index index
+	rows  *rowstore.Store // the held rows: records, keys, key index
 	trees *duetree.Forest // the groups' trees
 
 	groups   []*group
@@ -180,7 +200,7 @@ func New(cfg policy.Config) (*Core, error) {
 		nextLease: cfg.FirstLease,
 		unleasing: noRecord,
 	}
-	c.index.seed = maphash.MakeSeed()
+	c.rows = rowstore.New()
 	c.trees = duetree.NewForest((*treeRecords)(c))
 	c.floors = make([]floorState, len(cfg.Floors))
 	return c, nil
@@ -219,11 +239,11 @@ func (c *Core) floorOf(g *group) int {
 // Reserve sizes the key index for n held rows, so that a load of up to n rows does not grow
 // (rebuild) it on the way. It never shrinks anything.
 func (c *Core) Reserve(n int) {
-	c.index.reserve(&c.rows, &c.keys, min(n, MaxRows))
+	c.rows.Reserve(n)
 }
 
 // Held returns the number of held rows (owned and incoming slots).
-func (c *Core) Held() int { return c.rows.n }
+func (c *Core) Held() int { return c.rows.Len() }
 
 // HeldRev returns the rev of key's held row, and whether the core holds key.
 func (c *Core) HeldRev(key string) (rev int64, held bool) {
@@ -236,7 +256,7 @@ func (c *Core) HeldRev(key string) (rev int64, held bool) {
 
 // IndexSize returns the key index's capacity (0 before the first row or Reserve) and how many
 // times it has been built or rebuilt.
-func (c *Core) IndexSize() (slots, builds int) { return len(c.index.slots), c.index.resizes }
+func (c *Core) IndexSize() (slots, builds int) { return c.rows.IndexSize() }
 
 // InvalidCount returns the number of keys whose latest known version is invalid.
 func (c *Core) InvalidCount() int { return len(c.invalid) }
@@ -263,8 +283,8 @@ func (c *Core) SetSlots(states *[schedule.NumSlots]SlotState) {
 	// rows of slots that leave are dropped; rows of slots moving between owned and incoming change
 	// trees: out of the old one now (under the old states), into the new one below
 	var moving []uint32
-	c.forEachHeld(func(id uint32, r *rec) {
-		o, n := old[r.slot], states[r.slot]
+	c.rows.Each(func(id uint32, r *rowstore.Rec) {
+		o, n := old[r.Slot], states[r.Slot]
 		switch {
 		case o == n:
 		case n == SlotNone:
@@ -276,7 +296,7 @@ func (c *Core) SetSlots(states *[schedule.NumSlots]SlotState) {
 	})
 	c.slots = *states
 	for _, id := range moving {
-		c.place(id, c.rows.at(id))
+		c.place(id, c.rows.At(id))
 	}
 	leaving := func(slot uint16) bool { return old[slot] != SlotNone && states[slot] == SlotNone }
 	for s := range c.slots {
@@ -297,19 +317,19 @@ func (c *Core) SetSlots(states *[schedule.NumSlots]SlotState) {
 }
 
 // treeOf returns the tree that holds r: its group's owned or incoming tree.
-func (c *Core) treeOf(r *rec) *duetree.Tree {
-	g := c.groups[r.group]
-	if c.slots[r.slot] == SlotOwned {
+func (c *Core) treeOf(r *rowstore.Rec) *duetree.Tree {
+	g := c.groups[r.Group]
+	if c.slots[r.Slot] == SlotOwned {
 		return &g.owned
 	}
 	return &g.incoming
 }
 
 // place puts held record id into its tree (in bulk mode: its pending list) and counts it.
-func (c *Core) place(id uint32, r *rec) {
+func (c *Core) place(id uint32, r *rowstore.Rec) {
 	t := c.treeOf(r)
 	if c.bulk {
-		r.set(flagPending)
+		r.Set(flagPending)
 		c.trees.AddPending(t, makeEntry(id, r))
 	} else {
 		c.trees.Insert(t, makeEntry(id, r))
@@ -319,12 +339,12 @@ func (c *Core) place(id uint32, r *rec) {
 
 // unplace takes held record id out of its tree (a pending entry is left to go stale) and its
 // counts.
-func (c *Core) unplace(id uint32, r *rec) {
+func (c *Core) unplace(id uint32, r *rowstore.Rec) {
 	if id == c.unleasing {
 		c.unleasing = noRecord // the entry goes, and its leased bit with it
 	}
-	if r.has(flagPending) {
-		r.clear(flagPending)
+	if r.Has(flagPending) {
+		r.Clear(flagPending)
 	} else {
 		c.trees.Delete(c.treeOf(r), makeEntry(id, r))
 	}
@@ -345,17 +365,6 @@ func (c *Core) EndBulk() {
 	}
 }
 
-// forEachHeld calls fn for every held record. fn may remove the record it is given.
-func (c *Core) forEachHeld(fn func(id uint32, r *rec)) {
-	for ci, chunk := range c.rows.chunks {
-		for i := range chunk {
-			if chunk[i].msFlags&flagHeld != 0 {
-				fn(uint32(ci)<<recChunkBits|uint32(i), &chunk[i])
-			}
-		}
-	}
-}
-
 // lookup returns the newest rev the core knows of key and whether it holds it (as record id).
 func (c *Core) lookup(key string) (id uint32, held bool, rev int64, knownKey bool) {
 	return c.lookupFound(key, noRecord)
@@ -364,10 +373,10 @@ func (c *Core) lookup(key string) (id uint32, held bool, rev int64, knownKey boo
 // lookupFound is lookup where heldID, when not noRecord, is key's record, found already.
 func (c *Core) lookupFound(key string, heldID uint32) (id uint32, held bool, rev int64, knownKey bool) {
 	if heldID != noRecord {
-		return heldID, true, c.rows.at(heldID).rev, true
+		return heldID, true, c.rows.At(heldID).Rev, true
 	}
-	if id, ok := c.index.find(&c.rows, &c.keys, key); ok {
-		return id, true, c.rows.at(id).rev, true
+	if id, ok := c.rows.Find(key); ok {
+		return id, true, c.rows.At(id).Rev, true
 	}
 	if k, ok := c.invalid[key]; ok {
 		return 0, false, k.rev, true
@@ -389,16 +398,16 @@ func (c *Core) Apply(now time.Time, row schedule.Row) Outcome {
 func (c *Core) ApplyCompleted(now time.Time, row schedule.Row, token uint64) Outcome {
 	nowMs := now.UnixMilli()
 	c.expireLeases(nowMs)
-	id, ok := c.index.find(&c.rows, &c.keys, row.Key)
+	id, ok := c.rows.Find(row.Key)
 	if !ok {
 		return c.apply(nowMs, &row, noRecord)
 	}
-	r := c.rows.at(id)
+	r := c.rows.At(id)
 	if l, leased := c.leases[id]; leased && l.token == token {
 		// end the lease on the record now; its tree entry is rewritten by the apply, or cleared
 		// below when the apply leaves it in place
 		delete(c.leases, id)
-		r.clear(flagLeased)
+		r.Clear(flagLeased)
 		c.unleasing = id
 	}
 	o := c.apply(nowMs, &row, id)
@@ -417,7 +426,7 @@ func (c *Core) apply(nowMs int64, row *schedule.Row, heldID uint32) Outcome {
 	id, held, rev, knownKey := c.lookupFound(row.Key, heldID)
 	if knownKey && row.Rev <= rev {
 		if held && c.walk != nil {
-			c.markSeen(c.rows.at(id))
+			c.markSeen(c.rows.At(id))
 		}
 		return Outcome{Result: Ignored, WasHeld: held}
 	}
@@ -457,44 +466,41 @@ func (c *Core) apply(nowMs int64, row *schedule.Row, heldID uint32) Outcome {
 		return Outcome{Result: Invalid, WasHeld: held, Reason: fmt.Sprintf("more than %d distinct routes", maxRoutes)}
 	}
 	if held {
-		r := c.rows.at(id)
+		r := c.rows.At(id)
 		if c.walk != nil {
 			c.markSeen(r)
 		}
-		if r.group == gi && r.due() == due {
+		if r.Group == gi && r.Due() == due {
 			// same place in the same tree: only the rev and the route change
 			c.countDue(r, -1)
-			r.rev, r.route = row.Rev, ri
+			r.Rev, r.Route = row.Rev, ri
 			c.countDue(r, 1)
 			return Outcome{Result: Held, WasHeld: true}
 		}
 		c.unplace(id, r)
 	} else {
-		if c.rows.n >= MaxRows {
+		if c.rows.Len() >= MaxRows {
 			c.remember(row.Key, row.Rev, slot)
 			return Outcome{Result: Invalid, Reason: fmt.Sprintf("the shard holds the most rows one keeper can (%d); add shards", MaxRows)}
 		}
 		c.forget(row.Key)
-		if c.rows.n == 0 {
+		if c.rows.Len() == 0 {
 			c.due.reset(nowMs) // nothing is counted: the cursor may move for free
 		}
-		id = c.rows.alloc()
-		r := c.rows.at(id)
-		r.keyOff = c.keys.put(row.Key)
-		r.msFlags = flagHeld
-		r.slot = uint16(slot)
+		id = c.rows.Add(row.Key)
+		r := c.rows.At(id)
+		r.Slot = uint16(slot)
 		c.newSeen(r)
 		c.slotHeld[slot]++
-		c.index.insert(&c.rows, &c.keys, row.Key, id)
 	}
-	r := c.rows.at(id)
-	r.setDue(due)
-	r.rev = row.Rev
-	r.group = gi
-	r.route = ri
-	r.clear(flagUrgent)
+	r := c.rows.At(id)
+	r.SetDue(due)
+	r.Rev = row.Rev
+	r.Group = gi
+	r.Route = ri
+	r.Clear(flagUrgent)
 	if row.Urgent {
-		r.set(flagUrgent)
+		r.Set(flagUrgent)
 	}
 	c.place(id, r)
 	return Outcome{Result: Held, WasHeld: held}
@@ -530,20 +536,16 @@ func (c *Core) forget(key string) {
 	}
 }
 
-// removeRow drops a held row: out of its tree and counts, its lease, the index and the arena.
+// removeRow drops a held row: out of its tree and counts, its lease, and the store.
 func (c *Core) removeRow(id uint32) {
-	r := c.rows.at(id)
+	r := c.rows.At(id)
 	c.unplace(id, r)
 	c.unseen(r)
-	c.slotHeld[r.slot]--
-	if r.has(flagLeased) {
+	c.slotHeld[r.Slot]--
+	if r.Has(flagLeased) {
 		delete(c.leases, id)
 	}
-	key := c.keys.get(r.keyOff)
-	c.index.remove(&c.rows, &c.keys, string(key))
-	c.keys.free(r.keyOff)
-	c.rows.release(id)
-	c.maybeCompact()
+	c.rows.Remove(id)
 }
 
 func (c *Core) groupOf(row *schedule.Row) (uint16, bool) {
@@ -574,16 +576,4 @@ func (c *Core) routeOf(route string) (uint16, bool) {
 	c.due.route = append(c.due.route, 0)
 	c.routeIdx[route] = r
 	return r, true
-}
-
-// maybeCompact rewrites the key arena when more than half of it is garbage.
-func (c *Core) maybeCompact() {
-	if c.keys.garbage < 1<<20 || c.keys.garbage < c.keys.live {
-		return
-	}
-	var fresh arena
-	c.forEachHeld(func(_ uint32, r *rec) {
-		r.keyOff = fresh.put(string(c.keys.get(r.keyOff)))
-	})
-	c.keys = fresh
 }

@@ -453,28 +453,3 @@ func TestSummaryFigures(t *testing.T) {
 		t.Fatalf("due per slot sums to %d, due %d", perSlot, s.Due)
 	}
 }
-
-func TestArenaCompactionKeepsKeys(t *testing.T) {
-	c := newCore(t, policy.Config{})
-	long := strings.Repeat("p", 1000)
-	// churn well over a MiB of keys through the arena so it compacts, then check every
-	// remaining key is still found and claimable by its exact key
-	for round := 0; round < 6; round++ {
-		for i := 0; i < 800; i++ {
-			k := long + string(rune('a'+round)) + strings.Repeat("z", i%7) + string(rune('A'+i%26)) + string(rune('0'+i%10)) + strings.Repeat("q", i/260)
-			r := row(k, t0.Add(-time.Minute), time.Hour, int64(round+1))
-			c.Apply(t0, r)
-			if round > 0 {
-				c.Delete(t0, k[:1000]+string(rune('a'+round-1))+k[1001:], r.Slot(), 100)
-			}
-		}
-	}
-	for _, cl := range c.Claim(t0, 10000, time.Minute) {
-		if err := c.CheckLease(t0, cl.Key, cl.Lease); err != nil {
-			t.Fatalf("key %.20s...: %v", cl.Key[1000:], err)
-		}
-	}
-	if c.keys.garbage > c.keys.live+(1<<20) {
-		t.Fatalf("arena never compacted: live %d garbage %d", c.keys.live, c.keys.garbage)
-	}
-}

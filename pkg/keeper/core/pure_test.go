@@ -15,7 +15,7 @@ import (
 // purePackages are the directories of the core and of the packages it is built from, relative to
 // this one: each is held to the same rules (coretest, which builds cores for benchmarks, is not
 // one of them).
-var purePackages = []string{".", "duetree", "policy"}
+var purePackages = []string{".", "duetree", "policy", "rowstore"}
 
 // pureImports are the only packages the core and its parts may import: no clock, I/O, goroutines
 // or randomness of its own beyond what these allow (the core's callers pass now).
@@ -27,8 +27,9 @@ var pureImports = map[string]bool{
 	// the wire contract's types (it imports time only): the lateness buckets' bounds
 	"github.com/renderqueue/renderqueue/pkg/shardapi": true,
 	// the core's own parts, held to the same rules here
-	"github.com/renderqueue/renderqueue/pkg/keeper/core/duetree": true,
-	"github.com/renderqueue/renderqueue/pkg/keeper/core/policy":  true,
+	"github.com/renderqueue/renderqueue/pkg/keeper/core/duetree":  true,
+	"github.com/renderqueue/renderqueue/pkg/keeper/core/policy":   true,
+	"github.com/renderqueue/renderqueue/pkg/keeper/core/rowstore": true,
 }
 
 // clockFuncs are the time package's functions that read or wait on the clock.

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/renderqueue/renderqueue/pkg/keeper/core/duetree"
+	"github.com/renderqueue/renderqueue/pkg/keeper/core/rowstore"
 	"github.com/renderqueue/renderqueue/pkg/schedule"
 	"github.com/renderqueue/renderqueue/pkg/shardapi"
 )
@@ -83,13 +84,13 @@ type dueCounts struct {
 func (d *dueCounts) reset(cursorMs int64) { d.cursor = cursorMs }
 
 // countDue adds delta to the counts of held row r when it is due at or before the cursor.
-func (c *Core) countDue(r *rec, delta int32) {
-	if r.due() > c.due.cursor {
+func (c *Core) countDue(r *rowstore.Rec, delta int32) {
+	if r.Due() > c.due.cursor {
 		return
 	}
-	c.due.slot[r.slot] += delta
-	if c.slots[r.slot] == SlotOwned {
-		c.due.route[r.route] += delta
+	c.due.slot[r.Slot] += delta
+	if c.slots[r.Slot] == SlotOwned {
+		c.due.route[r.Route] += delta
 	}
 }
 
@@ -116,12 +117,12 @@ func (c *Core) moveCursor(tMs int64) {
 	}
 	for _, g := range c.groups {
 		c.trees.Visit(&g.owned, c.trees.Rank(&g.owned, lo), c.trees.Rank(&g.owned, hi), func(e duetree.Entry) {
-			r := c.rows.at(e.ID())
-			c.due.slot[r.slot] += d
-			c.due.route[r.route] += d
+			r := c.rows.At(e.ID())
+			c.due.slot[r.Slot] += d
+			c.due.route[r.Route] += d
 		})
 		c.trees.Visit(&g.incoming, c.trees.Rank(&g.incoming, lo), c.trees.Rank(&g.incoming, hi), func(e duetree.Entry) {
-			c.due.slot[c.rows.at(e.ID()).slot] += d
+			c.due.slot[c.rows.At(e.ID()).Slot] += d
 		})
 	}
 	c.due.cursor = tMs
@@ -133,7 +134,7 @@ func (c *Core) moveCursor(tMs int64) {
 // came due since the last summary are counted without holding claims up for long.
 func (c *Core) CatchUp(now time.Time, maxRows int) bool {
 	t := now.UnixMilli()
-	if c.rows.n == 0 {
+	if c.rows.Len() == 0 {
 		c.due.reset(t)
 		return true
 	}
@@ -182,13 +183,13 @@ type SummaryCounts struct {
 func (c *Core) CountSummary(now time.Time) SummaryCounts {
 	nowMs := now.UnixMilli()
 	c.expireLeases(nowMs)
-	if c.rows.n == 0 {
+	if c.rows.Len() == 0 {
 		c.due.reset(nowMs)
 	} else {
 		c.moveCursor(nowMs)
 	}
 	sc := SummaryCounts{
-		Summary:   Summary{AsOf: now, Held: c.rows.n, Invalid: len(c.invalid), Leased: len(c.leases)},
+		Summary:   Summary{AsOf: now, Held: c.rows.Len(), Invalid: len(c.invalid), Leased: len(c.leases)},
 		slotDue:   c.due.slot,
 		slotState: c.slots,
 		walked:    c.walked,
@@ -233,7 +234,7 @@ func (c *Core) CountSummary(now time.Time) SummaryCounts {
 			first, _ := c.trees.First(t)
 			last := c.trees.Select(t, n-1)
 			run := dueRun{t: t, n: n, cadenceMs: g.cadenceMs, first: first,
-				firstMs: c.rows.at(first.ID()).due(), lastMs: c.rows.at(last.ID()).due()}
+				firstMs: c.rows.At(first.ID()).Due(), lastMs: c.rows.At(last.ID()).Due()}
 			runs = append(runs, run)
 			c.classLateness(cl, nowMs, run)
 		}
@@ -340,8 +341,8 @@ func (c *Core) lateness(s *Summary, nowMs int64, runs []dueRun) {
 		}
 		maxRel = max(maxRel, relLate(nowMs, r.firstMs, r.cadenceMs))
 	}
-	or := c.rows.at(oldest.first.ID())
-	s.Oldest = &OldestRow{Key: string(c.keys.get(or.keyOff)), Due: time.UnixMilli(oldest.firstMs).UTC()}
+	or := c.rows.At(oldest.first.ID())
+	s.Oldest = &OldestRow{Key: string(c.rows.Key(or)), Due: time.UnixMilli(oldest.firstMs).UTC()}
 	s.Lateness.MaxSeconds = float64(nowMs-oldest.firstMs) / 1000
 	s.Lateness.MaxRelative = maxRel
 	s.Lateness.P50Seconds = float64(nowMs-c.dueQuantile(runs, total, 0.50, oldest.firstMs, nowMs)) / 1000
@@ -390,7 +391,7 @@ func (c *Core) dueQuantile(runs []dueRun, total int, q float64, lo, hi int64) in
 	var cand []int64
 	for _, r := range runs {
 		c.trees.Visit(r.t, c.trees.Rank(r.t, lo), c.trees.Rank(r.t, hi), func(e duetree.Entry) {
-			cand = append(cand, c.rows.at(e.ID()).due())
+			cand = append(cand, c.rows.At(e.ID()).Due())
 		})
 	}
 	slices.Sort(cand)
@@ -436,7 +437,7 @@ func (c *Core) relQuantile(runs []dueRun, total int, q float64, nowMs int64, max
 	for i := range runs {
 		r := &runs[i]
 		c.trees.Visit(r.t, r.n-cntLE(r, xhi), r.n-cntLE(r, xlo), func(e duetree.Entry) {
-			cand = append(cand, relLate(nowMs, c.rows.at(e.ID()).due(), r.cadenceMs))
+			cand = append(cand, relLate(nowMs, c.rows.At(e.ID()).Due(), r.cadenceMs))
 		})
 	}
 	slices.Sort(cand)

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/renderqueue/renderqueue/pkg/keeper/core/policy"
+	"github.com/renderqueue/renderqueue/pkg/keeper/core/rowstore"
 	"github.com/renderqueue/renderqueue/pkg/schedule"
 	"github.com/renderqueue/renderqueue/pkg/shardapi"
 )
@@ -17,7 +18,7 @@ import (
 // summaryScan computes a summary the direct way: one pass over every held record, percentiles by
 // sorting. It is the reference for Summary on cores too large for the reference model.
 func summaryScan(c *Core, nowMs int64) Summary {
-	s := Summary{Held: c.rows.n, Invalid: len(c.invalid), Leased: len(c.leases), DuePerSlot: map[int]int{},
+	s := Summary{Held: c.rows.Len(), Invalid: len(c.invalid), Leased: len(c.leases), DuePerSlot: map[int]int{},
 		DuePerIncomingSlot: map[int]int{}, ByRoute: map[string]int{}}
 	type classKey struct {
 		cadenceMs int64
@@ -26,17 +27,17 @@ func summaryScan(c *Core, nowMs int64) Summary {
 	classes := map[classKey]*Class{}
 	var abs []int64
 	var rel []float64
-	var oldest *rec
-	c.forEachHeld(func(_ uint32, r *rec) {
-		due := r.due()
-		if c.slots[r.slot] != SlotOwned {
+	var oldest *rowstore.Rec
+	c.rows.Each(func(_ uint32, r *rowstore.Rec) {
+		due := r.Due()
+		if c.slots[r.Slot] != SlotOwned {
 			s.HeldIncoming++
 			if due <= nowMs {
-				s.DuePerIncomingSlot[int(r.slot)]++
+				s.DuePerIncomingSlot[int(r.Slot)]++
 			}
 			return
 		}
-		g := c.groups[r.group]
+		g := c.groups[r.Group]
 		ck := classKey{g.cadenceMs, g.source}
 		if classes[ck] == nil {
 			classes[ck] = &Class{Cadence: time.Duration(g.cadenceMs) * time.Millisecond, Source: g.source}
@@ -60,11 +61,11 @@ func summaryScan(c *Core, nowMs int64) Summary {
 		cl.Due++
 		cl.MaxLateSeconds = max(cl.MaxLateSeconds, float64(nowMs-due)/1000)
 		cl.LateBy[lateBucket(nowMs-due, g.cadenceMs)]++
-		s.DuePerSlot[int(r.slot)]++
-		s.ByRoute[c.routes[r.route]]++
+		s.DuePerSlot[int(r.Slot)]++
+		s.ByRoute[c.routes[r.Route]]++
 		abs = append(abs, nowMs-due)
 		rel = append(rel, float64(nowMs-due)/float64(g.cadenceMs))
-		if oldest == nil || due < oldest.due() || (due == oldest.due() && string(c.keys.get(r.keyOff)) < string(c.keys.get(oldest.keyOff))) {
+		if oldest == nil || due < oldest.Due() || (due == oldest.Due() && string(c.rows.Key(r)) < string(c.rows.Key(oldest))) {
 			oldest = r
 		}
 	})
@@ -75,7 +76,7 @@ func summaryScan(c *Core, nowMs int64) Summary {
 		return cmp.Or(cmp.Compare(a.Cadence, b.Cadence), cmp.Compare(a.Source, b.Source))
 	})
 	if oldest != nil {
-		s.Oldest = &OldestRow{Key: string(c.keys.get(oldest.keyOff)), Due: time.UnixMilli(oldest.due()).UTC()}
+		s.Oldest = &OldestRow{Key: string(c.rows.Key(oldest)), Due: time.UnixMilli(oldest.Due()).UTC()}
 	}
 	if len(abs) > 0 {
 		slices.Sort(abs)

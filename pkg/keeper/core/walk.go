@@ -5,6 +5,7 @@ import (
 	"math"
 	"time"
 
+	"github.com/renderqueue/renderqueue/pkg/keeper/core/rowstore"
 	"github.com/renderqueue/renderqueue/pkg/schedule"
 )
 
@@ -78,38 +79,38 @@ const (
 // rows left unseen: a read slot with rows the walk proved deleted, or an unread slot whose rows
 // must be made alike again. The service makes that pass in bounded steps (SweepWalk).
 
-func (c *Core) isSeen(r *rec) bool { return r.has(flagSeen) == c.parity[r.slot] }
+func (c *Core) isSeen(r *rowstore.Rec) bool { return r.Has(flagSeen) == c.parity[r.Slot] }
 
-func (c *Core) setSeen(r *rec) {
-	if c.parity[r.slot] {
-		r.set(flagSeen)
+func (c *Core) setSeen(r *rowstore.Rec) {
+	if c.parity[r.Slot] {
+		r.Set(flagSeen)
 	} else {
-		r.clear(flagSeen)
+		r.Clear(flagSeen)
 	}
 }
 
 // markSeen marks a held row seen by the running walk.
-func (c *Core) markSeen(r *rec) {
+func (c *Core) markSeen(r *rowstore.Rec) {
 	if !c.isSeen(r) {
 		c.setSeen(r)
-		if c.walk.slots[r.slot] {
-			c.walk.seen[r.slot]++
+		if c.walk.slots[r.Slot] {
+			c.walk.seen[r.Slot]++
 		}
 	}
 }
 
 // newSeen marks a newly held row seen (by the running walk, if any).
-func (c *Core) newSeen(r *rec) {
+func (c *Core) newSeen(r *rowstore.Rec) {
 	c.setSeen(r)
-	if c.walk != nil && c.walk.slots[r.slot] {
-		c.walk.seen[r.slot]++
+	if c.walk != nil && c.walk.slots[r.Slot] {
+		c.walk.seen[r.Slot]++
 	}
 }
 
 // unseen takes a row that is being dropped out of the running walk's count.
-func (c *Core) unseen(r *rec) {
-	if c.walk != nil && c.walk.slots[r.slot] && c.isSeen(r) {
-		c.walk.seen[r.slot]--
+func (c *Core) unseen(r *rowstore.Rec) {
+	if c.walk != nil && c.walk.slots[r.Slot] && c.isSeen(r) {
+		c.walk.seen[r.Slot]--
 	}
 }
 
@@ -261,26 +262,23 @@ func (c *Core) SweepWalk(maxRows int) (WalkCounts, bool) {
 		}
 	}
 	visited := 0
-	for needed && w.sweepNext < len(c.rows.chunks) && visited < maxRows {
-		chunk := c.rows.chunks[w.sweepNext]
-		for i := range chunk {
-			r := &chunk[i]
-			if r.msFlags&flagHeld == 0 || c.isSeen(r) {
-				continue
+	for needed && w.sweepNext < c.rows.Chunks() && visited < maxRows {
+		visited += c.rows.EachInChunk(w.sweepNext, func(id uint32, r *rowstore.Rec) {
+			if c.isSeen(r) {
+				return
 			}
-			switch w.sweepSlot[r.slot] {
+			switch w.sweepSlot[r.Slot] {
 			case sweepDrop:
-				c.removeRow(uint32(w.sweepNext)<<recChunkBits | uint32(i))
+				c.removeRow(id)
 				w.counts.Repaired++
 				w.counts.Deleted++
 			case sweepMark:
 				c.setSeen(r)
 			}
-		}
-		visited += len(chunk)
+		})
 		w.sweepNext++
 	}
-	if needed && w.sweepNext < len(c.rows.chunks) {
+	if needed && w.sweepNext < c.rows.Chunks() {
 		return WalkCounts{}, false
 	}
 	for s, ok := range w.read {

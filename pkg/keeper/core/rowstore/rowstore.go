@@ -1,69 +1,161 @@
-package core
+package rowstore
 
 import (
 	"encoding/binary"
 	"hash/maphash"
-
-	"github.com/renderqueue/renderqueue/pkg/keeper/core/duetree"
 )
-
-// This file holds the memory layout of the held rows: fixed-size records in chunks, keys in a
-// byte arena, and an open-addressing index from key to record. Together with the claim trees
-// (package duetree) they cost about 24 (record) + key length + 1 (length prefix) + ~7 (index) +
-// ~11 (tree) bytes per row, with no per-row heap object for the garbage collector to trace.
 
 const (
 	recChunkBits = 12
 	recChunkSize = 1 << recChunkBits // records per chunk
 	arenaChunk   = 1 << 20           // bytes per key arena chunk
+	// compactAt is the garbage (bytes of freed keys) past which the key arena is rewritten, when
+	// it is also more than the live keys.
+	compactAt = 1 << 20
 )
 
-// Record flags, kept in the high bits of rec.msFlags.
+// Flag is one of a record's flags, kept in the high bits beside its due milliseconds.
+type Flag uint16
+
 const (
-	flagHeld   uint16 = 1 << (10 + iota) // the record holds a row (otherwise it is on the free list)
-	flagLeased                           // the row is leased to a worker
-	flagUrgent                           // the row is urgent
-	// flagSeen is the walk mark: a row of slot s counts as seen by the running walk when this
-	// bit equals Core.parity[s] (see walk.go), so starting a walk unmarks a slot's rows at once.
-	flagSeen
-	// flagPending: the row's entry waits in its tree's pending list (bulk mode,
-	// duetree.Forest.AddPending).
-	flagPending
-	msMask = 1<<10 - 1
+	// Held: the record holds a row (otherwise it is on the free list). The store sets and clears it.
+	Held Flag = 1 << 10
+	// UserFlag is the lowest of the flags left to the store's user, who names them: UserFlag << i
+	// for i < UserFlags. The store keeps them and clears them when the record is removed.
+	UserFlag  = Held << 1
+	UserFlags = 5
+	msMask    = 1<<10 - 1
 )
 
-// rec is one held row (24 bytes). Its cadence and source live in its group.
-type rec struct {
-	rev     int64  // revision of the row as held
+// Rec is one held row (24 bytes): its key's place in the store, its due time and flags, and four
+// fields the store keeps for its user (the core: the row's rev and slot, and the indexes of its
+// interned route and (cadence, source, urgent) group).
+type Rec struct {
+	Rev     int64  // revision of the row as held
 	dueSec  uint32 // due time: seconds since the Unix epoch (until 2106) ...
 	keyOff  uint32 // offset of the key's length-prefixed bytes in the arena
 	msFlags uint16 // ... plus these low 10 bits of milliseconds; the high bits are flags
-	route   uint16 // index into Core.routes
-	group   uint16 // index into Core.groups
-	slot    uint16
+	Route   uint16
+	Group   uint16
+	Slot    uint16
 }
 
-// due returns the due time in ms since the Unix epoch.
-func (r *rec) due() int64 { return int64(r.dueSec)*1000 + int64(r.msFlags&msMask) }
+// Due returns the due time in ms since the Unix epoch.
+func (r *Rec) Due() int64 { return int64(r.dueSec)*1000 + int64(r.msFlags&msMask) }
 
-// setDue sets the due time (ms in [0, schedule.MaxDueMs)), keeping the flags.
-func (r *rec) setDue(ms int64) {
+// SetDue sets the due time (ms in [0, schedule.MaxDueMs)), keeping the flags.
+func (r *Rec) SetDue(ms int64) {
 	r.dueSec = uint32(ms / 1000)
 	r.msFlags = r.msFlags&^msMask | uint16(ms%1000)
 }
 
-func (r *rec) has(f uint16) bool { return r.msFlags&f != 0 }
-func (r *rec) set(f uint16)      { r.msFlags |= f }
-func (r *rec) clear(f uint16)    { r.msFlags &^= f }
+// Has says whether flag f is set.
+func (r *Rec) Has(f Flag) bool { return r.msFlags&uint16(f) != 0 }
+
+// Set sets flag f (a user flag).
+func (r *Rec) Set(f Flag) { r.msFlags |= uint16(f) }
+
+// Clear clears flag f (a user flag).
+func (r *Rec) Clear(f Flag) { r.msFlags &^= uint16(f) }
+
+// Store holds rows: their records, their keys and the index from key to record. Record ids are
+// stable while a row is held and below MaxRows. It is not safe for concurrent use.
+type Store struct {
+	recs  rows
+	keys  arena
+	index index
+}
+
+// New returns an empty store.
+func New() *Store {
+	s := &Store{}
+	s.index.seed = maphash.MakeSeed()
+	return s
+}
+
+// Len returns the number of held records.
+func (s *Store) Len() int { return s.recs.n }
+
+// At returns held record id.
+func (s *Store) At(id uint32) *Rec { return s.recs.at(id) }
+
+// Key returns the key of held record r. The bytes are the store's: valid until the next Remove.
+func (s *Store) Key(r *Rec) []byte { return s.keys.get(r.keyOff) }
+
+// Find returns the id of the record holding key, or false.
+func (s *Store) Find(key string) (uint32, bool) { return s.index.find(&s.recs, &s.keys, key) }
+
+// Add holds a new record for key (not held) and returns its id: flag Held set, everything else
+// zero. The caller makes sure fewer than MaxRows records are held.
+func (s *Store) Add(key string) uint32 {
+	id := s.recs.alloc()
+	r := s.recs.at(id)
+	r.keyOff = s.keys.put(key)
+	r.msFlags = uint16(Held)
+	s.index.insert(&s.recs, &s.keys, key, id)
+	return id
+}
+
+// Remove drops held record id: out of the index, its key freed (the key arena is rewritten when
+// more than half of it is garbage), the record cleared and free for reuse.
+func (s *Store) Remove(id uint32) {
+	r := s.recs.at(id)
+	s.index.remove(&s.recs, &s.keys, string(s.keys.get(r.keyOff)))
+	s.keys.free(r.keyOff)
+	s.recs.release(id)
+	s.maybeCompact()
+}
+
+// Reserve sizes the key index for n held records, so that holding up to n never grows (rebuilds)
+// it. It never shrinks anything.
+func (s *Store) Reserve(n int) { s.index.reserve(&s.recs, &s.keys, min(n, MaxRows)) }
+
+// IndexSize returns the key index's capacity (0 before the first record or Reserve) and how many
+// times it has been built or rebuilt.
+func (s *Store) IndexSize() (slots, builds int) { return len(s.index.slots), s.index.resizes }
+
+// Each calls fn for every held record, in id order. fn may remove the record it is given.
+func (s *Store) Each(fn func(id uint32, r *Rec)) {
+	for ci := range s.recs.chunks {
+		s.EachInChunk(ci, fn)
+	}
+}
+
+// Chunks returns the number of chunks the records are kept in; EachInChunk visits one.
+func (s *Store) Chunks() int { return len(s.recs.chunks) }
+
+// EachInChunk calls fn for every held record of chunk ci, in id order, and returns the number of
+// records (held or free) the chunk has. fn may remove the record it is given.
+func (s *Store) EachInChunk(ci int, fn func(id uint32, r *Rec)) int {
+	chunk := s.recs.chunks[ci]
+	for i := range chunk {
+		if chunk[i].msFlags&uint16(Held) != 0 {
+			fn(uint32(ci)<<recChunkBits|uint32(i), &chunk[i])
+		}
+	}
+	return len(chunk)
+}
+
+// maybeCompact rewrites the key arena when more than half of it is garbage.
+func (s *Store) maybeCompact() {
+	if s.keys.garbage < compactAt || s.keys.garbage < s.keys.live {
+		return
+	}
+	var fresh arena
+	s.Each(func(_ uint32, r *Rec) {
+		r.keyOff = fresh.put(string(s.keys.get(r.keyOff)))
+	})
+	s.keys = fresh
+}
 
 // rows is chunked record storage with a free list; ids are stable while a row is held.
 type rows struct {
-	chunks [][]rec
+	chunks [][]Rec
 	free   []uint32
 	n      int // records in use
 }
 
-func (r *rows) at(id uint32) *rec {
+func (r *rows) at(id uint32) *Rec {
 	return &r.chunks[id>>recChunkBits][id&(recChunkSize-1)]
 }
 
@@ -77,7 +169,7 @@ func (r *rows) alloc() uint32 {
 	// no free record: add a chunk, hand out its first record and free the rest, highest first
 	// so that ids are handed out in ascending order.
 	base := uint32(len(r.chunks)) * recChunkSize
-	r.chunks = append(r.chunks, make([]rec, recChunkSize))
+	r.chunks = append(r.chunks, make([]Rec, recChunkSize))
 	for i := uint32(recChunkSize - 1); i >= 1; i-- {
 		r.free = append(r.free, base+i)
 	}
@@ -85,7 +177,7 @@ func (r *rows) alloc() uint32 {
 }
 
 func (r *rows) release(id uint32) {
-	*r.at(id) = rec{}
+	*r.at(id) = Rec{}
 	r.free = append(r.free, id)
 	r.n--
 }
@@ -148,11 +240,12 @@ type index struct {
 }
 
 const (
-	// idBits is the width of record ids: the trees' entries hold them in as many bits.
-	idBits = duetree.IDBits
+	// IDBits is the width of record ids: every id is below 1<<IDBits.
+	IDBits = 25
+	idBits = IDBits
 	idMask = 1<<idBits - 1
-	// MaxRows is the most rows one core can hold: record ids (below MaxRows plus one chunk) must
-	// fit beside the fingerprint here and beside the due time in the claim trees' entries.
+	// MaxRows is the most rows one store can hold: record ids (below MaxRows plus one chunk) must
+	// fit in IDBits, beside the fingerprint here.
 	MaxRows = 1<<idBits - recChunkSize
 )
 
@@ -255,7 +348,7 @@ func (ix *index) resize(rs *rows, ar *arena, n int, skip uint32) {
 		for j := range chunk {
 			r := &chunk[j]
 			id := uint32(ci)<<recChunkBits | uint32(j)
-			if r.msFlags&flagHeld == 0 || id == skip {
+			if r.msFlags&uint16(Held) == 0 || id == skip {
 				continue
 			}
 			h := maphash.Bytes(ix.seed, ar.get(r.keyOff))

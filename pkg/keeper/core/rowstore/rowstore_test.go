@@ -1,0 +1,113 @@
+package rowstore
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+)
+
+// TestReserveSizesIndex checks that Reserve sizes the index for a load of that many rows (no
+// rebuild on the way) and that rebuilding it as it grows keeps every key findable.
+func TestReserveSizesIndex(t *testing.T) {
+	s := New()
+	s.Reserve(5000)
+	size, _ := s.IndexSize()
+	if size*3 < 5000*4 {
+		t.Fatalf("reserved %d slots for 5000 keys", size)
+	}
+	for i := range 5000 {
+		s.Add(fmt.Sprintf("k%d", i))
+	}
+	if got, _ := s.IndexSize(); got != size {
+		t.Fatalf("the index grew from %d to %d slots within its reservation", size, got)
+	}
+	for i := 5000; i < 20000; i++ { // past the reservation: rebuilt from the records as it grows
+		s.Add(fmt.Sprintf("k%d", i))
+	}
+	if got, _ := s.IndexSize(); s.index.n != 20000 || got == size {
+		t.Fatalf("index holds %d keys in %d slots", s.index.n, got)
+	}
+	for i := range 20000 {
+		k := fmt.Sprintf("k%d", i)
+		if id, ok := s.Find(k); !ok || string(s.Key(s.At(id))) != k {
+			t.Fatalf("%s not found after the index grew", k)
+		}
+	}
+	s.Reserve(10) // never shrinks
+	if got, _ := s.IndexSize(); s.index.n != 20000 || got < size {
+		t.Fatal("Reserve changed the index")
+	}
+	if err := s.Check(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestArenaCompactionKeepsKeys churns well over a MiB of keys through the arena so it compacts,
+// then checks that every remaining key is still found by its exact key, with its record.
+func TestArenaCompactionKeepsKeys(t *testing.T) {
+	s := New()
+	long := strings.Repeat("p", 1000)
+	key := func(round, i int) string {
+		return long + string(rune('a'+round)) + strings.Repeat("z", i%7) + string(rune('A'+i%26)) + string(rune('0'+i%10)) + strings.Repeat("q", i/260)
+	}
+	for round := range 6 {
+		for i := range 800 {
+			id := s.Add(key(round, i))
+			s.At(id).Rev = int64(round*1000 + i)
+			if round > 0 {
+				old, ok := s.Find(key(round-1, i))
+				if !ok {
+					t.Fatalf("round %d: key %d of the round before not found", round, i)
+				}
+				s.Remove(old)
+			}
+		}
+	}
+	if s.Len() != 800 {
+		t.Fatalf("%d records held, want 800", s.Len())
+	}
+	for i := range 800 {
+		k := key(5, i)
+		id, ok := s.Find(k)
+		if !ok {
+			t.Fatalf("key %.20s... not found", k[1000:])
+		}
+		if r := s.At(id); string(s.Key(r)) != k || r.Rev != int64(5000+i) {
+			t.Fatalf("key %.20s...: record holds key %.20s..., rev %d", k[1000:], s.Key(r)[1000:], r.Rev)
+		}
+	}
+	if s.keys.garbage > s.keys.live+compactAt {
+		t.Fatalf("arena never compacted: live %d garbage %d", s.keys.live, s.keys.garbage)
+	}
+	if err := s.Check(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestRecordFlagsAndDue checks that the due time and the flags share their bits without
+// disturbing each other, and that a removed record comes back cleared.
+func TestRecordFlagsAndDue(t *testing.T) {
+	s := New()
+	id := s.Add("k")
+	r := s.At(id)
+	if !r.Has(Held) || r.Due() != 0 {
+		t.Fatalf("new record: held %v, due %d", r.Has(Held), r.Due())
+	}
+	last := UserFlag << (UserFlags - 1)
+	r.Set(UserFlag)
+	r.Set(last)
+	const due = 4_294_967_295_999 // the last millisecond of 32-bit seconds
+	r.SetDue(due)
+	if r.Due() != due || !r.Has(UserFlag) || !r.Has(last) || !r.Has(Held) || r.Has(UserFlag<<1) {
+		t.Fatalf("due %d, flags %016b", r.Due(), r.msFlags)
+	}
+	r.Clear(UserFlag)
+	r.SetDue(1_000)
+	if r.Due() != 1_000 || r.Has(UserFlag) || !r.Has(last) {
+		t.Fatalf("due %d, flags %016b", r.Due(), r.msFlags)
+	}
+	s.Remove(id)
+	if id2 := s.Add("k2"); id2 != id || s.At(id2).Has(last) || s.At(id2).Due() != 0 {
+		t.Fatalf("reused record %d (removed %d): flags %016b, due %d", id2, id, s.At(id2).msFlags, s.At(id2).Due())
+	}
+}
