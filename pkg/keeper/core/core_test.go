@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/renderqueue/renderqueue/pkg/keeper/core/policy"
+	"github.com/renderqueue/renderqueue/pkg/keeper/core/summary"
 	"github.com/renderqueue/renderqueue/pkg/schedule"
 )
 
@@ -429,7 +430,7 @@ func TestSummaryFigures(t *testing.T) {
 	if s.Due != 3 || s.Held != 6 {
 		t.Fatalf("due %d held %d", s.Due, s.Held)
 	}
-	wantLate := Lateness{MaxSeconds: 172800, P50Seconds: 7200, P99Seconds: 172800, MaxRelative: 2, P50Relative: 0.5, P99Relative: 2}
+	wantLate := summary.Lateness{MaxSeconds: 172800, P50Seconds: 7200, P99Seconds: 172800, MaxRelative: 2, P50Relative: 0.5, P99Relative: 2}
 	if s.Lateness != wantLate {
 		t.Fatalf("lateness %+v, want %+v", s.Lateness, wantLate)
 	}

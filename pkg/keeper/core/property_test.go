@@ -10,6 +10,7 @@ import (
 
 	"github.com/renderqueue/renderqueue/pkg/keeper/core/duetree"
 	"github.com/renderqueue/renderqueue/pkg/keeper/core/policy"
+	"github.com/renderqueue/renderqueue/pkg/keeper/core/summary"
 	"github.com/renderqueue/renderqueue/pkg/schedule"
 	"pgregory.net/rapid"
 )
@@ -288,14 +289,14 @@ func claimedKeys(c []Claimed) []string {
 	return out
 }
 
-func compareSummary(t *rapid.T, step int, got, want Summary) {
+func compareSummary(t *rapid.T, step int, got, want summary.Summary) {
 	t.Helper()
 	if g, w := summaryString(got), summaryString(want); g != w {
 		t.Fatalf("step %d: summary\n got %s\nwant %s", step, g, w)
 	}
 }
 
-func summaryString(s Summary) string {
+func summaryString(s summary.Summary) string {
 	o := "nil"
 	if s.Oldest != nil {
 		o = fmt.Sprintf("%s@%s", s.Oldest.Key, s.Oldest.Due.Format(time.RFC3339))

@@ -15,7 +15,7 @@ import (
 // purePackages are the directories of the core and of the packages it is built from, relative to
 // this one: each is held to the same rules (coretest, which builds cores for benchmarks, is not
 // one of them).
-var purePackages = []string{".", "duetree", "policy", "rowstore"}
+var purePackages = []string{".", "duetree", "policy", "rowstore", "summary"}
 
 // pureImports are the only packages the core and its parts may import: no clock, I/O, goroutines
 // or randomness of its own beyond what these allow (the core's callers pass now).
@@ -30,6 +30,7 @@ var pureImports = map[string]bool{
 	"github.com/renderqueue/renderqueue/pkg/keeper/core/duetree":  true,
 	"github.com/renderqueue/renderqueue/pkg/keeper/core/policy":   true,
 	"github.com/renderqueue/renderqueue/pkg/keeper/core/rowstore": true,
+	"github.com/renderqueue/renderqueue/pkg/keeper/core/summary":  true,
 }
 
 // clockFuncs are the time package's functions that read or wait on the clock.

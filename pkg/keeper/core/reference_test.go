@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/renderqueue/renderqueue/pkg/keeper/core/policy"
+	"github.com/renderqueue/renderqueue/pkg/keeper/core/summary"
 	"github.com/renderqueue/renderqueue/pkg/schedule"
 )
 
@@ -375,12 +376,12 @@ func (m *refModel) endWalk(unread []int) WalkCounts {
 	return m.counts
 }
 
-func (m *refModel) summary(nowMs int64) Summary {
+func (m *refModel) summary(nowMs int64) summary.Summary {
 	m.expire(nowMs)
-	s := Summary{Held: len(m.held), Invalid: len(m.invalid), DuePerSlot: map[int]int{}, DuePerIncomingSlot: map[int]int{}, ByRoute: map[string]int{}}
+	s := summary.Summary{Held: len(m.held), Invalid: len(m.invalid), DuePerSlot: map[int]int{}, DuePerIncomingSlot: map[int]int{}, ByRoute: map[string]int{}}
 	var abs []int64
 	var rel []float64
-	classes := map[[2]int64]*Class{}
+	classes := map[[2]int64]*summary.Class{}
 	var oldest *refRow
 	for _, r := range m.held {
 		if r.leased {
@@ -396,7 +397,7 @@ func (m *refModel) summary(nowMs int64) Summary {
 		ck := [2]int64{r.row.Cadence.Milliseconds(), int64(r.row.Source)}
 		cl := classes[ck]
 		if cl == nil {
-			cl = &Class{Cadence: time.Duration(ck[0]) * time.Millisecond, Source: r.row.Source}
+			cl = &summary.Class{Cadence: time.Duration(ck[0]) * time.Millisecond, Source: r.row.Source}
 			classes[ck] = cl
 		}
 		cl.Held++
@@ -432,20 +433,20 @@ func (m *refModel) summary(nowMs int64) Summary {
 	for _, cl := range classes {
 		s.Classes = append(s.Classes, *cl)
 	}
-	slices.SortFunc(s.Classes, func(a, b Class) int {
+	slices.SortFunc(s.Classes, func(a, b summary.Class) int {
 		if a.Cadence != b.Cadence {
 			return int(a.Cadence - b.Cadence)
 		}
 		return int(a.Source) - int(b.Source)
 	})
 	if oldest != nil {
-		s.Oldest = &OldestRow{Key: oldest.row.Key, Due: time.UnixMilli(oldest.dueMs).UTC()}
+		s.Oldest = &summary.OldestRow{Key: oldest.row.Key, Due: time.UnixMilli(oldest.dueMs).UTC()}
 	}
 	if len(abs) > 0 {
 		slices.Sort(abs)
 		slices.Sort(rel)
 		rank := func(q float64, n int) int { return max(0, int(math.Ceil(q*float64(n)))-1) }
-		s.Lateness = Lateness{
+		s.Lateness = summary.Lateness{
 			MaxSeconds: float64(abs[len(abs)-1]) / 1000, P50Seconds: float64(abs[rank(0.5, len(abs))]) / 1000,
 			P99Seconds: float64(abs[rank(0.99, len(abs))]) / 1000, MaxRelative: rel[len(rel)-1],
 			P50Relative: rel[rank(0.5, len(rel))], P99Relative: rel[rank(0.99, len(rel))],

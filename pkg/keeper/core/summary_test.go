@@ -11,20 +11,23 @@ import (
 
 	"github.com/renderqueue/renderqueue/pkg/keeper/core/policy"
 	"github.com/renderqueue/renderqueue/pkg/keeper/core/rowstore"
+	"github.com/renderqueue/renderqueue/pkg/keeper/core/summary"
 	"github.com/renderqueue/renderqueue/pkg/schedule"
 	"github.com/renderqueue/renderqueue/pkg/shardapi"
 )
 
+const hourMs = 3600_000
+
 // summaryScan computes a summary the direct way: one pass over every held record, percentiles by
-// sorting. It is the reference for Summary on cores too large for the reference model.
-func summaryScan(c *Core, nowMs int64) Summary {
-	s := Summary{Held: c.rows.Len(), Invalid: len(c.invalid), Leased: len(c.leases), DuePerSlot: map[int]int{},
+// sorting. It is the reference for summary.Summary on cores too large for the reference model.
+func summaryScan(c *Core, nowMs int64) summary.Summary {
+	s := summary.Summary{Held: c.rows.Len(), Invalid: len(c.invalid), Leased: len(c.leases), DuePerSlot: map[int]int{},
 		DuePerIncomingSlot: map[int]int{}, ByRoute: map[string]int{}}
 	type classKey struct {
 		cadenceMs int64
 		source    schedule.Source
 	}
-	classes := map[classKey]*Class{}
+	classes := map[classKey]*summary.Class{}
 	var abs []int64
 	var rel []float64
 	var oldest *rowstore.Rec
@@ -40,7 +43,7 @@ func summaryScan(c *Core, nowMs int64) Summary {
 		g := c.groups[r.Group]
 		ck := classKey{g.cadenceMs, g.source}
 		if classes[ck] == nil {
-			classes[ck] = &Class{Cadence: time.Duration(g.cadenceMs) * time.Millisecond, Source: g.source}
+			classes[ck] = &summary.Class{Cadence: time.Duration(g.cadenceMs) * time.Millisecond, Source: g.source}
 		}
 		cl := classes[ck]
 		cl.Held++
@@ -72,17 +75,17 @@ func summaryScan(c *Core, nowMs int64) Summary {
 	for _, cl := range classes {
 		s.Classes = append(s.Classes, *cl)
 	}
-	slices.SortFunc(s.Classes, func(a, b Class) int {
+	slices.SortFunc(s.Classes, func(a, b summary.Class) int {
 		return cmp.Or(cmp.Compare(a.Cadence, b.Cadence), cmp.Compare(a.Source, b.Source))
 	})
 	if oldest != nil {
-		s.Oldest = &OldestRow{Key: string(c.rows.Key(oldest)), Due: time.UnixMilli(oldest.Due()).UTC()}
+		s.Oldest = &summary.OldestRow{Key: string(c.rows.Key(oldest)), Due: time.UnixMilli(oldest.Due()).UTC()}
 	}
 	if len(abs) > 0 {
 		slices.Sort(abs)
 		slices.Sort(rel)
 		at := func(q float64, n int) int { return max(0, int(math.Ceil(q*float64(n)))-1) }
-		s.Lateness = Lateness{
+		s.Lateness = summary.Lateness{
 			MaxSeconds: float64(abs[len(abs)-1]) / 1000, P50Seconds: float64(abs[at(0.5, len(abs))]) / 1000,
 			P99Seconds: float64(abs[at(0.99, len(abs))]) / 1000, MaxRelative: rel[len(rel)-1],
 			P50Relative: rel[at(0.5, len(rel))], P99Relative: rel[at(0.99, len(rel))],
@@ -91,7 +94,7 @@ func summaryScan(c *Core, nowMs int64) Summary {
 	return s
 }
 
-// TestSummaryMatchesScan checks Summary against a scan of the records on a core large enough for
+// TestSummaryMatchesScan checks summary.Summary against a scan of the records on a core large enough for
 // trees several levels deep: 24 groups (cadences × sources × urgent), leases, incoming slots,
 // millisecond due times with many ties, summaries at moving times in both directions, in steps.
 func TestSummaryMatchesScan(t *testing.T) {

@@ -175,6 +175,9 @@ func (f *Forest) Compare(a, b Entry) int {
 	return f.rec.Compare(ia, ib)
 }
 
+// DueMs returns the due time of entry e's record, in ms since the Unix epoch.
+func (f *Forest) DueMs(e Entry) int64 { return f.rec.DueMs(e.ID()) }
+
 // dueAtMost says whether entry e is due at or before tMs.
 func (f *Forest) dueAtMost(e Entry, tMs int64) bool {
 	if tMs < 0 {
