@@ -40,7 +40,7 @@ func checkCore(c *Core) error {
 		}
 		want[w][id] = r.Has(flagLeased)
 		slotHeld[r.Slot]++
-		if _, ok := c.leases[id]; ok != r.Has(flagLeased) {
+		if ok := c.leases.Leased(id); ok != r.Has(flagLeased) {
 			errs = append(errs, fmt.Sprintf("record %d: leased flag %v, lease entry %v", id, r.Has(flagLeased), ok))
 		}
 		if r.Due() <= c.due.cursor {
@@ -190,7 +190,7 @@ func TestBulkLoad(t *testing.T) {
 	if got := c.Summary(now); summaryString(got) != summaryString(want) {
 		t.Fatalf("summary\n got %s\nwant %s", summaryString(got), summaryString(want))
 	}
-	if len(c.leases) != 0 {
-		t.Fatalf("%d leases left", len(c.leases))
+	if c.leases.Len() != 0 {
+		t.Fatalf("%d leases left", c.leases.Len())
 	}
 }

@@ -1,7 +1,6 @@
 package core
 
 import (
-	"container/heap"
 	"errors"
 	"math"
 	"time"
@@ -18,31 +17,6 @@ var (
 	// or the token is wrong).
 	ErrLeaseLost = errors.New("lease is not current: it expired, was released or never existed")
 )
-
-// lease is a claimed row's lease.
-type lease struct {
-	token   uint64
-	expires int64 // ms
-}
-
-type leaseExpiry struct {
-	expires int64
-	id      uint32
-	token   uint64
-}
-
-type expiryHeap []leaseExpiry
-
-func (h expiryHeap) Len() int           { return len(h) }
-func (h expiryHeap) Less(i, j int) bool { return h[i].expires < h[j].expires }
-func (h expiryHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
-func (h *expiryHeap) Push(x any)        { *h = append(*h, x.(leaseExpiry)) }
-func (h *expiryHeap) Pop() any {
-	old := *h
-	x := old[len(old)-1]
-	*h = old[:len(old)-1]
-	return x
-}
 
 // Claimed is one claimed row.
 type Claimed struct {
@@ -186,11 +160,8 @@ func (c *Core) claimBest(nowMs int64, p phase, leaseFor time.Duration, out *[]Cl
 	c.trees.LeaseHead(&best.owned)
 	r := c.rows.At(bestID)
 	r.Set(flagLeased)
-	c.nextLease++
-	token := c.nextLease
 	expires := nowMs + leaseFor.Milliseconds()
-	c.leases[bestID] = lease{token: token, expires: expires}
-	heap.Push((*expiryHeap)(&c.expiry), leaseExpiry{expires: expires, id: bestID, token: token})
+	token := c.leases.Grant(bestID, expires)
 	*out = append(*out, Claimed{
 		Key:          string(c.rows.Key(r)),
 		Slot:         int(r.Slot),
@@ -211,18 +182,16 @@ func (c *Core) claimBest(nowMs int64, p phase, leaseFor time.Duration, out *[]Cl
 func (c *Core) before(a, b uint32) bool { return c.cmpDueKey(a, b) < 0 }
 
 // expireLeases ends every lease that expired at or before now.
-func (c *Core) expireLeases(nowMs int64) {
-	for len(c.expiry) > 0 && c.expiry[0].expires <= nowMs {
-		e := heap.Pop((*expiryHeap)(&c.expiry)).(leaseExpiry)
-		// an extended lease has a later entry of its own: only the current expiry ends it
-		if l, ok := c.leases[e.id]; ok && l.token == e.token && l.expires <= nowMs {
-			c.endLease(e.id)
-		}
-	}
+func (c *Core) expireLeases(nowMs int64) { c.leases.Expire(nowMs, c.unlease) }
+
+// endLease ends record id's lease.
+func (c *Core) endLease(id uint32) {
+	c.leases.End(id)
+	c.unlease(id)
 }
 
-func (c *Core) endLease(id uint32) {
-	delete(c.leases, id)
+// unlease makes record id, whose lease has ended, claimable again.
+func (c *Core) unlease(id uint32) {
 	r := c.rows.At(id)
 	c.trees.SetLeased(c.treeOf(r), makeEntry(id, r), false)
 	r.Clear(flagLeased)
@@ -235,7 +204,7 @@ func (c *Core) leaseOf(nowMs int64, key string, token uint64) (uint32, error) {
 	if !ok {
 		return 0, ErrNotHeld
 	}
-	if l, ok := c.leases[id]; !ok || l.token != token {
+	if !c.leases.Current(id, token) {
 		return 0, ErrLeaseLost
 	}
 	return id, nil
@@ -268,8 +237,7 @@ func (c *Core) Extend(now time.Time, key string, token uint64, leaseFor time.Dur
 		return time.Time{}, err
 	}
 	expires := nowMs + leaseFor.Milliseconds()
-	c.leases[id] = lease{token: token, expires: expires}
-	heap.Push((*expiryHeap)(&c.expiry), leaseExpiry{expires: expires, id: id, token: token})
+	c.leases.Extend(id, token, expires)
 	return time.UnixMilli(expires).UTC(), nil
 }
 
@@ -303,7 +271,7 @@ func (c *Core) Completing(now time.Time, key string, token uint64) (cp Completio
 		Due:     time.UnixMilli(r.Due()).UTC(),
 		NextDue: policy.NextDue(c.cfg.Reschedule, now, time.UnixMilli(r.Due()), time.Duration(g.cadenceMs)*time.Millisecond),
 	}
-	if l, ok := c.leases[id]; !ok || l.token != token {
+	if !c.leases.Current(id, token) {
 		return cp, true, ErrLeaseLost
 	}
 	return cp, true, nil

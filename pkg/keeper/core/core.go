@@ -2,11 +2,21 @@
 // workers the most overdue work first.
 //
 // The core (Core) is pure: every method takes the clock as a parameter and does no I/O and starts
-// no goroutines; this package imports nothing that could (pkg/schedule and pkg/shardapi's types
-// only, TestCoreIsPure). It holds the rows of the shard's slots that are due before now + window,
-// orders them for claiming by relative lateness × source boost, tracks leases, walks, and
-// summarises what is due exactly. The shard service (package keeper) wraps it with the store,
-// walks, the event subscription and the HTTP API.
+// no goroutines; this package and its parts import nothing that could (pkg/schedule and
+// pkg/shardapi's types only, TestCoreIsPure). It holds the rows of the shard's slots that are due
+// before now + window, orders them for claiming by relative lateness × source boost, tracks
+// leases, walks, and summarises what is due exactly. The shard service (package keeper) wraps it
+// with the store, walks, the event subscription and the HTTP API.
+//
+// The core is built from parts of its own, each a package below this one:
+//   - policy: what it is configured with (Config, Floor, Reschedule) and the claim score;
+//   - rowstore: where the held rows live (records, keys, the key index);
+//   - duetree: each group's rows ordered by due time, with the counts claims and summaries use;
+//   - lease: the lease table (tokens, expiries);
+//   - summary: the Summary, and its due figures counted from the trees.
+//
+// This package applies rows and deletes (core.go), claims (claim.go), walks (walk.go), keeps the
+// due counts per slot and route (summary.go) and tells the trees about its records (trees.go).
 //
 // Semantics (docs/design.md, section 2):
 //   - Last writer wins by rev: a row is applied only if its rev is newer than what the core knows
@@ -17,10 +27,10 @@
 //   - Invalid rows (schedule.Row.HoldProblem: absent due, cadence or due time outside the limits
 //     of pkg/schedule, a bad key or route, unknown source) are never held and never coerced;
 //     they are counted.
-//   - Claim order: urgent rows first (at most UrgentMaxShare of a batch while other rows are due),
-//     then each class's floor (Config.Floors), then by score (now − due) / cadence × boost(source),
-//     ties by due then key. Due times are held at millisecond precision.
-//   - Completion: the next due time of a rendered row follows Config.Reschedule (Completing).
+//   - Claim order (policy.Config): urgent rows first (at most UrgentMaxShare of a batch while other
+//     rows are due), then each class's floor (Floors), then by score (now − due) / cadence ×
+//     boost(source), ties by due then key. Due times are held at millisecond precision.
+//   - Completion: the next due time of a rendered row follows the Reschedule policy (Completing).
 package core
 
 import (
@@ -30,6 +40,7 @@ import (
 	"time"
 
 	"github.com/renderqueue/renderqueue/pkg/keeper/core/duetree"
+	"github.com/renderqueue/renderqueue/pkg/keeper/core/lease"
 	"github.com/renderqueue/renderqueue/pkg/keeper/core/policy"
 	"github.com/renderqueue/renderqueue/pkg/keeper/core/rowstore"
 	"github.com/renderqueue/renderqueue/pkg/schedule"
@@ -124,7 +135,7 @@ type group struct {
 	urgent    bool
 	owned     duetree.Tree
 	incoming  duetree.Tree
-	// floor is the index of the group's floor in Config.Floors, or -1.
+	// floor is the index of the group's floor in policy.Config.Floors, or -1.
 	floor int
 }
 
@@ -169,11 +180,9 @@ type Core struct {
 	// tombstones holds, while a walk runs, keys whose latest known version is not held.
 	tombstones map[string]known
 
-	leases    map[uint32]lease
-	expiry    []leaseExpiry // min-heap by expires; entries whose lease changed are skipped
-	nextLease uint64
+	leases *lease.Table
 
-	// floors is the claim state of Config.Floors, by index.
+	// floors is the claim state of policy.Config.Floors, by index.
 	floors []floorState
 
 	// bulk: rows are placed into their trees' pending lists (BeginBulk).
@@ -196,8 +205,7 @@ func New(cfg policy.Config) (*Core, error) {
 		groupIdx:  map[groupKey]uint16{},
 		routeIdx:  map[string]uint16{},
 		invalid:   map[string]known{},
-		leases:    map[uint32]lease{},
-		nextLease: cfg.FirstLease,
+		leases:    lease.NewTable(cfg.FirstLease),
 		unleasing: noRecord,
 	}
 	c.rows = rowstore.New()
@@ -403,10 +411,10 @@ func (c *Core) ApplyCompleted(now time.Time, row schedule.Row, token uint64) Out
 		return c.apply(nowMs, &row, noRecord)
 	}
 	r := c.rows.At(id)
-	if l, leased := c.leases[id]; leased && l.token == token {
+	if c.leases.Current(id, token) {
 		// end the lease on the record now; its tree entry is rewritten by the apply, or cleared
 		// below when the apply leaves it in place
-		delete(c.leases, id)
+		c.leases.End(id)
 		r.Clear(flagLeased)
 		c.unleasing = id
 	}
@@ -543,7 +551,7 @@ func (c *Core) removeRow(id uint32) {
 	c.unseen(r)
 	c.slotHeld[r.Slot]--
 	if r.Has(flagLeased) {
-		delete(c.leases, id)
+		c.leases.End(id)
 	}
 	c.rows.Remove(id)
 }

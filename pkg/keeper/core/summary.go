@@ -131,7 +131,7 @@ func (c *Core) CountSummary(now time.Time) SummaryCounts {
 		c.moveCursor(nowMs)
 	}
 	sc := SummaryCounts{
-		Summary:   summary.Summary{AsOf: now, Held: c.rows.Len(), Invalid: len(c.invalid), Leased: len(c.leases)},
+		Summary:   summary.Summary{AsOf: now, Held: c.rows.Len(), Invalid: len(c.invalid), Leased: c.leases.Len()},
 		slotDue:   c.due.slot,
 		slotState: c.slots,
 		walked:    c.walked,

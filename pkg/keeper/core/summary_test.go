@@ -21,7 +21,7 @@ const hourMs = 3600_000
 // summaryScan computes a summary the direct way: one pass over every held record, percentiles by
 // sorting. It is the reference for summary.Summary on cores too large for the reference model.
 func summaryScan(c *Core, nowMs int64) summary.Summary {
-	s := summary.Summary{Held: c.rows.Len(), Invalid: len(c.invalid), Leased: len(c.leases), DuePerSlot: map[int]int{},
+	s := summary.Summary{Held: c.rows.Len(), Invalid: len(c.invalid), Leased: c.leases.Len(), DuePerSlot: map[int]int{},
 		DuePerIncomingSlot: map[int]int{}, ByRoute: map[string]int{}}
 	type classKey struct {
 		cadenceMs int64

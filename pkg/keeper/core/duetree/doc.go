@@ -25,5 +25,5 @@
 // Entries can also be added in bulk (AddPending): appended to a list and built into the tree,
 // sorted and with leaves packed, when the tree is next read.
 //
-// The package is pure: no I/O, no clock, no goroutines (TestDuetreeIsPure in package core).
+// The package is pure: no I/O, no clock, no goroutines (TestCoreIsPure in package core).
 package duetree
