@@ -691,7 +691,7 @@ func (f *Forest) ranksRec(node uint32, h int, ts []int64, out []int, base int) {
 	}
 }
 
-// Select returns t's entry at position k (0-based, k < t.n).
+// Select returns t's entry at position k (0-based, k < Len(t)).
 func (f *Forest) Select(t *Tree, k int) Entry {
 	f.Flush(t)
 	node := t.root
