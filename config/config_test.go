@@ -18,7 +18,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	rqv1 "github.com/renderqueue/renderqueue/api/v1alpha1"
-	"github.com/renderqueue/renderqueue/controllers"
+	"github.com/renderqueue/renderqueue/controllers/specs"
 )
 
 const (
@@ -519,7 +519,7 @@ func TestNetworkPolicySample(t *testing.T) {
 		t.Fatal(err)
 	}
 	sel, _, _ := unstructured.NestedStringMap(np.Object, "spec", "podSelector", "matchLabels")
-	if want := controllers.ShardSelector(&rq); !equality.Semantic.DeepEqual(sel, want) {
+	if want := specs.ShardSelector(&rq); !equality.Semantic.DeepEqual(sel, want) {
 		t.Errorf("the NetworkPolicy selects %v, the shard Pods of %s carry %v", sel, rq.Name, want)
 	}
 	if types, _, _ := unstructured.NestedStringSlice(np.Object, "spec", "policyTypes"); !slices.Equal(types, []string{"Ingress"}) {
@@ -531,8 +531,8 @@ func TestNetworkPolicySample(t *testing.T) {
 	}
 	rule := rules[0].(map[string]any)
 	ports, _, _ := unstructured.NestedSlice(rule, "ports")
-	if len(ports) != 1 || (ports[0].(map[string]any)["port"] != "http" && ports[0].(map[string]any)["port"] != int64(controllers.KeeperPort)) {
-		t.Errorf("ports %v, want the keeper's port (http, %d) only", ports, controllers.KeeperPort)
+	if len(ports) != 1 || (ports[0].(map[string]any)["port"] != "http" && ports[0].(map[string]any)["port"] != int64(specs.KeeperPort)) {
+		t.Errorf("ports %v, want the keeper's port (http, %d) only", ports, specs.KeeperPort)
 	}
 
 	podLabels := func(path, kind, name string) map[string]string {

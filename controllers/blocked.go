@@ -8,6 +8,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	rqv1 "github.com/renderqueue/renderqueue/api/v1alpha1"
+	"github.com/renderqueue/renderqueue/controllers/specs"
 )
 
 // blocker is what stops the operator from making the shards what a RenderQueue's spec asks: the
@@ -26,7 +27,7 @@ func (r *RenderQueueReconciler) specBlocker(rq *rqv1.RenderQueue) *blocker {
 		return &blocker{Reason: rqv1.ReasonInvalidSpec, Message: fmt.Sprintf(
 			"the operator leaves this RenderQueue and its shards as they are until the spec is fixed: %v", err)}
 	}
-	if img := keeperImage(rq, r.KeeperImage); img != r.KeeperImage && !r.AllowedImages.Allows(img) {
+	if img := specs.KeeperImage(rq, r.KeeperImage); img != r.KeeperImage && !r.AllowedImages.Allows(img) {
 		return &blocker{Reason: rqv1.ReasonImageNotAllowed, Message: fmt.Sprintf(
 			"spec.image %q is not among the images the operator runs (--allowed-images %s); no shard Pod is created or replaced until it is",
 			img, r.AllowedImages)}

@@ -15,6 +15,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	rqv1 "github.com/renderqueue/renderqueue/api/v1alpha1"
+	"github.com/renderqueue/renderqueue/controllers/specs"
 )
 
 // newNamespace creates a namespace for one test.
@@ -232,7 +233,7 @@ var _ = Describe("The token Secret", func() {
 	It("is created again, before the Pod that mounts it, when it was deleted", func() {
 		rq, _ := newQueue("retoken", 1, 1)
 		settled(rq, 1)
-		key := client.ObjectKey{Namespace: rq.Namespace, Name: TokenSecretName(rq)}
+		key := client.ObjectKey{Namespace: rq.Namespace, Name: specs.TokenSecretName(rq)}
 		var secret corev1.Secret
 		Expect(k8sClient.Get(suiteCtx, key, &secret)).To(Succeed())
 		Expect(k8sClient.Delete(suiteCtx, &secret)).To(Succeed())
@@ -246,7 +247,7 @@ var _ = Describe("The token Secret", func() {
 			var s corev1.Secret
 			g.Expect(k8sClient.Get(suiteCtx, key, &s)).To(Succeed())
 			g.Expect(s.CreationTimestamp.Time).NotTo(BeTemporally(">", again.CreationTimestamp.Time))
-			g.Expect(s.Data[TokenKey]).To(HaveLen(64))
+			g.Expect(s.Data[specs.TokenKey]).To(HaveLen(64))
 			g.Expect(s.UID).NotTo(Equal(secret.UID))
 		}).WithTimeout(15 * time.Second).Should(Succeed())
 	})

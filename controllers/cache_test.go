@@ -12,6 +12,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	rqv1 "github.com/renderqueue/renderqueue/api/v1alpha1"
+	"github.com/renderqueue/renderqueue/controllers/specs"
 )
 
 var _ = Describe("The operator's cache", func() {
@@ -48,7 +49,7 @@ var _ = Describe("The operator's cache", func() {
 
 		By("the token Secret exists, created by an operator that may not read Secrets")
 		var token corev1.Secret
-		Expect(k8sClient.Get(suiteCtx, client.ObjectKey{Namespace: ns, Name: TokenSecretName(rq)}, &token)).To(Succeed())
+		Expect(k8sClient.Get(suiteCtx, client.ObjectKey{Namespace: ns, Name: specs.TokenSecretName(rq)}, &token)).To(Succeed())
 		Expect(ownedBy(&token, rq)).To(BeTrue())
 		operator, err := client.New(operatorCfg, client.Options{Scheme: k8sClient.Scheme()})
 		Expect(err).NotTo(HaveOccurred())

@@ -8,9 +8,10 @@
 //   - blocked.go: what stops the operator from acting on a spec (InvalidSpec, ImageNotAllowed,
 //     and, found on the way, ChildConflict and ShardPodRefused) and the Reconciled condition;
 //     the --allowed-images allowlist;
-//   - children.go: the shard ServiceAccount/Role/RoleBinding, headless Service,
-//     PodDisruptionBudget, the token Secret (created, never read: the operator may not read
-//     Secrets), and the shard Pod template (podtemplate.go);
+//   - children.go: creating and updating the shard ServiceAccount/Role/RoleBinding, headless
+//     Service and PodDisruptionBudget, and the token Secret (created, never read: the operator may
+//     not read Secrets). What they are, their names and the shard Pod template are package
+//     specs's (controllers/specs): pure builders, no client;
 //   - pods.go: creating missing shard Pods (and recreating deleted ones), deleting surplus ones
 //     after their slots moved off, rolling replacement of outdated Pods;
 //   - membership.go: the first assignment, rebalances on scale up and down, resuming a handoff

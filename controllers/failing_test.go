@@ -13,6 +13,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	rqv1 "github.com/renderqueue/renderqueue/api/v1alpha1"
+	"github.com/renderqueue/renderqueue/controllers/specs"
 	"github.com/renderqueue/renderqueue/pkg/shardapi"
 )
 
@@ -48,7 +49,7 @@ var _ = Describe("A shard that cannot run", func() {
 			}).WithTimeout(15 * time.Second).Should(Succeed())
 		}
 		setStatus(corev1.PodStatus{Phase: corev1.PodPending, ContainerStatuses: []corev1.ContainerStatus{{
-			Name: KeeperContainerName, Image: testImage,
+			Name: specs.KeeperContainerName, Image: testImage,
 			State: corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{
 				Reason: "CreateContainerConfigError", Message: `secret "pg" not found`}},
 		}}})
@@ -67,7 +68,7 @@ var _ = Describe("A shard that cannot run", func() {
 		// between restarts nothing answers on the Pod's IP
 		fs[1].set(func(f *fakeShard) { f.failWith = http.StatusServiceUnavailable })
 		setStatus(corev1.PodStatus{Phase: corev1.PodRunning, PodIP: "10.9.0.1", ContainerStatuses: []corev1.ContainerStatus{{
-			Name: KeeperContainerName, Image: testImage, RestartCount: 3,
+			Name: specs.KeeperContainerName, Image: testImage, RestartCount: 3,
 			State: corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{
 				Reason: "CrashLoopBackOff", Message: "back-off 40s restarting failed container"}},
 			LastTerminationState: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{
@@ -142,7 +143,7 @@ var _ = Describe("A template that cannot run", func() {
 				var pod corev1.Pod
 				g.Expect(k8sClient.Get(suiteCtx, client.ObjectKey{Namespace: ns.Name, Name: n}, &pod)).To(Succeed())
 				pod.Status = corev1.PodStatus{Phase: corev1.PodPending, ContainerStatuses: []corev1.ContainerStatus{{
-					Name: KeeperContainerName, Image: rq.Spec.Image,
+					Name: specs.KeeperContainerName, Image: rq.Spec.Image,
 					State: corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{
 						Reason: "ImagePullBackOff", Message: `Back-off pulling image "registry.example/renderqueue:typo"`}},
 				}}}

@@ -13,6 +13,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	rqv1 "github.com/renderqueue/renderqueue/api/v1alpha1"
+	"github.com/renderqueue/renderqueue/controllers/specs"
 	"github.com/renderqueue/renderqueue/pkg/membership"
 	"github.com/renderqueue/renderqueue/pkg/schedule"
 )
@@ -28,39 +29,6 @@ const (
 	// EventRebalanceRolledBack: a receiver did not report in time; ownership stayed.
 	EventRebalanceRolledBack = "RebalanceRolledBack"
 )
-
-// targetShards is the shard list spec.shards asks for: <rq>-shard-0 .. <rq>-shard-(n-1).
-func targetShards(rq *rqv1.RenderQueue) []string {
-	n := int(rq.Spec.Shards)
-	if n < 1 {
-		n = rqv1.DefaultShards
-	}
-	if n > rqv1.MaxShards {
-		n = rqv1.MaxShards
-	}
-	out := make([]string, n)
-	for i := range out {
-		out[i] = rq.ShardName(i)
-	}
-	return out
-}
-
-// sortShards sorts shard names of rq by index (<rq>-shard-2 before <rq>-shard-10); names that are
-// not rq's shard names go last, by name.
-func sortShards(rq *rqv1.RenderQueue, names []string) {
-	sort.SliceStable(names, func(i, j int) bool {
-		a, aok := shardIndex(rq, names[i])
-		b, bok := shardIndex(rq, names[j])
-		switch {
-		case aok && bok:
-			return a < b
-		case aok != bok:
-			return aok
-		default:
-			return names[i] < names[j]
-		}
-	})
-}
 
 // assignmentFromStatus parses the assignment published in status.membership.
 func assignmentFromStatus(ms rqv1.MembershipStatus) (membership.Assignment, error) {
@@ -98,7 +66,7 @@ func setAssignment(rq *rqv1.RenderQueue, ms *rqv1.MembershipStatus, a membership
 	ms.Assignment, ms.Incoming = nil, nil
 	moving := 0
 	names := a.Shards()
-	sortShards(rq, names)
+	specs.SortShards(rq, names)
 	for _, n := range names {
 		if owned := a.Owned(n); !owned.IsEmpty() {
 			ms.Assignment = append(ms.Assignment, rqv1.ShardSlots{Shard: n, Slots: schedule.FormatSlots(owned)})
@@ -173,7 +141,7 @@ func (r *RenderQueueReconciler) reconcileMembership(ctx context.Context, rq *rqv
 	next *rqv1.RenderQueueStatus, reports []shardReport, pods map[string]*corev1.Pod, now time.Time) (membershipStep, error) {
 	logger := log.FromContext(ctx)
 	ms := &next.Membership
-	targets := targetShards(rq)
+	targets := specs.TargetShards(rq)
 	sit := membership.Situation{
 		Current: *assign, Targets: targets, Prepared: map[string]int64{}, Now: now,
 		Ready:   func(name string) bool { return podReady(pods[name]) },

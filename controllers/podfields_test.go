@@ -16,6 +16,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	rqv1 "github.com/renderqueue/renderqueue/api/v1alpha1"
+	"github.com/renderqueue/renderqueue/controllers/specs"
 )
 
 // The Deployment-like pod fields (imagePullSecrets, podLabels, podAnnotations, priorityClassName,
@@ -55,7 +56,7 @@ var _ = Describe("Shard Pod fields", func() {
 		Expect(k8sClient.Create(suiteCtx, rq)).To(Succeed())
 		settled(rq, 2)
 
-		shardSelector := &metav1.LabelSelector{MatchLabels: map[string]string{rqv1.LabelQueue: name, rqv1.LabelComponent: ComponentKeeper}}
+		shardSelector := &metav1.LabelSelector{MatchLabels: map[string]string{rqv1.LabelQueue: name, rqv1.LabelComponent: specs.ComponentKeeper}}
 		var pods corev1.PodList
 		Expect(k8sClient.List(suiteCtx, &pods, client.InNamespace(ns.Name))).To(Succeed())
 		Expect(pods.Items).To(HaveLen(2))

@@ -12,6 +12,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	rqv1 "github.com/renderqueue/renderqueue/api/v1alpha1"
+	"github.com/renderqueue/renderqueue/controllers/specs"
 	"github.com/renderqueue/renderqueue/pkg/membership"
 )
 
@@ -29,7 +30,7 @@ const (
 // listShardPods returns rq's shard Pods by name (Pods labelled with rq's name and controlled by it).
 func (r *RenderQueueReconciler) listShardPods(ctx context.Context, rq *rqv1.RenderQueue) (map[string]*corev1.Pod, error) {
 	var list corev1.PodList
-	if err := r.List(ctx, &list, client.InNamespace(rq.Namespace), client.MatchingLabels(selectorLabels(rq))); err != nil {
+	if err := r.List(ctx, &list, client.InNamespace(rq.Namespace), client.MatchingLabels(specs.ShardSelector(rq))); err != nil {
 		return nil, fmt.Errorf("listing the shard Pods: %w", err)
 	}
 	pods := map[string]*corev1.Pod{}
@@ -57,13 +58,13 @@ func metaOwnedBy(obj client.Object, rq *rqv1.RenderQueue) bool {
 func shardsToKeep(rq *rqv1.RenderQueue, persisted membership.Assignment) []string {
 	seen := map[string]bool{}
 	var out []string
-	for _, n := range append(targetShards(rq), persisted.Shards()...) {
+	for _, n := range append(specs.TargetShards(rq), persisted.Shards()...) {
 		if !seen[n] {
 			seen[n] = true
 			out = append(out, n)
 		}
 	}
-	sortShards(rq, out)
+	specs.SortShards(rq, out)
 	return out
 }
 
@@ -84,7 +85,7 @@ func (r *RenderQueueReconciler) reconcilePods(ctx context.Context, rq *rqv1.Rend
 		if pods[name] != nil {
 			continue
 		}
-		pod := desiredShardPod(rq, r.KeeperImage, name, hash)
+		pod := specs.ShardPod(rq, r.KeeperImage, name, hash)
 		if err := controllerutil.SetControllerReference(rq, pod, r.Scheme); err != nil {
 			return events, nil, fmt.Errorf("owning the shard Pod %s: %w", name, err)
 		}

@@ -289,21 +289,6 @@ func TestAssignmentStatusRoundTrip(t *testing.T) {
 	}
 }
 
-func TestSortShards(t *testing.T) {
-	rq := &rqv1.RenderQueue{}
-	rq.Name = "web"
-	names := []string{"web-shard-10", "other", "web-shard-2", "web-shard-0"}
-	sortShards(rq, names)
-	if strings.Join(names, " ") != "web-shard-0 web-shard-2 web-shard-10 other" {
-		t.Errorf("sortShards = %v", names)
-	}
-	for name, want := range map[string]bool{"web-shard-3": true, "web-shard-03": false, "web-shard--1": false, "webx-shard-1": false} {
-		if _, ok := shardIndex(rq, name); ok != want {
-			t.Errorf("shardIndex(%q) ok = %v, want %v", name, ok, want)
-		}
-	}
-}
-
 func TestTransitionEventsOnlyOnChange(t *testing.T) {
 	lagging := rqv1.RenderQueueStatus{
 		Conditions: []metav1.Condition{{Type: rqv1.ConditionEdgeHealthy, Status: metav1.ConditionFalse, Reason: rqv1.ReasonEdgeLagging, Message: "lag"}},
@@ -328,29 +313,6 @@ func TestTransitionEventsOnlyOnChange(t *testing.T) {
 	}
 	if got := reasons(transitionEvents(&lagging, &healthyStatus, nil)); got != "Normal/EdgeAhead,Normal/ShardReachable" {
 		t.Errorf("lagging → healthy: %s", got)
-	}
-}
-
-func TestPodTemplateHash(t *testing.T) {
-	rq := &rqv1.RenderQueue{}
-	rq.Name, rq.Namespace = "web", "prod"
-	rq.Spec.Store.SecretRef.Name = "pg"
-	h := podTemplateHash(rq, "img:v1")
-	if h != podTemplateHash(rq.DeepCopy(), "img:v1") {
-		t.Error("hash is not deterministic")
-	}
-	if h == podTemplateHash(rq, "img:v2") {
-		t.Error("the operator image does not change the hash")
-	}
-	rq2 := rq.DeepCopy()
-	rq2.Spec.Image = "custom:v1"
-	if h == podTemplateHash(rq2, "img:v1") {
-		t.Error("spec.image does not change the hash")
-	}
-	rq3 := rq.DeepCopy()
-	rq3.Spec.Shards = 7
-	if h != podTemplateHash(rq3, "img:v1") {
-		t.Error("spec.shards changes the hash (it must not replace Pods)")
 	}
 }
 

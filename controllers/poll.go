@@ -11,6 +11,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/renderqueue/renderqueue/controllers/specs"
 	rqclient "github.com/renderqueue/renderqueue/pkg/client"
 	"github.com/renderqueue/renderqueue/pkg/shardapi"
 )
@@ -28,7 +29,7 @@ func PodIPResolver(pod *corev1.Pod) (string, error) {
 	if pod.Status.PodIP == "" {
 		return "", errors.New("the Pod has no IP yet")
 	}
-	return "http://" + net.JoinHostPort(pod.Status.PodIP, strconv.Itoa(KeeperPort)), nil
+	return "http://" + net.JoinHostPort(pod.Status.PodIP, strconv.Itoa(specs.KeeperPort)), nil
 }
 
 // shardReport is what the operator learnt about one shard in one poll.

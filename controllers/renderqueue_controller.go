@@ -23,6 +23,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	rqv1 "github.com/renderqueue/renderqueue/api/v1alpha1"
+	"github.com/renderqueue/renderqueue/controllers/specs"
 )
 
 // Defaults of RenderQueueReconciler's tunables.
@@ -183,12 +184,12 @@ func (r *RenderQueueReconciler) Reconcile(ctx context.Context, req ctrl.Request)
 	if err != nil {
 		return ctrl.Result{}, err
 	}
-	hash := podTemplateHash(&rq, r.KeeperImage)
+	hash := specs.PodTemplateHash(&rq, r.KeeperImage)
 	var keep []string
 	if blocked != nil {
 		// only the shards that exist: nothing is created for a spec the operator cannot act on
 		keep = assign.Shards()
-		sortShards(&rq, keep)
+		specs.SortShards(&rq, keep)
 		logger.V(1).Info("Not reconciling the shards", "reason", blocked.Reason, "message", blocked.Message)
 	} else {
 		keep = shardsToKeep(&rq, assign)

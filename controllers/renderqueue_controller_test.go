@@ -25,6 +25,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	rqv1 "github.com/renderqueue/renderqueue/api/v1alpha1"
+	"github.com/renderqueue/renderqueue/controllers/specs"
 )
 
 var nsCounter atomic.Int32
@@ -192,7 +193,7 @@ var _ = Describe("RenderQueue children", func() {
 		Expect(rq.Status.Membership.Epoch).To(BeEquivalentTo(1))
 		Expect(rq.Status.Membership.Assignment).To(Equal([]rqv1.ShardSlots{
 			{Shard: "kids-shard-0", Slots: "0-511"}, {Shard: "kids-shard-1", Slots: "512-1023"}}))
-		Expect(rq.Status.Selector).To(Equal(selectorString(rq)))
+		Expect(rq.Status.Selector).To(Equal(specs.SelectorString(rq)))
 
 		By("deleting a shard Pod")
 		var pod corev1.Pod

@@ -12,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 
 	rqv1 "github.com/renderqueue/renderqueue/api/v1alpha1"
+	"github.com/renderqueue/renderqueue/controllers/specs"
 	"github.com/renderqueue/renderqueue/pkg/membership"
 	"github.com/renderqueue/renderqueue/pkg/schedule"
 	"github.com/renderqueue/renderqueue/pkg/shardapi"
@@ -206,7 +207,7 @@ func computeStatus(rq *rqv1.RenderQueue, next *rqv1.RenderQueueStatus, in status
 	due, sumExact := membership.SumDue(committed, dues)
 	next.Shards = shards
 	next.ObservedGeneration = rq.Generation
-	next.Selector = selectorString(rq)
+	next.Selector = specs.SelectorString(rq)
 	next.CurrentShards = int32(len(committed.Counts()))
 	var ready int32
 	for _, s := range shards {

@@ -1,4 +1,4 @@
-package controllers
+package specs
 
 import (
 	"crypto/sha256"
@@ -6,8 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"maps"
-	"strconv"
-	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -35,58 +33,8 @@ const (
 	shardUID = 65532
 )
 
-// Names of the children of a RenderQueue.
-
-// TokenSecretName is the name of the Secret holding the shards' API bearer token.
-func TokenSecretName(rq *rqv1.RenderQueue) string { return rq.Name + "-api-token" }
-
-// ServiceName is the name of the headless Service of the shards.
-func ServiceName(rq *rqv1.RenderQueue) string { return rq.Name + "-shards" }
-
-// ShardServiceAccountName is the name of the ServiceAccount (and Role, RoleBinding) of the shards.
-func ShardServiceAccountName(rq *rqv1.RenderQueue) string { return rq.Name + "-shard" }
-
-// PDBName is the name of the PodDisruptionBudget of the shards.
-func PDBName(rq *rqv1.RenderQueue) string { return rq.Name + "-shards" }
-
-// shardIndex returns i for a Pod named <rq>-shard-<i>, or false.
-func shardIndex(rq *rqv1.RenderQueue, podName string) (int, bool) {
-	rest, ok := strings.CutPrefix(podName, rq.Name+"-shard-")
-	if !ok {
-		return 0, false
-	}
-	i, err := strconv.Atoi(rest)
-	if err != nil || i < 0 || strconv.Itoa(i) != rest {
-		return 0, false
-	}
-	return i, true
-}
-
-// queueLabels are the labels of every child of rq; selectorLabels select its shard Pods.
-func queueLabels(rq *rqv1.RenderQueue) map[string]string {
-	return map[string]string{
-		rqv1.LabelQueue:                rq.Name,
-		"app.kubernetes.io/name":       "renderqueue",
-		"app.kubernetes.io/instance":   rq.Name,
-		"app.kubernetes.io/managed-by": "renderqueue-operator",
-	}
-}
-
-// ShardSelector is the label selector of rq's shard Pods (of its Service, PodDisruptionBudget and
-// scale subresource), e.g. for a NetworkPolicy (config/samples/networkpolicy.yaml).
-func ShardSelector(rq *rqv1.RenderQueue) map[string]string { return selectorLabels(rq) }
-
-func selectorLabels(rq *rqv1.RenderQueue) map[string]string {
-	return map[string]string{rqv1.LabelQueue: rq.Name, rqv1.LabelComponent: ComponentKeeper}
-}
-
-// selectorString is the label selector of the shard Pods in string form (scale subresource).
-func selectorString(rq *rqv1.RenderQueue) string {
-	return metav1.FormatLabelSelector(&metav1.LabelSelector{MatchLabels: selectorLabels(rq)})
-}
-
-// keeperImage is the image shard Pods run: spec.image, or the operator's own.
-func keeperImage(rq *rqv1.RenderQueue, operatorImage string) string {
+// KeeperImage is the image shard Pods run: spec.image, or the operator's own.
+func KeeperImage(rq *rqv1.RenderQueue, operatorImage string) string {
 	if rq.Spec.Image != "" {
 		return rq.Spec.Image
 	}
@@ -140,7 +88,7 @@ func shardPodSpec(rq *rqv1.RenderQueue, operatorImage, podName string) corev1.Po
 		},
 		Containers: []corev1.Container{{
 			Name:            KeeperContainerName,
-			Image:           keeperImage(rq, operatorImage),
+			Image:           KeeperImage(rq, operatorImage),
 			ImagePullPolicy: rq.Spec.ImagePullPolicy,
 			Args:            keeperArgs(rq, podName),
 			Ports:           []corev1.ContainerPort{{Name: "http", ContainerPort: KeeperPort, Protocol: corev1.ProtocolTCP}},
@@ -196,7 +144,7 @@ func topologySpreadConstraints(rq *rqv1.RenderQueue) []corev1.TopologySpreadCons
 			MaxSkew:            c.MaxSkew,
 			TopologyKey:        c.TopologyKey,
 			WhenUnsatisfiable:  c.WhenUnsatisfiable,
-			LabelSelector:      &metav1.LabelSelector{MatchLabels: selectorLabels(rq)},
+			LabelSelector:      &metav1.LabelSelector{MatchLabels: ShardSelector(rq)},
 			MinDomains:         c.MinDomains,
 			NodeAffinityPolicy: c.NodeAffinityPolicy,
 			NodeTaintsPolicy:   c.NodeTaintsPolicy,
@@ -218,14 +166,14 @@ func podLabels(rq *rqv1.RenderQueue) map[string]string {
 	return out
 }
 
-// podTemplateHash is the hash of everything a shard Pod is built from except its name: when it
+// PodTemplateHash is the hash of everything a shard Pod is built from except its name: when it
 // changes (image, resources, scheduling, pull secrets, the DSN Secret, spec.podLabels,
 // spec.podAnnotations, ...) the shards are replaced one at a time.
 //
 // It hashes the PodSpec alone while spec.podLabels and spec.podAnnotations are empty, so that
 // adding those fields to the API did not change the hash of (and so replace) existing shards;
 // new PodSpec fields are omitted from the JSON while unset, for the same reason.
-func podTemplateHash(rq *rqv1.RenderQueue, operatorImage string) string {
+func PodTemplateHash(rq *rqv1.RenderQueue, operatorImage string) string {
 	var in any = shardPodSpec(rq, operatorImage, "")
 	if len(rq.Spec.PodLabels) > 0 || len(rq.Spec.PodAnnotations) > 0 {
 		in = struct {
@@ -243,14 +191,14 @@ func podTemplateHash(rq *rqv1.RenderQueue, operatorImage string) string {
 	return hex.EncodeToString(sum[:])[:16]
 }
 
-// desiredShardPod is the shard Pod named podName, owner reference not yet set. It carries
+// ShardPod is the shard Pod named podName, owner reference not yet set. It carries
 // spec.podLabels and spec.podAnnotations, with the operator's own labels and annotation set over
 // them (the API refuses spec keys that would collide).
-func desiredShardPod(rq *rqv1.RenderQueue, operatorImage, podName, hash string) *corev1.Pod {
+func ShardPod(rq *rqv1.RenderQueue, operatorImage, podName, hash string) *corev1.Pod {
 	labels := map[string]string{}
 	maps.Copy(labels, podLabels(rq))
 	maps.Copy(labels, queueLabels(rq))
-	maps.Copy(labels, selectorLabels(rq))
+	maps.Copy(labels, ShardSelector(rq))
 	labels[rqv1.LabelShard] = podName
 	annotations := map[string]string{}
 	maps.Copy(annotations, rq.Spec.PodAnnotations)

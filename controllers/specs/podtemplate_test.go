@@ -1,4 +1,4 @@
-package controllers
+package specs
 
 import (
 	"testing"
@@ -33,8 +33,8 @@ func templateQueue() *rqv1.RenderQueue {
 // the newer fields, as the operator computed it before they existed: an operator upgrade must
 // not replace every shard.
 func TestPodTemplateHashUnchangedWithoutNewFields(t *testing.T) {
-	if got, want := podTemplateHash(templateQueue(), "registry.example/renderqueue:v1"), "ebb720368b6e35f1"; got != want {
-		t.Errorf("podTemplateHash = %s, want %s (the hash before the newer pod fields existed)", got, want)
+	if got, want := PodTemplateHash(templateQueue(), "registry.example/renderqueue:v1"), "ebb720368b6e35f1"; got != want {
+		t.Errorf("PodTemplateHash = %s, want %s (the hash before the newer pod fields existed)", got, want)
 	}
 }
 
@@ -54,8 +54,8 @@ func podFields(rq *rqv1.RenderQueue) *rqv1.RenderQueue {
 
 func TestShardPodCarriesPodFields(t *testing.T) {
 	rq := podFields(templateQueue())
-	hash := podTemplateHash(rq, "img")
-	pod := desiredShardPod(rq, "img", "web-shard-1", hash)
+	hash := PodTemplateHash(rq, "img")
+	pod := ShardPod(rq, "img", "web-shard-1", hash)
 
 	for k, v := range map[string]string{
 		"team": "render", "cost-center": "42",
@@ -100,7 +100,7 @@ func TestOperatorLabelsWin(t *testing.T) {
 	rq := templateQueue()
 	rq.Spec.PodLabels = map[string]rqv1.LabelValue{rqv1.LabelQueue: "other", rqv1.LabelComponent: "web", rqv1.LabelShard: "x"}
 	rq.Spec.PodAnnotations = map[string]string{rqv1.AnnotationPodTemplateHash: "forged"}
-	pod := desiredShardPod(rq, "img", "web-shard-0", "h1")
+	pod := ShardPod(rq, "img", "web-shard-0", "h1")
 	if pod.Labels[rqv1.LabelQueue] != "web" || pod.Labels[rqv1.LabelComponent] != ComponentKeeper || pod.Labels[rqv1.LabelShard] != "web-shard-0" {
 		t.Errorf("labels %v: spec.podLabels displaced the operator's", pod.Labels)
 	}
@@ -112,8 +112,8 @@ func TestOperatorLabelsWin(t *testing.T) {
 // Every pod-shaping field is part of the template hash, so changing it replaces the shards (one
 // at a time, reconcileRollingUpdate); the hash does not depend on map order or the shard.
 func TestPodTemplateHashCoversPodFields(t *testing.T) {
-	base := podTemplateHash(podFields(templateQueue()), "img")
-	if again := podTemplateHash(podFields(templateQueue()), "img"); again != base {
+	base := PodTemplateHash(podFields(templateQueue()), "img")
+	if again := PodTemplateHash(podFields(templateQueue()), "img"); again != base {
 		t.Fatalf("the hash of one template differs between calls: %s, %s", base, again)
 	}
 	for name, change := range map[string]func(*rqv1.RenderQueueSpec){
@@ -145,7 +145,7 @@ func TestPodTemplateHashCoversPodFields(t *testing.T) {
 	} {
 		rq := podFields(templateQueue())
 		change(&rq.Spec)
-		if got := podTemplateHash(rq, "img"); got == base {
+		if got := PodTemplateHash(rq, "img"); got == base {
 			t.Errorf("%s: the template hash did not change (%s), so the shards would keep the old Pods", name, got)
 		}
 	}
@@ -153,7 +153,30 @@ func TestPodTemplateHashCoversPodFields(t *testing.T) {
 	rq := podFields(templateQueue())
 	rq.Spec.Shards = 7
 	rq.Status.Due = 12
-	if got := podTemplateHash(rq, "img"); got != base {
+	if got := PodTemplateHash(rq, "img"); got != base {
 		t.Errorf("spec.shards or status changed the template hash (%s, want %s)", got, base)
+	}
+}
+
+func TestPodTemplateHash(t *testing.T) {
+	rq := &rqv1.RenderQueue{}
+	rq.Name, rq.Namespace = "web", "prod"
+	rq.Spec.Store.SecretRef.Name = "pg"
+	h := PodTemplateHash(rq, "img:v1")
+	if h != PodTemplateHash(rq.DeepCopy(), "img:v1") {
+		t.Error("hash is not deterministic")
+	}
+	if h == PodTemplateHash(rq, "img:v2") {
+		t.Error("the operator image does not change the hash")
+	}
+	rq2 := rq.DeepCopy()
+	rq2.Spec.Image = "custom:v1"
+	if h == PodTemplateHash(rq2, "img:v1") {
+		t.Error("spec.image does not change the hash")
+	}
+	rq3 := rq.DeepCopy()
+	rq3.Spec.Shards = 7
+	if h != PodTemplateHash(rq3, "img:v1") {
+		t.Error("spec.shards changes the hash (it must not replace Pods)")
 	}
 }
