@@ -3,24 +3,26 @@
 // pkg/membership, replaces outdated shard Pods one at a time, and polls every shard's
 // GET /v1/status into the RenderQueue's status and conditions.
 //
-// The reconciler is split by concern, each step a reconcileX method of RenderQueueReconciler:
+// The reconciler is split by concern, each step a reconcileX method of RenderQueueReconciler.
+// What it builds and what it decides are pure functions in two sub-packages: controllers/specs
+// (the shard Pod template, the children, their names) and controllers/policy (what stops it —
+// an invalid spec, a disallowed image —, the status and conditions computed from the shards'
+// reports, the events of a status change).
 //
-//   - blocked.go: what stops the operator from acting on a spec (InvalidSpec, ImageNotAllowed,
-//     and, found on the way, ChildConflict and ShardPodRefused) and the Reconciled condition;
-//     the --allowed-images allowlist;
+//   - renderqueue_controller.go: Reconcile, the steps in order, and a status.membership that
+//     does not parse (InvalidMembership);
 //   - children.go: creating and updating the shard ServiceAccount/Role/RoleBinding, headless
 //     Service and PodDisruptionBudget, and the token Secret (created, never read: the operator may
-//     not read Secrets). What they are, their names and the shard Pod template are package
-//     specs's (controllers/specs): pure builders, no client;
-//   - pods.go: creating missing shard Pods (and recreating deleted ones), deleting surplus ones
-//     after their slots moved off, rolling replacement of outdated Pods;
+//     not read Secrets); a child's name held by an object the operator does not manage is a
+//     ChildConflict (Reconciled=False);
+//   - pods.go: creating missing shard Pods (and recreating deleted ones; one the API server
+//     refuses is ShardPodRefused), deleting surplus ones after their slots moved off, rolling
+//     replacement of outdated Pods;
 //   - membership.go: the first assignment, rebalances on scale up and down, resuming a handoff
 //     persisted in status.membership (parsed once per reconcile; one that does not parse is a
 //     terminal error and Reconciled=False, InvalidMembership);
 //   - poll.go: reading every shard's /v1/status in parallel;
-//   - status.go and policy.go: the status figures and the conditions, the latter as small pure
-//     functions returning (status, reason, message);
-//   - patch.go: writing the status only when it changed;
+//   - patch.go: writing the status (policy.ComputeStatus's) only when it changed;
 //   - events.go: events, emitted once the status write that makes them true succeeded;
 //   - cache.go: the manager's cache options — of the child kinds only objects labelled
 //     renderqueue.dev/queue are cached (a child's name held by an unlabelled object is a

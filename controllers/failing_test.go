@@ -13,6 +13,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	rqv1 "github.com/renderqueue/renderqueue/api/v1alpha1"
+	"github.com/renderqueue/renderqueue/controllers/policy"
 	"github.com/renderqueue/renderqueue/controllers/specs"
 	"github.com/renderqueue/renderqueue/pkg/shardapi"
 )
@@ -56,12 +57,12 @@ var _ = Describe("A shard that cannot run", func() {
 		Eventually(func(g Gomega) {
 			got := getQueue(g, rq)
 			s := shardOf(got, name)
-			g.Expect(s.State).To(Equal(StateFailing))
+			g.Expect(s.State).To(Equal(policy.StateFailing))
 			g.Expect(s.Error).To(Equal(`CreateContainerConfigError: secret "pg" not found`))
 			ready := condOf(got, rqv1.ConditionReady)
 			g.Expect(ready.Status).To(Equal(metav1.ConditionFalse))
 			g.Expect(ready.Message).To(Equal(`1 of 2 shards ready; shard broken-shard-1 cannot run: CreateContainerConfigError: secret "pg" not found`))
-			g.Expect(eventMessage(g, rq, EventShardFailing)).To(ContainSubstring(`shard broken-shard-1 cannot run: CreateContainerConfigError: secret "pg" not found`))
+			g.Expect(eventMessage(g, rq, policy.EventShardFailing)).To(ContainSubstring(`shard broken-shard-1 cannot run: CreateContainerConfigError: secret "pg" not found`))
 		}).WithTimeout(15 * time.Second).Should(Succeed())
 
 		By("a crash loop")
@@ -92,7 +93,7 @@ var _ = Describe("A shard that cannot run", func() {
 		kubelet.release(rq.Namespace, name)
 		settled(rq, 2)
 		Eventually(func(g Gomega) {
-			g.Expect(eventMessage(g, rq, EventShardRecovered)).To(ContainSubstring("shard broken-shard-1 recovered"))
+			g.Expect(eventMessage(g, rq, policy.EventShardRecovered)).To(ContainSubstring("shard broken-shard-1 recovered"))
 		}).WithTimeout(15 * time.Second).Should(Succeed())
 	})
 
@@ -109,7 +110,7 @@ var _ = Describe("A shard that cannot run", func() {
 			g.Expect(s.State).To(Equal(shardapi.StatusUnready))
 			g.Expect(s.Error).To(Equal(dbErr))
 			g.Expect(condOf(got, rqv1.ConditionReady).Message).To(Equal("1 of 2 shards ready; shard nodb-shard-0 is unready: " + dbErr))
-			g.Expect(eventMessage(g, rq, EventShardFailing)).To(Equal("shard nodb-shard-0 is unready: " + dbErr))
+			g.Expect(eventMessage(g, rq, policy.EventShardFailing)).To(Equal("shard nodb-shard-0 is unready: " + dbErr))
 		}).WithTimeout(15 * time.Second).Should(Succeed())
 
 		fs[0].set(func(f *fakeShard) {
@@ -117,7 +118,7 @@ var _ = Describe("A shard that cannot run", func() {
 		})
 		settled(rq, 2)
 		Eventually(func(g Gomega) {
-			g.Expect(eventMessage(g, rq, EventShardRecovered)).To(ContainSubstring("shard nodb-shard-0 recovered (was: " + dbErr + ")"))
+			g.Expect(eventMessage(g, rq, policy.EventShardRecovered)).To(ContainSubstring("shard nodb-shard-0 recovered (was: " + dbErr + ")"))
 		}).WithTimeout(15 * time.Second).Should(Succeed())
 	})
 })
@@ -169,7 +170,7 @@ var _ = Describe("A template that cannot run", func() {
 				g.Expect(k8sClient.Get(suiteCtx, client.ObjectKey{Namespace: ns.Name, Name: n}, &pod)).To(Succeed())
 				g.Expect(pod.UID).NotTo(Equal(uids[n]), n)
 				g.Expect(pod.Spec.Containers[0].Image).To(Equal(testImage), n)
-				g.Expect(podReady(&pod)).To(BeFalse(), n)
+				g.Expect(policy.PodReady(&pod)).To(BeFalse(), n)
 			}
 		}).WithTimeout(20 * time.Second).Should(Succeed())
 		for _, n := range names {

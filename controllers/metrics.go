@@ -10,6 +10,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	rqv1 "github.com/renderqueue/renderqueue/api/v1alpha1"
+	"github.com/renderqueue/renderqueue/controllers/policy"
 	"github.com/renderqueue/renderqueue/pkg/shardapi"
 )
 
@@ -37,7 +38,7 @@ const (
 
 // shardStates are the values of renderqueue_queue_shard_state{state}: the queue states a shard
 // reports and the operator's own (Pending, Unreachable).
-var shardStates = [...]string{shardapi.StatusQueued, shardapi.StatusEmpty, shardapi.StatusUnready, StatePending, StateUnreachable}
+var shardStates = [...]string{shardapi.StatusQueued, shardapi.StatusEmpty, shardapi.StatusUnready, policy.StatePending, policy.StateUnreachable}
 
 // conditionStatuses are the values of renderqueue_queue_condition{status}.
 var conditionStatuses = [...]metav1.ConditionStatus{metav1.ConditionTrue, metav1.ConditionFalse, metav1.ConditionUnknown}
@@ -93,7 +94,7 @@ func (m *Metrics) forget(namespace, name string) {
 
 // handoffs counts the handoff steps among the events of a membership step whose status write
 // succeeded.
-func (m *Metrics) handoffs(namespace, name string, events []pendingEvent) {
+func (m *Metrics) handoffs(namespace, name string, events []policy.Event) {
 	if m == nil {
 		return
 	}

@@ -14,6 +14,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	rqv1 "github.com/renderqueue/renderqueue/api/v1alpha1"
+	"github.com/renderqueue/renderqueue/controllers/policy"
 )
 
 // oneQueue collects the gauges of one RenderQueue object (collectQueue without a reader).
@@ -50,7 +51,7 @@ func TestCollectQueue(t *testing.T) {
 				{Name: "web-shard-0", State: "queued", Ready: true, Due: 1234, Exact: true, RowsHeld: 5000,
 					Edge:     mtime("2026-05-05T10:00:00Z"),
 					LastWalk: &rqv1.WalkSummary{FinishedAt: mtime("2026-05-04T10:00:00Z"), Partial: true, UnreadSegments: 2}},
-				{Name: "web-shard-1", State: StateUnreachable, Error: "connection refused"},
+				{Name: "web-shard-1", State: policy.StateUnreachable, Error: "connection refused"},
 			},
 		},
 	}
@@ -126,7 +127,7 @@ renderqueue_queue_slots_moving{namespace="render",renderqueue="web"} 256
 func TestMetricsNilSafe(t *testing.T) {
 	var m *Metrics
 	m.track("a", "b")
-	m.handoffs("a", "b", []pendingEvent{{Reason: EventRebalanceStarted}})
+	m.handoffs("a", "b", []policy.Event{{Reason: EventRebalanceStarted}})
 	m.forget("a", "b")
 }
 
@@ -229,7 +230,7 @@ var _ = Describe("Operator metrics", func() {
 			expectValue(g, "renderqueue_queue_due", q, float64(got.Status.Due))
 			expectValue(g, "renderqueue_queue_condition", with(with(q, "condition", rqv1.ConditionExact), "status", "False"), 1)
 			expectValue(g, "renderqueue_queue_shard_last_walk_partial", shard(0), 1)
-			expectValue(g, "renderqueue_queue_shard_state", with(shard(1), "state", StateUnreachable), 1)
+			expectValue(g, "renderqueue_queue_shard_state", with(shard(1), "state", policy.StateUnreachable), 1)
 			expectValue(g, "renderqueue_queue_shard_state", with(shard(1), "state", "queued"), 0)
 			_, hasEdge := sampleOf(g, "renderqueue_queue_shard_edge_timestamp_seconds", shard(1))
 			g.Expect(hasEdge).To(BeFalse(), "an unreachable shard's edge is not known")

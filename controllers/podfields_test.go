@@ -16,6 +16,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	rqv1 "github.com/renderqueue/renderqueue/api/v1alpha1"
+	"github.com/renderqueue/renderqueue/controllers/policy"
 	"github.com/renderqueue/renderqueue/controllers/specs"
 )
 
@@ -105,7 +106,7 @@ var _ = Describe("Shard Pod fields", func() {
 				g.Expect(p.Labels).To(HaveKeyWithValue("team", "crawl"), p.Name)
 				g.Expect(p.Spec.PriorityClassName).To(Equal("rq-queue-batch"), p.Name)
 				g.Expect(p.Spec.Priority).To(HaveValue(BeEquivalentTo(10)), p.Name)
-				g.Expect(podReady(&p)).To(BeTrue(), p.Name)
+				g.Expect(policy.PodReady(&p)).To(BeTrue(), p.Name)
 			}
 		}).WithTimeout(45 * time.Second).Should(Succeed())
 		settled(rq, 2)
@@ -129,7 +130,7 @@ var _ = Describe("Shard Pod fields", func() {
 			g.Expect(pods.Items).To(HaveLen(2))
 			for _, p := range pods.Items {
 				g.Expect(p.Annotations).To(HaveKeyWithValue("example.com/scrape", "false"), p.Name)
-				g.Expect(podReady(&p)).To(BeTrue(), p.Name)
+				g.Expect(policy.PodReady(&p)).To(BeTrue(), p.Name)
 			}
 		}).WithTimeout(45 * time.Second).Should(Succeed())
 		settled(rq, 2)
@@ -163,7 +164,7 @@ func watchShardDeletions(rq *rqv1.RenderQueue, shards int) func() (deletions, vi
 			}
 			switch ev.Type {
 			case watch.Added, watch.Modified:
-				state[pod.Name] = podReady(pod)
+				state[pod.Name] = policy.PodReady(pod)
 			case watch.Deleted:
 				mu.Lock()
 				deletions = append(deletions, pod.Name)

@@ -12,6 +12,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	rqv1 "github.com/renderqueue/renderqueue/api/v1alpha1"
+	"github.com/renderqueue/renderqueue/controllers/policy"
 	"github.com/renderqueue/renderqueue/controllers/specs"
 	"github.com/renderqueue/renderqueue/pkg/membership"
 )
@@ -70,14 +71,14 @@ func shardsToKeep(rq *rqv1.RenderQueue, persisted membership.Assignment) []strin
 
 // reconcilePods creates the missing shard Pods of keep (recreating deleted ones under the same
 // name) and deletes shard Pods not in keep (surplus shards whose slots have moved off). It
-// updates pods to match. A Pod the API server refuses (refusedByAPIServer: a missing
+// updates pods to match. A Pod the API server refuses (policy.RefusedByAPIServer: a missing
 // PriorityClass, a quota, an admission policy) does not stop the others, nor the poll and the
-// status after it: it is returned as the ShardPodRefused blocker, which the Reconciled condition
+// status after it: it is returned as the ShardPodRefused policy.Blocker, which the Reconciled condition
 // and its event show. Other errors (the API server not answering) are returned.
 func (r *RenderQueueReconciler) reconcilePods(ctx context.Context, rq *rqv1.RenderQueue, keep []string,
-	pods map[string]*corev1.Pod, hash string) ([]pendingEvent, *blocker, error) {
+	pods map[string]*corev1.Pod, hash string) ([]policy.Event, *policy.Blocker, error) {
 	logger := log.FromContext(ctx)
-	var events []pendingEvent
+	var events []policy.Event
 	var refused []string
 	wanted := map[string]bool{}
 	for _, name := range keep {
@@ -93,7 +94,7 @@ func (r *RenderQueueReconciler) reconcilePods(ctx context.Context, rq *rqv1.Rend
 			if apierrors.IsAlreadyExists(err) {
 				continue // the cache has not seen it yet
 			}
-			if refusedByAPIServer(err) {
+			if policy.RefusedByAPIServer(err) {
 				logger.Info("The API server refused a shard Pod", "pod", name, "error", err.Error())
 				refused = append(refused, fmt.Sprintf("shard Pod %s: %v", name, err))
 				continue
@@ -102,7 +103,7 @@ func (r *RenderQueueReconciler) reconcilePods(ctx context.Context, rq *rqv1.Rend
 		}
 		logger.Info("Created shard Pod", "pod", name)
 		pods[name] = pod
-		events = append(events, pendingEvent{Type: corev1.EventTypeNormal, Reason: EventShardCreated, Action: "Create",
+		events = append(events, policy.Event{Type: corev1.EventTypeNormal, Reason: EventShardCreated, Action: "Create",
 			Message: fmt.Sprintf("created shard Pod %s", name), Related: pod})
 	}
 	for name, pod := range pods {
@@ -114,7 +115,7 @@ func (r *RenderQueueReconciler) reconcilePods(ctx context.Context, rq *rqv1.Rend
 		}
 		logger.Info("Deleted surplus shard Pod", "pod", name)
 		delete(pods, name)
-		events = append(events, pendingEvent{Type: corev1.EventTypeNormal, Reason: EventShardRemoved, Action: "Delete",
+		events = append(events, policy.Event{Type: corev1.EventTypeNormal, Reason: EventShardRemoved, Action: "Delete",
 			Message: fmt.Sprintf("deleted shard Pod %s: it is beyond spec.shards and owns no slots", name), Related: pod})
 	}
 	if len(refused) > 0 {
@@ -122,7 +123,7 @@ func (r *RenderQueueReconciler) reconcilePods(ctx context.Context, rq *rqv1.Rend
 		if len(refused) > 1 {
 			msg = fmt.Sprintf("the API server refused %d shard Pods: %s", len(refused), strings.Join(refused, "; "))
 		}
-		return events, &blocker{Reason: rqv1.ReasonShardPodRefused, Message: msg}, nil
+		return events, &policy.Blocker{Reason: rqv1.ReasonShardPodRefused, Message: msg}, nil
 	}
 	return events, nil, nil
 }
@@ -140,8 +141,8 @@ func (r *RenderQueueReconciler) deletePod(ctx context.Context, pod *corev1.Pod) 
 
 // rollingStep is the outcome of reconcileRollingUpdate.
 type rollingStep struct {
-	Progress *progress
-	Events   []pendingEvent
+	Progress *policy.Progress
+	Events   []policy.Event
 }
 
 // reconcileRollingUpdate replaces shard Pods built from an outdated template, one at a time:
@@ -151,7 +152,7 @@ type rollingStep struct {
 // are not loaded serve nothing and are replaced at once, all of them: otherwise a template that
 // cannot run (a missing Secret, a bad DSN, a wrong image) could never be replaced by its fix.
 func (r *RenderQueueReconciler) reconcileRollingUpdate(ctx context.Context, rq *rqv1.RenderQueue, keep []string,
-	pods map[string]*corev1.Pod, reports map[string]shardReport, hash string) (rollingStep, error) {
+	pods map[string]*corev1.Pod, reports map[string]policy.ShardReport, hash string) (rollingStep, error) {
 	var outdated []string
 	for _, name := range keep {
 		if p := pods[name]; p != nil && p.Annotations[rqv1.AnnotationPodTemplateHash] != hash {
@@ -160,7 +161,7 @@ func (r *RenderQueueReconciler) reconcileRollingUpdate(ctx context.Context, rq *
 	}
 	var waiting []string
 	for _, name := range keep {
-		if !shardLoaded(pods[name], reports[name]) {
+		if !policy.ShardLoaded(pods[name], reports[name]) {
 			waiting = append(waiting, name)
 		}
 	}
@@ -172,7 +173,7 @@ func (r *RenderQueueReconciler) reconcileRollingUpdate(ctx context.Context, rq *
 	updated := len(keep) - len(outdated)
 	var down []*corev1.Pod
 	for _, name := range outdated {
-		if !shardLoaded(pods[name], reports[name]) {
+		if !policy.ShardLoaded(pods[name], reports[name]) {
 			down = append(down, pods[name])
 		}
 	}
@@ -186,17 +187,17 @@ func (r *RenderQueueReconciler) reconcileRollingUpdate(ctx context.Context, rq *
 			log.FromContext(ctx).Info("Replacing outdated shard Pod that is not ready", "pod", victim.Name,
 				"podTemplateHash", victim.Annotations[rqv1.AnnotationPodTemplateHash], "currentHash", hash)
 			names = append(names, victim.Name)
-			step.Events = append(step.Events, pendingEvent{Type: corev1.EventTypeNormal, Reason: EventShardReplacing, Action: "Replace",
+			step.Events = append(step.Events, policy.Event{Type: corev1.EventTypeNormal, Reason: EventShardReplacing, Action: "Replace",
 				Message: fmt.Sprintf("replacing shard Pod %s (template %s, current %s) at once: it is not ready, so it serves nothing",
 					victim.Name, victim.Annotations[rqv1.AnnotationPodTemplateHash], hash), Related: victim})
 		}
-		step.Progress = &progress{Reason: rqv1.ReasonRollingUpdate, Message: fmt.Sprintf(
+		step.Progress = &policy.Progress{Reason: rqv1.ReasonRollingUpdate, Message: fmt.Sprintf(
 			"replacing shard Pods %s, which are not ready, at once; %d of %d shards run the current template",
 			strings.Join(names, ", "), updated, len(keep))}
 		return step, nil
 	}
 	if len(waiting) > 0 {
-		return rollingStep{Progress: &progress{Reason: rqv1.ReasonRollingUpdate, Message: fmt.Sprintf(
+		return rollingStep{Progress: &policy.Progress{Reason: rqv1.ReasonRollingUpdate, Message: fmt.Sprintf(
 			"%d of %d shards run the current template; waiting for %s to be ready and loaded",
 			updated, len(keep), strings.Join(waiting, ", "))}}, nil
 	}
@@ -209,27 +210,9 @@ func (r *RenderQueueReconciler) reconcileRollingUpdate(ctx context.Context, rq *
 	msg := fmt.Sprintf("replacing shard Pod %s (template %s, current %s); %d of %d shards run the current template",
 		victim.Name, victim.Annotations[rqv1.AnnotationPodTemplateHash], hash, updated, len(keep))
 	return rollingStep{
-		Progress: &progress{Reason: rqv1.ReasonRollingUpdate, Message: msg},
-		Events:   []pendingEvent{{Type: corev1.EventTypeNormal, Reason: EventShardReplacing, Action: "Replace", Message: msg, Related: victim}},
+		Progress: &policy.Progress{Reason: rqv1.ReasonRollingUpdate, Message: msg},
+		Events:   []policy.Event{{Type: corev1.EventTypeNormal, Reason: EventShardReplacing, Action: "Replace", Message: msg, Related: victim}},
 	}, nil
-}
-
-// shardLoaded reports whether a shard's Pod is Ready and, if the shard answered, it has finished
-// a walk. The Pod's readiness probe (/readyz: the first walk finished) is the authority; the
-// report only confirms it when the shard can be asked.
-func shardLoaded(pod *corev1.Pod, rep shardReport) bool {
-	if !podReady(pod) {
-		return false
-	}
-	if rep.Status == nil {
-		return true
-	}
-	return walked(rep)
-}
-
-// walked reports whether the shard answered and reports a finished walk.
-func walked(rep shardReport) bool {
-	return rep.Status != nil && rep.Status.LastWalk != nil && rep.Status.LastWalk.FinishedAt != nil
 }
 
 // progressingReason is the reason of rq's persisted Progressing condition, "" if none.
@@ -240,17 +223,4 @@ func progressingReason(rq *rqv1.RenderQueue) string {
 		}
 	}
 	return ""
-}
-
-// podReady reports whether pod exists, is not being deleted and its Ready condition is True.
-func podReady(pod *corev1.Pod) bool {
-	if pod == nil || pod.DeletionTimestamp != nil {
-		return false
-	}
-	for _, c := range pod.Status.Conditions {
-		if c.Type == corev1.PodReady {
-			return c.Status == corev1.ConditionTrue
-		}
-	}
-	return false
 }

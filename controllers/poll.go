@@ -11,9 +11,9 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/renderqueue/renderqueue/controllers/policy"
 	"github.com/renderqueue/renderqueue/controllers/specs"
 	rqclient "github.com/renderqueue/renderqueue/pkg/client"
-	"github.com/renderqueue/renderqueue/pkg/shardapi"
 )
 
 // DefaultShardPollTimeout bounds one GET /v1/status of a shard.
@@ -32,36 +32,16 @@ func PodIPResolver(pod *corev1.Pod) (string, error) {
 	return "http://" + net.JoinHostPort(pod.Status.PodIP, strconv.Itoa(specs.KeeperPort)), nil
 }
 
-// shardReport is what the operator learnt about one shard in one poll.
-type shardReport struct {
-	// Name of the shard.
-	Name string
-	// Pod is the shard's Pod; nil when it does not exist.
-	Pod *corev1.Pod
-	// Status is the shard's /v1/status; nil when it could not be read.
-	Status *shardapi.Status
-	// Err says why Status is nil (or that it was rejected).
-	Err error
-	// Asked is false when the shard was not asked at all (no Pod, no IP).
-	Asked bool
-	// URL is the base URL the shard was asked at (when Asked): status.shards[].url, where render
-	// workers find it.
-	URL string
-}
-
-// Reachable reports whether the shard answered with a valid status.
-func (r shardReport) Reachable() bool { return r.Status != nil }
-
 // pollShards reads every shard's /v1/status in parallel (pkg/client, checked to come from the
 // shard asked for), each bounded by timeout. names lists the
 // shards in order; pods maps a shard name to its Pod (absent: no Pod). The result is in the order
 // of names.
 func pollShards(ctx context.Context, hc *http.Client, resolve ShardURLResolver, timeout time.Duration,
-	names []string, pods map[string]*corev1.Pod) []shardReport {
-	out := make([]shardReport, len(names))
+	names []string, pods map[string]*corev1.Pod) []policy.ShardReport {
+	out := make([]policy.ShardReport, len(names))
 	var wg sync.WaitGroup
 	for i, name := range names {
-		out[i] = shardReport{Name: name, Pod: pods[name]}
+		out[i] = policy.ShardReport{Name: name, Pod: pods[name]}
 		pod := pods[name]
 		if pod == nil {
 			out[i].Err = errors.New("no Pod")

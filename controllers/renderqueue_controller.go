@@ -23,6 +23,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	rqv1 "github.com/renderqueue/renderqueue/api/v1alpha1"
+	"github.com/renderqueue/renderqueue/controllers/policy"
 	"github.com/renderqueue/renderqueue/controllers/specs"
 )
 
@@ -68,7 +69,7 @@ type RenderQueueReconciler struct {
 	// AllowedImages are the keeper images the operator runs besides KeeperImage; the zero value
 	// allows any. A RenderQueue whose spec.image it does not allow gets no Pods and the condition
 	// Reconciled=False, reason ImageNotAllowed.
-	AllowedImages ImageAllowlist
+	AllowedImages policy.ImageAllowlist
 
 	// tokens maps a RenderQueue's namespace/name to its UID once this process has created or
 	// found its API token Secret (see ensureTokenSecret).
@@ -166,18 +167,18 @@ func (r *RenderQueueReconciler) Reconcile(ctx context.Context, req ctrl.Request)
 	// status.membership is parsed once, here; a malformed one is not retried (see
 	// invalidMembership). The membership step updates assign as it publishes, and the status is
 	// computed from it.
-	assign, err := assignmentFromStatus(rq.Status.Membership)
+	assign, err := policy.AssignmentFromStatus(rq.Status.Membership)
 	if err != nil {
 		return ctrl.Result{}, r.invalidMembership(ctx, &rq, now, err)
 	}
-	blocked := r.specBlocker(&rq)
+	blocked := policy.SpecBlocker(&rq, r.KeeperImage, r.AllowedImages)
 	if blocked == nil {
 		if err := r.reconcileChildren(ctx, &rq); err != nil {
 			var conflict *childConflictError
 			if !errors.As(err, &conflict) {
 				return ctrl.Result{}, err
 			}
-			blocked = &blocker{Reason: rqv1.ReasonChildConflict, Message: conflict.Error()}
+			blocked = &policy.Blocker{Reason: rqv1.ReasonChildConflict, Message: conflict.Error()}
 		}
 	}
 	pods, err := r.listShardPods(ctx, &rq)
@@ -213,14 +214,14 @@ func (r *RenderQueueReconciler) Reconcile(ctx context.Context, req ctrl.Request)
 		resolve = PodIPResolver
 	}
 	reports := pollShards(ctx, hc, resolve, r.pollTimeout(), keep, pods)
-	byName := make(map[string]shardReport, len(reports))
+	byName := make(map[string]policy.ShardReport, len(reports))
 	for _, rep := range reports {
 		byName[rep.Name] = rep
 	}
 
 	next := rq.Status.DeepCopy()
 	var mstep membershipStep
-	var prog *progress
+	var prog *policy.Progress
 	if blocked == nil || blocked.Reason == rqv1.ReasonShardPodRefused {
 		mstep, err = r.reconcileMembership(ctx, &rq, &assign, next, reports, pods, now)
 		if err != nil {
@@ -239,7 +240,7 @@ func (r *RenderQueueReconciler) Reconcile(ctx context.Context, req ctrl.Request)
 		}
 	}
 
-	if err := computeStatus(&rq, next, statusInputs{committed: assign, reports: reports, progress: prog, blocked: blocked, now: now}); err != nil {
+	if err := policy.ComputeStatus(&rq, next, policy.StatusInputs{Committed: assign, Reports: reports, Progress: prog, Blocked: blocked, Now: now}); err != nil {
 		return ctrl.Result{}, err
 	}
 	prev := rq.Status.DeepCopy()
@@ -255,7 +256,7 @@ func (r *RenderQueueReconciler) Reconcile(ctx context.Context, req ctrl.Request)
 		logger.V(1).Info("Status updated", "due", next.Due, "dueExact", next.DueExact, "epoch", next.Membership.Epoch)
 		r.emit(&rq, mstep.Events)
 		r.Metrics.handoffs(rq.Namespace, rq.Name, mstep.Events)
-		r.emit(&rq, transitionEvents(prev, next, pods))
+		r.emit(&rq, policy.TransitionEvents(prev, next, pods))
 	}
 
 	after := r.pollInterval()
@@ -273,7 +274,7 @@ func (r *RenderQueueReconciler) Reconcile(ctx context.Context, req ctrl.Request)
 func (r *RenderQueueReconciler) invalidMembership(ctx context.Context, rq *rqv1.RenderQueue, now time.Time, cause error) error {
 	err := fmt.Errorf("RenderQueue %s/%s: %w", rq.Namespace, rq.Name, cause)
 	next := rq.Status.DeepCopy()
-	setCondition(next, rq.Generation, now, rqv1.ConditionReconciled, condition{Status: metav1.ConditionFalse,
+	policy.SetCondition(next, rq.Generation, now, rqv1.ConditionReconciled, policy.Condition{Status: metav1.ConditionFalse,
 		Reason: rqv1.ReasonInvalidMembership, Message: fmt.Sprintf(
 			"the operator changes no shard, Pod or slot until it is fixed: %v", cause)})
 	prev := rq.Status.DeepCopy()
@@ -282,7 +283,7 @@ func (r *RenderQueueReconciler) invalidMembership(ctx context.Context, rq *rqv1.
 		return errors.Join(err, perr) // not terminal: the condition must be written
 	}
 	if wrote {
-		r.emit(rq, transitionEvents(prev, next, nil))
+		r.emit(rq, policy.TransitionEvents(prev, next, nil))
 	}
 	return reconcile.TerminalError(err)
 }

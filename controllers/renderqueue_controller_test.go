@@ -25,6 +25,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	rqv1 "github.com/renderqueue/renderqueue/api/v1alpha1"
+	"github.com/renderqueue/renderqueue/controllers/policy"
 	"github.com/renderqueue/renderqueue/controllers/specs"
 )
 
@@ -314,7 +315,7 @@ var _ = Describe("RenderQueue status", func() {
 				got := getQueue(g, rq)
 				g.Expect(got.Status.DueExact).To(BeFalse())
 				g.Expect(got.Status.Due).To(BeEquivalentTo(23), "a lower bound: the other shards' slots")
-				g.Expect(got.Status.Shards[0].State).To(Equal(StateUnreachable))
+				g.Expect(got.Status.Shards[0].State).To(Equal(policy.StateUnreachable))
 				g.Expect(got.Status.Shards[0].Error).To(ContainSubstring(tc.err))
 				c := condOf(got, rqv1.ConditionExact)
 				g.Expect(c.Reason).To(Equal(rqv1.ReasonShardUnreachable))
@@ -326,7 +327,7 @@ var _ = Describe("RenderQueue status", func() {
 			}).WithTimeout(15 * time.Second).Should(Succeed())
 		}
 		Eventually(func(g Gomega) {
-			g.Expect(eventReasons(g, rq)).To(ContainElement(EventShardUnreachable))
+			g.Expect(eventReasons(g, rq)).To(ContainElement(policy.EventShardUnreachable))
 		}).Should(Succeed())
 	})
 })
@@ -490,7 +491,7 @@ var _ = Describe("Rolling replacement", func() {
 				}
 				switch ev.Type {
 				case watch.Added, watch.Modified:
-					state[pod.Name] = podReady(pod)
+					state[pod.Name] = policy.PodReady(pod)
 				case watch.Deleted:
 					mu.Lock()
 					deletions = append(deletions, pod.Name)
@@ -518,7 +519,7 @@ var _ = Describe("Rolling replacement", func() {
 			g.Expect(pods.Items).To(HaveLen(3))
 			for _, p := range pods.Items {
 				g.Expect(p.Spec.Containers[0].Image).To(Equal("registry.example/renderqueue:v2"), p.Name)
-				g.Expect(podReady(&p)).To(BeTrue(), p.Name)
+				g.Expect(policy.PodReady(&p)).To(BeTrue(), p.Name)
 			}
 		}).WithTimeout(45 * time.Second).Should(Succeed())
 		settled(rq, 3)

@@ -32,6 +32,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	rqv1 "github.com/renderqueue/renderqueue/api/v1alpha1"
+	"github.com/renderqueue/renderqueue/controllers/policy"
 )
 
 // The suite runs the reconciler in a manager against a real kube-apiserver and etcd (envtest).
@@ -158,7 +159,7 @@ func (k *fakeKubelet) run(ctx context.Context) {
 		}
 		for i := range pods.Items {
 			p := &pods.Items[i]
-			if podReady(p) || p.DeletionTimestamp != nil || k.isHeld(p) {
+			if policy.PodReady(p) || p.DeletionTimestamp != nil || k.isHeld(p) {
 				continue
 			}
 			n++
@@ -220,7 +221,7 @@ var _ = BeforeSuite(func() {
 		RebalanceRetryAfter: testRetryAfter,
 		ResolveShardURL:     fakes.resolve,
 	}
-	rec.AllowedImages, err = ParseImageAllowlist([]string{testAllowedImages})
+	rec.AllowedImages, err = policy.ParseImageAllowlist([]string{testAllowedImages})
 	Expect(err).NotTo(HaveOccurred())
 	testMetrics = prometheus.NewPedanticRegistry()
 	rec.Metrics, err = NewMetrics(testMetrics)

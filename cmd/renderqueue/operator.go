@@ -27,6 +27,7 @@ import (
 
 	rqv1 "github.com/renderqueue/renderqueue/api/v1alpha1"
 	"github.com/renderqueue/renderqueue/controllers"
+	"github.com/renderqueue/renderqueue/controllers/policy"
 	"github.com/renderqueue/renderqueue/pkg/buildinfo"
 	"github.com/renderqueue/renderqueue/pkg/metricsapi"
 )
@@ -148,7 +149,7 @@ func runOperator(ctx context.Context, args []string, _, stderr io.Writer) error 
 			return fmt.Errorf("--watch-namespaces: %q is not a namespace name: %s", ns, strings.Join(errs, "; "))
 		}
 	}
-	allowed, err := controllers.ParseImageAllowlist(o.allowedImages)
+	allowed, err := policy.ParseImageAllowlist(o.allowedImages)
 	if err != nil {
 		return fmt.Errorf("--allowed-images: %w", err)
 	}

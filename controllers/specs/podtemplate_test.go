@@ -110,7 +110,7 @@ func TestOperatorLabelsWin(t *testing.T) {
 }
 
 // Every pod-shaping field is part of the template hash, so changing it replaces the shards (one
-// at a time, reconcileRollingUpdate); the hash does not depend on map order or the shard.
+// at a time, by the reconciler's rolling update); the hash does not depend on map order or the shard.
 func TestPodTemplateHashCoversPodFields(t *testing.T) {
 	base := PodTemplateHash(podFields(templateQueue()), "img")
 	if again := PodTemplateHash(podFields(templateQueue()), "img"); again != base {

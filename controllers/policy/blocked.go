@@ -1,4 +1,4 @@
-package controllers
+package policy
 
 import (
 	"fmt"
@@ -11,43 +11,47 @@ import (
 	"github.com/renderqueue/renderqueue/controllers/specs"
 )
 
-// blocker is what stops the operator from making the shards what a RenderQueue's spec asks: the
+// Blocker is what stops the operator from making the shards what a RenderQueue's spec asks: the
 // Reconciled condition's reason and message while it lasts.
-type blocker struct {
-	Reason  string
+type Blocker struct {
+	// Reason is the condition's CamelCase reason (InvalidSpec, ImageNotAllowed, ChildConflict,
+	// ShardPodRefused).
+	Reason string
+	// Message says what is wrong and what the operator leaves alone until it is fixed.
 	Message string
 }
 
-// specBlocker is the reason rq must not be acted on at all, nil when it may: the object does not
-// decode or breaks a rule of the API (stored before the rule), or its image is not allowed. Such
-// a RenderQueue gets no children, Pods or membership changes; its existing shards keep running
-// and are still polled, so its status stays true.
-func (r *RenderQueueReconciler) specBlocker(rq *rqv1.RenderQueue) *blocker {
+// reconciledCondition is the Reconciled condition for b (nil: nothing blocks).
+func reconciledCondition(b *Blocker) Condition {
+	if b == nil {
+		return Condition{Status: metav1.ConditionTrue, Reason: rqv1.ReasonReconcileSucceeded,
+			Message: "the shards' children and Pods are what the spec asks for, or on their way"}
+	}
+	return Condition{Status: metav1.ConditionFalse, Reason: b.Reason, Message: b.Message}
+}
+
+// SpecBlocker is the reason rq must not be acted on at all, nil when it may: the object does not
+// decode or breaks a rule of the API (stored before the rule), or its image is neither
+// operatorImage (the operator's own, the default) nor allowed. Such a RenderQueue gets no
+// children, Pods or membership changes; its existing shards keep running and are still polled,
+// so its status stays true.
+func SpecBlocker(rq *rqv1.RenderQueue, operatorImage string, allowed ImageAllowlist) *Blocker {
 	if err := rq.Validate(); err != nil {
-		return &blocker{Reason: rqv1.ReasonInvalidSpec, Message: fmt.Sprintf(
+		return &Blocker{Reason: rqv1.ReasonInvalidSpec, Message: fmt.Sprintf(
 			"the operator leaves this RenderQueue and its shards as they are until the spec is fixed: %v", err)}
 	}
-	if img := specs.KeeperImage(rq, r.KeeperImage); img != r.KeeperImage && !r.AllowedImages.Allows(img) {
-		return &blocker{Reason: rqv1.ReasonImageNotAllowed, Message: fmt.Sprintf(
+	if img := specs.KeeperImage(rq, operatorImage); img != operatorImage && !allowed.Allows(img) {
+		return &Blocker{Reason: rqv1.ReasonImageNotAllowed, Message: fmt.Sprintf(
 			"spec.image %q is not among the images the operator runs (--allowed-images %s); no shard Pod is created or replaced until it is",
-			img, r.AllowedImages)}
+			img, allowed)}
 	}
 	return nil
 }
 
-// reconciledCondition is the Reconciled condition for b (nil: nothing blocks).
-func reconciledCondition(b *blocker) condition {
-	if b == nil {
-		return condition{Status: metav1.ConditionTrue, Reason: rqv1.ReasonReconcileSucceeded,
-			Message: "the shards' children and Pods are what the spec asks for, or on their way"}
-	}
-	return condition{Status: metav1.ConditionFalse, Reason: b.Reason, Message: b.Message}
-}
-
-// refusedByAPIServer reports whether err is the API server refusing a request as it is (a
+// RefusedByAPIServer reports whether err is the API server refusing a request as it is (a
 // missing PriorityClass, a quota, an admission policy, an invalid field), which retrying the same
 // request will not change, rather than failing to answer it.
-func refusedByAPIServer(err error) bool {
+func RefusedByAPIServer(err error) bool {
 	return apierrors.IsForbidden(err) || apierrors.IsInvalid(err) || apierrors.IsBadRequest(err) ||
 		apierrors.IsRequestEntityTooLargeError(err)
 }

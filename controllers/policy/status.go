@@ -1,4 +1,4 @@
-package controllers
+package policy
 
 import (
 	"fmt"
@@ -6,30 +6,14 @@ import (
 	"strconv"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
 
 	rqv1 "github.com/renderqueue/renderqueue/api/v1alpha1"
 	"github.com/renderqueue/renderqueue/controllers/specs"
 	"github.com/renderqueue/renderqueue/pkg/membership"
 	"github.com/renderqueue/renderqueue/pkg/schedule"
 	"github.com/renderqueue/renderqueue/pkg/shardapi"
-)
-
-// Event reasons of the status step (besides the condition reasons EdgeLagging, PartialWalk, ...).
-const (
-	// EventShardUnreachable: a shard's /v1/status could not be read (emitted when it starts).
-	EventShardUnreachable = rqv1.ReasonShardUnreachable
-	// EventShardReachable: a shard that was unreachable answers again.
-	EventShardReachable = "ShardReachable"
-	// EventShardFailing: a shard's Pod cannot run its keeper (StateFailing: the reason from the
-	// Pod's status), or the shard answers with an error while not ready (its database
-	// unreachable, say); emitted when the problem starts or changes.
-	EventShardFailing = "ShardFailing"
-	// EventShardRecovered: a shard that was failing is no longer (it may still be loading).
-	EventShardRecovered = "ShardRecovered"
 )
 
 // edgeAheadTolerance is how far a shard's edgeAheadSeconds may drift (it falls by a second every
@@ -58,7 +42,7 @@ func secTime(t *time.Time) *metav1.Time {
 
 // shardStatus builds one shard's status from its report. owned is its slots in the committed
 // assignment; prev its previous status (nil if none), for edgeAheadSeconds.
-func shardStatus(rep shardReport, owned string, prev *rqv1.ShardStatus) rqv1.ShardStatus {
+func shardStatus(rep ShardReport, owned string, prev *rqv1.ShardStatus) rqv1.ShardStatus {
 	s := rqv1.ShardStatus{Name: rep.Name, Slots: owned, URL: rep.URL}
 	st := rep.Status
 	if st == nil {
@@ -74,7 +58,7 @@ func shardStatus(rep shardReport, owned string, prev *rqv1.ShardStatus) rqv1.Sha
 		s.State = StateUnreachable
 		// a Pod that is not Ready yet (its keeper starting) is pending, not unreachable: no
 		// warning for a shard that was never expected to answer
-		if !rep.Asked || !podReady(rep.Pod) {
+		if !rep.Asked || !PodReady(rep.Pod) {
 			s.State = StatePending
 		}
 		if rep.Err != nil {
@@ -83,7 +67,7 @@ func shardStatus(rep shardReport, owned string, prev *rqv1.ShardStatus) rqv1.Sha
 		return s
 	}
 	s.State = st.Status
-	s.Ready = podReady(rep.Pod) && walked(rep)
+	s.Ready = PodReady(rep.Pod) && walked(rep)
 	s.RowsHeld = int64(st.Rows.Held)
 	s.RowsOwned = int64(st.Rows.Held) + int64(st.Rows.OwnedNotHeld)
 	s.Due = int64(st.Due)
@@ -161,32 +145,35 @@ func slotCounts(field string, m map[string]int, within schedule.SlotSet) (map[in
 	return out, nil
 }
 
-// statusInputs is what computeStatus needs besides the RenderQueue.
-type statusInputs struct {
-	// committed is the assignment next.Membership publishes (parsed once per reconcile, or as
+// StatusInputs is what ComputeStatus needs besides the RenderQueue.
+type StatusInputs struct {
+	// Committed is the assignment next.Membership publishes (parsed once per reconcile, or as
 	// the membership step made it).
-	committed membership.Assignment
-	reports   []shardReport
-	progress  *progress
-	// blocked is what stops the operator from acting on the spec (the Reconciled condition);
+	Committed membership.Assignment
+	// Reports are the shards' reports of this poll, in shard order.
+	Reports []ShardReport
+	// Progress is what the operator is changing (the Progressing condition); nil when nothing.
+	Progress *Progress
+	// Blocked is what stops the operator from acting on the spec (the Reconciled condition);
 	// nil when nothing does.
-	blocked *blocker
-	now     time.Time
+	Blocked *Blocker
+	// Now is the time of this reconcile, truncated to the second.
+	Now time.Time
 }
 
-// computeStatus fills next (already carrying the membership step's result) with the shards,
+// ComputeStatus fills next (already carrying the membership step's result) with the shards,
 // the due sum and the conditions.
-func computeStatus(rq *rqv1.RenderQueue, next *rqv1.RenderQueueStatus, in statusInputs) error {
-	committed := in.committed
+func ComputeStatus(rq *rqv1.RenderQueue, next *rqv1.RenderQueueStatus, in StatusInputs) error {
+	committed := in.Committed
 	prev := map[string]*rqv1.ShardStatus{}
 	for i := range rq.Status.Shards {
 		prev[rq.Status.Shards[i].Name] = &rq.Status.Shards[i]
 	}
 	dues := map[string]membership.ShardDue{}
-	shards := make([]rqv1.ShardStatus, 0, len(in.reports))
+	shards := make([]rqv1.ShardStatus, 0, len(in.Reports))
 	allExact := true
 	var notAdopted []string
-	for _, rep := range in.reports {
+	for _, rep := range in.Reports {
 		if rep.Status != nil {
 			d, err := validateReport(rep.Status)
 			if err != nil {
@@ -218,21 +205,23 @@ func computeStatus(rq *rqv1.RenderQueue, next *rqv1.RenderQueueStatus, in status
 	next.ReadyShards = ready
 	dueExact := sumExact && allExact
 	if next.DueAsOf == nil || int64(due) != next.Due || dueExact != next.DueExact {
-		next.DueAsOf = ptrTime(in.now)
+		next.DueAsOf = ptrTime(in.Now)
 	}
 	next.Due, next.DueExact = int64(due), dueExact
 
 	epoch := next.Membership.Epoch
-	setCondition(next, rq.Generation, in.now, rqv1.ConditionReady, readyCondition(shards))
-	setCondition(next, rq.Generation, in.now, rqv1.ConditionExact, exactCondition(shards, sumExact, notAdopted, epoch))
-	setCondition(next, rq.Generation, in.now, rqv1.ConditionEdgeHealthy, edgeCondition(shards))
-	setCondition(next, rq.Generation, in.now, rqv1.ConditionWalksComplete, walksCondition(shards))
-	setCondition(next, rq.Generation, in.now, rqv1.ConditionProgressing, progressingCondition(in.progress, shards, epoch))
-	setCondition(next, rq.Generation, in.now, rqv1.ConditionReconciled, reconciledCondition(in.blocked))
+	SetCondition(next, rq.Generation, in.Now, rqv1.ConditionReady, readyCondition(shards))
+	SetCondition(next, rq.Generation, in.Now, rqv1.ConditionExact, exactCondition(shards, sumExact, notAdopted, epoch))
+	SetCondition(next, rq.Generation, in.Now, rqv1.ConditionEdgeHealthy, edgeCondition(shards))
+	SetCondition(next, rq.Generation, in.Now, rqv1.ConditionWalksComplete, walksCondition(shards))
+	SetCondition(next, rq.Generation, in.Now, rqv1.ConditionProgressing, progressingCondition(in.Progress, shards, epoch))
+	SetCondition(next, rq.Generation, in.Now, rqv1.ConditionReconciled, reconciledCondition(in.Blocked))
 	return nil
 }
 
-func setCondition(st *rqv1.RenderQueueStatus, generation int64, now time.Time, typ string, c condition) {
+// SetCondition sets the condition typ of st to c, observed at generation; its transition time
+// is now when its status changes.
+func SetCondition(st *rqv1.RenderQueueStatus, generation int64, now time.Time, typ string, c Condition) {
 	meta.SetStatusCondition(&st.Conditions, metav1.Condition{
 		Type:               typ,
 		Status:             c.Status,
@@ -243,57 +232,8 @@ func setCondition(st *rqv1.RenderQueueStatus, generation int64, now time.Time, t
 	})
 }
 
-// transitionEvents returns the events an operator must notice in the change from prev to next:
-// a condition turning bad (EdgeLagging, PartialWalk, WalkFailed; InvalidSpec, ImageNotAllowed,
-// ChildConflict, ShardPodRefused) or recovering, and a shard becoming unreachable or reachable
-// again. Nothing when nothing changed, so a steady state emits
-// nothing on later polls.
-func transitionEvents(prev, next *rqv1.RenderQueueStatus, pods map[string]*corev1.Pod) []pendingEvent {
-	var out []pendingEvent
-	for _, typ := range []string{rqv1.ConditionEdgeHealthy, rqv1.ConditionWalksComplete, rqv1.ConditionReconciled} {
-		n := meta.FindStatusCondition(next.Conditions, typ)
-		if n == nil || n.Status == metav1.ConditionUnknown {
-			continue
-		}
-		p := meta.FindStatusCondition(prev.Conditions, typ)
-		switch {
-		case n.Status == metav1.ConditionFalse && (p == nil || p.Status != metav1.ConditionFalse || p.Reason != n.Reason):
-			out = append(out, pendingEvent{Type: corev1.EventTypeWarning, Reason: n.Reason, Action: "Observe", Message: n.Message})
-		case n.Status == metav1.ConditionTrue && p != nil && p.Status == metav1.ConditionFalse:
-			out = append(out, pendingEvent{Type: corev1.EventTypeNormal, Reason: n.Reason, Action: "Observe", Message: n.Message})
-		}
-	}
-	was := map[string]rqv1.ShardStatus{}
-	for _, s := range prev.Shards {
-		was[s.Name] = s
-	}
-	for _, s := range next.Shards {
-		ps, known := was[s.Name]
-		switch {
-		case s.State == StateUnreachable && ps.State != StateUnreachable:
-			out = append(out, pendingEvent{Type: corev1.EventTypeWarning, Reason: EventShardUnreachable, Action: "Poll",
-				Message: fmt.Sprintf("shard %s is unreachable: %s", s.Name, s.Error), Related: relatedPod(pods, s.Name)})
-		case known && ps.State == StateUnreachable && reachable(s):
-			out = append(out, pendingEvent{Type: corev1.EventTypeNormal, Reason: EventShardReachable, Action: "Poll",
-				Message: fmt.Sprintf("shard %s answers again (status %s)", s.Name, s.State), Related: relatedPod(pods, s.Name)})
-		}
-		key, prevKey := troubleKey(s), troubleKey(ps)
-		switch {
-		case key != "" && key != prevKey:
-			out = append(out, pendingEvent{Type: corev1.EventTypeWarning, Reason: EventShardFailing, Action: "Poll",
-				Message: troubleMessage(s), Related: relatedPod(pods, s.Name)})
-		case key == "" && prevKey != "" && s.State != StateUnreachable:
-			out = append(out, pendingEvent{Type: corev1.EventTypeNormal, Reason: EventShardRecovered, Action: "Poll",
-				Message: fmt.Sprintf("shard %s recovered (was: %s); now %s", s.Name, ps.Error, s.State), Related: relatedPod(pods, s.Name)})
-		}
-	}
-	return out
-}
-
-// relatedPod is the shard's Pod as an event's related object, nil (not a typed nil) without one.
-func relatedPod(pods map[string]*corev1.Pod, name string) runtime.Object {
-	if p := pods[name]; p != nil {
-		return p
-	}
-	return nil
+// ptrTime returns t as a status time.
+func ptrTime(t time.Time) *metav1.Time {
+	mt := metav1.NewTime(t)
+	return &mt
 }

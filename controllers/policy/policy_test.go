@@ -1,4 +1,4 @@
-package controllers
+package policy
 
 import (
 	"strings"
@@ -26,7 +26,7 @@ func with(s rqv1.ShardStatus, change func(*rqv1.ShardStatus)) rqv1.ShardStatus {
 	return s
 }
 
-func checkCondition(t *testing.T, name string, got condition, status metav1.ConditionStatus, reason string, msgParts ...string) {
+func checkCondition(t *testing.T, name string, got Condition, status metav1.ConditionStatus, reason string, msgParts ...string) {
 	t.Helper()
 	if got.Status != status || got.Reason != reason {
 		t.Errorf("%s: got %s/%s (%q), want %s/%s", name, got.Status, got.Reason, got.Message, status, reason)
@@ -143,14 +143,14 @@ func TestWalksCondition(t *testing.T) {
 func TestProgressingCondition(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
-		p      *progress
+		p      *Progress
 		shards []rqv1.ShardStatus
 		status metav1.ConditionStatus
 		reason string
 		msg    []string
 	}{
 		{"settled", nil, []rqv1.ShardStatus{healthy("a")}, metav1.ConditionFalse, rqv1.ReasonSettled, []string{"1 shards settled at membership epoch 3"}},
-		{"rebalancing wins", &progress{Reason: rqv1.ReasonRebalancing, Message: "moving"}, []rqv1.ShardStatus{{Name: "a", State: StatePending}},
+		{"rebalancing wins", &Progress{Reason: rqv1.ReasonRebalancing, Message: "moving"}, []rqv1.ShardStatus{{Name: "a", State: StatePending}},
 			metav1.ConditionTrue, rqv1.ReasonRebalancing, []string{"moving"}},
 		{"loading", nil, []rqv1.ShardStatus{healthy("a"), {Name: "b", State: StatePending}}, metav1.ConditionTrue, rqv1.ReasonLoading,
 			[]string{"shard b is loading", "1 of 2"}},
@@ -181,8 +181,8 @@ func TestFormatLag(t *testing.T) {
 
 func TestShardStatusEdgeAheadIsStable(t *testing.T) {
 	edge := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
-	report := func(ahead float64, edge time.Time) shardReport {
-		return shardReport{Name: "s", Asked: true, Status: &shardapi.Status{
+	report := func(ahead float64, edge time.Time) ShardReport {
+		return ShardReport{Name: "s", Asked: true, Status: &shardapi.Status{
 			Shard: "s", Status: shardapi.StatusQueued, Edge: &edge, EdgeAheadSeconds: &ahead}}
 	}
 	first := shardStatus(report(3600.7, edge), "0-1023", nil)
@@ -211,7 +211,7 @@ func TestShardStatusEdgeAheadIsStable(t *testing.T) {
 func TestShardStatusUnreachableAndPending(t *testing.T) {
 	ready := &corev1.Pod{Status: corev1.PodStatus{Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}}}
 	// a Ready Pod that does not answer is unreachable
-	got := shardStatus(shardReport{Name: "s", Pod: ready, Asked: true, URL: "http://10.244.0.7:8080", Err: errString("unreachable: refused")}, "0-9", nil)
+	got := shardStatus(ShardReport{Name: "s", Pod: ready, Asked: true, URL: "http://10.244.0.7:8080", Err: errString("unreachable: refused")}, "0-9", nil)
 	if got.URL != "http://10.244.0.7:8080" {
 		t.Errorf("an unreachable shard's URL %q, want the one it was asked at (workers back off from it themselves)", got.URL)
 	}
@@ -219,11 +219,11 @@ func TestShardStatusUnreachableAndPending(t *testing.T) {
 		t.Errorf("unreachable: %+v", got)
 	}
 	// a Pod not Ready yet (its keeper starting) is pending
-	got = shardStatus(shardReport{Name: "s", Pod: &corev1.Pod{}, Asked: true, Err: errString("unreachable: refused")}, "0-9", nil)
+	got = shardStatus(ShardReport{Name: "s", Pod: &corev1.Pod{}, Asked: true, Err: errString("unreachable: refused")}, "0-9", nil)
 	if got.State != StatePending || got.Error != "unreachable: refused" {
 		t.Errorf("starting: %+v", got)
 	}
-	got = shardStatus(shardReport{Name: "s", Err: errString("no Pod")}, "", nil)
+	got = shardStatus(ShardReport{Name: "s", Err: errString("no Pod")}, "", nil)
 	if got.State != StatePending || got.Error != "no Pod" {
 		t.Errorf("pending: %+v", got)
 	}
@@ -273,18 +273,18 @@ func TestAssignmentStatusRoundTrip(t *testing.T) {
 		t.Fatal(err)
 	}
 	var ms rqv1.MembershipStatus
-	setAssignment(rq, &ms, prepared)
+	SetAssignment(rq, &ms, prepared)
 	if ms.SlotsMoving != 256 || len(ms.Incoming) != 1 || ms.Incoming[0].Shard != "web-shard-3" {
 		t.Fatalf("prepared membership status: %+v", ms)
 	}
-	back, err := assignmentFromStatus(ms)
+	back, err := AssignmentFromStatus(ms)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if back != prepared {
 		t.Errorf("round trip changed the assignment: %+v != %+v", back.Spec(), prepared.Spec())
 	}
-	if _, err := assignmentFromStatus(rqv1.MembershipStatus{Epoch: 2, Assignment: []rqv1.ShardSlots{{Shard: "a", Slots: "0-10"}}}); err == nil {
+	if _, err := AssignmentFromStatus(rqv1.MembershipStatus{Epoch: 2, Assignment: []rqv1.ShardSlots{{Shard: "a", Slots: "0-10"}}}); err == nil {
 		t.Error("an assignment leaving slots without owner was accepted")
 	}
 }
@@ -298,20 +298,20 @@ func TestTransitionEventsOnlyOnChange(t *testing.T) {
 		Conditions: []metav1.Condition{{Type: rqv1.ConditionEdgeHealthy, Status: metav1.ConditionTrue, Reason: rqv1.ReasonEdgeAhead}},
 		Shards:     []rqv1.ShardStatus{{Name: "a", State: "queued"}},
 	}
-	reasons := func(evs []pendingEvent) string {
+	reasons := func(evs []Event) string {
 		var out []string
 		for _, e := range evs {
 			out = append(out, e.Type+"/"+e.Reason)
 		}
 		return strings.Join(out, ",")
 	}
-	if got := reasons(transitionEvents(&healthyStatus, &lagging, nil)); got != "Warning/EdgeLagging,Warning/ShardUnreachable" {
+	if got := reasons(TransitionEvents(&healthyStatus, &lagging, nil)); got != "Warning/EdgeLagging,Warning/ShardUnreachable" {
 		t.Errorf("healthy → lagging: %s", got)
 	}
-	if got := reasons(transitionEvents(&lagging, &lagging, nil)); got != "" {
+	if got := reasons(TransitionEvents(&lagging, &lagging, nil)); got != "" {
 		t.Errorf("lagging → lagging: %s", got)
 	}
-	if got := reasons(transitionEvents(&lagging, &healthyStatus, nil)); got != "Normal/EdgeAhead,Normal/ShardReachable" {
+	if got := reasons(TransitionEvents(&lagging, &healthyStatus, nil)); got != "Normal/EdgeAhead,Normal/ShardReachable" {
 		t.Errorf("lagging → healthy: %s", got)
 	}
 }
@@ -393,13 +393,13 @@ func TestPodProblem(t *testing.T) {
 func TestShardStatusFailing(t *testing.T) {
 	pod := &corev1.Pod{Status: corev1.PodStatus{ContainerStatuses: []corev1.ContainerStatus{{Name: "keeper",
 		State: corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: "CreateContainerConfigError", Message: `secret "renderqueue-db" not found`}}}}}}
-	got := shardStatus(shardReport{Name: "s", Pod: pod, Err: errString("the Pod has no IP yet")}, "0-9", nil)
+	got := shardStatus(ShardReport{Name: "s", Pod: pod, Err: errString("the Pod has no IP yet")}, "0-9", nil)
 	if got.State != StateFailing || got.Error != `CreateContainerConfigError: secret "renderqueue-db" not found` || got.Ready {
 		t.Errorf("failing: %+v", got)
 	}
 	// a shard that answers speaks for itself, whatever the Pod's last state
 	pod.Status.ContainerStatuses[0].State = corev1.ContainerState{Running: &corev1.ContainerStateRunning{}}
-	got = shardStatus(shardReport{Name: "s", Pod: pod, Asked: true, Status: &shardapi.Status{Shard: "s", Status: shardapi.StatusUnready,
+	got = shardStatus(ShardReport{Name: "s", Pod: pod, Asked: true, Status: &shardapi.Status{Shard: "s", Status: shardapi.StatusUnready,
 		Error: "database unreachable: dial tcp 10.0.0.9:5432: connect: connection refused"}}, "0-9", nil)
 	if got.State != shardapi.StatusUnready || got.Error != "database unreachable: dial tcp 10.0.0.9:5432: connect: connection refused" || got.Ready {
 		t.Errorf("answering: %+v", got)
@@ -448,7 +448,7 @@ func TestTransitionEventsOfFailingShards(t *testing.T) {
 	unreachable := rqv1.ShardStatus{Name: "a", State: StateUnreachable, Error: "refused"}
 	events := func(prev, next rqv1.ShardStatus) string {
 		var out []string
-		for _, e := range transitionEvents(st(prev), st(next), nil) {
+		for _, e := range TransitionEvents(st(prev), st(next), nil) {
 			out = append(out, e.Type+"/"+e.Reason+": "+e.Message)
 		}
 		return strings.Join(out, " | ")

@@ -1,4 +1,4 @@
-package controllers
+package policy
 
 import (
 	"fmt"
@@ -26,17 +26,22 @@ const (
 	StateFailing = "Failing"
 )
 
-// progress is what the operator is changing, for the Progressing condition; nil when nothing.
-type progress struct {
-	Reason  string
+// Progress is what the operator is changing, for the Progressing condition; nil when nothing.
+type Progress struct {
+	// Reason is the condition's reason (Rebalancing, RollingUpdate).
+	Reason string
+	// Message says what changes and what it waits for.
 	Message string
 }
 
-// condition is the outcome of a condition policy: the status, a CamelCase reason and a message
+// Condition is the outcome of a condition policy: the status, a CamelCase reason and a message
 // naming the shard and the figure.
-type condition struct {
-	Status  metav1.ConditionStatus
-	Reason  string
+type Condition struct {
+	// Status is True, False or Unknown.
+	Status metav1.ConditionStatus
+	// Reason is the CamelCase reason.
+	Reason string
+	// Message is for people.
 	Message string
 }
 
@@ -196,9 +201,9 @@ func andMore(n int) string {
 }
 
 // readyCondition: True when every shard is ready (loaded and reachable).
-func readyCondition(shards []rqv1.ShardStatus) condition {
+func readyCondition(shards []rqv1.ShardStatus) Condition {
 	if len(shards) == 0 {
-		return condition{metav1.ConditionFalse, rqv1.ReasonShardsNotReady, "no shards yet"}
+		return Condition{metav1.ConditionFalse, rqv1.ReasonShardsNotReady, "no shards yet"}
 	}
 	ready := 0
 	var first *rqv1.ShardStatus // the first troubled shard, else the first not ready
@@ -211,10 +216,10 @@ func readyCondition(shards []rqv1.ShardStatus) condition {
 		}
 	}
 	if first == nil {
-		return condition{metav1.ConditionTrue, rqv1.ReasonAllShardsReady, fmt.Sprintf("%d of %d shards ready", ready, len(shards))}
+		return Condition{metav1.ConditionTrue, rqv1.ReasonAllShardsReady, fmt.Sprintf("%d of %d shards ready", ready, len(shards))}
 	}
 	if first.State == StateFailing {
-		return condition{metav1.ConditionFalse, rqv1.ReasonShardsNotReady,
+		return Condition{metav1.ConditionFalse, rqv1.ReasonShardsNotReady,
 			fmt.Sprintf("%d of %d shards ready; shard %s cannot run: %s", ready, len(shards), first.Name, first.Error)}
 	}
 	why := first.State
@@ -223,16 +228,16 @@ func readyCondition(shards []rqv1.ShardStatus) condition {
 	} else if first.State != StatePending && first.State != StateUnreachable {
 		why = "loading (" + first.State + ")"
 	}
-	return condition{metav1.ConditionFalse, rqv1.ReasonShardsNotReady,
+	return Condition{metav1.ConditionFalse, rqv1.ReasonShardsNotReady,
 		fmt.Sprintf("%d of %d shards ready; shard %s is %s", ready, len(shards), first.Name, why)}
 }
 
 // exactCondition: True when status.due is the true count: every shard reachable and exact, and
 // every slot's owner has adopted the committed assignment (sumExact, see membership.SumDue).
 // notAdopted names owners whose report does not match the assignment at epoch.
-func exactCondition(shards []rqv1.ShardStatus, sumExact bool, notAdopted []string, epoch int64) condition {
+func exactCondition(shards []rqv1.ShardStatus, sumExact bool, notAdopted []string, epoch int64) Condition {
 	if len(shards) == 0 {
-		return condition{metav1.ConditionFalse, rqv1.ReasonNoShardReports, "no shards yet; due is unknown"}
+		return Condition{metav1.ConditionFalse, rqv1.ReasonNoShardReports, "no shards yet; due is unknown"}
 	}
 	var unreachable, inexact []rqv1.ShardStatus
 	for _, s := range shards {
@@ -256,7 +261,7 @@ func exactCondition(shards []rqv1.ShardStatus, sumExact bool, notAdopted []strin
 		if s.Error != "" {
 			msg += " (" + s.Error + ")"
 		}
-		return condition{metav1.ConditionFalse, rqv1.ReasonShardUnreachable,
+		return Condition{metav1.ConditionFalse, rqv1.ReasonShardUnreachable,
 			msg + andMore(len(unreachable)-1) + "; due is a lower bound"}
 	}
 	if len(inexact) > 0 {
@@ -265,7 +270,7 @@ func exactCondition(shards []rqv1.ShardStatus, sumExact bool, notAdopted []strin
 		if s.Error != "" {
 			why += ": " + s.Error
 		}
-		return condition{metav1.ConditionFalse, rqv1.ReasonShardInexact, fmt.Sprintf(
+		return Condition{metav1.ConditionFalse, rqv1.ReasonShardInexact, fmt.Sprintf(
 			"shard %s does not vouch for its due count %d (status %s)%s; due is a lower bound",
 			s.Name, s.Due, why, andMore(len(inexact)-1))}
 	}
@@ -274,15 +279,15 @@ func exactCondition(shards []rqv1.ShardStatus, sumExact bool, notAdopted []strin
 		if len(notAdopted) > 0 {
 			msg = fmt.Sprintf("shard %s has not adopted the assignment at epoch %d yet%s", notAdopted[0], epoch, andMore(len(notAdopted)-1))
 		}
-		return condition{metav1.ConditionFalse, rqv1.ReasonMembershipChanging, msg + "; due is a lower bound"}
+		return Condition{metav1.ConditionFalse, rqv1.ReasonMembershipChanging, msg + "; due is a lower bound"}
 	}
-	return condition{metav1.ConditionTrue, rqv1.ReasonAllShardsExact,
+	return Condition{metav1.ConditionTrue, rqv1.ReasonAllShardsExact,
 		fmt.Sprintf("all %d shards are reachable and exact; due is the true count", len(shards))}
 }
 
 // edgeCondition: False (EdgeLagging) when a reachable shard's edge is behind now, naming the
 // shard lagging most and by how much.
-func edgeCondition(shards []rqv1.ShardStatus) condition {
+func edgeCondition(shards []rqv1.ShardStatus) Condition {
 	var worst *rqv1.ShardStatus
 	lagging, asked := 0, 0
 	for i := range shards {
@@ -300,19 +305,19 @@ func edgeCondition(shards []rqv1.ShardStatus) condition {
 	}
 	switch {
 	case worst != nil:
-		return condition{metav1.ConditionFalse, rqv1.ReasonEdgeLagging, fmt.Sprintf(
+		return Condition{metav1.ConditionFalse, rqv1.ReasonEdgeLagging, fmt.Sprintf(
 			"shard %s edge is %s behind now%s: rows coming due past the edge may not be held",
 			worst.Name, formatLag(time.Duration(-*worst.EdgeAheadSeconds)*time.Second), andMore(lagging-1))}
 	case asked == 0:
-		return condition{metav1.ConditionUnknown, rqv1.ReasonNoShardReports, "no shard could be asked"}
+		return Condition{metav1.ConditionUnknown, rqv1.ReasonNoShardReports, "no shard could be asked"}
 	default:
-		return condition{metav1.ConditionTrue, rqv1.ReasonEdgeAhead, "every reachable shard's edge is ahead of now"}
+		return Condition{metav1.ConditionTrue, rqv1.ReasonEdgeAhead, "every reachable shard's edge is ahead of now"}
 	}
 }
 
 // walksCondition: False (PartialWalk) when a shard's last walk left segments unread, False
 // (WalkFailed) when it failed as a whole.
-func walksCondition(shards []rqv1.ShardStatus) condition {
+func walksCondition(shards []rqv1.ShardStatus) Condition {
 	var partial, failed []rqv1.ShardStatus
 	walkedAny := false
 	for _, s := range shards {
@@ -330,7 +335,7 @@ func walksCondition(shards []rqv1.ShardStatus) condition {
 	switch {
 	case len(partial) > 0:
 		s := partial[0]
-		return condition{metav1.ConditionFalse, rqv1.ReasonPartialWalk, fmt.Sprintf(
+		return Condition{metav1.ConditionFalse, rqv1.ReasonPartialWalk, fmt.Sprintf(
 			"shard %s's last walk left %d segments unread%s%s", s.Name, s.LastWalk.UnreadSegments,
 			finishedAt(s.LastWalk), andMore(len(partial)-1))}
 	case len(failed) > 0:
@@ -339,11 +344,11 @@ func walksCondition(shards []rqv1.ShardStatus) condition {
 		if s.Error != "" {
 			msg += ": " + s.Error
 		}
-		return condition{metav1.ConditionFalse, rqv1.ReasonWalkFailed, msg + andMore(len(failed)-1)}
+		return Condition{metav1.ConditionFalse, rqv1.ReasonWalkFailed, msg + andMore(len(failed)-1)}
 	case !walkedAny:
-		return condition{metav1.ConditionUnknown, rqv1.ReasonNoShardReports, "no shard has reported a finished walk yet"}
+		return Condition{metav1.ConditionUnknown, rqv1.ReasonNoShardReports, "no shard has reported a finished walk yet"}
 	default:
-		return condition{metav1.ConditionTrue, rqv1.ReasonWalksComplete, "every shard's last walk read all its segments"}
+		return Condition{metav1.ConditionTrue, rqv1.ReasonWalksComplete, "every shard's last walk read all its segments"}
 	}
 }
 
@@ -357,9 +362,9 @@ func finishedAt(w *rqv1.WalkSummary) string {
 // progressingCondition: True while the operator changes the shards (p, from the membership and
 // rolling update steps) or a shard is loading (not ready, not troubled: a shard that cannot run
 // or reports an error is not making progress); False (Settled) otherwise.
-func progressingCondition(p *progress, shards []rqv1.ShardStatus, epoch int64) condition {
+func progressingCondition(p *Progress, shards []rqv1.ShardStatus, epoch int64) Condition {
 	if p != nil {
-		return condition{metav1.ConditionTrue, p.Reason, p.Message}
+		return Condition{metav1.ConditionTrue, p.Reason, p.Message}
 	}
 	var loading []string
 	for _, s := range shards {
@@ -368,11 +373,11 @@ func progressingCondition(p *progress, shards []rqv1.ShardStatus, epoch int64) c
 		}
 	}
 	if len(loading) > 0 {
-		return condition{metav1.ConditionTrue, rqv1.ReasonLoading, fmt.Sprintf(
+		return Condition{metav1.ConditionTrue, rqv1.ReasonLoading, fmt.Sprintf(
 			"shard %s is loading%s; %d of %d shards ready", loading[0], andMore(len(loading)-1),
 			len(shards)-len(loading), len(shards))}
 	}
-	return condition{metav1.ConditionFalse, rqv1.ReasonSettled,
+	return Condition{metav1.ConditionFalse, rqv1.ReasonSettled,
 		fmt.Sprintf("%d shards settled at membership epoch %d", len(shards), epoch)}
 }
 
