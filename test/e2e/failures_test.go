@@ -22,7 +22,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	rqv1 "github.com/renderqueue/renderqueue/api/v1alpha1"
-	"github.com/renderqueue/renderqueue/test/e2e/cluster"
+	"github.com/renderqueue/renderqueue/test/e2e/cluster/process"
 )
 
 const storeSecret = "renderqueue-db" // config/samples' store Secret
@@ -206,7 +206,7 @@ func proxyPostgres(t *testing.T, port int, cfg *pgconn.Config) (stop func()) {
 // freePort is a loopback TCP port that was free a moment ago.
 func freePort(t *testing.T) int {
 	t.Helper()
-	p, err := cluster.FreePort()
+	p, err := process.FreePort()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -14,6 +14,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/renderqueue/renderqueue/test/e2e/cluster/process"
+	"github.com/renderqueue/renderqueue/test/e2e/cluster/wait"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -92,7 +94,7 @@ type Cluster struct {
 	runnerDone   chan struct{}
 
 	mu    sync.Mutex
-	procs []*Process
+	procs []*process.Process
 }
 
 // Start starts PostgreSQL, etcd, kube-apiserver, kube-controller-manager, the pod network and
@@ -170,7 +172,7 @@ func Start(ctx context.Context, o Options) (c *Cluster, err error) {
 			runErr <- err
 		}
 	}()
-	if err := poll(ctx, 30*time.Second, 100*time.Millisecond, "the runner's Node to be registered", func(ctx context.Context) (bool, string, error) {
+	if err := wait.Poll(ctx, 30*time.Second, 100*time.Millisecond, "the runner's Node to be registered", func(ctx context.Context) (bool, string, error) {
 		select {
 		case err := <-runErr:
 			return false, "", err
@@ -247,8 +249,8 @@ func (c *Cluster) Env(extra ...string) []string {
 
 // StartProcess starts bin with args and Env(extraEnv...), logging to LogDir()/<name>.log; Stop
 // stops it.
-func (c *Cluster) StartProcess(name, bin string, args, extraEnv []string) (*Process, error) {
-	p, err := startProcess(name, bin, args, c.Env(extraEnv...), filepath.Join(c.LogDir(), name+".log"), c.o.ComponentLog)
+func (c *Cluster) StartProcess(name, bin string, args, extraEnv []string) (*process.Process, error) {
+	p, err := process.Start(name, bin, args, c.Env(extraEnv...), filepath.Join(c.LogDir(), name+".log"), c.o.ComponentLog)
 	if err != nil {
 		return nil, err
 	}
@@ -289,7 +291,7 @@ func (c *Cluster) WaitAPIServiceAvailable(ctx context.Context, group, version st
 		return err
 	}
 	name := version + "." + group
-	return poll(ctx, timeout, 500*time.Millisecond, "APIService "+name+" Available", func(ctx context.Context) (bool, string, error) {
+	return wait.Poll(ctx, timeout, 500*time.Millisecond, "APIService "+name+" Available", func(ctx context.Context) (bool, string, error) {
 		as, err := apis.Get(ctx, name, metav1.GetOptions{})
 		if err != nil {
 			return false, err.Error(), nil

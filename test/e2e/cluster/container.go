@@ -17,6 +17,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/renderqueue/renderqueue/test/e2e/cluster/process"
+	"github.com/renderqueue/renderqueue/test/e2e/cluster/wait"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
@@ -177,7 +179,7 @@ func (e *startError) Error() string { return e.msg }
 
 // startContainer starts cfg as a new container instance logging to logPath and waits until its
 // setup is done and the entrypoint is being exec'd.
-func startContainer(name string, cfg *startConfig, rootDir, layerDir, logPath string, tee io.Writer) (*Process, error) {
+func startContainer(name string, cfg *startConfig, rootDir, layerDir, logPath string, tee io.Writer) (*process.Process, error) {
 	for _, d := range []string{rootDir, layerDir} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return nil, fmt.Errorf("creating %s: %w", d, err)
@@ -195,7 +197,7 @@ func startContainer(name string, cfg *startConfig, rootDir, layerDir, logPath st
 	if cfg.hostIPC {
 		flags &^= syscall.CLONE_NEWIPC
 	}
-	p, err := startCmd(name, cmd, logPath, tee, flags)
+	p, err := process.StartCmd(name, cmd, logPath, tee, flags)
 	_ = pw.Close()
 	if err != nil {
 		return nil, err
@@ -226,7 +228,7 @@ type containerWorker struct {
 	instances    int // instances started (the restart count is instances-1)
 	ready        bool
 	started      bool
-	proc         *Process
+	proc         *process.Process
 	logPaths     []string // per instance
 	containerID  string
 	imageID      string
@@ -294,19 +296,6 @@ func (c *containerWorker) backoffKey() string {
 	return fmt.Sprintf("%s_%s_%s_%s", c.w.namespace, c.w.name, c.w.uid, c.spec.Name)
 }
 
-// wait blocks for d, or until ctx ends or kick fires; false when ctx ended.
-func wait(ctx context.Context, d time.Duration, kick <-chan struct{}) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-	case <-kick:
-	}
-	return true
-}
-
 // run is the container's life until it exits for good (the restart policy says no more; code is
 // its last exit code) or ctx ends (the Pod stops; the running instance is stopped with
 // the Pod's grace period first).
@@ -323,7 +312,7 @@ func (c *containerWorker) run(ctx context.Context) (finished bool, code int) {
 			c.setWaiting("ErrImagePull", msg)
 			c.event(corev1.EventTypeWarning, "Failed", "Failed to pull image %q: %s", c.spec.Image, msg)
 			c.logf("ErrImagePull: %s", msg)
-			if !wait(ctx, time.Second, nil) {
+			if !wait.Sleep(ctx, time.Second, nil) {
 				return false, 0
 			}
 			c.setWaiting("ImagePullBackOff", fmt.Sprintf("Back-off pulling image %q: ErrImagePull: %s", c.spec.Image, msg))
@@ -347,7 +336,7 @@ func (c *containerWorker) run(ctx context.Context) (finished bool, code int) {
 				msg := fmt.Sprintf("back-off %s restarting failed container=%s pod=%s", d, c.spec.Name, c.w.format())
 				c.setWaiting("CrashLoopBackOff", msg)
 				c.event(corev1.EventTypeWarning, "BackOff", "Back-off restarting failed container %s in pod %s", c.spec.Name, c.w.format())
-				if !wait(ctx, time.Until(finishedAt.Add(d)), nil) {
+				if !wait.Sleep(ctx, time.Until(finishedAt.Add(d)), nil) {
 					return false, 0
 				}
 				continue
@@ -362,7 +351,7 @@ func (c *containerWorker) run(ctx context.Context) (finished bool, code int) {
 				c.setWaiting(ce.reason, ce.msg)
 				c.event(corev1.EventTypeWarning, "Failed", "Error: %s", ce.msg)
 				c.logf("%s: %s (retrying)", ce.reason, ce.msg)
-				if !wait(ctx, r.o.RetryPeriod, c.w.kickCh()) {
+				if !wait.Sleep(ctx, r.o.RetryPeriod, c.w.kickCh()) {
 					return false, 0
 				}
 				continue
@@ -406,7 +395,7 @@ func (c *containerWorker) runInstance(ctx context.Context, cfg *startConfig, cfg
 	termPath := filepath.Join(cdir, fmt.Sprintf("%d.termination-log", n))
 
 	started := time.Now()
-	var proc *Process
+	var proc *process.Process
 	err := cfgErr
 	if err == nil {
 		err = os.MkdirAll(cdir, 0o700)

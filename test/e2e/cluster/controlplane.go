@@ -7,8 +7,11 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"time"
 
+	"github.com/renderqueue/renderqueue/test/e2e/cluster/process"
+	"github.com/renderqueue/renderqueue/test/e2e/cluster/wait"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
@@ -38,9 +41,9 @@ var ControllerManagerControllers = []string{
 type controlPlane struct {
 	dir        string
 	pki        *pki
-	etcd       *Process
-	apiserver  *Process
-	kcm        *Process
+	etcd       *process.Process
+	apiserver  *process.Process
+	kcm        *process.Process
 	url        string
 	kubeconfig string
 	restConfig *rest.Config
@@ -77,18 +80,18 @@ func startControlPlane(ctx context.Context, o *Options, dir string) (cp *control
 	if err != nil {
 		return cp, err
 	}
-	clientPort, err := FreePort()
+	clientPort, err := process.FreePort()
 	if err != nil {
 		return cp, err
 	}
-	peerPort, err := FreePort()
+	peerPort, err := process.FreePort()
 	if err != nil {
 		return cp, err
 	}
 	etcdURL := fmt.Sprintf("http://127.0.0.1:%d", clientPort)
 	peerURL := fmt.Sprintf("http://127.0.0.1:%d", peerPort)
 	o.logf("starting etcd on %s", etcdURL)
-	cp.etcd, err = startProcess("etcd", etcdBin, []string{
+	cp.etcd, err = process.Start("etcd", etcdBin, []string{
 		"--name=default",
 		"--data-dir=" + filepath.Join(dir, "etcd"),
 		"--listen-client-urls=" + etcdURL, "--advertise-client-urls=" + etcdURL,
@@ -100,7 +103,7 @@ func startControlPlane(ctx context.Context, o *Options, dir string) (cp *control
 	if err != nil {
 		return cp, err
 	}
-	if err := poll(ctx, 60*time.Second, 200*time.Millisecond, "etcd", func(ctx context.Context) (bool, string, error) {
+	if err := wait.Poll(ctx, 60*time.Second, 200*time.Millisecond, "etcd", func(ctx context.Context) (bool, string, error) {
 		if exited, werr := cp.etcd.Exited(); exited {
 			return false, "", fmt.Errorf("etcd exited (%v); see %s:\n%s", werr, cp.etcd.LogPath, cp.etcd.Tail(20))
 		}
@@ -114,17 +117,17 @@ func startControlPlane(ctx context.Context, o *Options, dir string) (cp *control
 	if err != nil {
 		return cp, err
 	}
-	apiPort, err := FreePort()
+	apiPort, err := process.FreePort()
 	if err != nil {
 		return cp, err
 	}
 	cp.url = fmt.Sprintf("https://127.0.0.1:%d", apiPort)
 	p := cp.pki
 	o.logf("starting kube-apiserver on %s", cp.url)
-	cp.apiserver, err = startProcess("kube-apiserver", apiBin, []string{
+	cp.apiserver, err = process.Start("kube-apiserver", apiBin, []string{
 		"--etcd-servers=" + etcdURL,
 		"--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
-		"--secure-port=" + itoa(apiPort),
+		"--secure-port=" + strconv.Itoa(apiPort),
 		"--tls-cert-file=" + p.ServingCert, "--tls-private-key-file=" + p.ServingKey,
 		"--client-ca-file=" + p.CACert,
 		"--service-account-issuer=https://kubernetes.default.svc.cluster.local",
@@ -173,7 +176,7 @@ func startControlPlane(ctx context.Context, o *Options, dir string) (cp *control
 	if err != nil {
 		return cp, fmt.Errorf("building an HTTP client for the API server: %w", err)
 	}
-	if err := poll(ctx, 120*time.Second, 250*time.Millisecond, "kube-apiserver /readyz", func(ctx context.Context) (bool, string, error) {
+	if err := wait.Poll(ctx, 120*time.Second, 250*time.Millisecond, "kube-apiserver /readyz", func(ctx context.Context) (bool, string, error) {
 		if exited, werr := cp.apiserver.Exited(); exited {
 			return false, "", fmt.Errorf("kube-apiserver exited (%v); see %s:\n%s", werr, cp.apiserver.LogPath, cp.apiserver.Tail(20))
 		}
@@ -195,7 +198,7 @@ func startControlPlane(ctx context.Context, o *Options, dir string) (cp *control
 		controllers += c
 	}
 	o.logf("starting kube-controller-manager (HPA sync period %s)", o.HPASyncPeriod)
-	cp.kcm, err = startProcess("kube-controller-manager", kcmBin, []string{
+	cp.kcm, err = process.Start("kube-controller-manager", kcmBin, []string{
 		"--kubeconfig=" + cp.kubeconfig,
 		"--authentication-kubeconfig=" + cp.kubeconfig,
 		"--authorization-kubeconfig=" + cp.kubeconfig,
@@ -218,7 +221,7 @@ func startControlPlane(ctx context.Context, o *Options, dir string) (cp *control
 	if err != nil {
 		return cp, fmt.Errorf("building a clientset: %w", err)
 	}
-	if err := poll(ctx, 120*time.Second, 250*time.Millisecond, "kube-controller-manager to create the default ServiceAccount", func(ctx context.Context) (bool, string, error) {
+	if err := wait.Poll(ctx, 120*time.Second, 250*time.Millisecond, "kube-controller-manager to create the default ServiceAccount", func(ctx context.Context) (bool, string, error) {
 		if exited, werr := cp.kcm.Exited(); exited {
 			return false, "", fmt.Errorf("kube-controller-manager exited (%v); see %s:\n%s", werr, cp.kcm.LogPath, cp.kcm.Tail(20))
 		}
@@ -238,7 +241,7 @@ func startControlPlane(ctx context.Context, o *Options, dir string) (cp *control
 
 // stop stops the controller manager, the API server and etcd, in that order.
 func (cp *controlPlane) stop() {
-	for _, p := range []*Process{cp.kcm, cp.apiserver, cp.etcd} {
+	for _, p := range []*process.Process{cp.kcm, cp.apiserver, cp.etcd} {
 		if p != nil {
 			p.Stop(10 * time.Second)
 		}

@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/renderqueue/renderqueue/test/e2e/cluster/wait"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -346,7 +347,7 @@ func (w *podWorker) mountVolumes(ctx context.Context) bool {
 			w.logf("volumes not ready (retrying): %v", err)
 			w.r.recorder.Eventf(w.currentPod(), corev1.EventTypeWarning, "FailedMount", "MountVolume.SetUp failed: %v", err)
 		}
-		if !wait(ctx, w.r.o.RetryPeriod, w.kickCh()) {
+		if !wait.Sleep(ctx, w.r.o.RetryPeriod, w.kickCh()) {
 			return false
 		}
 	}
@@ -355,7 +356,7 @@ func (w *podWorker) mountVolumes(ctx context.Context) bool {
 // syncVolumesLoop keeps the volumes current (Secret and ConfigMap changes, token refresh,
 // downward API) until ctx ends.
 func (w *podWorker) syncVolumesLoop(ctx context.Context) {
-	for wait(ctx, w.r.o.VolumeSyncPeriod, w.kickCh()) {
+	for wait.Sleep(ctx, w.r.o.VolumeSyncPeriod, w.kickCh()) {
 		if err := w.syncVolumes(ctx); err != nil && ctx.Err() == nil {
 			w.logf("updating volumes: %v", err)
 		}
@@ -380,7 +381,7 @@ func (w *podWorker) runInits(ctx, sideCtx context.Context, sidecars *sync.WaitGr
 				if started {
 					break
 				}
-				if !wait(ctx, 100*time.Millisecond, nil) {
+				if !wait.Sleep(ctx, 100*time.Millisecond, nil) {
 					return false
 				}
 			}
@@ -559,7 +560,7 @@ func (w *podWorker) flushStatus() {
 		if err == nil || apierrors.IsNotFound(err) || attempt == 4 {
 			break
 		}
-		if !wait(ctx, 200*time.Millisecond, nil) {
+		if !wait.Sleep(ctx, 200*time.Millisecond, nil) {
 			break
 		}
 	}

@@ -13,6 +13,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/renderqueue/renderqueue/test/e2e/cluster/wait"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 )
@@ -69,7 +70,7 @@ func (c *containerWorker) readyWhenStarted(ctx context.Context) {
 			c.w.statusChanged()
 			return
 		}
-		if !wait(ctx, 100*time.Millisecond, nil) {
+		if !wait.Sleep(ctx, 100*time.Millisecond, nil) {
 			return
 		}
 	}

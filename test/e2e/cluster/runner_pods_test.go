@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/renderqueue/renderqueue/test/e2e/cluster/process"
+	"github.com/renderqueue/renderqueue/test/e2e/cluster/wait"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -92,7 +94,7 @@ func runnerTestCluster(t *testing.T) *Cluster {
 	t.Cleanup(func() {
 		if t.Failed() {
 			for _, p := range c.Runner.Processes() {
-				t.Logf("pod %s/%s container %s (pid %d, restarts %d) log:\n%s", p.Namespace, p.Name, p.Container, p.Pid, p.Restarts, tailFile(p.LogPath, 30))
+				t.Logf("pod %s/%s container %s (pid %d, restarts %d) log:\n%s", p.Namespace, p.Name, p.Container, p.Pid, p.Restarts, process.TailFile(p.LogPath, 30))
 			}
 		}
 		c.Stop()
@@ -104,7 +106,7 @@ func runnerTestCluster(t *testing.T) *Cluster {
 func eventuallyPod(t *testing.T, c *Cluster, name string, timeout time.Duration, what string, cond func(*corev1.Pod) (bool, string)) *corev1.Pod {
 	t.Helper()
 	var pod *corev1.Pod
-	err := poll(context.Background(), timeout, 200*time.Millisecond, "pod "+name+": "+what, func(ctx context.Context) (bool, string, error) {
+	err := wait.Poll(context.Background(), timeout, 200*time.Millisecond, "pod "+name+": "+what, func(ctx context.Context) (bool, string, error) {
 		p, err := c.Client.CoreV1().Pods(testNS).Get(ctx, name, metav1.GetOptions{})
 		if err != nil {
 			return false, err.Error(), nil
@@ -354,7 +356,7 @@ func TestRunnerPods(t *testing.T) {
 			t.Errorf("in-cluster config: user %q (%s), namespace %q, ca.crt is the cluster CA: %v", rep.User, rep.UserError, rep.Namespace, rep.CA == string(c.cp.pki.caPEM))
 		}
 		// The Service's EndpointSlice lists the Pod IP, ready.
-		err = poll(ctx, 30*time.Second, 200*time.Millisecond, "an EndpointSlice of Service secure with the Pod IP", func(ctx context.Context) (bool, string, error) {
+		err = wait.Poll(ctx, 30*time.Second, 200*time.Millisecond, "an EndpointSlice of Service secure with the Pod IP", func(ctx context.Context) (bool, string, error) {
 			l, err := c.Client.DiscoveryV1().EndpointSlices(testNS).List(ctx, metav1.ListOptions{LabelSelector: discoveryv1.LabelServiceName + "=secure"})
 			if err != nil {
 				return false, err.Error(), nil
@@ -443,7 +445,7 @@ func TestRunnerPods(t *testing.T) {
 		// expected lines (it must, within a few restarts).
 		logsEqual := func(what string, opts *corev1.PodLogOptions, want string) {
 			t.Helper()
-			if err := poll(ctx, 10*time.Second, 50*time.Millisecond, what, func(ctx context.Context) (bool, string, error) {
+			if err := wait.Poll(ctx, 10*time.Second, 50*time.Millisecond, what, func(ctx context.Context) (bool, string, error) {
 				b, err := c.Client.CoreV1().Pods(testNS).GetLogs("crash", opts).DoRaw(ctx)
 				return err == nil && string(b) == want, fmt.Sprintf("%q, %v", b, err), nil
 			}); err != nil {
@@ -472,7 +474,7 @@ func TestRunnerPods(t *testing.T) {
 		if err := c.Client.CoreV1().Pods(testNS).Delete(ctx, "message", metav1.DeleteOptions{}); err != nil {
 			t.Fatal(err)
 		}
-		if err := poll(ctx, 30*time.Second, 200*time.Millisecond, "pod message deleted for good", func(ctx context.Context) (bool, string, error) {
+		if err := wait.Poll(ctx, 30*time.Second, 200*time.Millisecond, "pod message deleted for good", func(ctx context.Context) (bool, string, error) {
 			_, err := c.Client.CoreV1().Pods(testNS).Get(ctx, "message", metav1.GetOptions{})
 			return apierrors.IsNotFound(err), fmt.Sprint(err), nil
 		}); err != nil {
@@ -537,7 +539,7 @@ func TestRunnerPods(t *testing.T) {
 	})
 
 	t.Run("deployment", func(t *testing.T) {
-		err := poll(ctx, 30*time.Second, 200*time.Millisecond, "Deployment pause available", func(ctx context.Context) (bool, string, error) {
+		err := wait.Poll(ctx, 30*time.Second, 200*time.Millisecond, "Deployment pause available", func(ctx context.Context) (bool, string, error) {
 			d, err := c.Client.AppsV1().Deployments(testNS).Get(ctx, "pause", metav1.GetOptions{})
 			if err != nil {
 				return false, err.Error(), nil
@@ -557,7 +559,7 @@ func TestRunnerPods(t *testing.T) {
 		if err := c.Client.CoreV1().Pods(testNS).Delete(ctx, "secure", metav1.DeleteOptions{}); err != nil {
 			t.Fatal(err)
 		}
-		err := poll(ctx, 30*time.Second, 200*time.Millisecond, "pod secure deleted for good", func(ctx context.Context) (bool, string, error) {
+		err := wait.Poll(ctx, 30*time.Second, 200*time.Millisecond, "pod secure deleted for good", func(ctx context.Context) (bool, string, error) {
 			_, err := c.Client.CoreV1().Pods(testNS).Get(ctx, "secure", metav1.GetOptions{})
 			return apierrors.IsNotFound(err), fmt.Sprint(err), nil
 		})

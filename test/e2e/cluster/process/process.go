@@ -1,14 +1,18 @@
-package cluster
+// Package process starts the local cluster's programs — etcd, kube-apiserver,
+// kube-controller-manager, the processes a caller adds (Cluster.StartProcess) and, through
+// package runtime, the containers — as child processes: each in its own process group (so a
+// stop reaches its children too), killed when this process dies (parent-death signal), its
+// stdout and stderr appended to a log file and optionally copied, line-prefixed, to a writer.
+// Stop sends SIGTERM to the group, then SIGKILL after a grace period.
+package process
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"os"
 	"os/exec"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -31,17 +35,19 @@ type Process struct {
 	logFile *os.File
 }
 
-// startProcess starts bin with args and env (appended to nothing: the child sees only env) in its
-// own process group, logging to logPath (and to tee when not nil).
-func startProcess(name, bin string, args, env []string, logPath string, tee io.Writer) (*Process, error) {
+// Start starts bin with args and env (appended to nothing: the child sees only env) in its own
+// process group, logging to logPath (and to tee when not nil).
+func Start(name, bin string, args, env []string, logPath string, tee io.Writer) (*Process, error) {
 	cmd := exec.Command(bin, args...)
 	cmd.Env = env
-	return startCmd(name, cmd, logPath, tee, 0)
+	return StartCmd(name, cmd, logPath, tee, 0)
 }
 
-// startCmd starts cmd in its own process group (and in new namespaces per cloneflags), killed
-// when this process dies, with stdout and stderr appended to logPath (and copied to tee).
-func startCmd(name string, cmd *exec.Cmd, logPath string, tee io.Writer, cloneflags uintptr) (*Process, error) {
+// StartCmd starts cmd in its own process group (and in new namespaces per cloneflags, e.g.
+// syscall.CLONE_NEWNS), killed when this process dies, with stdout and stderr appended to logPath
+// (and copied to tee, each line prefixed with name). name is how the process is called in logs
+// and errors.
+func StartCmd(name string, cmd *exec.Cmd, logPath string, tee io.Writer, cloneflags uintptr) (*Process, error) {
 	f, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return nil, fmt.Errorf("%s: opening its log %s: %w", name, logPath, err)
@@ -151,42 +157,11 @@ func FreePort() (int, error) {
 	return ln.Addr().(*net.TCPAddr).Port, nil
 }
 
-// poll calls cond every interval until it returns true or an error, or until timeout; the error
-// then says what was awaited and the last reason cond gave.
-func poll(ctx context.Context, timeout, interval time.Duration, what string, cond func(context.Context) (bool, string, error)) error {
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	last := ""
-	for {
-		ok, why, err := cond(ctx)
-		if err != nil {
-			return fmt.Errorf("waiting for %s: %w", what, err)
-		}
-		if ok {
-			return nil
-		}
-		if why != "" {
-			last = why
-		}
-		select {
-		case <-ctx.Done():
-			if last == "" {
-				last = ctx.Err().Error()
-			}
-			return fmt.Errorf("waiting for %s: not after %s (%s)", what, timeout, last)
-		case <-time.After(interval):
-		}
-	}
-}
-
-// itoa is strconv.Itoa, for flag building.
-func itoa(i int) string { return strconv.Itoa(i) }
-
 // Tail returns the last n lines of the process's log.
-func (p *Process) Tail(n int) string { return tailFile(p.LogPath, n) }
+func (p *Process) Tail(n int) string { return TailFile(p.LogPath, n) }
 
-// tailFile returns the last n lines of a file ("" when unreadable).
-func tailFile(path string, n int) string {
+// TailFile returns the last n lines of a file ("" when unreadable).
+func TailFile(path string, n int) string {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return ""
