@@ -3,8 +3,6 @@ package cluster
 import (
 	"bytes"
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -14,8 +12,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/renderqueue/renderqueue/test/e2e/cluster/process"
-	"github.com/renderqueue/renderqueue/test/e2e/cluster/wait"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -23,6 +19,10 @@ import (
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+
+	"github.com/renderqueue/renderqueue/test/e2e/cluster/controlplane"
+	"github.com/renderqueue/renderqueue/test/e2e/cluster/process"
+	"github.com/renderqueue/renderqueue/test/e2e/cluster/wait"
 )
 
 // Options configure a local cluster.
@@ -88,7 +88,7 @@ type Cluster struct {
 	Dir string
 
 	o            Options
-	cp           *controlPlane
+	cp           *controlplane.ControlPlane
 	kubelet      *KubeletServer
 	runnerCancel context.CancelFunc
 	runnerDone   chan struct{}
@@ -102,12 +102,6 @@ type Cluster struct {
 func Start(ctx context.Context, o Options) (c *Cluster, err error) {
 	if o.Assets == "" || o.Dir == "" || (o.Repo == "" && !o.SkipPostgres) || (o.Binary == "" && len(o.Images) == 0 && !o.SkipRunner) {
 		return nil, errors.New("cluster: Assets, Dir, Repo (unless SkipPostgres) and Binary or Images (unless SkipRunner) are required")
-	}
-	if o.HPASyncPeriod <= 0 {
-		o.HPASyncPeriod = 2 * time.Second
-	}
-	if o.HPADownscaleStabilization <= 0 {
-		o.HPADownscaleStabilization = 30 * time.Second
 	}
 	if o.MaxGrace <= 0 {
 		o.MaxGrace = 10 * time.Second
@@ -127,11 +121,14 @@ func Start(ctx context.Context, o Options) (c *Cluster, err error) {
 			return c, err
 		}
 	}
-	if c.cp, err = startControlPlane(ctx, &o, o.Dir); err != nil {
+	if c.cp, err = controlplane.Start(ctx, controlplane.Options{
+		Assets: o.Assets, Dir: o.Dir, Logf: o.Logf, ComponentLog: o.ComponentLog,
+		HPASyncPeriod: o.HPASyncPeriod, HPADownscaleStabilization: o.HPADownscaleStabilization,
+	}); err != nil {
 		return c, err
 	}
-	c.Kubeconfig = c.cp.kubeconfig
-	c.RESTConfig = rest.CopyConfig(c.cp.restConfig)
+	c.Kubeconfig = c.cp.Kubeconfig
+	c.RESTConfig = rest.CopyConfig(c.cp.RESTConfig)
 	if c.Client, err = kubernetes.NewForConfig(c.RESTConfig); err != nil {
 		return c, fmt.Errorf("cluster: building a clientset: %w", err)
 	}
@@ -143,17 +140,15 @@ func Start(ctx context.Context, o Options) (c *Cluster, err error) {
 		return c, err
 	}
 	o.logf("pod network %s (ip route add local %s dev lo)", c.Network.CIDR, c.Network.CIDR)
-	cert, err := tls.LoadX509KeyPair(c.cp.pki.KubeletCert, c.cp.pki.KubeletKey)
+	cert, cas, err := c.cp.KubeletTLS()
 	if err != nil {
-		return c, fmt.Errorf("cluster: loading the kubelet certificate: %w", err)
+		return c, err
 	}
-	cas := x509.NewCertPool()
-	cas.AppendCertsFromPEM(c.cp.pki.caPEM)
 	if c.kubelet, err = NewKubeletServer(cert, cas); err != nil {
 		return c, err
 	}
 	runner, err := NewRunner(RunnerOptions{
-		Client: c.Client, Server: c.cp.url, Network: c.Network, Binary: o.Binary, Images: o.Images,
+		Client: c.Client, Server: c.cp.URL, Network: c.Network, Binary: o.Binary, Images: o.Images,
 		Dir: filepath.Join(o.Dir, "pods"), Logf: o.Logf, ProcessLog: o.ComponentLog,
 		CrashLoopBackOff: o.CrashLoopBackOff, MaxCrashLoopBackOff: o.MaxCrashLoopBackOff,
 		RetryPeriod: o.RetryPeriod, MaxGrace: o.MaxGrace, Kubelet: c.kubelet,
@@ -216,7 +211,7 @@ func (c *Cluster) Stop() {
 		c.kubelet = nil
 	}
 	if c.cp != nil {
-		c.cp.stop()
+		c.cp.Stop()
 		c.cp = nil
 	}
 	if c.Network != nil {

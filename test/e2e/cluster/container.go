@@ -17,10 +17,11 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/renderqueue/renderqueue/test/e2e/cluster/process"
-	"github.com/renderqueue/renderqueue/test/e2e/cluster/wait"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/renderqueue/renderqueue/test/e2e/cluster/process"
+	"github.com/renderqueue/renderqueue/test/e2e/cluster/wait"
 )
 
 // containerScript is run by bash as root in the container's new mount, UTS and IPC namespaces.

@@ -11,11 +11,12 @@ import (
 	"sync"
 	"time"
 
-	"github.com/renderqueue/renderqueue/test/e2e/cluster/wait"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/renderqueue/renderqueue/test/e2e/cluster/wait"
 )
 
 // podWorker runs one Pod: its sandbox (Pod IP, directory, volumes), init containers, containers

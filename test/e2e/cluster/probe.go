@@ -13,9 +13,10 @@ import (
 	"sync"
 	"time"
 
-	"github.com/renderqueue/renderqueue/test/e2e/cluster/wait"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
+
+	"github.com/renderqueue/renderqueue/test/e2e/cluster/wait"
 )
 
 type probeKind string

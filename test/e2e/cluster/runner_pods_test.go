@@ -14,8 +14,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/renderqueue/renderqueue/test/e2e/cluster/process"
-	"github.com/renderqueue/renderqueue/test/e2e/cluster/wait"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -23,6 +21,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
+
+	"github.com/renderqueue/renderqueue/test/e2e/cluster/process"
+	"github.com/renderqueue/renderqueue/test/e2e/cluster/wait"
 )
 
 // podtestReport mirrors testdata/podtest's Report.
@@ -352,8 +353,12 @@ func TestRunnerPods(t *testing.T) {
 				t.Errorf("env %s = %q is set", k, v)
 			}
 		}
-		if rep.User != "system:serviceaccount:default:default" || rep.Namespace != testNS || rep.CA != string(c.cp.pki.caPEM) {
-			t.Errorf("in-cluster config: user %q (%s), namespace %q, ca.crt is the cluster CA: %v", rep.User, rep.UserError, rep.Namespace, rep.CA == string(c.cp.pki.caPEM))
+		clusterCA, err := os.ReadFile(c.RESTConfig.CAFile)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rep.User != "system:serviceaccount:default:default" || rep.Namespace != testNS || rep.CA != string(clusterCA) {
+			t.Errorf("in-cluster config: user %q (%s), namespace %q, ca.crt is the cluster CA: %v", rep.User, rep.UserError, rep.Namespace, rep.CA == string(clusterCA))
 		}
 		// The Service's EndpointSlice lists the Pod IP, ready.
 		err = wait.Poll(ctx, 30*time.Second, 200*time.Millisecond, "an EndpointSlice of Service secure with the Pod IP", func(ctx context.Context) (bool, string, error) {

@@ -1,7 +1,17 @@
-package cluster
+// Package controlplane runs the local cluster's control plane from a KUBEBUILDER_ASSETS directory
+// (hack/setup-envtest.sh): etcd, kube-apiserver — with the aggregation layer and aggregator
+// routing to EndpointSlice addresses (no kube-proxy makes cluster IPs reachable), and a kubelet
+// client certificate for `kubectl logs` — and kube-controller-manager with
+// ControllerManagerControllers. It writes the certificates they need (one cluster CA, one
+// front-proxy CA), an admin kubeconfig, and each component's log under the state directory. The
+// Node and its Pods are someone else's: package kubelet.
+package controlplane
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -10,14 +20,15 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/renderqueue/renderqueue/test/e2e/cluster/process"
-	"github.com/renderqueue/renderqueue/test/e2e/cluster/wait"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+
+	"github.com/renderqueue/renderqueue/test/e2e/cluster/process"
+	"github.com/renderqueue/renderqueue/test/e2e/cluster/wait"
 )
 
 // ControllerManagerControllers are the kube-controller-manager controllers the local cluster
@@ -37,34 +48,73 @@ var ControllerManagerControllers = []string{
 	"endpointslice-controller",
 }
 
-// controlPlane is etcd, kube-apiserver and kube-controller-manager.
-type controlPlane struct {
-	dir        string
-	pki        *pki
-	etcd       *process.Process
-	apiserver  *process.Process
-	kcm        *process.Process
-	url        string
-	kubeconfig string
-	restConfig *rest.Config
+// Options configure a control plane.
+type Options struct {
+	// Assets is the KUBEBUILDER_ASSETS directory with etcd, kube-apiserver and
+	// kube-controller-manager. Required.
+	Assets string
+	// Dir holds the state: pki/ (certificates and keys), etcd/ (etcd's data), logs/ (a log file
+	// per component), kubeconfig (the admin's). Required; the caller removes it.
+	Dir string
+	// Logf reports progress (nil: silent).
+	Logf func(format string, args ...any)
+	// ComponentLog, if not nil, also receives every component's output (line-prefixed).
+	ComponentLog io.Writer
+	// HPASyncPeriod is kube-controller-manager's --horizontal-pod-autoscaler-sync-period
+	// (default 2s).
+	HPASyncPeriod time.Duration
+	// HPADownscaleStabilization is its --horizontal-pod-autoscaler-downscale-stabilization
+	// (default 30s).
+	HPADownscaleStabilization time.Duration
 }
 
-// startControlPlane starts etcd, kube-apiserver and kube-controller-manager from assets and waits
-// until the API server is ready and the controller manager has created the default
-// ServiceAccount.
-func startControlPlane(ctx context.Context, o *Options, dir string) (cp *controlPlane, err error) {
-	cp = &controlPlane{dir: dir}
+func (o *Options) logf(format string, args ...any) {
+	if o.Logf != nil {
+		o.Logf(format, args...)
+	}
+}
+
+// ControlPlane is a running etcd, kube-apiserver and kube-controller-manager; Stop stops them.
+type ControlPlane struct {
+	// URL is the API server's (https://127.0.0.1:PORT).
+	URL string
+	// Kubeconfig is the path of an admin kubeconfig (user in group system:masters).
+	Kubeconfig string
+	// RESTConfig is the admin client configuration (its CAFile is the cluster CA).
+	RESTConfig *rest.Config
+
+	pki       *pki
+	etcd      *process.Process
+	apiserver *process.Process
+	kcm       *process.Process
+}
+
+// Start starts etcd, kube-apiserver and kube-controller-manager from o.Assets and waits until the
+// API server is ready and the controller manager has created the default ServiceAccount. On
+// error, what it started is stopped.
+func Start(ctx context.Context, o Options) (_ *ControlPlane, err error) {
+	if o.Assets == "" || o.Dir == "" {
+		return nil, errors.New("control plane: Assets and Dir are required")
+	}
+	if o.HPASyncPeriod <= 0 {
+		o.HPASyncPeriod = 2 * time.Second
+	}
+	if o.HPADownscaleStabilization <= 0 {
+		o.HPADownscaleStabilization = 30 * time.Second
+	}
+	dir := o.Dir
+	cp := &ControlPlane{}
 	defer func() {
 		if err != nil {
-			cp.stop()
+			cp.Stop()
 		}
 	}()
 	if cp.pki, err = newPKI(filepath.Join(dir, "pki")); err != nil {
-		return cp, err
+		return nil, err
 	}
 	logs := filepath.Join(dir, "logs")
 	if err := os.MkdirAll(logs, 0o755); err != nil {
-		return cp, fmt.Errorf("creating %s: %w", logs, err)
+		return nil, fmt.Errorf("creating %s: %w", logs, err)
 	}
 	bin := func(name string) (string, error) {
 		p := filepath.Join(o.Assets, name)
@@ -78,15 +128,15 @@ func startControlPlane(ctx context.Context, o *Options, dir string) (cp *control
 	// etcd
 	etcdBin, err := bin("etcd")
 	if err != nil {
-		return cp, err
+		return nil, err
 	}
 	clientPort, err := process.FreePort()
 	if err != nil {
-		return cp, err
+		return nil, err
 	}
 	peerPort, err := process.FreePort()
 	if err != nil {
-		return cp, err
+		return nil, err
 	}
 	etcdURL := fmt.Sprintf("http://127.0.0.1:%d", clientPort)
 	peerURL := fmt.Sprintf("http://127.0.0.1:%d", peerPort)
@@ -101,7 +151,7 @@ func startControlPlane(ctx context.Context, o *Options, dir string) (cp *control
 		"--log-level=warn",
 	}, baseEnv, filepath.Join(logs, "etcd.log"), o.ComponentLog)
 	if err != nil {
-		return cp, err
+		return nil, err
 	}
 	if err := wait.Poll(ctx, 60*time.Second, 200*time.Millisecond, "etcd", func(ctx context.Context) (bool, string, error) {
 		if exited, werr := cp.etcd.Exited(); exited {
@@ -109,21 +159,21 @@ func startControlPlane(ctx context.Context, o *Options, dir string) (cp *control
 		}
 		return httpOK(ctx, http.DefaultClient, etcdURL+"/health")
 	}); err != nil {
-		return cp, err
+		return nil, err
 	}
 
 	// kube-apiserver
 	apiBin, err := bin("kube-apiserver")
 	if err != nil {
-		return cp, err
+		return nil, err
 	}
 	apiPort, err := process.FreePort()
 	if err != nil {
-		return cp, err
+		return nil, err
 	}
-	cp.url = fmt.Sprintf("https://127.0.0.1:%d", apiPort)
+	cp.URL = fmt.Sprintf("https://127.0.0.1:%d", apiPort)
 	p := cp.pki
-	o.logf("starting kube-apiserver on %s", cp.url)
+	o.logf("starting kube-apiserver on %s", cp.URL)
 	cp.apiserver, err = process.Start("kube-apiserver", apiBin, []string{
 		"--etcd-servers=" + etcdURL,
 		"--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
@@ -156,39 +206,39 @@ func startControlPlane(ctx context.Context, o *Options, dir string) (cp *control
 		"--v=0",
 	}, baseEnv, filepath.Join(logs, "kube-apiserver.log"), o.ComponentLog)
 	if err != nil {
-		return cp, err
+		return nil, err
 	}
 
-	cp.restConfig = &rest.Config{
-		Host: cp.url,
+	cp.RESTConfig = &rest.Config{
+		Host: cp.URL,
 		TLSClientConfig: rest.TLSClientConfig{
 			CAFile: p.CACert, CertFile: p.AdminCert, KeyFile: p.AdminKey,
 		},
 		QPS: 50, Burst: 100,
 	}
-	cp.kubeconfig = filepath.Join(dir, "kubeconfig")
-	if err := writeKubeconfig(cp.kubeconfig, cp.url, p.caPEM, func(a *clientcmdapi.AuthInfo) {
+	cp.Kubeconfig = filepath.Join(dir, "kubeconfig")
+	if err := writeKubeconfig(cp.Kubeconfig, cp.URL, p.caPEM, func(a *clientcmdapi.AuthInfo) {
 		a.ClientCertificate, a.ClientKey = p.AdminCert, p.AdminKey
 	}); err != nil {
-		return cp, err
+		return nil, err
 	}
-	hc, err := rest.HTTPClientFor(cp.restConfig)
+	hc, err := rest.HTTPClientFor(cp.RESTConfig)
 	if err != nil {
-		return cp, fmt.Errorf("building an HTTP client for the API server: %w", err)
+		return nil, fmt.Errorf("building an HTTP client for the API server: %w", err)
 	}
 	if err := wait.Poll(ctx, 120*time.Second, 250*time.Millisecond, "kube-apiserver /readyz", func(ctx context.Context) (bool, string, error) {
 		if exited, werr := cp.apiserver.Exited(); exited {
 			return false, "", fmt.Errorf("kube-apiserver exited (%v); see %s:\n%s", werr, cp.apiserver.LogPath, cp.apiserver.Tail(20))
 		}
-		return httpOK(ctx, hc, cp.url+"/readyz")
+		return httpOK(ctx, hc, cp.URL+"/readyz")
 	}); err != nil {
-		return cp, err
+		return nil, err
 	}
 
 	// kube-controller-manager
 	kcmBin, err := bin("kube-controller-manager")
 	if err != nil {
-		return cp, err
+		return nil, err
 	}
 	controllers := ""
 	for i, c := range ControllerManagerControllers {
@@ -199,9 +249,9 @@ func startControlPlane(ctx context.Context, o *Options, dir string) (cp *control
 	}
 	o.logf("starting kube-controller-manager (HPA sync period %s)", o.HPASyncPeriod)
 	cp.kcm, err = process.Start("kube-controller-manager", kcmBin, []string{
-		"--kubeconfig=" + cp.kubeconfig,
-		"--authentication-kubeconfig=" + cp.kubeconfig,
-		"--authorization-kubeconfig=" + cp.kubeconfig,
+		"--kubeconfig=" + cp.Kubeconfig,
+		"--authentication-kubeconfig=" + cp.Kubeconfig,
+		"--authorization-kubeconfig=" + cp.Kubeconfig,
 		"--bind-address=127.0.0.1",
 		"--secure-port=0",
 		"--leader-elect=false",
@@ -215,11 +265,11 @@ func startControlPlane(ctx context.Context, o *Options, dir string) (cp *control
 		"--v=0",
 	}, baseEnv, filepath.Join(logs, "kube-controller-manager.log"), o.ComponentLog)
 	if err != nil {
-		return cp, err
+		return nil, err
 	}
-	cs, err := kubernetes.NewForConfig(cp.restConfig)
+	cs, err := kubernetes.NewForConfig(cp.RESTConfig)
 	if err != nil {
-		return cp, fmt.Errorf("building a clientset: %w", err)
+		return nil, fmt.Errorf("building a clientset: %w", err)
 	}
 	if err := wait.Poll(ctx, 120*time.Second, 250*time.Millisecond, "kube-controller-manager to create the default ServiceAccount", func(ctx context.Context) (bool, string, error) {
 		if exited, werr := cp.kcm.Exited(); exited {
@@ -234,18 +284,32 @@ func startControlPlane(ctx context.Context, o *Options, dir string) (cp *control
 		}
 		return true, "", nil
 	}); err != nil {
-		return cp, err
+		return nil, err
 	}
 	return cp, nil
 }
 
-// stop stops the controller manager, the API server and etcd, in that order.
-func (cp *controlPlane) stop() {
+// Stop stops the controller manager, the API server and etcd, in that order. It is safe to call
+// more than once.
+func (cp *ControlPlane) Stop() {
 	for _, p := range []*process.Process{cp.kcm, cp.apiserver, cp.etcd} {
 		if p != nil {
 			p.Stop(10 * time.Second)
 		}
 	}
+}
+
+// KubeletTLS is what a Node's kubelet API serves with: its certificate (for 127.0.0.1, signed by
+// the cluster CA) and the CA whose client certificates it accepts (the cluster CA: the API server
+// presents its kubelet client certificate).
+func (cp *ControlPlane) KubeletTLS() (tls.Certificate, *x509.CertPool, error) {
+	cert, err := tls.LoadX509KeyPair(cp.pki.KubeletCert, cp.pki.KubeletKey)
+	if err != nil {
+		return tls.Certificate{}, nil, fmt.Errorf("control plane: loading the kubelet certificate: %w", err)
+	}
+	cas := x509.NewCertPool()
+	cas.AppendCertsFromPEM(cp.pki.caPEM)
+	return cert, cas, nil
 }
 
 // httpOK reports whether GET url answers 200.
