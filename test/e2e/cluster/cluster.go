@@ -22,6 +22,7 @@ import (
 
 	"github.com/renderqueue/renderqueue/test/e2e/cluster/controlplane"
 	"github.com/renderqueue/renderqueue/test/e2e/cluster/process"
+	"github.com/renderqueue/renderqueue/test/e2e/cluster/runtime"
 	"github.com/renderqueue/renderqueue/test/e2e/cluster/wait"
 )
 
@@ -33,10 +34,10 @@ type Options struct {
 	// kube-controller-manager and kubectl. Required.
 	Assets string
 	// Binary is the renderqueue binary: the Runner runs it for every image whose repository is
-	// named renderqueue (RenderqueueImage). Required unless Images maps what the Pods run.
+	// named renderqueue (runtime.RenderqueueImage). Required unless Images maps what the Pods run.
 	Binary string
 	// Images are further image mappings of the Runner (see RunnerOptions.Images).
-	Images []ImageMapping
+	Images []runtime.ImageMapping
 	// Dir holds the cluster's state (certificates, etcd data, logs, Pod directories). Required;
 	// the caller removes it.
 	Dir string
@@ -83,7 +84,7 @@ type Cluster struct {
 	// Runner plays kubelet and scheduler for the Node (nil with SkipRunner).
 	Runner *Runner
 	// Network is the pod network (nil with SkipRunner).
-	Network *PodNetwork
+	Network *runtime.PodNetwork
 	// Dir is the state directory.
 	Dir string
 
@@ -136,7 +137,7 @@ func Start(ctx context.Context, o Options) (c *Cluster, err error) {
 		o.logf("local cluster up (no runner): KUBECONFIG=%s", c.Kubeconfig)
 		return c, nil
 	}
-	if c.Network, err = AddPodNetwork(); err != nil {
+	if c.Network, err = runtime.AddPodNetwork(); err != nil {
 		return c, err
 	}
 	o.logf("pod network %s (ip route add local %s dev lo)", c.Network.CIDR, c.Network.CIDR)

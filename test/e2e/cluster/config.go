@@ -11,6 +11,8 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+
+	"github.com/renderqueue/renderqueue/test/e2e/cluster/runtime"
 )
 
 // configError is a container that cannot be configured yet (kubelet's
@@ -98,7 +100,7 @@ func boundingSet(caps *corev1.Capabilities, privileged bool) (string, error) {
 
 // containerConfig resolves everything a container instance starts with: argv, environment,
 // user and groups, capabilities, mounts. A *configError means it cannot start yet.
-func (w *podWorker) containerConfig(c *containerWorker, img Image) (*startConfig, error) {
+func (w *podWorker) containerConfig(c *containerWorker, img runtime.Image) (*runtime.ContainerConfig, error) {
 	pod := w.currentPod()
 	spec := c.spec
 	w.mu.Lock()
@@ -166,7 +168,7 @@ func (w *podWorker) containerConfig(c *containerWorker, img Image) (*startConfig
 	for i, a := range spec.Args {
 		args[i] = expandVars(a, defined)
 	}
-	argv, err := resolveArgv(img, command, args)
+	argv, err := runtime.ResolveArgv(img, command, args)
 	if err != nil {
 		return nil, err
 	}
@@ -189,15 +191,15 @@ func (w *podWorker) containerConfig(c *containerWorker, img Image) (*startConfig
 	if err != nil {
 		return nil, err
 	}
-	mounts = append(mounts, bindMount{src: img.Binary, dst: img.Entrypoint[0], file: true, mode: "rox"})
+	mounts = append(mounts, runtime.BindMount{Src: img.Binary, Dst: img.Entrypoint[0], File: true, Mode: runtime.ReadOnlyExec})
 	if !pod.Spec.HostNetwork {
 		mounted := map[string]bool{}
 		for _, m := range mounts {
-			mounted[m.dst] = true
+			mounted[m.Dst] = true
 		}
 		for _, f := range [][2]string{{"etc-hosts", "/etc/hosts"}, {"etc-hostname", "/etc/hostname"}} {
 			if !mounted[f[1]] {
-				mounts = append(mounts, bindMount{src: filepath.Join(w.dir, f[0]), dst: f[1], file: true, mode: "rw"})
+				mounts = append(mounts, runtime.BindMount{Src: filepath.Join(w.dir, f[0]), Dst: f[1], File: true, Mode: runtime.ReadWrite})
 			}
 		}
 	}
@@ -209,16 +211,16 @@ func (w *podWorker) containerConfig(c *containerWorker, img Image) (*startConfig
 	if workdir == "" {
 		workdir = "/"
 	}
-	return &startConfig{
-		argv: argv, binary: img.Binary, binaryArgs: img.BinaryArgs, env: env.all,
-		uid: uid, gid: gid, groups: groups,
-		noNewPrivs: sc.AllowPrivilegeEscalation != nil && !*sc.AllowPrivilegeEscalation,
-		bounding:   bounding,
-		readOnly:   sc.ReadOnlyRootFilesystem != nil && *sc.ReadOnlyRootFilesystem,
-		hostIPC:    pod.Spec.HostIPC,
-		hostname:   podHostname(pod),
-		workdir:    path.Clean("/" + workdir),
-		mounts:     mounts,
+	return &runtime.ContainerConfig{
+		Argv: argv, Binary: img.Binary, BinaryArgs: img.BinaryArgs, Env: env.all,
+		UID: uid, GID: gid, Groups: groups,
+		NoNewPrivs:   sc.AllowPrivilegeEscalation != nil && !*sc.AllowPrivilegeEscalation,
+		Bounding:     bounding,
+		ReadOnlyRoot: sc.ReadOnlyRootFilesystem != nil && *sc.ReadOnlyRootFilesystem,
+		HostIPC:      pod.Spec.HostIPC,
+		Hostname:     podHostname(pod),
+		WorkingDir:   path.Clean("/" + workdir),
+		Mounts:       mounts,
 	}, nil
 }
 
@@ -271,7 +273,7 @@ func (e *orderedEnv) list() []string {
 // kubernetes Service (pointing at the real API server: there is no kube-proxy), envFrom (Secrets
 // and ConfigMaps, with prefix), env (values with $(VAR) expansion, secretKeyRef,
 // configMapKeyRef, fieldRef); on top of the image's ENV, HOSTNAME and HOME=/.
-func (w *podWorker) containerEnv(spec corev1.Container, img Image, podIP string) (containerEnvironment, error) {
+func (w *podWorker) containerEnv(spec corev1.Container, img runtime.Image, podIP string) (containerEnvironment, error) {
 	pod := w.currentPod()
 	var k8s orderedEnv
 	host, port := w.r.apiHost, w.r.apiPort
@@ -502,13 +504,13 @@ func formatMap(m map[string]string) string {
 // containerMounts are the bind mounts of a container's volumeMounts (subPath and subPathExpr
 // included): secret, configMap, downwardAPI and projected volumes are always read-only, as
 // kubelet mounts them.
-func (w *podWorker) containerMounts(spec corev1.Container, defined map[string]string) ([]bindMount, error) {
+func (w *podWorker) containerMounts(spec corev1.Container, defined map[string]string) ([]runtime.BindMount, error) {
 	pod := w.currentPod()
 	vols := map[string]corev1.Volume{}
 	for _, v := range pod.Spec.Volumes {
 		vols[v.Name] = v
 	}
-	var out []bindMount
+	var out []runtime.BindMount
 	for _, m := range spec.VolumeMounts {
 		v, ok := vols[m.Name]
 		if !ok {
@@ -535,14 +537,14 @@ func (w *podWorker) containerMounts(spec corev1.Container, defined map[string]st
 		} else if v.HostPath != nil {
 			file = isFile(src)
 		}
-		mode := "rw"
+		mode := runtime.ReadWrite
 		if m.ReadOnly || v.Secret != nil || v.ConfigMap != nil || v.DownwardAPI != nil || v.Projected != nil {
-			mode = "ro"
+			mode = runtime.ReadOnly
 		}
 		if m.MountPropagation != nil && *m.MountPropagation != corev1.MountPropagationNone {
 			w.noteIgnored("propagation:"+spec.Name+":"+m.MountPath, "container %s: mountPropagation %s of %s not honoured (private)", spec.Name, *m.MountPropagation, m.MountPath)
 		}
-		out = append(out, bindMount{src: src, dst: path.Clean("/" + m.MountPath), file: file, mode: mode})
+		out = append(out, runtime.BindMount{Src: src, Dst: path.Clean("/" + m.MountPath), File: file, Mode: mode})
 	}
 	return out, nil
 }

@@ -1,219 +1,23 @@
 package cluster
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"os"
-	"os/exec"
 	"path"
 	"path/filepath"
-	"sort"
-	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/renderqueue/renderqueue/test/e2e/cluster/process"
+	"github.com/renderqueue/renderqueue/test/e2e/cluster/runtime"
 	"github.com/renderqueue/renderqueue/test/e2e/cluster/wait"
 )
-
-// containerScript is run by bash as root in the container's new mount, UTS and IPC namespaces.
-// It builds the container's root filesystem — an overlay of this machine's root filesystem
-// (read-only lower layer) with a fresh tmpfs as the writable layer, so nothing a container
-// writes or mounts touches the machine's filesystem — pivots into it, mounts /proc, /sys, a
-// private /dev (tmpfs with the standard devices and /dev/shm) and the bind mounts, sets the
-// hostname, remounts / read-only for readOnlyRootFilesystem and execs the rest of its arguments
-// (setpriv ... -- env -i ... ENTRYPOINT ARGS), which keeps the pid. Everything comes in as
-// positional parameters, never interpolated into the script:
-//
-//	$1 root mount point   $2 writable layer mount point   $3 hostname   $4 working directory
-//	then operations:  bind SRC DST dir|file ro|rw|rox  ...  [rofs]  exec COMMAND...
-//
-// SRC is a path of this machine; DST a path in the container. Setup errors are written to fd 3
-// (and the script exits 1); "ok" is written there right before the exec.
-const containerScript = `set -u
-fail() { printf '%s\n' "$*" >&3; exit 1; }
-run() { local out; out=$("$@" 2>&1) || fail "$*: $out"; }
-root=$1 layer=$2 host=$3 workdir=$4
-shift 4
-run mount --make-rprivate /
-run mount -t tmpfs -o mode=0755 container-layer "$layer"
-run mkdir "$layer/upper" "$layer/work"
-run mount -t overlay container-root -o "lowerdir=/,upperdir=$layer/upper,workdir=$layer/work" "$root"
-run mkdir -p "$root/.oldroot"
-cd "$root" || fail "cd $root"
-run pivot_root . .oldroot
-cd / || fail "cd /"
-run mount -t proc proc /proc
-run mount -t sysfs -o ro,nosuid,nodev,noexec sysfs /sys
-run mount -t tmpfs -o mode=0755,nosuid,size=65536k dev /dev
-run mknod -m 0666 /dev/null c 1 3
-run mknod -m 0666 /dev/zero c 1 5
-run mknod -m 0666 /dev/full c 1 7
-run mknod -m 0666 /dev/random c 1 8
-run mknod -m 0666 /dev/urandom c 1 9
-run mknod -m 0666 /dev/tty c 5 0
-run ln -s /proc/self/fd /dev/fd
-run ln -s /proc/self/fd/0 /dev/stdin
-run ln -s /proc/self/fd/1 /dev/stdout
-run ln -s /proc/self/fd/2 /dev/stderr
-run mkdir -m 1777 /dev/shm
-run mount -t tmpfs -o mode=1777,nosuid,nodev,noexec,size=65536k shm /dev/shm
-rofs=0
-while [ $# -gt 0 ]; do
-  op=$1
-  shift
-  case $op in
-  bind)
-    src=$1 dst=$2 kind=$3 mode=$4
-    shift 4
-    if [ "$kind" = dir ]; then
-      run mkdir -p -- "$dst"
-    else
-      run mkdir -p -- "$(dirname -- "$dst")"
-      [ -e "$dst" ] || run touch -- "$dst"
-    fi
-    run mount --bind -- "/.oldroot$src" "$dst"
-    case $mode in
-    ro) run mount --options-mode=ignore -o remount,bind,ro,nosuid,nodev -- "$dst" ;;
-    rox) run mount --options-mode=ignore -o remount,bind,ro,nosuid,nodev,exec -- "$dst" ;;
-    esac
-    ;;
-  rofs) rofs=1 ;;
-  exec) break ;;
-  *) fail "unknown operation $op" ;;
-  esac
-done
-run umount -l /.oldroot
-run rmdir /.oldroot
-printf '%s' "$host" >/proc/sys/kernel/hostname || fail "setting the hostname to $host"
-run mkdir -p -- "$workdir"
-cd -- "$workdir" || fail "cd $workdir"
-if [ "$rofs" = 1 ]; then run mount --options-mode=ignore -o remount,bind,ro /; fi
-echo ok >&3
-exec 3>&-
-exec "$@"
-`
-
-// bindMount is a bind mount into a container.
-type bindMount struct {
-	src, dst string
-	file     bool
-	mode     string // ro, rw, rox
-}
-
-// startConfig is everything a container instance is started with.
-type startConfig struct {
-	argv       []string // argv[0] is the entrypoint path in the container
-	binary     string
-	binaryArgs []string
-	env        []string
-	uid, gid   int64
-	groups     []int64
-	noNewPrivs bool
-	bounding   string // setpriv --bounding-set value; "" keeps every capability (privileged)
-	readOnly   bool
-	hostIPC    bool
-	hostname   string
-	workdir    string
-	mounts     []bindMount
-}
-
-// command is the bash command line that runs cfg in a new container; rootDir and layerDir are
-// empty directories of the container's own.
-func (cfg *startConfig) command(rootDir, layerDir string) []string {
-	args := []string{"-c", containerScript, "container-init", rootDir, layerDir, cfg.hostname, cfg.workdir}
-	mounts := append([]bindMount(nil), cfg.mounts...)
-	// Parents before children (as container runtimes sort them).
-	sort.SliceStable(mounts, func(i, j int) bool {
-		return strings.Count(path.Clean(mounts[i].dst), "/") < strings.Count(path.Clean(mounts[j].dst), "/")
-	})
-	for _, m := range mounts {
-		kind := "dir"
-		if m.file {
-			kind = "file"
-		}
-		args = append(args, "bind", m.src, m.dst, kind, m.mode)
-	}
-	if cfg.readOnly {
-		args = append(args, "rofs")
-	}
-	args = append(args, "exec", "setpriv",
-		"--reuid="+strconv.FormatInt(cfg.uid, 10), "--regid="+strconv.FormatInt(cfg.gid, 10))
-	if len(cfg.groups) > 0 {
-		gs := make([]string, len(cfg.groups))
-		for i, g := range cfg.groups {
-			gs[i] = strconv.FormatInt(g, 10)
-		}
-		args = append(args, "--groups="+strings.Join(gs, ","))
-	} else {
-		args = append(args, "--clear-groups")
-	}
-	if cfg.noNewPrivs {
-		args = append(args, "--no-new-privs")
-	}
-	args = append(args, "--inh-caps=-all")
-	if cfg.bounding != "" {
-		args = append(args, "--bounding-set="+cfg.bounding)
-	}
-	// setpriv re-arms the parent-death signal after changing the credentials (which clears
-	// it), so the container dies with the runner.
-	args = append(args, "--pdeathsig=KILL", "--", "env", "-i", "--")
-	args = append(args, cfg.env...)
-	args = append(args, cfg.argv[0])
-	args = append(args, cfg.binaryArgs...)
-	args = append(args, cfg.argv[1:]...)
-	return args
-}
-
-// startError is a container that could not be started (the runtime's StartError).
-type startError struct{ msg string }
-
-func (e *startError) Error() string { return e.msg }
-
-// startContainer starts cfg as a new container instance logging to logPath and waits until its
-// setup is done and the entrypoint is being exec'd.
-func startContainer(name string, cfg *startConfig, rootDir, layerDir, logPath string, tee io.Writer) (*process.Process, error) {
-	for _, d := range []string{rootDir, layerDir} {
-		if err := os.MkdirAll(d, 0o700); err != nil {
-			return nil, fmt.Errorf("creating %s: %w", d, err)
-		}
-	}
-	pr, pw, err := os.Pipe()
-	if err != nil {
-		return nil, fmt.Errorf("creating a pipe: %w", err)
-	}
-	defer func() { _ = pr.Close() }()
-	cmd := exec.Command("/bin/bash", cfg.command(rootDir, layerDir)...)
-	cmd.Env = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL=C"}
-	cmd.ExtraFiles = []*os.File{pw}
-	flags := uintptr(syscall.CLONE_NEWNS | syscall.CLONE_NEWUTS | syscall.CLONE_NEWIPC)
-	if cfg.hostIPC {
-		flags &^= syscall.CLONE_NEWIPC
-	}
-	p, err := process.StartCmd(name, cmd, logPath, tee, flags)
-	_ = pw.Close()
-	if err != nil {
-		return nil, err
-	}
-	line, rerr := bufio.NewReader(pr).ReadString('\n')
-	line = strings.TrimSpace(line)
-	if line == "ok" {
-		return p, nil
-	}
-	p.Stop(time.Second)
-	if line == "" {
-		line = fmt.Sprintf("container setup ended without a word (%v); see %s", rerr, logPath)
-	}
-	return nil, &startError{msg: "starting the container: " + line}
-}
 
 // containerWorker runs one container of a Pod: starts it, probes it, restarts it per the restart
 // policy with kubelet's back-off, and keeps its status.
@@ -307,9 +111,9 @@ func (c *containerWorker) run(ctx context.Context) (finished bool, code int) {
 		if ctx.Err() != nil {
 			return false, 0
 		}
-		m, ok := r.image(c.spec.Image)
+		m, ok := runtime.Images(r.o.Images).Find(c.spec.Image)
 		if !ok {
-			msg := fmt.Sprintf("image %q is not mapped to a local program by the local pod runner (it knows: %s; see RunnerOptions.Images)", c.spec.Image, r.knownImages())
+			msg := fmt.Sprintf("image %q is not mapped to a local program by the local pod runner (it knows: %s; see RunnerOptions.Images)", c.spec.Image, runtime.Images(r.o.Images).Names())
 			c.setWaiting("ErrImagePull", msg)
 			c.event(corev1.EventTypeWarning, "Failed", "Failed to pull image %q: %s", c.spec.Image, msg)
 			c.logf("ErrImagePull: %s", msg)
@@ -380,7 +184,7 @@ func (c *containerWorker) run(ctx context.Context) (finished bool, code int) {
 // runInstance starts one instance (or records why it could not start) and supervises it until it
 // exits: the container's state is then its termination, which is returned. again is false when
 // ctx ended (the instance was stopped).
-func (c *containerWorker) runInstance(ctx context.Context, cfg *startConfig, cfgErr error) (term *corev1.ContainerStateTerminated, again bool) {
+func (c *containerWorker) runInstance(ctx context.Context, cfg *runtime.ContainerConfig, cfgErr error) (term *corev1.ContainerStateTerminated, again bool) {
 	r := c.w.r
 	if ctx.Err() != nil {
 		return nil, false
@@ -413,9 +217,9 @@ func (c *containerWorker) runInstance(ctx context.Context, cfg *startConfig, cfg
 		if tp == "" {
 			tp = corev1.TerminationMessagePathDefault
 		}
-		cfg.mounts = append(cfg.mounts, bindMount{src: termPath, dst: path.Clean(tp), file: true, mode: "rw"})
+		cfg.Mounts = append(cfg.Mounts, runtime.BindMount{Src: termPath, Dst: path.Clean(tp), File: true, Mode: runtime.ReadWrite})
 		name := c.w.name + "/" + c.spec.Name
-		proc, err = startContainer(name, cfg, filepath.Join(cdir, "root"), filepath.Join(cdir, "layer"), logPath, r.o.ProcessLog)
+		proc, err = runtime.StartContainer(name, cfg, filepath.Join(cdir, "root"), filepath.Join(cdir, "layer"), logPath, r.o.ProcessLog)
 	}
 	if err != nil {
 		now := metav1.Now()
@@ -437,8 +241,8 @@ func (c *containerWorker) runInstance(ctx context.Context, cfg *startConfig, cfg
 	c.mu.Lock()
 	c.proc = proc
 	c.state = corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: startedAt}}
-	c.user = &corev1.ContainerUser{Linux: &corev1.LinuxContainerUser{UID: cfg.uid, GID: cfg.gid, SupplementalGroups: cfg.groups}}
-	c.imageID = "local-runner://" + cfg.binary
+	c.user = &corev1.ContainerUser{Linux: &corev1.LinuxContainerUser{UID: cfg.UID, GID: cfg.GID, SupplementalGroups: cfg.Groups}}
+	c.imageID = "local-runner://" + cfg.Binary
 	c.ready = false
 	c.started = c.spec.StartupProbe == nil
 	select {
@@ -449,7 +253,7 @@ func (c *containerWorker) runInstance(ctx context.Context, cfg *startConfig, cfg
 	c.w.statusChanged()
 	c.event(corev1.EventTypeNormal, "Created", "Created container %s", c.spec.Name)
 	c.event(corev1.EventTypeNormal, "Started", "Started container %s", c.spec.Name)
-	c.logf("started pid %d (instance %d): %s", proc.Pid(), n, strings.Join(cfg.argv, " "))
+	c.logf("started pid %d (instance %d): %s", proc.Pid(), n, strings.Join(cfg.Argv, " "))
 
 	probeCtx, stopProbes := context.WithCancel(ctx)
 	var probes sync.WaitGroup
@@ -472,7 +276,7 @@ func (c *containerWorker) runInstance(ctx context.Context, cfg *startConfig, cfg
 	probes.Wait()
 
 	_, werr := proc.Exited()
-	code := exitCode(werr)
+	code := runtime.ExitCode(werr)
 	term = &corev1.ContainerStateTerminated{
 		ExitCode: int32(code), Reason: "Error", StartedAt: startedAt, FinishedAt: metav1.Now(), ContainerID: c.containerID,
 	}
@@ -554,20 +358,4 @@ func (c *containerWorker) status() corev1.ContainerStatus {
 type killRequest struct {
 	why   string
 	probe *corev1.Probe
-}
-
-// exitCode is the exit code in a Wait error (0 for nil, 128+signal for a signalled process as
-// container runtimes report it, -1 when unknown).
-func exitCode(err error) int {
-	if err == nil {
-		return 0
-	}
-	var ee *exec.ExitError
-	if errors.As(err, &ee) {
-		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
-			return 128 + int(ws.Signal())
-		}
-		return ee.ExitCode()
-	}
-	return -1
 }

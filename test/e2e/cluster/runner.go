@@ -10,7 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
+	goruntime "runtime"
 	"sort"
 	"strings"
 	"sync"
@@ -30,6 +30,8 @@ import (
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/client-go/util/flowcontrol"
+
+	"github.com/renderqueue/renderqueue/test/e2e/cluster/runtime"
 )
 
 // DefaultNodeName is the name of the one Node the Runner registers.
@@ -62,13 +64,14 @@ type RunnerOptions struct {
 	// and KUBERNETES_SERVICE_PORT (there is no kube-proxy to make the kubernetes Service's
 	// cluster IP reachable).
 	Server string
-	// Network is the pod network the Pod IPs come from (AddPodNetwork). Required.
-	Network *PodNetwork
+	// Network is the pod network the Pod IPs come from (runtime.AddPodNetwork). Required.
+	Network *runtime.PodNetwork
 	// Images maps image references to local programs; the first match wins. Images no mapping
 	// matches cannot be "pulled" (the container waits in ErrImagePull / ImagePullBackOff).
-	// NewRunner appends RenderqueueImage(Binary) when Binary is set and PauseImage().
-	Images []ImageMapping
-	// Binary is the renderqueue binary (see RenderqueueImage); may be empty.
+	// NewRunner appends runtime.RenderqueueImage(Binary) when Binary is set, and
+	// runtime.PauseImage().
+	Images []runtime.ImageMapping
+	// Binary is the renderqueue binary (see runtime.RenderqueueImage); may be empty.
 	Binary string
 	// NodeName is the name of the Node registered and run (default DefaultNodeName).
 	NodeName string
@@ -157,9 +160,9 @@ func NewRunner(o RunnerOptions) (*Runner, error) {
 		o.VolumeSyncPeriod = DefaultVolumeSyncPeriod
 	}
 	if o.Binary != "" {
-		o.Images = append(o.Images, RenderqueueImage(o.Binary))
+		o.Images = append(o.Images, runtime.RenderqueueImage(o.Binary))
 	}
-	pause, err := PauseImage()
+	pause, err := runtime.PauseImage()
 	if err != nil {
 		return nil, fmt.Errorf("runner: %w", err)
 	}
@@ -266,7 +269,7 @@ func (r *Runner) registerNode(ctx context.Context) error {
 	cidr := r.o.Network.CIDR.String()
 	node := &corev1.Node{
 		ObjectMeta: metav1.ObjectMeta{Name: r.o.NodeName, Labels: map[string]string{
-			"kubernetes.io/hostname": r.o.NodeName, "kubernetes.io/os": "linux", "kubernetes.io/arch": runtime.GOARCH,
+			"kubernetes.io/hostname": r.o.NodeName, "kubernetes.io/os": "linux", "kubernetes.io/arch": goruntime.GOARCH,
 		}},
 		Spec: corev1.NodeSpec{PodCIDR: cidr, PodCIDRs: []string{cidr}},
 	}
@@ -279,7 +282,7 @@ func (r *Runner) registerNode(ctx context.Context) error {
 	}
 	now := metav1.Now()
 	capacity := corev1.ResourceList{
-		corev1.ResourceCPU:    *resource.NewQuantity(int64(runtime.NumCPU()), resource.DecimalSI),
+		corev1.ResourceCPU:    *resource.NewQuantity(int64(goruntime.NumCPU()), resource.DecimalSI),
 		corev1.ResourceMemory: *resource.NewQuantity(memTotal(), resource.BinarySI),
 		corev1.ResourcePods:   *resource.NewQuantity(110, resource.DecimalSI),
 	}
@@ -298,7 +301,7 @@ func (r *Runner) registerNode(ctx context.Context) error {
 		Addresses: []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: "127.0.0.1"}, {Type: corev1.NodeHostName, Address: r.o.NodeName}},
 		NodeInfo: corev1.NodeSystemInfo{
 			KubeletVersion: "local-runner", ContainerRuntimeVersion: "local-runner://0", OperatingSystem: "linux",
-			Architecture: runtime.GOARCH, KernelVersion: kernelRelease(), OSImage: "this machine's root filesystem",
+			Architecture: goruntime.GOARCH, KernelVersion: kernelRelease(), OSImage: "this machine's root filesystem",
 		},
 	}
 	if r.o.Kubelet != nil {
@@ -533,25 +536,6 @@ func (r *Runner) finalDelete(namespace, name string, uid types.UID) {
 	if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
 		r.o.Logf("runner: deleting pod %s/%s: %v", namespace, name, err)
 	}
-}
-
-// image returns the mapping of ref.
-func (r *Runner) image(ref string) (ImageMapping, bool) {
-	for _, m := range r.o.Images {
-		if m.Match(ref) {
-			return m, true
-		}
-	}
-	return ImageMapping{}, false
-}
-
-// knownImages names the images the runner can run, for messages.
-func (r *Runner) knownImages() string {
-	names := make([]string, 0, len(r.o.Images))
-	for _, m := range r.o.Images {
-		names = append(names, m.Name)
-	}
-	return strings.Join(names, ", ")
 }
 
 // PodProcess describes a container process the runner runs.

@@ -23,6 +23,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/renderqueue/renderqueue/test/e2e/cluster/process"
+	"github.com/renderqueue/renderqueue/test/e2e/cluster/runtime"
 	"github.com/renderqueue/renderqueue/test/e2e/cluster/wait"
 )
 
@@ -77,14 +78,17 @@ func runnerTestCluster(t *testing.T) *Cluster {
 	if out, err := exec.Command("go", "build", "-o", bin, "./testdata/podtest").CombinedOutput(); err != nil {
 		t.Fatalf("building testdata/podtest: %v\n%s", err, out)
 	}
+	// podtest runs as the renderqueue image does (user 65532:65532, distroless ENV), at /podtest.
+	podtest := runtime.RenderqueueImage(bin).Image
+	podtest.Entrypoint = []string{"/podtest"}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	c, err := Start(ctx, Options{
 		Assets: assets, Dir: filepath.Join(dir, "cluster"), SkipPostgres: true,
-		Images: []ImageMapping{{
+		Images: []runtime.ImageMapping{{
 			Name:  "podtest",
-			Match: func(ref string) bool { return RepositoryName(ref) == "podtest" },
-			Image: Image{Binary: bin, Entrypoint: []string{"/podtest"}, UID: 65532, GID: 65532, Env: distrolessEnv},
+			Match: func(ref string) bool { return runtime.RepositoryName(ref) == "podtest" },
+			Image: podtest,
 		}},
 		CrashLoopBackOff: time.Second, MaxCrashLoopBackOff: 2 * time.Second, RetryPeriod: time.Second, MaxGrace: 5 * time.Second,
 		Logf: t.Logf,
@@ -586,41 +590,4 @@ func containsInt(xs []int, x int) bool {
 		}
 	}
 	return false
-}
-
-// TestPodNetworkReclaim: the route and claim of a pod network whose owner died are removed.
-func TestPodNetworkReclaim(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root (routes)")
-	}
-	n, err := AddPodNetwork()
-	if err != nil {
-		t.Fatal(err)
-	}
-	routed := func() bool {
-		out, err := exec.Command("ip", "-4", "route", "show", "table", "local", n.CIDR.String()).Output()
-		if err != nil {
-			t.Fatal(err)
-		}
-		return strings.Contains(string(out), n.CIDR.String())
-	}
-	if !routed() {
-		t.Fatalf("%s is not routed", n.CIDR)
-	}
-	// a pid that ran and is gone
-	cmd := exec.Command("true")
-	if err := cmd.Run(); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(claimPath(n.CIDR), []byte(fmt.Sprintf("%d\n", cmd.Process.Pid)), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	reclaimPodNetworks()
-	if routed() {
-		_ = n.Remove()
-		t.Fatalf("the route of %s, whose owner is gone, is still there", n.CIDR)
-	}
-	if _, err := os.Stat(claimPath(n.CIDR)); !os.IsNotExist(err) {
-		t.Errorf("the claim of %s is still there: %v", n.CIDR, err)
-	}
 }

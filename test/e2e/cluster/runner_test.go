@@ -2,7 +2,6 @@ package cluster
 
 import (
 	"fmt"
-	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -46,61 +45,6 @@ func TestExpandVars(t *testing.T) {
 		if got := expandVars(c.in, env); got != c.want {
 			t.Errorf("expandVars(%q) = %q, want %q", c.in, got, c.want)
 		}
-	}
-}
-
-func TestRepositoryName(t *testing.T) {
-	for ref, want := range map[string]string{
-		"ghcr.io/renderqueue/renderqueue:latest":                   "renderqueue",
-		"registry.example.com:5000/team/renderqueue@sha256:abcdef": "renderqueue",
-		"registry.example.com:5000/renderqueue":                    "renderqueue",
-		"renderqueue:e2e":                                          "renderqueue",
-		"renderqueue":                                              "renderqueue",
-		"ghcr.io/renderqueue/renderqueue-tools:v1":                 "renderqueue-tools",
-		"localhost:5000/x/y/renderqueue:v1@sha256:00":              "renderqueue",
-		"registry.k8s.io/pause:3.10":                               "pause",
-	} {
-		if got := RepositoryName(ref); got != want {
-			t.Errorf("RepositoryName(%q) = %q, want %q", ref, got, want)
-		}
-	}
-}
-
-func TestPauseImageMatch(t *testing.T) {
-	m, err := PauseImage()
-	if err != nil {
-		t.Skip(err)
-	}
-	for ref, want := range map[string]bool{
-		"registry.k8s.io/pause:3.10": true, "registry.k8s.io/pause": true, "k8s.gcr.io/pause:3.2": true,
-		"registry.k8s.io/pause@sha256:00": true, "example.com/pause:1": false, "registry.k8s.io/pause-x:1": false,
-	} {
-		if got := m.Match(ref); got != want {
-			t.Errorf("pause matches %q: %v, want %v", ref, got, want)
-		}
-	}
-}
-
-func TestResolveArgv(t *testing.T) {
-	img := Image{Entrypoint: []string{"/renderqueue"}, Cmd: []string{"help"}}
-	for _, c := range []struct {
-		command, args, want []string
-		err                 bool
-	}{
-		{nil, nil, []string{"/renderqueue", "help"}, false},
-		{nil, []string{"keeper", "--listen", ":8080"}, []string{"/renderqueue", "keeper", "--listen", ":8080"}, false},
-		{[]string{"/renderqueue"}, []string{"operator"}, []string{"/renderqueue", "operator"}, false},
-		{[]string{"/renderqueue", "operator"}, nil, []string{"/renderqueue", "operator"}, false},
-		{[]string{"/bin/sh", "-c", "x"}, nil, nil, true},
-		{[]string{"renderqueue"}, nil, nil, true},
-	} {
-		got, err := resolveArgv(img, c.command, c.args)
-		if (err != nil) != c.err || (!c.err && strings.Join(got, " ") != strings.Join(c.want, " ")) {
-			t.Errorf("resolveArgv(%q, %q) = %q, %v; want %q (error %v)", c.command, c.args, got, err, c.want, c.err)
-		}
-	}
-	if _, err := resolveArgv(Image{}, nil, nil); err == nil {
-		t.Error("an image without entrypoint and a container without command ran")
 	}
 }
 
@@ -280,45 +224,5 @@ func TestTerminationMessageTails(t *testing.T) {
 	}
 	if got := string(tailLines([]byte("a\nb"), 5)); got != "a\nb" {
 		t.Errorf("tailLines 5 = %q", got)
-	}
-}
-
-func TestRoutedPrefixes(t *testing.T) {
-	out := `default via 192.0.2.1 dev eth0
-192.0.2.0/24 dev eth0 proto kernel scope link src 192.0.2.2
-local 127.0.0.0/8 dev lo table local proto kernel scope host src 127.0.0.1
-local 10.244.7.0/24 dev lo table local proto 190 scope host
-broadcast 127.255.255.255 dev lo table local proto kernel scope link src 127.0.0.1
-10.244.9.5 via 192.0.2.1 dev eth0
-`
-	got := routedPrefixes(out)
-	for _, p := range []string{"10.244.7.0/24", "10.244.9.5/32", "127.0.0.0/8"} {
-		if !overlapsAny(netip.MustParsePrefix(p), got) {
-			t.Errorf("%s not found in %v", p, got)
-		}
-	}
-	if overlapsAny(netip.MustParsePrefix("10.244.8.0/24"), got) {
-		t.Errorf("10.244.8.0/24 reported routed: %v", got)
-	}
-}
-
-func TestPodNetworkAllocate(t *testing.T) {
-	n := &PodNetwork{CIDR: netip.MustParsePrefix("10.244.5.0/24"), inUse: map[netip.Addr]string{}}
-	a, _ := n.Allocate("a")
-	b, _ := n.Allocate("b")
-	if a.String() != "10.244.5.1" || b.String() != "10.244.5.2" {
-		t.Fatalf("first addresses %s, %s", a, b)
-	}
-	n.Release(a)
-	if c, _ := n.Allocate("c"); c != a {
-		t.Errorf("the lowest free address is %s, got %s", a, c)
-	}
-	for i := 0; i < 252; i++ { // .3 to .254
-		if _, err := n.Allocate("x"); err != nil {
-			t.Fatalf("allocation %d: %v", i+3, err)
-		}
-	}
-	if x, err := n.Allocate("full"); err == nil {
-		t.Errorf("a full /24 handed out %s", x)
 	}
 }

@@ -1,4 +1,4 @@
-package cluster
+package runtime
 
 import (
 	"fmt"
@@ -7,10 +7,10 @@ import (
 	"strings"
 )
 
-// Image is what the Runner knows of a container image: the local program that stands in for the
+// Image is what the runtime knows of a container image: the local program that stands in for the
 // image's one executable, and the parts of the image config that decide how a container runs.
 // There are no image layers: a container's root filesystem is this machine's root filesystem
-// (see Runner), with Binary mounted at Entrypoint[0].
+// (see the package documentation), with Binary mounted at Entrypoint[0].
 type Image struct {
 	// Binary is the local executable mounted (read-only) at Entrypoint[0] in the container.
 	Binary string
@@ -35,6 +35,29 @@ type ImageMapping struct {
 	Match func(ref string) bool
 	// Image is how such a container runs.
 	Image Image
+}
+
+// Images are the image mappings of a Node, in order: the first match wins.
+type Images []ImageMapping
+
+// Find returns the first mapping that matches ref: false when none does (the image cannot be
+// "pulled").
+func (is Images) Find(ref string) (ImageMapping, bool) {
+	for _, m := range is {
+		if m.Match(ref) {
+			return m, true
+		}
+	}
+	return ImageMapping{}, false
+}
+
+// Names lists the mappings' names, for messages ("renderqueue, pause").
+func (is Images) Names() string {
+	names := make([]string, 0, len(is))
+	for _, m := range is {
+		names = append(names, m.Name)
+	}
+	return strings.Join(names, ", ")
 }
 
 // distrolessEnv is the ENV of gcr.io/distroless/static (the renderqueue image's base).
@@ -94,10 +117,10 @@ func PauseImage() (ImageMapping, error) {
 	}, nil
 }
 
-// resolveArgv applies Kubernetes' command/args rules to an image: command replaces ENTRYPOINT
+// ResolveArgv applies Kubernetes' command/args rules to an image: command replaces ENTRYPOINT
 // (and drops CMD), args replace CMD. The result's argv[0] must be the image's entrypoint path,
 // the one executable the image holds.
-func resolveArgv(img Image, command, args []string) ([]string, error) {
+func ResolveArgv(img Image, command, args []string) ([]string, error) {
 	var argv []string
 	switch {
 	case len(command) > 0:
