@@ -14,6 +14,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/renderqueue/renderqueue/test/e2e/cluster/kubelet/podconfig"
 	"github.com/renderqueue/renderqueue/test/e2e/cluster/process"
 	"github.com/renderqueue/renderqueue/test/e2e/cluster/runtime"
 	"github.com/renderqueue/renderqueue/test/e2e/cluster/wait"
@@ -149,13 +150,13 @@ func (c *containerWorker) run(ctx context.Context) (finished bool, code int) {
 			r.backoff.Next(key, finishedAt)
 		}
 
-		cfg, err := c.w.containerConfig(c, m.Image)
+		cfg, err := c.w.config.Container(c.w.currentPod(), c.w.currentIP(), c.spec, m.Image)
 		if err != nil {
-			var ce *configError
+			var ce *podconfig.ConfigError
 			if errors.As(err, &ce) {
-				c.setWaiting(ce.reason, ce.msg)
-				c.event(corev1.EventTypeWarning, "Failed", "Error: %s", ce.msg)
-				c.logf("%s: %s (retrying)", ce.reason, ce.msg)
+				c.setWaiting(ce.Reason, ce.Message)
+				c.event(corev1.EventTypeWarning, "Failed", "Error: %s", ce.Message)
+				c.logf("%s: %s (retrying)", ce.Reason, ce.Message)
 				if !wait.Sleep(ctx, r.o.RetryPeriod, c.w.kickCh()) {
 					return false, 0
 				}

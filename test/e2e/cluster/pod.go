@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
-	"path/filepath"
-	"strings"
 	"sync"
 	"time"
 
@@ -16,6 +14,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/renderqueue/renderqueue/test/e2e/cluster/kubelet/podconfig"
+	"github.com/renderqueue/renderqueue/test/e2e/cluster/runtime"
 	"github.com/renderqueue/renderqueue/test/e2e/cluster/wait"
 )
 
@@ -54,7 +54,7 @@ type podWorker struct {
 	message    string
 	conditions map[corev1.PodConditionType]corev1.PodCondition
 	lastStatus []byte
-	tokens     map[string]*projectedToken
+	config     *podconfig.Pod
 	ignored    map[string]bool // ignored fields already logged
 }
 
@@ -64,8 +64,9 @@ func newPodWorker(r *Runner, pod *corev1.Pod) *podWorker {
 		statusCh: make(chan struct{}, 1), kick: make(chan struct{}), stopCh: make(chan struct{}), done: make(chan struct{}),
 		writerCh: make(chan struct{}),
 		pod:      pod.DeepCopy(), conditions: map[corev1.PodConditionType]corev1.PodCondition{},
-		tokens: map[string]*projectedToken{}, ignored: map[string]bool{},
+		ignored: map[string]bool{},
 	}
+	w.config = podconfig.New(r.configSources, pod.Namespace, w.dir, w.noteIgnored, w.logf)
 	for _, c := range pod.Spec.InitContainers {
 		sidecar := c.RestartPolicy != nil && *c.RestartPolicy == corev1.ContainerRestartPolicyAlways
 		w.inits = append(w.inits, newContainerWorker(w, c, true, sidecar))
@@ -91,6 +92,13 @@ func (w *podWorker) currentPod() *corev1.Pod {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.pod
+}
+
+// currentIP is the Pod IP ("" before the sandbox is ready).
+func (w *podWorker) currentIP() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.podIP
 }
 
 func (w *podWorker) restartPolicy() corev1.RestartPolicy {
@@ -271,7 +279,7 @@ func (w *podWorker) setupSandbox(pod *corev1.Pod) error {
 	if err := os.MkdirAll(w.dir, 0o700); err != nil {
 		return fmt.Errorf("creating %s: %w", w.dir, err)
 	}
-	ip := loopbackIP.String()
+	ip := runtime.NodeIP
 	var addr netip.Addr
 	if !pod.Spec.HostNetwork {
 		a, err := w.r.o.Network.Allocate(string(pod.UID))
@@ -280,11 +288,8 @@ func (w *podWorker) setupSandbox(pod *corev1.Pod) error {
 		}
 		addr, ip = a, a.String()
 	}
-	if err := os.WriteFile(filepath.Join(w.dir, "etc-hosts"), []byte(hostsFile(pod, ip)), 0o644); err != nil {
-		return fmt.Errorf("writing the hosts file: %w", err)
-	}
-	if err := os.WriteFile(filepath.Join(w.dir, "etc-hostname"), []byte(podHostname(pod)+"\n"), 0o644); err != nil {
-		return fmt.Errorf("writing the hostname file: %w", err)
+	if err := w.config.WriteHosts(pod, ip); err != nil {
+		return err
 	}
 	now := metav1.Now()
 	w.mu.Lock()
@@ -295,48 +300,12 @@ func (w *podWorker) setupSandbox(pod *corev1.Pod) error {
 	return nil
 }
 
-// podHostname is the container's hostname: spec.hostname or the Pod name (63 characters at
-// most), or the FQDN with setHostnameAsFQDN.
-func podHostname(pod *corev1.Pod) string {
-	h := pod.Spec.Hostname
-	if h == "" {
-		h = pod.Name
-	}
-	if len(h) > 63 {
-		h = strings.TrimRight(h[:63], "-.")
-	}
-	if pod.Spec.SetHostnameAsFQDN != nil && *pod.Spec.SetHostnameAsFQDN && pod.Spec.Subdomain != "" {
-		return fmt.Sprintf("%s.%s.%s.svc.cluster.local", h, pod.Spec.Subdomain, pod.Namespace)
-	}
-	return h
-}
-
-// hostsFile is kubelet's managed /etc/hosts.
-func hostsFile(pod *corev1.Pod, ip string) string {
-	var b strings.Builder
-	b.WriteString("# Kubernetes-managed hosts file.\n127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n" +
-		"fe00::0\tip6-localnet\nfe00::0\tip6-mcastprefix\nfe00::1\tip6-allnodes\nfe00::2\tip6-allrouters\n")
-	h := podHostname(pod)
-	if pod.Spec.Subdomain != "" && !strings.Contains(h, ".") {
-		fmt.Fprintf(&b, "%s\t%s.%s.%s.svc.cluster.local\t%s\n", ip, h, pod.Spec.Subdomain, pod.Namespace, h)
-	} else {
-		fmt.Fprintf(&b, "%s\t%s\n", ip, h)
-	}
-	if len(pod.Spec.HostAliases) > 0 {
-		b.WriteString("\n# Entries added by HostAliases.\n")
-		for _, a := range pod.Spec.HostAliases {
-			fmt.Fprintf(&b, "%s\t%s\n", a.IP, strings.Join(a.Hostnames, "\t"))
-		}
-	}
-	return b.String()
-}
-
 // mountVolumes materialises the Pod's volumes, retrying (FailedMount) until they all are or the
 // Pod stops; false when it stopped first.
 func (w *podWorker) mountVolumes(ctx context.Context) bool {
 	lastErr := ""
 	for {
-		err := w.syncVolumes(ctx)
+		err := w.config.SyncVolumes(ctx, w.currentPod(), w.currentIP())
 		if err == nil {
 			return true
 		}
@@ -358,7 +327,7 @@ func (w *podWorker) mountVolumes(ctx context.Context) bool {
 // downward API) until ctx ends.
 func (w *podWorker) syncVolumesLoop(ctx context.Context) {
 	for wait.Sleep(ctx, w.r.o.VolumeSyncPeriod, w.kickCh()) {
-		if err := w.syncVolumes(ctx); err != nil && ctx.Err() == nil {
+		if err := w.config.SyncVolumes(ctx, w.currentPod(), w.currentIP()); err != nil && ctx.Err() == nil {
 			w.logf("updating volumes: %v", err)
 		}
 	}

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/url"
 	"os"
 	"os/exec"
@@ -26,11 +25,11 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
-	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/client-go/util/flowcontrol"
 
+	"github.com/renderqueue/renderqueue/test/e2e/cluster/kubelet/podconfig"
 	"github.com/renderqueue/renderqueue/test/e2e/cluster/runtime"
 )
 
@@ -102,14 +101,13 @@ type RunnerOptions struct {
 // docs/local-cluster.md); every field it does not honour is logged once per Pod, and also shown
 // as an event of the Pod.
 type Runner struct {
-	o          RunnerOptions
-	apiHost    string
-	apiPort    string
-	backoff    *flowcontrol.Backoff
-	recorder   record.EventRecorder
-	scheduler  record.EventRecorder
-	secrets    corelisters.SecretLister
-	configMaps corelisters.ConfigMapLister
+	o         RunnerOptions
+	backoff   *flowcontrol.Backoff
+	recorder  record.EventRecorder
+	scheduler record.EventRecorder
+	// configSources are where the Pods' configuration comes from (complete once Run has synced
+	// the caches).
+	configSources podconfig.Sources
 
 	mu      sync.Mutex
 	workers map[types.UID]*podWorker
@@ -177,9 +175,10 @@ func NewRunner(o RunnerOptions) (*Runner, error) {
 		return nil, fmt.Errorf("runner: %w", err)
 	}
 	return &Runner{
-		o: o, apiHost: u.Hostname(), apiPort: u.Port(),
-		backoff: flowcontrol.NewBackOff(o.CrashLoopBackOff, o.MaxCrashLoopBackOff),
-		workers: map[types.UID]*podWorker{}, noted: map[types.UID]string{}, binding: map[types.UID]bool{},
+		o:             o,
+		configSources: podconfig.Sources{Client: o.Client, APIHost: u.Hostname(), APIPort: u.Port()},
+		backoff:       flowcontrol.NewBackOff(o.CrashLoopBackOff, o.MaxCrashLoopBackOff),
+		workers:       map[types.UID]*podWorker{}, noted: map[types.UID]string{}, binding: map[types.UID]bool{},
 		finished: map[types.UID]string{},
 	}, nil
 }
@@ -200,8 +199,9 @@ func (r *Runner) Run(ctx context.Context) error {
 	r.scheduler = broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "default-scheduler"})
 
 	factory := informers.NewSharedInformerFactory(r.o.Client, 0)
-	r.secrets = factory.Core().V1().Secrets().Lister()
-	r.configMaps = factory.Core().V1().ConfigMaps().Lister()
+	r.configSources.Secrets = factory.Core().V1().Secrets().Lister()
+	r.configSources.ConfigMaps = factory.Core().V1().ConfigMaps().Lister()
+	r.configSources.Recorder = r.recorder
 	kickNamespace := func(obj any) {
 		if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
 			obj = d.Obj
@@ -298,7 +298,7 @@ func (r *Runner) registerNode(ctx context.Context) error {
 			cond(corev1.NodePIDPressure, corev1.ConditionFalse, "KubeletHasSufficientPID", "not checked by the local runner"),
 			cond(corev1.NodeReady, corev1.ConditionTrue, "KubeletReady", "the local pod runner (test/e2e/cluster) is running"),
 		},
-		Addresses: []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: "127.0.0.1"}, {Type: corev1.NodeHostName, Address: r.o.NodeName}},
+		Addresses: []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: runtime.NodeIP}, {Type: corev1.NodeHostName, Address: r.o.NodeName}},
 		NodeInfo: corev1.NodeSystemInfo{
 			KubeletVersion: "local-runner", ContainerRuntimeVersion: "local-runner://0", OperatingSystem: "linux",
 			Architecture: goruntime.GOARCH, KernelVersion: kernelRelease(), OSImage: "this machine's root filesystem",
@@ -629,9 +629,6 @@ func (r *Runner) LogPath(namespace, name, container string, previous bool) (stri
 	}
 	return w.logPath(container, previous)
 }
-
-// loopbackIP is the Node's address (hostIP) and the Pod IP of hostNetwork Pods.
-var loopbackIP = net.IPv4(127, 0, 0, 1)
 
 // podDirName is the directory of a Pod under RunnerOptions.Dir.
 func podDirName(pod *corev1.Pod) string {

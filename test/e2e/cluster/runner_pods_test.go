@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/netip"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -342,10 +343,14 @@ func TestRunnerPods(t *testing.T) {
 		if len(rep.Files) != 1 {
 			t.Errorf("secret volume with one item holds %v", rep.Files)
 		}
+		apiServer, err := url.Parse(c.RESTConfig.Host)
+		if err != nil {
+			t.Fatal(err)
+		}
 		wantEnv := map[string]string{
 			"GREETING": "hello", "MESSAGE": "hello from $(POD_NAME)", "POD_NAME": "secure", "POD_IP": p.Status.PodIP,
 			"LATE": "secure", "S_A": "1", "S_B": "2", "HOSTNAME": "secure", "HOME": "/",
-			"KUBERNETES_SERVICE_HOST": c.Runner.apiHost, "KUBERNETES_SERVICE_PORT": c.Runner.apiPort,
+			"KUBERNETES_SERVICE_HOST": apiServer.Hostname(), "KUBERNETES_SERVICE_PORT": apiServer.Port(),
 		}
 		for k, v := range wantEnv {
 			if rep.Env[k] != v {

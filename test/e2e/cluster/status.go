@@ -6,6 +6,8 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/renderqueue/renderqueue/test/e2e/cluster/runtime"
 )
 
 // buildStatus is the Pod's status as kubelet would write it now: phase, conditions, IPs, start
@@ -28,7 +30,7 @@ func (w *podWorker) buildStatus() corev1.PodStatus {
 		ContainerStatuses:     apps,
 	}
 	if w.sandbox {
-		st.HostIP = loopbackIP.String()
+		st.HostIP = runtime.NodeIP
 		st.HostIPs = []corev1.HostIP{{IP: st.HostIP}}
 		st.PodIP = w.podIP
 		st.PodIPs = []corev1.PodIP{{IP: w.podIP}}

@@ -16,6 +16,11 @@ import (
 	"syscall"
 )
 
+// NodeIP is the Node's address, this machine's loopback address: every Pod's hostIP, and the Pod
+// IP of hostNetwork Pods (every container shares this machine's network; a Pod of the pod network
+// differs only in having an address of its own).
+const NodeIP = "127.0.0.1"
+
 // PodNetwork is the local cluster's pod CIDR, 10.244.N.0/24, made host-local with an AnyIP route
 // (`ip route add local 10.244.N.0/24 dev lo`): a process can bind to and reach every address in
 // it without a network interface per Pod. The API server accepts these addresses in

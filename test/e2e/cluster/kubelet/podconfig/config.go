@@ -1,4 +1,4 @@
-package cluster
+package podconfig
 
 import (
 	"fmt"
@@ -15,14 +15,15 @@ import (
 	"github.com/renderqueue/renderqueue/test/e2e/cluster/runtime"
 )
 
-// configError is a container that cannot be configured yet (kubelet's
-// CreateContainerConfigError: a missing Secret, ConfigMap or key; runAsNonRoot with a root user).
-type configError struct{ reason, msg string }
+// ConfigError is a container that cannot be configured yet (kubelet's
+// CreateContainerConfigError: a missing Secret, ConfigMap or key; runAsNonRoot with a root user):
+// the container waits with Reason and Message, and is tried again later.
+type ConfigError struct{ Reason, Message string }
 
-func (e *configError) Error() string { return e.reason + ": " + e.msg }
+func (e *ConfigError) Error() string { return e.Reason + ": " + e.Message }
 
 func configErrorf(format string, args ...any) error {
-	return &configError{reason: "CreateContainerConfigError", msg: fmt.Sprintf(format, args...)}
+	return &ConfigError{Reason: "CreateContainerConfigError", Message: fmt.Sprintf(format, args...)}
 }
 
 // defaultCaps is the capability set container runtimes give a container (containerd's and
@@ -98,14 +99,11 @@ func boundingSet(caps *corev1.Capabilities, privileged bool) (string, error) {
 	return strings.Join(append([]string{"-all"}, names...), ","), nil
 }
 
-// containerConfig resolves everything a container instance starts with: argv, environment,
-// user and groups, capabilities, mounts. A *configError means it cannot start yet.
-func (w *podWorker) containerConfig(c *containerWorker, img runtime.Image) (*runtime.ContainerConfig, error) {
-	pod := w.currentPod()
-	spec := c.spec
-	w.mu.Lock()
-	podIP := w.podIP
-	w.mu.Unlock()
+// Container resolves everything an instance of the container spec of pod (its latest version),
+// whose IP is podIP, starts with from the image img: argv, environment, user and groups,
+// capabilities, mounts (the volumes', the image's program, the hosts files of WriteHosts). A
+// *ConfigError means it cannot start yet.
+func (pc *Pod) Container(pod *corev1.Pod, podIP string, spec corev1.Container, img runtime.Image) (*runtime.ContainerConfig, error) {
 
 	// Security context: the container's over the Pod's.
 	psc := pod.Spec.SecurityContext
@@ -134,7 +132,7 @@ func (w *podWorker) containerConfig(c *containerWorker, img runtime.Image) (*run
 		nonRoot = sc.RunAsNonRoot
 	}
 	if nonRoot != nil && *nonRoot && uid == 0 {
-		return nil, configErrorf("container has runAsNonRoot and image will run as root (pod: %q, container: %s)", w.format(), spec.Name)
+		return nil, configErrorf("container has runAsNonRoot and image will run as root (pod: %q, container: %s)", fmt.Sprintf("%s_%s(%s)", pod.Name, pod.Namespace, pod.UID), spec.Name)
 	}
 	groups := []int64{gid}
 	if psc.FSGroup != nil {
@@ -149,7 +147,7 @@ func (w *podWorker) containerConfig(c *containerWorker, img runtime.Image) (*run
 	}
 
 	// Environment.
-	env, err := w.containerEnv(spec, img, podIP)
+	env, err := pc.containerEnv(pod, spec, img, podIP)
 	if err != nil {
 		return nil, err
 	}
@@ -181,13 +179,13 @@ func (w *podWorker) containerConfig(c *containerWorker, img runtime.Image) (*run
 			}
 		}
 		if len(rewritten) > 0 {
-			w.noteIgnored("listen:"+spec.Name, "container %s: no network namespace per Pod: listen addresses on all interfaces in its args moved to the Pod IP: %s",
+			pc.ignored("listen:"+spec.Name, "container %s: no network namespace per Pod: listen addresses on all interfaces in its args moved to the Pod IP: %s",
 				spec.Name, strings.Join(rewritten, ", "))
 		}
 	}
 
 	// Mounts.
-	mounts, err := w.containerMounts(spec, defined)
+	mounts, err := pc.containerMounts(pod, spec, defined)
 	if err != nil {
 		return nil, err
 	}
@@ -197,9 +195,9 @@ func (w *podWorker) containerConfig(c *containerWorker, img runtime.Image) (*run
 		for _, m := range mounts {
 			mounted[m.Dst] = true
 		}
-		for _, f := range [][2]string{{"etc-hosts", "/etc/hosts"}, {"etc-hostname", "/etc/hostname"}} {
+		for _, f := range [][2]string{{hostsFileName, "/etc/hosts"}, {hostnameFileName, "/etc/hostname"}} {
 			if !mounted[f[1]] {
-				mounts = append(mounts, runtime.BindMount{Src: filepath.Join(w.dir, f[0]), Dst: f[1], File: true, Mode: runtime.ReadWrite})
+				mounts = append(mounts, runtime.BindMount{Src: filepath.Join(pc.dir, f[0]), Dst: f[1], File: true, Mode: runtime.ReadWrite})
 			}
 		}
 	}
@@ -273,10 +271,9 @@ func (e *orderedEnv) list() []string {
 // kubernetes Service (pointing at the real API server: there is no kube-proxy), envFrom (Secrets
 // and ConfigMaps, with prefix), env (values with $(VAR) expansion, secretKeyRef,
 // configMapKeyRef, fieldRef); on top of the image's ENV, HOSTNAME and HOME=/.
-func (w *podWorker) containerEnv(spec corev1.Container, img runtime.Image, podIP string) (containerEnvironment, error) {
-	pod := w.currentPod()
+func (pc *Pod) containerEnv(pod *corev1.Pod, spec corev1.Container, img runtime.Image, podIP string) (containerEnvironment, error) {
 	var k8s orderedEnv
-	host, port := w.r.apiHost, w.r.apiPort
+	host, port := pc.src.APIHost, pc.src.APIPort
 	hostPort := net.JoinHostPort(host, port)
 	for _, kv := range [][2]string{
 		{"KUBERNETES_SERVICE_HOST", host}, {"KUBERNETES_SERVICE_PORT", port}, {"KUBERNETES_SERVICE_PORT_HTTPS", port},
@@ -287,7 +284,7 @@ func (w *podWorker) containerEnv(spec corev1.Container, img runtime.Image, podIP
 		k8s.set(kv[0], kv[1])
 	}
 	for _, ef := range spec.EnvFrom {
-		data, err := w.envFromData(ef)
+		data, err := pc.envFromData(ef)
 		if err != nil {
 			return containerEnvironment{}, err
 		}
@@ -306,12 +303,12 @@ func (w *podWorker) containerEnv(spec corev1.Container, img runtime.Image, podIP
 			k8s.set(name, data[k])
 		}
 		if len(invalid) > 0 {
-			w.r.recorder.Eventf(pod, corev1.EventTypeWarning, "InvalidEnvironmentVariableNames",
+			pc.src.Recorder.Eventf(pod, corev1.EventTypeWarning, "InvalidEnvironmentVariableNames",
 				"Keys [%s] from the EnvFrom configMap/secret were skipped since they are invalid environment variable names.", strings.Join(invalid, ", "))
 		}
 	}
 	for _, e := range spec.Env {
-		v, ok, err := w.envValue(spec, e, k8s.vals, podIP)
+		v, ok, err := pc.envValue(pod, spec, e, k8s.vals, podIP)
 		if err != nil {
 			return containerEnvironment{}, err
 		}
@@ -347,9 +344,9 @@ func validEnvName(s string) bool {
 	return true
 }
 
-// secretData reads a Secret of the Pod's namespace from the runner's cache.
-func (w *podWorker) secretData(name string) (map[string][]byte, error) {
-	s, err := w.r.secrets.Secrets(w.namespace).Get(name)
+// secretData reads a Secret of the Pod's namespace from the cache.
+func (pc *Pod) secretData(name string) (map[string][]byte, error) {
+	s, err := pc.src.Secrets.Secrets(pc.namespace).Get(name)
 	if err != nil {
 		return nil, err
 	}
@@ -357,8 +354,8 @@ func (w *podWorker) secretData(name string) (map[string][]byte, error) {
 }
 
 // configMapData reads a ConfigMap (data and binaryData) of the Pod's namespace from the cache.
-func (w *podWorker) configMapData(name string) (map[string][]byte, error) {
-	cm, err := w.r.configMaps.ConfigMaps(w.namespace).Get(name)
+func (pc *Pod) configMapData(name string) (map[string][]byte, error) {
+	cm, err := pc.src.ConfigMaps.ConfigMaps(pc.namespace).Get(name)
 	if err != nil {
 		return nil, err
 	}
@@ -373,7 +370,7 @@ func (w *podWorker) configMapData(name string) (map[string][]byte, error) {
 }
 
 // envFromData reads the Secret or ConfigMap of an envFrom entry.
-func (w *podWorker) envFromData(ef corev1.EnvFromSource) (map[string]string, error) {
+func (pc *Pod) envFromData(ef corev1.EnvFromSource) (map[string]string, error) {
 	out := map[string]string{}
 	var data map[string][]byte
 	var err error
@@ -382,10 +379,10 @@ func (w *podWorker) envFromData(ef corev1.EnvFromSource) (map[string]string, err
 	switch {
 	case ef.SecretRef != nil:
 		what, name, optional = "secret", ef.SecretRef.Name, ef.SecretRef.Optional != nil && *ef.SecretRef.Optional
-		data, err = w.secretData(name)
+		data, err = pc.secretData(name)
 	case ef.ConfigMapRef != nil:
 		what, name, optional = "configmap", ef.ConfigMapRef.Name, ef.ConfigMapRef.Optional != nil && *ef.ConfigMapRef.Optional
-		data, err = w.configMapData(name)
+		data, err = pc.configMapData(name)
 	default:
 		return out, nil
 	}
@@ -396,7 +393,7 @@ func (w *podWorker) envFromData(ef corev1.EnvFromSource) (map[string]string, err
 		return nil, configErrorf("%s %q not found", what, name)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("reading %s %s/%s: %w", what, w.namespace, name, err)
+		return nil, fmt.Errorf("reading %s %s/%s: %w", what, pc.namespace, name, err)
 	}
 	for k, v := range data {
 		out[k] = string(v)
@@ -406,8 +403,7 @@ func (w *podWorker) envFromData(ef corev1.EnvFromSource) (map[string]string, err
 
 // envValue resolves one env var (ok = false for an optional reference that is missing, or a
 // source the runner does not honour).
-func (w *podWorker) envValue(spec corev1.Container, e corev1.EnvVar, defined map[string]string, podIP string) (string, bool, error) {
-	pod := w.currentPod()
+func (pc *Pod) envValue(pod *corev1.Pod, spec corev1.Container, e corev1.EnvVar, defined map[string]string, podIP string) (string, bool, error) {
 	if e.ValueFrom == nil {
 		return expandVars(e.Value, defined), true, nil
 	}
@@ -421,24 +417,24 @@ func (w *podWorker) envValue(spec corev1.Container, e corev1.EnvVar, defined map
 			return "", false, configErrorf("%s %q not found", what, name)
 		}
 		if err != nil {
-			return "", false, fmt.Errorf("reading %s %s/%s: %w", what, w.namespace, name, err)
+			return "", false, fmt.Errorf("reading %s %s/%s: %w", what, pc.namespace, name, err)
 		}
 		v, ok := data[key]
 		if !ok {
 			if optional {
 				return "", false, nil
 			}
-			return "", false, configErrorf("couldn't find key %s in %s %s/%s", key, kind, w.namespace, name)
+			return "", false, configErrorf("couldn't find key %s in %s %s/%s", key, kind, pc.namespace, name)
 		}
 		return string(v), true, nil
 	}
 	switch {
 	case vf.SecretKeyRef != nil:
 		r := vf.SecretKeyRef
-		return keyRef("secret", "Secret", r.Name, r.Key, r.Optional != nil && *r.Optional, w.secretData)
+		return keyRef("secret", "Secret", r.Name, r.Key, r.Optional != nil && *r.Optional, pc.secretData)
 	case vf.ConfigMapKeyRef != nil:
 		r := vf.ConfigMapKeyRef
-		return keyRef("configmap", "ConfigMap", r.Name, r.Key, r.Optional != nil && *r.Optional, w.configMapData)
+		return keyRef("configmap", "ConfigMap", r.Name, r.Key, r.Optional != nil && *r.Optional, pc.configMapData)
 	case vf.FieldRef != nil:
 		v, err := podFieldValue(pod, vf.FieldRef.FieldPath, podIP)
 		if err != nil {
@@ -446,10 +442,10 @@ func (w *podWorker) envValue(spec corev1.Container, e corev1.EnvVar, defined map
 		}
 		return v, true, nil
 	case vf.ResourceFieldRef != nil:
-		w.noteIgnored("resourceFieldRef:"+spec.Name+":"+e.Name, "container %s: env %s: resourceFieldRef not honoured (no resource accounting): left unset", spec.Name, e.Name)
+		pc.ignored("resourceFieldRef:"+spec.Name+":"+e.Name, "container %s: env %s: resourceFieldRef not honoured (no resource accounting): left unset", spec.Name, e.Name)
 		return "", false, nil
 	}
-	w.noteIgnored("valueFrom:"+spec.Name+":"+e.Name, "container %s: env %s: this kind of valueFrom is not honoured: left unset", spec.Name, e.Name)
+	pc.ignored("valueFrom:"+spec.Name+":"+e.Name, "container %s: env %s: this kind of valueFrom is not honoured: left unset", spec.Name, e.Name)
 	return "", false, nil
 }
 
@@ -471,7 +467,7 @@ func podFieldValue(pod *corev1.Pod, fieldPath, podIP string) (string, error) {
 	case "spec.serviceAccountName":
 		return pod.Spec.ServiceAccountName, nil
 	case "status.hostIP", "status.hostIPs":
-		return loopbackIP.String(), nil
+		return runtime.NodeIP, nil
 	case "status.podIP", "status.podIPs":
 		return podIP, nil
 	}
@@ -504,8 +500,7 @@ func formatMap(m map[string]string) string {
 // containerMounts are the bind mounts of a container's volumeMounts (subPath and subPathExpr
 // included): secret, configMap, downwardAPI and projected volumes are always read-only, as
 // kubelet mounts them.
-func (w *podWorker) containerMounts(spec corev1.Container, defined map[string]string) ([]runtime.BindMount, error) {
-	pod := w.currentPod()
+func (pc *Pod) containerMounts(pod *corev1.Pod, spec corev1.Container, defined map[string]string) ([]runtime.BindMount, error) {
 	vols := map[string]corev1.Volume{}
 	for _, v := range pod.Spec.Volumes {
 		vols[v.Name] = v
@@ -516,7 +511,7 @@ func (w *podWorker) containerMounts(spec corev1.Container, defined map[string]st
 		if !ok {
 			return nil, configErrorf("cannot find volume %q to mount into container %q", m.Name, spec.Name)
 		}
-		src, err := w.volumeSource(v)
+		src, err := pc.volumeSource(v)
 		if err != nil {
 			return nil, err
 		}
@@ -542,7 +537,7 @@ func (w *podWorker) containerMounts(spec corev1.Container, defined map[string]st
 			mode = runtime.ReadOnly
 		}
 		if m.MountPropagation != nil && *m.MountPropagation != corev1.MountPropagationNone {
-			w.noteIgnored("propagation:"+spec.Name+":"+m.MountPath, "container %s: mountPropagation %s of %s not honoured (private)", spec.Name, *m.MountPropagation, m.MountPath)
+			pc.ignored("propagation:"+spec.Name+":"+m.MountPath, "container %s: mountPropagation %s of %s not honoured (private)", spec.Name, *m.MountPropagation, m.MountPath)
 		}
 		out = append(out, runtime.BindMount{Src: src, Dst: path.Clean("/" + m.MountPath), File: file, Mode: mode})
 	}

@@ -1,4 +1,4 @@
-package cluster
+package podconfig
 
 import (
 	"bytes"
@@ -27,17 +27,17 @@ type volFile struct {
 }
 
 // volumeDir is where a volume of the Pod lives on this machine.
-func (w *podWorker) volumeDir(name string) string { return filepath.Join(w.dir, "volumes", name) }
+func (pc *Pod) volumeDir(name string) string { return filepath.Join(pc.dir, "volumes", name) }
 
 // volumeSource is the directory (or file, for a hostPath) a volume is mounted from.
-func (w *podWorker) volumeSource(v corev1.Volume) (string, error) {
+func (pc *Pod) volumeSource(v corev1.Volume) (string, error) {
 	if v.HostPath != nil {
 		return path.Clean(v.HostPath.Path), nil
 	}
 	if volumeKind(v) == "" {
 		return "", fmt.Errorf("volume %q: %w", v.Name, errUnsupportedVolume(v))
 	}
-	return w.volumeDir(v.Name), nil
+	return pc.volumeDir(v.Name), nil
 }
 
 // volumeKind names the supported kinds ("" for the others).
@@ -64,33 +64,33 @@ func errUnsupportedVolume(v corev1.Volume) error {
 	return fmt.Errorf("this volume type is not supported by the local pod runner (emptyDir, hostPath, secret, configMap, downwardAPI and projected are): %s", b)
 }
 
-// syncVolumes brings every volume of the Pod up to date: creates emptyDirs, checks hostPaths,
-// writes secret, configMap, downwardAPI and projected volumes (atomically, only when their
-// content changed) and refreshes ServiceAccount tokens that reached 80% of their lifetime.
-func (w *podWorker) syncVolumes(ctx context.Context) error {
-	pod := w.currentPod()
+// SyncVolumes brings every volume of pod (its latest version), whose IP is podIP, up to date:
+// creates emptyDirs, checks hostPaths, writes secret, configMap, downwardAPI and projected volumes
+// (atomically, only when their content changed) and refreshes ServiceAccount tokens that reached
+// 80% of their lifetime. The error lists every volume that is not ready (kubelet's FailedMount).
+func (pc *Pod) SyncVolumes(ctx context.Context, pod *corev1.Pod, podIP string) error {
 	var errs []error
 	for _, v := range pod.Spec.Volumes {
-		if err := w.syncVolume(ctx, pod, v); err != nil {
+		if err := pc.syncVolume(ctx, pod, podIP, v); err != nil {
 			errs = append(errs, fmt.Errorf("volume %q: %w", v.Name, err))
 		}
 	}
 	return errors.Join(errs...)
 }
 
-func (w *podWorker) syncVolume(ctx context.Context, pod *corev1.Pod, v corev1.Volume) error {
+func (pc *Pod) syncVolume(ctx context.Context, pod *corev1.Pod, podIP string, v corev1.Volume) error {
 	var fsGroup *int64
 	if pod.Spec.SecurityContext != nil {
 		fsGroup = pod.Spec.SecurityContext.FSGroup
 	}
-	dir := w.volumeDir(v.Name)
+	dir := pc.volumeDir(v.Name)
 	switch {
 	case v.EmptyDir != nil:
 		if _, err := os.Stat(dir); err == nil {
 			return nil // kept across container restarts
 		}
 		if v.EmptyDir.Medium != "" || v.EmptyDir.SizeLimit != nil {
-			w.noteIgnored("emptyDir:"+v.Name, "emptyDir %s: medium %q / sizeLimit not honoured (a directory on this machine's disk)", v.Name, v.EmptyDir.Medium)
+			pc.ignored("emptyDir:"+v.Name, "emptyDir %s: medium %q / sizeLimit not honoured (a directory on this machine's disk)", v.Name, v.EmptyDir.Medium)
 		}
 		if err := os.MkdirAll(dir, 0o777); err != nil {
 			return err
@@ -112,16 +112,16 @@ func (w *podWorker) syncVolume(ctx context.Context, pod *corev1.Pod, v corev1.Vo
 	case v.Secret != nil:
 		s := v.Secret
 		files = map[string]volFile{}
-		err = w.keyFiles(files, "secret", s.SecretName, s.Items, modeOr(s.DefaultMode), s.Optional != nil && *s.Optional, w.secretData)
+		err = pc.keyFiles(files, "secret", s.SecretName, s.Items, modeOr(s.DefaultMode), s.Optional != nil && *s.Optional, pc.secretData)
 	case v.ConfigMap != nil:
 		c := v.ConfigMap
 		files = map[string]volFile{}
-		err = w.keyFiles(files, "configmap", c.Name, c.Items, modeOr(c.DefaultMode), c.Optional != nil && *c.Optional, w.configMapData)
+		err = pc.keyFiles(files, "configmap", c.Name, c.Items, modeOr(c.DefaultMode), c.Optional != nil && *c.Optional, pc.configMapData)
 	case v.DownwardAPI != nil:
 		files = map[string]volFile{}
-		err = w.downwardFiles(files, pod, v.DownwardAPI.Items, modeOr(v.DownwardAPI.DefaultMode))
+		err = pc.downwardFiles(files, pod, podIP, v.DownwardAPI.Items, modeOr(v.DownwardAPI.DefaultMode))
 	case v.Projected != nil:
-		files, err = w.projectedFiles(ctx, pod, v)
+		files, err = pc.projectedFiles(ctx, pod, podIP, v)
 	default:
 		return errUnsupportedVolume(v)
 	}
@@ -139,7 +139,7 @@ func modeOr(m *int32) os.FileMode {
 }
 
 // keyFiles adds the keys of a Secret or ConfigMap (all, or items) as files.
-func (w *podWorker) keyFiles(files map[string]volFile, what, name string, items []corev1.KeyToPath, mode os.FileMode, optional bool,
+func (pc *Pod) keyFiles(files map[string]volFile, what, name string, items []corev1.KeyToPath, mode os.FileMode, optional bool,
 	read func(string) (map[string][]byte, error)) error {
 	data, err := read(name)
 	if apierrors.IsNotFound(err) {
@@ -149,7 +149,7 @@ func (w *podWorker) keyFiles(files map[string]volFile, what, name string, items 
 		return fmt.Errorf("%s %q not found", what, name)
 	}
 	if err != nil {
-		return fmt.Errorf("reading %s %s/%s: %w", what, w.namespace, name, err)
+		return fmt.Errorf("reading %s %s/%s: %w", what, pc.namespace, name, err)
 	}
 	if len(items) == 0 {
 		for k, d := range data {
@@ -175,10 +175,7 @@ func (w *podWorker) keyFiles(files map[string]volFile, what, name string, items 
 }
 
 // downwardFiles adds downward API items (metadata fields; resourceFieldRef is not honoured).
-func (w *podWorker) downwardFiles(files map[string]volFile, pod *corev1.Pod, items []corev1.DownwardAPIVolumeFile, mode os.FileMode) error {
-	w.mu.Lock()
-	podIP := w.podIP
-	w.mu.Unlock()
+func (pc *Pod) downwardFiles(files map[string]volFile, pod *corev1.Pod, podIP string, items []corev1.DownwardAPIVolumeFile, mode os.FileMode) error {
 	for _, it := range items {
 		m := mode
 		if it.Mode != nil {
@@ -192,14 +189,14 @@ func (w *podWorker) downwardFiles(files map[string]volFile, pod *corev1.Pod, ite
 			}
 			files[it.Path] = volFile{data: []byte(v), mode: m}
 		case it.ResourceFieldRef != nil:
-			w.noteIgnored("downward-resource:"+it.Path, "downwardAPI item %s: resourceFieldRef not honoured (no resource accounting): file not written", it.Path)
+			pc.ignored("downward-resource:"+it.Path, "downwardAPI item %s: resourceFieldRef not honoured (no resource accounting): file not written", it.Path)
 		}
 	}
 	return nil
 }
 
 // projectedFiles gathers the sources of a projected volume.
-func (w *podWorker) projectedFiles(ctx context.Context, pod *corev1.Pod, v corev1.Volume) (map[string]volFile, error) {
+func (pc *Pod) projectedFiles(ctx context.Context, pod *corev1.Pod, podIP string, v corev1.Volume) (map[string]volFile, error) {
 	p := v.Projected
 	mode := modeOr(p.DefaultMode)
 	files := map[string]volFile{}
@@ -208,15 +205,15 @@ func (w *podWorker) projectedFiles(ctx context.Context, pod *corev1.Pod, v corev
 		switch {
 		case src.Secret != nil:
 			s := src.Secret
-			err = w.keyFiles(files, "secret", s.Name, s.Items, mode, s.Optional != nil && *s.Optional, w.secretData)
+			err = pc.keyFiles(files, "secret", s.Name, s.Items, mode, s.Optional != nil && *s.Optional, pc.secretData)
 		case src.ConfigMap != nil:
 			c := src.ConfigMap
-			err = w.keyFiles(files, "configmap", c.Name, c.Items, mode, c.Optional != nil && *c.Optional, w.configMapData)
+			err = pc.keyFiles(files, "configmap", c.Name, c.Items, mode, c.Optional != nil && *c.Optional, pc.configMapData)
 		case src.DownwardAPI != nil:
-			err = w.downwardFiles(files, pod, src.DownwardAPI.Items, mode)
+			err = pc.downwardFiles(files, pod, podIP, src.DownwardAPI.Items, mode)
 		case src.ServiceAccountToken != nil:
 			var tok string
-			tok, err = w.serviceAccountToken(ctx, pod, fmt.Sprintf("%s/%d", v.Name, i), src.ServiceAccountToken)
+			tok, err = pc.serviceAccountToken(ctx, pod, fmt.Sprintf("%s/%d", v.Name, i), src.ServiceAccountToken)
 			if err == nil {
 				files[src.ServiceAccountToken.Path] = volFile{data: []byte(tok), mode: mode}
 			}
@@ -246,10 +243,10 @@ func tokenNeedsRefresh(issued, expires, now time.Time) bool {
 // serviceAccountToken returns the token of a serviceAccountToken source: a TokenRequest for the
 // Pod's ServiceAccount with the source's audience and expirationSeconds, bound to the Pod,
 // requested again when it needs a refresh.
-func (w *podWorker) serviceAccountToken(ctx context.Context, pod *corev1.Pod, key string, src *corev1.ServiceAccountTokenProjection) (string, error) {
-	w.mu.Lock()
-	t := w.tokens[key]
-	w.mu.Unlock()
+func (pc *Pod) serviceAccountToken(ctx context.Context, pod *corev1.Pod, key string, src *corev1.ServiceAccountTokenProjection) (string, error) {
+	pc.mu.Lock()
+	t := pc.tokens[key]
+	pc.mu.Unlock()
 	now := time.Now()
 	if t != nil && !tokenNeedsRefresh(t.issued, t.expires, now) {
 		return t.token, nil
@@ -271,16 +268,16 @@ func (w *podWorker) serviceAccountToken(ctx context.Context, pod *corev1.Pod, ke
 	}
 	rctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
-	tr, err := w.r.o.Client.CoreV1().ServiceAccounts(pod.Namespace).CreateToken(rctx, sa, &authenticationv1.TokenRequest{Spec: spec}, metav1.CreateOptions{})
+	tr, err := pc.src.Client.CoreV1().ServiceAccounts(pod.Namespace).CreateToken(rctx, sa, &authenticationv1.TokenRequest{Spec: spec}, metav1.CreateOptions{})
 	if err != nil {
 		return "", fmt.Errorf("requesting a token of ServiceAccount %s/%s: %w", pod.Namespace, sa, err)
 	}
 	nt := &projectedToken{token: tr.Status.Token, issued: now, expires: tr.Status.ExpirationTimestamp.Time}
-	w.mu.Lock()
-	w.tokens[key] = nt
-	w.mu.Unlock()
+	pc.mu.Lock()
+	pc.tokens[key] = nt
+	pc.mu.Unlock()
 	if t != nil {
-		w.logf("refreshed the ServiceAccount token of %s (expires %s)", key, nt.expires.Format(time.RFC3339))
+		pc.logf("refreshed the ServiceAccount token of %s (expires %s)", key, nt.expires.Format(time.RFC3339))
 	}
 	return nt.token, nil
 }
