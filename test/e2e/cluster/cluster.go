@@ -21,6 +21,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/renderqueue/renderqueue/test/e2e/cluster/controlplane"
+	"github.com/renderqueue/renderqueue/test/e2e/cluster/kubelet"
 	"github.com/renderqueue/renderqueue/test/e2e/cluster/process"
 	"github.com/renderqueue/renderqueue/test/e2e/cluster/runtime"
 	"github.com/renderqueue/renderqueue/test/e2e/cluster/wait"
@@ -36,7 +37,7 @@ type Options struct {
 	// Binary is the renderqueue binary: the Runner runs it for every image whose repository is
 	// named renderqueue (runtime.RenderqueueImage). Required unless Images maps what the Pods run.
 	Binary string
-	// Images are further image mappings of the Runner (see RunnerOptions.Images).
+	// Images are further image mappings of the Runner (see kubelet.RunnerOptions.Images).
 	Images []runtime.ImageMapping
 	// Dir holds the cluster's state (certificates, etcd data, logs, Pod directories). Required;
 	// the caller removes it.
@@ -82,7 +83,7 @@ type Cluster struct {
 	// Postgres is the throwaway database (nil with SkipPostgres).
 	Postgres *Postgres
 	// Runner plays kubelet and scheduler for the Node (nil with SkipRunner).
-	Runner *Runner
+	Runner *kubelet.Runner
 	// Network is the pod network (nil with SkipRunner).
 	Network *runtime.PodNetwork
 	// Dir is the state directory.
@@ -90,7 +91,7 @@ type Cluster struct {
 
 	o            Options
 	cp           *controlplane.ControlPlane
-	kubelet      *KubeletServer
+	kubeletAPI   *kubelet.Server
 	runnerCancel context.CancelFunc
 	runnerDone   chan struct{}
 
@@ -145,14 +146,14 @@ func Start(ctx context.Context, o Options) (c *Cluster, err error) {
 	if err != nil {
 		return c, err
 	}
-	if c.kubelet, err = NewKubeletServer(cert, cas); err != nil {
+	if c.kubeletAPI, err = kubelet.NewServer(cert, cas); err != nil {
 		return c, err
 	}
-	runner, err := NewRunner(RunnerOptions{
+	runner, err := kubelet.NewRunner(kubelet.RunnerOptions{
 		Client: c.Client, Server: c.cp.URL, Network: c.Network, Binary: o.Binary, Images: o.Images,
 		Dir: filepath.Join(o.Dir, "pods"), Logf: o.Logf, ProcessLog: o.ComponentLog,
 		CrashLoopBackOff: o.CrashLoopBackOff, MaxCrashLoopBackOff: o.MaxCrashLoopBackOff,
-		RetryPeriod: o.RetryPeriod, MaxGrace: o.MaxGrace, Kubelet: c.kubelet,
+		RetryPeriod: o.RetryPeriod, MaxGrace: o.MaxGrace, Kubelet: c.kubeletAPI,
 	})
 	if err != nil {
 		return c, err
@@ -207,9 +208,9 @@ func (c *Cluster) Stop() {
 		<-c.runnerDone
 		c.runnerCancel = nil
 	}
-	if c.kubelet != nil {
-		_ = c.kubelet.Close()
-		c.kubelet = nil
+	if c.kubeletAPI != nil {
+		_ = c.kubeletAPI.Close()
+		c.kubeletAPI = nil
 	}
 	if c.cp != nil {
 		c.cp.Stop()

@@ -23,6 +23,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
 
+	"github.com/renderqueue/renderqueue/test/e2e/cluster/kubelet"
 	"github.com/renderqueue/renderqueue/test/e2e/cluster/process"
 	"github.com/renderqueue/renderqueue/test/e2e/cluster/runtime"
 	"github.com/renderqueue/renderqueue/test/e2e/cluster/wait"
@@ -294,7 +295,7 @@ func TestRunnerPods(t *testing.T) {
 
 	t.Run("secure", func(t *testing.T) {
 		p := eventuallyPod(t, c, "secure", 30*time.Second, "Ready", func(p *corev1.Pod) (bool, string) { return podReady(p), string(p.Status.Phase) })
-		if p.Spec.NodeName != DefaultNodeName || p.Status.Phase != corev1.PodRunning || p.Status.HostIP != "127.0.0.1" {
+		if p.Spec.NodeName != kubelet.DefaultNodeName || p.Status.Phase != corev1.PodRunning || p.Status.HostIP != "127.0.0.1" {
 			t.Errorf("nodeName %q phase %s hostIP %s", p.Spec.NodeName, p.Status.Phase, p.Status.HostIP)
 		}
 		ip, err := netip.ParseAddr(p.Status.PodIP)

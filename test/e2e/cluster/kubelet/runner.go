@@ -1,4 +1,4 @@
-package cluster
+package kubelet
 
 import (
 	"context"
@@ -91,7 +91,7 @@ type RunnerOptions struct {
 	// MaxGrace caps a Pod's termination grace period (0: no cap; the Pod's own period).
 	MaxGrace time.Duration
 	// Kubelet, if set, serves the kubelet API's container logs (kubectl logs) for the Node.
-	Kubelet *KubeletServer
+	Kubelet *Server
 }
 
 // Runner plays kubelet (and the scheduler) for one Node: it registers the Node, binds every

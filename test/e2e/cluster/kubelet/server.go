@@ -1,4 +1,4 @@
-package cluster
+package kubelet
 
 import (
 	"bufio"
@@ -16,13 +16,13 @@ import (
 	"time"
 )
 
-// KubeletServer serves the one part of the kubelet API the API server proxies to that the local
+// Server serves the one part of the kubelet API the API server proxies to that the local
 // runner supports: container logs (GET /containerLogs/NS/POD/CONTAINER, which `kubectl logs`
 // reaches through the API server), with tailLines, limitBytes, previous and follow. exec,
 // attach, port-forward, metrics and stats answer 501. It listens on 127.0.0.1 with TLS and
 // accepts only clients with a certificate of the cluster CA (the API server's kubelet client
 // certificate).
-type KubeletServer struct {
+type Server struct {
 	ln  net.Listener
 	srv *http.Server
 
@@ -30,9 +30,9 @@ type KubeletServer struct {
 	runner *Runner
 }
 
-// NewKubeletServer listens on a free port of 127.0.0.1 with cert, accepting client certificates
+// NewServer listens on a free port of 127.0.0.1 with cert, accepting client certificates
 // signed by clientCAs, and serves until Close.
-func NewKubeletServer(cert tls.Certificate, clientCAs *x509.CertPool) (*KubeletServer, error) {
+func NewServer(cert tls.Certificate, clientCAs *x509.CertPool) (*Server, error) {
 	ln, err := tls.Listen("tcp", "127.0.0.1:0", &tls.Config{
 		Certificates: []tls.Certificate{cert}, ClientCAs: clientCAs, ClientAuth: tls.RequireAndVerifyClientCert,
 		MinVersion: tls.VersionTLS12,
@@ -40,7 +40,7 @@ func NewKubeletServer(cert tls.Certificate, clientCAs *x509.CertPool) (*KubeletS
 	if err != nil {
 		return nil, fmt.Errorf("kubelet API: listening: %w", err)
 	}
-	k := &KubeletServer{ln: ln}
+	k := &Server{ln: ln}
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /containerLogs/{namespace}/{pod}/{container}", k.containerLogs)
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok") })
@@ -53,22 +53,22 @@ func NewKubeletServer(cert tls.Certificate, clientCAs *x509.CertPool) (*KubeletS
 }
 
 // Port is the port the server listens on (the Node's kubeletEndpoint).
-func (k *KubeletServer) Port() int { return k.ln.Addr().(*net.TCPAddr).Port }
+func (k *Server) Port() int { return k.ln.Addr().(*net.TCPAddr).Port }
 
 // Close stops the server.
-func (k *KubeletServer) Close() error {
+func (k *Server) Close() error {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	return k.srv.Shutdown(ctx)
 }
 
-func (k *KubeletServer) setRunner(r *Runner) {
+func (k *Server) setRunner(r *Runner) {
 	k.mu.Lock()
 	k.runner = r
 	k.mu.Unlock()
 }
 
-func (k *KubeletServer) containerLogs(w http.ResponseWriter, req *http.Request) {
+func (k *Server) containerLogs(w http.ResponseWriter, req *http.Request) {
 	k.mu.Lock()
 	r := k.runner
 	k.mu.Unlock()
@@ -125,7 +125,7 @@ func (k *KubeletServer) containerLogs(w http.ResponseWriter, req *http.Request) 
 
 // follow streams what is appended to path until the client goes away, the container's instance
 // changes or the Pod is gone.
-func (k *KubeletServer) follow(ctx context.Context, r *Runner, ns, pod, container, path string, offset int64, out io.Writer, w http.ResponseWriter) {
+func (k *Server) follow(ctx context.Context, r *Runner, ns, pod, container, path string, offset int64, out io.Writer, w http.ResponseWriter) {
 	f, err := os.Open(path)
 	if err != nil {
 		return
