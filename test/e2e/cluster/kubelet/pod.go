@@ -14,6 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/renderqueue/renderqueue/test/e2e/cluster/kubelet/containerworker"
 	"github.com/renderqueue/renderqueue/test/e2e/cluster/kubelet/podconfig"
 	"github.com/renderqueue/renderqueue/test/e2e/cluster/runtime"
 	"github.com/renderqueue/renderqueue/test/e2e/cluster/wait"
@@ -46,8 +47,8 @@ type podWorker struct {
 	podIP      string
 	startTime  *metav1.Time
 	sandbox    bool // IP and directory ready
-	inits      []*containerWorker
-	apps       []*containerWorker
+	inits      []*containerworker.Worker
+	apps       []*containerworker.Worker
 	initsDone  bool
 	phase      corev1.PodPhase // a terminal phase once reached
 	reason     string          // status.reason and message (DeadlineExceeded)
@@ -67,14 +68,14 @@ func newPodWorker(r *Runner, pod *corev1.Pod) *podWorker {
 		ignored: map[string]bool{},
 	}
 	w.config = podconfig.New(r.configSources, pod.Namespace, w.dir, w.noteIgnored, w.logf)
+	cp := containerPod{w}
 	for _, c := range pod.Spec.InitContainers {
-		sidecar := c.RestartPolicy != nil && *c.RestartPolicy == corev1.ContainerRestartPolicyAlways
-		w.inits = append(w.inits, newContainerWorker(w, c, true, sidecar))
+		w.inits = append(w.inits, containerworker.New(&r.containers, cp, c, true))
 	}
 	for _, c := range pod.Spec.Containers {
-		cw := newContainerWorker(w, c, false, false)
+		cw := containerworker.New(&r.containers, cp, c, false)
 		if len(w.inits) > 0 {
-			cw.state.Waiting.Reason = "PodInitializing"
+			cw.Initializing()
 		}
 		w.apps = append(w.apps, cw)
 	}
@@ -99,14 +100,6 @@ func (w *podWorker) currentIP() string {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.podIP
-}
-
-func (w *podWorker) restartPolicy() corev1.RestartPolicy {
-	p := w.currentPod().Spec.RestartPolicy
-	if p == "" {
-		return corev1.RestartPolicyAlways
-	}
-	return p
 }
 
 // update takes a newer version of the Pod.
@@ -165,28 +158,6 @@ func (w *podWorker) statusChanged() {
 	case w.statusCh <- struct{}{}:
 	default:
 	}
-}
-
-// grace is the termination grace period: the Pod's deletion grace period when it is being
-// deleted, else the probe's or the Pod's terminationGracePeriodSeconds (default 30s), capped by
-// RunnerOptions.MaxGrace.
-func (w *podWorker) grace(probe *corev1.Probe) time.Duration {
-	pod := w.currentPod()
-	secs := int64(corev1.DefaultTerminationGracePeriodSeconds)
-	if pod.Spec.TerminationGracePeriodSeconds != nil {
-		secs = *pod.Spec.TerminationGracePeriodSeconds
-	}
-	if probe != nil && probe.TerminationGracePeriodSeconds != nil {
-		secs = *probe.TerminationGracePeriodSeconds
-	}
-	if pod.DeletionGracePeriodSeconds != nil {
-		secs = *pod.DeletionGracePeriodSeconds
-	}
-	g := time.Duration(secs) * time.Second
-	if max := w.r.o.MaxGrace; max > 0 && g > max {
-		g = max
-	}
-	return g
 }
 
 // run is the Pod's life on the Node.
@@ -338,17 +309,14 @@ func (w *podWorker) syncVolumesLoop(ctx context.Context) {
 // runs until sideCtx ends). False when the Pod stopped or failed first.
 func (w *podWorker) runInits(ctx, sideCtx context.Context, sidecars *sync.WaitGroup) bool {
 	for _, c := range w.inits {
-		if c.sidecar {
+		if c.Sidecar() {
 			sidecars.Add(1)
 			go func() {
 				defer sidecars.Done()
-				c.run(sideCtx)
+				c.Run(sideCtx)
 			}()
 			for {
-				c.mu.Lock()
-				started := c.started
-				c.mu.Unlock()
-				if started {
+				if c.Started() {
 					break
 				}
 				if !wait.Sleep(ctx, 100*time.Millisecond, nil) {
@@ -357,7 +325,7 @@ func (w *podWorker) runInits(ctx, sideCtx context.Context, sidecars *sync.WaitGr
 			}
 			continue
 		}
-		finished, code := c.run(ctx)
+		finished, code := c.Run(ctx)
 		if !finished {
 			return false
 		}
@@ -385,7 +353,7 @@ func (w *podWorker) runApps(ctx context.Context, wg *sync.WaitGroup) {
 		go func() {
 			defer wg.Done()
 			defer apps.Done()
-			finished, code := c.run(ctx)
+			finished, code := c.Run(ctx)
 			if finished && code != 0 {
 				mu.Lock()
 				failed = true
@@ -439,7 +407,7 @@ func (w *podWorker) stopContainers(apps, sidecars *sync.WaitGroup, stopSidecars 
 }
 
 // firstApp is the first app container.
-func (w *podWorker) firstApp() *containerWorker {
+func (w *podWorker) firstApp() *containerworker.Worker {
 	if len(w.apps) == 0 {
 		return nil
 	}
@@ -453,20 +421,15 @@ func (w *podWorker) describe() []PodProcess {
 	w.mu.Unlock()
 	var out []PodProcess
 	for _, c := range w.apps {
-		c.mu.Lock()
-		p := PodProcess{Namespace: w.namespace, Name: w.name, UID: w.uid, Container: c.spec.Name, IP: ip}
-		if n := len(c.logPaths); n > 0 {
-			p.LogPath = c.logPaths[n-1]
+		p := PodProcess{Namespace: w.namespace, Name: w.name, UID: w.uid, Container: c.Name(), IP: ip, Restarts: c.Restarts()}
+		if logPaths := c.LogPaths(); len(logPaths) > 0 {
+			p.LogPath = logPaths[len(logPaths)-1]
 		}
-		if c.instances > 1 {
-			p.Restarts = c.instances - 1
-		}
-		if c.proc != nil {
-			if exited, _ := c.proc.Exited(); !exited {
-				p.Pid = c.proc.Pid()
+		if proc := c.Proc(); proc != nil {
+			if exited, _ := proc.Exited(); !exited {
+				p.Pid = proc.Pid()
 			}
 		}
-		c.mu.Unlock()
 		out = append(out, p)
 	}
 	return out
@@ -474,22 +437,21 @@ func (w *podWorker) describe() []PodProcess {
 
 // logPath is the log of a container's current or previous instance.
 func (w *podWorker) logPath(container string, previous bool) (string, error) {
-	for _, c := range append(append([]*containerWorker{}, w.inits...), w.apps...) {
-		if c.spec.Name != container {
+	for _, c := range append(append([]*containerworker.Worker{}, w.inits...), w.apps...) {
+		if c.Name() != container {
 			continue
 		}
-		c.mu.Lock()
-		defer c.mu.Unlock()
-		n := len(c.logPaths)
+		logPaths := c.LogPaths()
+		n := len(logPaths)
 		switch {
 		case previous && n >= 2:
-			return c.logPaths[n-2], nil
+			return logPaths[n-2], nil
 		case previous:
 			return "", fmt.Errorf("previous terminated container %q in pod %q not found", container, w.name)
 		case n == 0:
 			return "", fmt.Errorf("container %q in pod %q is waiting to start", container, w.name)
 		}
-		return c.logPaths[n-1], nil
+		return logPaths[n-1], nil
 	}
 	return "", fmt.Errorf("container %s is not valid for pod %s", container, w.name)
 }
@@ -550,3 +512,19 @@ func (w *podWorker) wasDeleted() (deleting, finalized bool) {
 	defer w.mu.Unlock()
 	return w.deleting, w.finalized
 }
+
+// containerPod is the Pod as its containers' workers see it.
+type containerPod struct{ w *podWorker }
+
+func (p containerPod) Current() *corev1.Pod { return p.w.currentPod() }
+func (p containerPod) IP() string           { return p.w.currentIP() }
+func (p containerPod) Dir() string          { return p.w.dir }
+func (p containerPod) Config(spec corev1.Container, img runtime.Image) (*runtime.ContainerConfig, error) {
+	return p.w.config.Container(p.w.currentPod(), p.w.currentIP(), spec, img)
+}
+func (p containerPod) Kicked() <-chan struct{} { return p.w.kickCh() }
+func (p containerPod) StatusChanged()          { p.w.statusChanged() }
+func (p containerPod) NoteIgnored(key, format string, args ...any) {
+	p.w.noteIgnored(key, format, args...)
+}
+func (p containerPod) Logf(format string, args ...any) { p.w.logf(format, args...) }

@@ -29,6 +29,7 @@ import (
 	"k8s.io/client-go/tools/record"
 	"k8s.io/client-go/util/flowcontrol"
 
+	"github.com/renderqueue/renderqueue/test/e2e/cluster/kubelet/containerworker"
 	"github.com/renderqueue/renderqueue/test/e2e/cluster/kubelet/podconfig"
 	"github.com/renderqueue/renderqueue/test/e2e/cluster/runtime"
 )
@@ -102,12 +103,13 @@ type RunnerOptions struct {
 // as an event of the Pod.
 type Runner struct {
 	o         RunnerOptions
-	backoff   *flowcontrol.Backoff
 	recorder  record.EventRecorder
 	scheduler record.EventRecorder
 	// configSources are where the Pods' configuration comes from (complete once Run has synced
 	// the caches).
 	configSources podconfig.Sources
+	// containers is what the containers' workers share (complete once Run has begun).
+	containers containerworker.Node
 
 	mu      sync.Mutex
 	workers map[types.UID]*podWorker
@@ -177,8 +179,12 @@ func NewRunner(o RunnerOptions) (*Runner, error) {
 	return &Runner{
 		o:             o,
 		configSources: podconfig.Sources{Client: o.Client, APIHost: u.Hostname(), APIPort: u.Port()},
-		backoff:       flowcontrol.NewBackOff(o.CrashLoopBackOff, o.MaxCrashLoopBackOff),
-		workers:       map[types.UID]*podWorker{}, noted: map[types.UID]string{}, binding: map[types.UID]bool{},
+		containers: containerworker.Node{
+			Images:      o.Images,
+			Backoff:     flowcontrol.NewBackOff(o.CrashLoopBackOff, o.MaxCrashLoopBackOff),
+			RetryPeriod: o.RetryPeriod, MaxGrace: o.MaxGrace, ProcessLog: o.ProcessLog,
+		},
+		workers: map[types.UID]*podWorker{}, noted: map[types.UID]string{}, binding: map[types.UID]bool{},
 		finished: map[types.UID]string{},
 	}, nil
 }
@@ -202,6 +208,7 @@ func (r *Runner) Run(ctx context.Context) error {
 	r.configSources.Secrets = factory.Core().V1().Secrets().Lister()
 	r.configSources.ConfigMaps = factory.Core().V1().ConfigMaps().Lister()
 	r.configSources.Recorder = r.recorder
+	r.containers.Recorder = r.recorder
 	kickNamespace := func(obj any) {
 		if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
 			obj = d.Obj
@@ -609,9 +616,7 @@ func (r *Runner) KillPod(namespace, name string, sig syscall.Signal) (int, error
 	if c == nil {
 		return 0, fmt.Errorf("runner: pod %s/%s has no containers", namespace, name)
 	}
-	c.mu.Lock()
-	proc := c.proc
-	c.mu.Unlock()
+	proc := c.Proc()
 	if proc == nil {
 		return 0, fmt.Errorf("runner: pod %s/%s has no running process", namespace, name)
 	}

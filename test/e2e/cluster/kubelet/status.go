@@ -15,10 +15,10 @@ import (
 func (w *podWorker) buildStatus() corev1.PodStatus {
 	var inits, apps []corev1.ContainerStatus
 	for _, c := range w.inits {
-		inits = append(inits, c.status())
+		inits = append(inits, c.Status())
 	}
 	for _, c := range w.apps {
-		apps = append(apps, c.status())
+		apps = append(apps, c.Status())
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -43,7 +43,7 @@ func (w *podWorker) buildStatus() corev1.PodStatus {
 
 	var incomplete, unready []string
 	for i, s := range inits {
-		if w.inits[i].sidecar {
+		if w.inits[i].Sidecar() {
 			if s.Started == nil || !*s.Started {
 				incomplete = append(incomplete, s.Name)
 			}

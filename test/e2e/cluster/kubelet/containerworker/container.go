@@ -1,4 +1,4 @@
-package kubelet
+package containerworker
 
 import (
 	"context"
@@ -20,10 +20,11 @@ import (
 	"github.com/renderqueue/renderqueue/test/e2e/cluster/wait"
 )
 
-// containerWorker runs one container of a Pod: starts it, probes it, restarts it per the restart
-// policy with kubelet's back-off, and keeps its status.
-type containerWorker struct {
-	w       *podWorker
+// Worker runs one container of a Pod: starts it, probes it, restarts it per the restart policy
+// with kubelet's back-off, and keeps its status.
+type Worker struct {
+	node    *Node
+	pod     Pod
 	spec    corev1.Container
 	init    bool // an init container
 	sidecar bool // an init container with restartPolicy Always
@@ -43,17 +44,64 @@ type containerWorker struct {
 	killCh       chan killRequest // a failed liveness/startup probe asks for a kill
 }
 
-func newContainerWorker(w *podWorker, spec corev1.Container, init, sidecar bool) *containerWorker {
-	return &containerWorker{
-		w: w, spec: spec, init: init, sidecar: sidecar,
+// New returns the worker of the container spec of pod on node: an init container when init is
+// true (a sidecar when it also has restartPolicy Always), else an app container. Run runs it.
+func New(node *Node, pod Pod, spec corev1.Container, init bool) *Worker {
+	sidecar := init && spec.RestartPolicy != nil && *spec.RestartPolicy == corev1.ContainerRestartPolicyAlways
+	return &Worker{
+		node: node, pod: pod, spec: spec, init: init, sidecar: sidecar,
 		state:  corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: "ContainerCreating"}},
 		killCh: make(chan killRequest, 1),
 	}
 }
 
+// Initializing shows an app container as waiting for the Pod's init containers (PodInitializing)
+// rather than ContainerCreating. Call it before Run.
+func (c *Worker) Initializing() {
+	c.mu.Lock()
+	c.state.Waiting.Reason = "PodInitializing"
+	c.mu.Unlock()
+}
+
+// Name is the container's name.
+func (c *Worker) Name() string { return c.spec.Name }
+
+// Sidecar reports whether the container is a sidecar: an init container with restartPolicy
+// Always, which runs alongside the app containers and stops after them.
+func (c *Worker) Sidecar() bool { return c.sidecar }
+
+// Started reports whether the running instance has started (its startup probe, if any, has
+// succeeded).
+func (c *Worker) Started() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.started
+}
+
+// Proc is the running instance's process (nil between instances).
+func (c *Worker) Proc() *process.Process {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.proc
+}
+
+// LogPaths are the log files of the container's instances, the current (or last) one last.
+func (c *Worker) LogPaths() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]string(nil), c.logPaths...)
+}
+
+// Restarts is the container's restart count.
+func (c *Worker) Restarts() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return max(c.instances-1, 0)
+}
+
 // ref is the event reference of the container.
-func (c *containerWorker) ref() *corev1.ObjectReference {
-	pod := c.w.currentPod()
+func (c *Worker) ref() *corev1.ObjectReference {
+	pod := c.pod.Current()
 	field := fmt.Sprintf("spec.containers{%s}", c.spec.Name)
 	if c.init {
 		field = fmt.Sprintf("spec.initContainers{%s}", c.spec.Name)
@@ -62,29 +110,32 @@ func (c *containerWorker) ref() *corev1.ObjectReference {
 		ResourceVersion: pod.ResourceVersion, FieldPath: field}
 }
 
-func (c *containerWorker) event(typ, reason, format string, args ...any) {
-	c.w.r.recorder.Eventf(c.ref(), typ, reason, format, args...)
+func (c *Worker) event(typ, reason, format string, args ...any) {
+	c.node.Recorder.Eventf(c.ref(), typ, reason, format, args...)
 }
 
-func (c *containerWorker) logf(format string, args ...any) {
-	c.w.logf("container %s: %s", c.spec.Name, fmt.Sprintf(format, args...))
+func (c *Worker) logf(format string, args ...any) {
+	c.pod.Logf("container %s: %s", c.spec.Name, fmt.Sprintf(format, args...))
 }
 
 // setWaiting shows the container waiting with reason and message.
-func (c *containerWorker) setWaiting(reason, msg string) {
+func (c *Worker) setWaiting(reason, msg string) {
 	c.mu.Lock()
 	c.state = corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: reason, Message: msg}}
 	c.ready, c.started = false, false
 	c.mu.Unlock()
-	c.w.statusChanged()
+	c.pod.StatusChanged()
 }
 
 // restartAfter reports whether a container that exited with code restarts.
-func (c *containerWorker) restartAfter(code int) bool {
+func (c *Worker) restartAfter(code int) bool {
 	if c.sidecar {
 		return true
 	}
-	policy := c.w.restartPolicy()
+	policy := c.pod.Current().Spec.RestartPolicy
+	if policy == "" {
+		policy = corev1.RestartPolicyAlways
+	}
 	if c.init {
 		return code != 0 && policy != corev1.RestartPolicyNever
 	}
@@ -97,24 +148,52 @@ func (c *containerWorker) restartAfter(code int) bool {
 	return true
 }
 
-// backoffKey identifies the container in the runner's back-off (as kubelet's key does).
-func (c *containerWorker) backoffKey() string {
-	return fmt.Sprintf("%s_%s_%s_%s", c.w.namespace, c.w.name, c.w.uid, c.spec.Name)
+// backoffKey identifies the container in the Node's back-off (as kubelet's key does).
+func (c *Worker) backoffKey() string {
+	pod := c.pod.Current()
+	return fmt.Sprintf("%s_%s_%s_%s", pod.Namespace, pod.Name, pod.UID, c.spec.Name)
 }
 
-// run is the container's life until it exits for good (the restart policy says no more; code is
+// podFormat is kubelet's format.Pod: name_namespace(uid).
+func (c *Worker) podFormat() string {
+	pod := c.pod.Current()
+	return fmt.Sprintf("%s_%s(%s)", pod.Name, pod.Namespace, pod.UID)
+}
+
+// grace is the termination grace period: the Pod's deletion grace period when it is being
+// deleted, else the probe's or the Pod's terminationGracePeriodSeconds (default 30s), capped by
+// Node.MaxGrace.
+func (c *Worker) grace(probe *corev1.Probe) time.Duration {
+	pod := c.pod.Current()
+	secs := int64(corev1.DefaultTerminationGracePeriodSeconds)
+	if pod.Spec.TerminationGracePeriodSeconds != nil {
+		secs = *pod.Spec.TerminationGracePeriodSeconds
+	}
+	if probe != nil && probe.TerminationGracePeriodSeconds != nil {
+		secs = *probe.TerminationGracePeriodSeconds
+	}
+	if pod.DeletionGracePeriodSeconds != nil {
+		secs = *pod.DeletionGracePeriodSeconds
+	}
+	g := time.Duration(secs) * time.Second
+	if max := c.node.MaxGrace; max > 0 && g > max {
+		g = max
+	}
+	return g
+}
+
+// Run is the container's life until it exits for good (the restart policy says no more; code is
 // its last exit code) or ctx ends (the Pod stops; the running instance is stopped with
 // the Pod's grace period first).
-func (c *containerWorker) run(ctx context.Context) (finished bool, code int) {
-	r := c.w.r
+func (c *Worker) Run(ctx context.Context) (finished bool, code int) {
 	pulledEvent := false
 	for {
 		if ctx.Err() != nil {
 			return false, 0
 		}
-		m, ok := runtime.Images(r.o.Images).Find(c.spec.Image)
+		m, ok := c.node.Images.Find(c.spec.Image)
 		if !ok {
-			msg := fmt.Sprintf("image %q is not mapped to a local program by the local pod runner (it knows: %s; see RunnerOptions.Images)", c.spec.Image, runtime.Images(r.o.Images).Names())
+			msg := fmt.Sprintf("image %q is not mapped to a local program by the local pod runner (it knows: %s; see RunnerOptions.Images)", c.spec.Image, c.node.Images.Names())
 			c.setWaiting("ErrImagePull", msg)
 			c.event(corev1.EventTypeWarning, "Failed", "Failed to pull image %q: %s", c.spec.Image, msg)
 			c.logf("ErrImagePull: %s", msg)
@@ -137,27 +216,27 @@ func (c *containerWorker) run(ctx context.Context) (finished bool, code int) {
 		c.mu.Unlock()
 		if !finishedAt.IsZero() {
 			key := c.backoffKey()
-			if r.backoff.IsInBackOffSince(key, finishedAt) {
-				d := r.backoff.Get(key)
-				msg := fmt.Sprintf("back-off %s restarting failed container=%s pod=%s", d, c.spec.Name, c.w.format())
+			if c.node.Backoff.IsInBackOffSince(key, finishedAt) {
+				d := c.node.Backoff.Get(key)
+				msg := fmt.Sprintf("back-off %s restarting failed container=%s pod=%s", d, c.spec.Name, c.podFormat())
 				c.setWaiting("CrashLoopBackOff", msg)
-				c.event(corev1.EventTypeWarning, "BackOff", "Back-off restarting failed container %s in pod %s", c.spec.Name, c.w.format())
+				c.event(corev1.EventTypeWarning, "BackOff", "Back-off restarting failed container %s in pod %s", c.spec.Name, c.podFormat())
 				if !wait.Sleep(ctx, time.Until(finishedAt.Add(d)), nil) {
 					return false, 0
 				}
 				continue
 			}
-			r.backoff.Next(key, finishedAt)
+			c.node.Backoff.Next(key, finishedAt)
 		}
 
-		cfg, err := c.w.config.Container(c.w.currentPod(), c.w.currentIP(), c.spec, m.Image)
+		cfg, err := c.pod.Config(c.spec, m.Image)
 		if err != nil {
 			var ce *podconfig.ConfigError
 			if errors.As(err, &ce) {
 				c.setWaiting(ce.Reason, ce.Message)
 				c.event(corev1.EventTypeWarning, "Failed", "Error: %s", ce.Message)
 				c.logf("%s: %s (retrying)", ce.Reason, ce.Message)
-				if !wait.Sleep(ctx, r.o.RetryPeriod, c.w.kickCh()) {
+				if !wait.Sleep(ctx, c.node.RetryPeriod, c.pod.Kicked()) {
 					return false, 0
 				}
 				continue
@@ -178,23 +257,23 @@ func (c *containerWorker) run(ctx context.Context) (finished bool, code int) {
 			c.state = corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: "RunContainerError", Message: term.Message}}
 		}
 		c.mu.Unlock()
-		c.w.statusChanged()
+		c.pod.StatusChanged()
 	}
 }
 
 // runInstance starts one instance (or records why it could not start) and supervises it until it
 // exits: the container's state is then its termination, which is returned. again is false when
 // ctx ended (the instance was stopped).
-func (c *containerWorker) runInstance(ctx context.Context, cfg *runtime.ContainerConfig, cfgErr error) (term *corev1.ContainerStateTerminated, again bool) {
-	r := c.w.r
+func (c *Worker) runInstance(ctx context.Context, cfg *runtime.ContainerConfig, cfgErr error) (term *corev1.ContainerStateTerminated, again bool) {
+	pod := c.pod.Current()
 	if ctx.Err() != nil {
 		return nil, false
 	}
 	c.mu.Lock()
 	c.instances++
 	n := c.instances - 1
-	c.containerID = fmt.Sprintf("local://%s-%s-%d", c.w.uid, c.spec.Name, n)
-	cdir := filepath.Join(c.w.dir, "containers", c.spec.Name)
+	c.containerID = fmt.Sprintf("local://%s-%s-%d", pod.UID, c.spec.Name, n)
+	cdir := filepath.Join(c.pod.Dir(), "containers", c.spec.Name)
 	logPath := filepath.Join(cdir, fmt.Sprintf("%d.log", n))
 	c.logPaths = append(c.logPaths, logPath)
 	c.mu.Unlock()
@@ -219,8 +298,8 @@ func (c *containerWorker) runInstance(ctx context.Context, cfg *runtime.Containe
 			tp = corev1.TerminationMessagePathDefault
 		}
 		cfg.Mounts = append(cfg.Mounts, runtime.BindMount{Src: termPath, Dst: path.Clean(tp), File: true, Mode: runtime.ReadWrite})
-		name := c.w.name + "/" + c.spec.Name
-		proc, err = runtime.StartContainer(name, cfg, filepath.Join(cdir, "root"), filepath.Join(cdir, "layer"), logPath, r.o.ProcessLog)
+		name := pod.Name + "/" + c.spec.Name
+		proc, err = runtime.StartContainer(name, cfg, filepath.Join(cdir, "root"), filepath.Join(cdir, "layer"), logPath, c.node.ProcessLog)
 	}
 	if err != nil {
 		now := metav1.Now()
@@ -232,7 +311,7 @@ func (c *containerWorker) runInstance(ctx context.Context, cfg *runtime.Containe
 		c.state = corev1.ContainerState{Terminated: term}
 		c.lastFinished = now.Time
 		c.mu.Unlock()
-		c.w.statusChanged()
+		c.pod.StatusChanged()
 		c.event(corev1.EventTypeWarning, "Failed", "Error: %v", err)
 		c.logf("could not start: %v", err)
 		return term, ctx.Err() == nil
@@ -251,7 +330,7 @@ func (c *containerWorker) runInstance(ctx context.Context, cfg *runtime.Containe
 	default:
 	}
 	c.mu.Unlock()
-	c.w.statusChanged()
+	c.pod.StatusChanged()
 	c.event(corev1.EventTypeNormal, "Created", "Created container %s", c.spec.Name)
 	c.event(corev1.EventTypeNormal, "Started", "Started container %s", c.spec.Name)
 	c.logf("started pid %d (instance %d): %s", proc.Pid(), n, strings.Join(cfg.Argv, " "))
@@ -266,9 +345,9 @@ func (c *containerWorker) runInstance(ctx context.Context, cfg *runtime.Containe
 		// The Pod stops: its grace period (the deletion's, when it is being deleted).
 		stopped = true
 		c.event(corev1.EventTypeNormal, "Killing", "Stopping container %s", c.spec.Name)
-		proc.Stop(c.w.grace(nil))
+		proc.Stop(c.grace(nil))
 	case k := <-c.killCh:
-		grace := c.w.grace(k.probe)
+		grace := c.grace(k.probe)
 		c.event(corev1.EventTypeNormal, "Killing", "Container %s %s, will be restarted", c.spec.Name, k.why)
 		c.logf("%s: killing it (grace %s)", k.why, grace)
 		proc.Stop(grace)
@@ -291,7 +370,7 @@ func (c *containerWorker) runInstance(ctx context.Context, cfg *runtime.Containe
 	c.state = corev1.ContainerState{Terminated: term}
 	c.lastFinished = term.FinishedAt.Time
 	c.mu.Unlock()
-	c.w.statusChanged()
+	c.pod.StatusChanged()
 	c.logf("pid %d exited with code %d", proc.Pid(), code)
 	return term, !stopped
 }
@@ -336,8 +415,8 @@ func logTail(b []byte, n, max int) string {
 	return out
 }
 
-// status is the container's ContainerStatus.
-func (c *containerWorker) status() corev1.ContainerStatus {
+// Status is the container's ContainerStatus.
+func (c *Worker) Status() corev1.ContainerStatus {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	restarts := int32(0)

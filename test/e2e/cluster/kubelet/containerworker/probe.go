@@ -1,4 +1,4 @@
-package kubelet
+package containerworker
 
 import (
 	"context"
@@ -34,7 +34,7 @@ const (
 // wait for the startup probe to succeed. A failed liveness probe, or a startup probe that
 // failed failureThreshold times, asks for the container to be killed (and restarted per the
 // restart policy).
-func (c *containerWorker) startProbes(ctx context.Context, wg *sync.WaitGroup, start time.Time) {
+func (c *Worker) startProbes(ctx context.Context, wg *sync.WaitGroup, start time.Time) {
 	for _, p := range []struct {
 		kind  probeKind
 		probe *corev1.Probe
@@ -59,7 +59,7 @@ func (c *containerWorker) startProbes(ctx context.Context, wg *sync.WaitGroup, s
 }
 
 // readyWhenStarted makes a container without a readiness probe ready once it has started.
-func (c *containerWorker) readyWhenStarted(ctx context.Context) {
+func (c *Worker) readyWhenStarted(ctx context.Context) {
 	for {
 		c.mu.Lock()
 		started := c.started
@@ -68,7 +68,7 @@ func (c *containerWorker) readyWhenStarted(ctx context.Context) {
 		}
 		c.mu.Unlock()
 		if started {
-			c.w.statusChanged()
+			c.pod.StatusChanged()
 			return
 		}
 		if !wait.Sleep(ctx, 100*time.Millisecond, nil) {
@@ -77,7 +77,7 @@ func (c *containerWorker) readyWhenStarted(ctx context.Context) {
 	}
 }
 
-func (c *containerWorker) probeLoop(ctx context.Context, kind probeKind, p *corev1.Probe, start time.Time) {
+func (c *Worker) probeLoop(ctx context.Context, kind probeKind, p *corev1.Probe, start time.Time) {
 	period := time.Duration(max(p.PeriodSeconds, 1)) * time.Second
 	success, failure := int(max(p.SuccessThreshold, 1)), int(max(p.FailureThreshold, 1))
 	initialDelay := time.Duration(p.InitialDelaySeconds) * time.Second
@@ -118,7 +118,7 @@ func (c *containerWorker) probeLoop(ctx context.Context, kind probeKind, p *core
 				c.mu.Lock()
 				c.started = true
 				c.mu.Unlock()
-				c.w.statusChanged()
+				c.pod.StatusChanged()
 				return
 			}
 			if failures >= failure {
@@ -135,7 +135,7 @@ func (c *containerWorker) probeLoop(ctx context.Context, kind probeKind, p *core
 			}
 			c.mu.Unlock()
 			if changed {
-				c.w.statusChanged()
+				c.pod.StatusChanged()
 			}
 		case probeLiveness:
 			if failures >= failure {
@@ -146,7 +146,7 @@ func (c *containerWorker) probeLoop(ctx context.Context, kind probeKind, p *core
 	}
 }
 
-func (c *containerWorker) askKill(why string, p *corev1.Probe) {
+func (c *Worker) askKill(why string, p *corev1.Probe) {
 	select {
 	case c.killCh <- killRequest{why: why, probe: p}:
 	default:
@@ -156,13 +156,11 @@ func (c *containerWorker) askKill(why string, p *corev1.Probe) {
 // probeOnce runs one probe: httpGet (http or https, without certificate verification, as
 // kubelet) or tcpSocket. exec and grpc probes are not honoured: they count as successes (noted
 // once per Pod).
-func (c *containerWorker) probeOnce(ctx context.Context, kind probeKind, p *corev1.Probe) (bool, string) {
+func (c *Worker) probeOnce(ctx context.Context, kind probeKind, p *corev1.Probe) (bool, string) {
 	timeout := time.Duration(max(p.TimeoutSeconds, 1)) * time.Second
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	c.w.mu.Lock()
-	podIP := c.w.podIP
-	c.w.mu.Unlock()
+	podIP := c.pod.IP()
 	switch {
 	case p.HTTPGet != nil:
 		g := p.HTTPGet
@@ -236,12 +234,12 @@ func (c *containerWorker) probeOnce(ctx context.Context, kind probeKind, p *core
 	if p.GRPC != nil {
 		what = "grpc"
 	}
-	c.w.noteIgnored(fmt.Sprintf("probe:%s:%s", c.spec.Name, kind), "container %s: %s %s probe not honoured: counted as succeeding", c.spec.Name, kind, what)
+	c.pod.NoteIgnored(fmt.Sprintf("probe:%s:%s", c.spec.Name, kind), "container %s: %s %s probe not honoured: counted as succeeding", c.spec.Name, kind, what)
 	return true, ""
 }
 
 // probePort resolves a probe's port: a number, or the name of a container port.
-func (c *containerWorker) probePort(p intstr.IntOrString) (int, error) {
+func (c *Worker) probePort(p intstr.IntOrString) (int, error) {
 	if p.Type == intstr.Int {
 		return p.IntValue(), nil
 	}
