@@ -31,6 +31,7 @@ import (
 
 	"github.com/renderqueue/renderqueue/test/e2e/cluster/kubelet/containerworker"
 	"github.com/renderqueue/renderqueue/test/e2e/cluster/kubelet/podconfig"
+	"github.com/renderqueue/renderqueue/test/e2e/cluster/kubelet/podworker"
 	"github.com/renderqueue/renderqueue/test/e2e/cluster/runtime"
 )
 
@@ -105,14 +106,11 @@ type Runner struct {
 	o         RunnerOptions
 	recorder  record.EventRecorder
 	scheduler record.EventRecorder
-	// configSources are where the Pods' configuration comes from (complete once Run has synced
-	// the caches).
-	configSources podconfig.Sources
-	// containers is what the containers' workers share (complete once Run has begun).
-	containers containerworker.Node
+	// node is what the Pods' workers share (complete once Run has synced the caches).
+	node podworker.Node
 
 	mu      sync.Mutex
-	workers map[types.UID]*podWorker
+	workers map[types.UID]*podworker.Worker
 	noted   map[types.UID]string // what was logged about a Pod that is not run (binding, other node)
 	// finished holds the Pods whose worker ended (terminal phase, or the runner stopped them):
 	// they are never run again, only deleted for good once marked for deletion.
@@ -177,14 +175,18 @@ func NewRunner(o RunnerOptions) (*Runner, error) {
 		return nil, fmt.Errorf("runner: %w", err)
 	}
 	return &Runner{
-		o:             o,
-		configSources: podconfig.Sources{Client: o.Client, APIHost: u.Hostname(), APIPort: u.Port()},
-		containers: containerworker.Node{
-			Images:      o.Images,
-			Backoff:     flowcontrol.NewBackOff(o.CrashLoopBackOff, o.MaxCrashLoopBackOff),
-			RetryPeriod: o.RetryPeriod, MaxGrace: o.MaxGrace, ProcessLog: o.ProcessLog,
+		o: o,
+		node: podworker.Node{
+			Client: o.Client, Network: o.Network, Logf: o.Logf,
+			RetryPeriod: o.RetryPeriod, VolumeSyncPeriod: o.VolumeSyncPeriod,
+			Config: podconfig.Sources{Client: o.Client, APIHost: u.Hostname(), APIPort: u.Port()},
+			Containers: containerworker.Node{
+				Images:      o.Images,
+				Backoff:     flowcontrol.NewBackOff(o.CrashLoopBackOff, o.MaxCrashLoopBackOff),
+				RetryPeriod: o.RetryPeriod, MaxGrace: o.MaxGrace, ProcessLog: o.ProcessLog,
+			},
 		},
-		workers: map[types.UID]*podWorker{}, noted: map[types.UID]string{}, binding: map[types.UID]bool{},
+		workers: map[types.UID]*podworker.Worker{}, noted: map[types.UID]string{}, binding: map[types.UID]bool{},
 		finished: map[types.UID]string{},
 	}, nil
 }
@@ -205,10 +207,9 @@ func (r *Runner) Run(ctx context.Context) error {
 	r.scheduler = broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "default-scheduler"})
 
 	factory := informers.NewSharedInformerFactory(r.o.Client, 0)
-	r.configSources.Secrets = factory.Core().V1().Secrets().Lister()
-	r.configSources.ConfigMaps = factory.Core().V1().ConfigMaps().Lister()
-	r.configSources.Recorder = r.recorder
-	r.containers.Recorder = r.recorder
+	r.node.Recorder, r.node.Config.Recorder, r.node.Containers.Recorder = r.recorder, r.recorder, r.recorder
+	r.node.Config.Secrets = factory.Core().V1().Secrets().Lister()
+	r.node.Config.ConfigMaps = factory.Core().V1().ConfigMaps().Lister()
 	kickNamespace := func(obj any) {
 		if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
 			obj = d.Obj
@@ -254,16 +255,16 @@ func (r *Runner) Run(ctx context.Context) error {
 	<-ctx.Done()
 	factory.Shutdown()
 	r.mu.Lock()
-	ws := make([]*podWorker, 0, len(r.workers))
+	ws := make([]*podworker.Worker, 0, len(r.workers))
 	for _, w := range r.workers {
 		ws = append(ws, w)
 	}
 	r.mu.Unlock()
 	for _, w := range ws {
-		w.requestStop(false)
+		w.Stop(false)
 	}
 	for _, w := range ws {
-		<-w.done
+		<-w.Done()
 	}
 	r.wg.Wait()
 	return nil
@@ -358,7 +359,7 @@ func (r *Runner) observe(ctx context.Context, obj any) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if w, ok := r.workers[pod.UID]; ok {
-		w.update(pod)
+		w.Update(pod)
 		return
 	}
 	dir, finished := r.finished[pod.UID]
@@ -367,7 +368,7 @@ func (r *Runner) observe(ctx context.Context, obj any) {
 		r.wg.Add(1)
 		go func() {
 			defer r.wg.Done()
-			r.finalDelete(pod.Namespace, pod.Name, pod.UID)
+			r.node.FinalDelete(pod.Namespace, pod.Name, pod.UID)
 			if dir != "" {
 				if err := os.RemoveAll(dir); err != nil {
 					r.o.Logf("runner: removing %s: %v", dir, err)
@@ -379,27 +380,27 @@ func (r *Runner) observe(ctx context.Context, obj any) {
 	if finished || pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed {
 		return
 	}
-	w := newPodWorker(r, pod)
+	w := podworker.New(&r.node, pod, r.podDir(pod))
 	r.workers[pod.UID] = w
 	r.wg.Add(1)
 	go func() {
 		defer r.wg.Done()
-		w.run(ctx)
+		w.Run(ctx)
 		r.mu.Lock()
 		if r.workers[pod.UID] == w {
 			delete(r.workers, pod.UID)
 		}
 		// Updates pass through observe under r.mu: a deletion that reached the worker is
 		// seen here, one that comes later finds no worker and is deleted for good there.
-		deleting, finalized := w.wasDeleted()
+		deleting, finalized := w.Deleted()
 		if !deleting {
-			r.finished[pod.UID] = w.dir
+			r.finished[pod.UID] = w.Dir()
 		}
 		r.mu.Unlock()
 		if deleting && !finalized && ctx.Err() == nil {
-			r.finalDelete(pod.Namespace, pod.Name, pod.UID)
-			if err := os.RemoveAll(w.dir); err != nil {
-				r.o.Logf("runner: removing %s: %v", w.dir, err)
+			r.node.FinalDelete(pod.Namespace, pod.Name, pod.UID)
+			if err := os.RemoveAll(w.Dir()); err != nil {
+				r.o.Logf("runner: removing %s: %v", w.Dir(), err)
 			}
 		}
 	}()
@@ -415,7 +416,7 @@ func (r *Runner) gone(pod *corev1.Pod) {
 	delete(r.finished, pod.UID)
 	r.mu.Unlock()
 	if w != nil {
-		w.requestStop(false)
+		w.Stop(false)
 	}
 }
 
@@ -424,8 +425,8 @@ func (r *Runner) kick(namespace string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for _, w := range r.workers {
-		if w.namespace == namespace {
-			w.kickVolumes()
+		if w.Namespace() == namespace {
+			w.Kick()
 		}
 	}
 }
@@ -492,6 +493,17 @@ func (r *Runner) schedule(ctx context.Context, pod *corev1.Pod) {
 	}()
 }
 
+// GeneralDeviations are what the Runner does differently from a kubelet and a container runtime
+// for every Pod; Run logs them once. Fields a Pod sets that the runner does not honour are logged
+// per Pod (and shown as a LocalRunner event of the Pod).
+var GeneralDeviations = []string{
+	"no network namespace per Pod: containers share this machine's network; each Pod gets an address of the pod CIDR (a local route on lo) and listen addresses on all interfaces in args are moved to it",
+	"no kube-proxy: Service cluster IPs are unreachable; KUBERNETES_SERVICE_HOST/PORT are the API server's real address; no other Service environment variables (enableServiceLinks)",
+	"no cluster DNS: /etc/resolv.conf is this machine's (dnsPolicy, dnsConfig)",
+	"no PID namespace per Pod (hostPID is always in effect); no cgroups (resources, QoS)",
+	"a container's image is this machine's root filesystem, read-only as the lower layer of an overlay, with the mapped program at the entrypoint path",
+}
+
 // schedulingIgnored lists the scheduling constraints a Pod sets, which the runner does not check.
 func schedulingIgnored(pod *corev1.Pod) []string {
 	var out []string
@@ -532,47 +544,18 @@ func schedulingIgnored(pod *corev1.Pod) []string {
 	return out
 }
 
-// finalDelete deletes a terminating Pod for good (grace 0, UID precondition), as kubelet does
-// once its containers are stopped.
-func (r *Runner) finalDelete(namespace, name string, uid types.UID) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	err := r.o.Client.CoreV1().Pods(namespace).Delete(ctx, name, metav1.DeleteOptions{
-		GracePeriodSeconds: new(int64), Preconditions: &metav1.Preconditions{UID: &uid},
-	})
-	if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
-		r.o.Logf("runner: deleting pod %s/%s: %v", namespace, name, err)
-	}
-}
-
-// PodProcess describes a container process the runner runs.
-type PodProcess struct {
-	Namespace, Name string
-	UID             types.UID
-	// Container is the container's name.
-	Container string
-	// IP is the Pod's IP.
-	IP string
-	// Pid is the process id (0 while no process runs).
-	Pid int
-	// LogPath is the log of the container's current (or last) instance.
-	LogPath string
-	// Restarts is the container's restart count.
-	Restarts int
-}
-
 // Processes lists the app containers the runner runs (init containers are left out), by
 // namespace, Pod name and container order.
-func (r *Runner) Processes() []PodProcess {
+func (r *Runner) Processes() []podworker.PodProcess {
 	r.mu.Lock()
-	ws := make([]*podWorker, 0, len(r.workers))
+	ws := make([]*podworker.Worker, 0, len(r.workers))
 	for _, w := range r.workers {
 		ws = append(ws, w)
 	}
 	r.mu.Unlock()
-	var out []PodProcess
+	var out []podworker.PodProcess
 	for _, w := range ws {
-		out = append(out, w.describe()...)
+		out = append(out, w.Processes()...)
 	}
 	sort.SliceStable(out, func(i, j int) bool {
 		if out[i].Namespace != out[j].Namespace {
@@ -584,21 +567,21 @@ func (r *Runner) Processes() []PodProcess {
 }
 
 // Process returns the first app container of the Pod namespace/name, if the runner runs it.
-func (r *Runner) Process(namespace, name string) (PodProcess, bool) {
+func (r *Runner) Process(namespace, name string) (podworker.PodProcess, bool) {
 	for _, p := range r.Processes() {
 		if p.Namespace == namespace && p.Name == name {
 			return p, true
 		}
 	}
-	return PodProcess{}, false
+	return podworker.PodProcess{}, false
 }
 
 // worker returns the worker of the Pod namespace/name.
-func (r *Runner) worker(namespace, name string) *podWorker {
+func (r *Runner) worker(namespace, name string) *podworker.Worker {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for _, w := range r.workers {
-		if w.namespace == namespace && w.name == name && !w.stopping() {
+		if w.Namespace() == namespace && w.Name() == name && !w.Stopping() {
 			return w
 		}
 	}
@@ -612,18 +595,7 @@ func (r *Runner) KillPod(namespace, name string, sig syscall.Signal) (int, error
 	if w == nil {
 		return 0, fmt.Errorf("runner: no pod %s/%s", namespace, name)
 	}
-	c := w.firstApp()
-	if c == nil {
-		return 0, fmt.Errorf("runner: pod %s/%s has no containers", namespace, name)
-	}
-	proc := c.Proc()
-	if proc == nil {
-		return 0, fmt.Errorf("runner: pod %s/%s has no running process", namespace, name)
-	}
-	if exited, _ := proc.Exited(); exited {
-		return 0, fmt.Errorf("runner: the process of pod %s/%s has already exited", namespace, name)
-	}
-	return proc.Pid(), proc.Kill(sig)
+	return w.Kill(sig)
 }
 
 // LogPath returns the log file of a container's current (previous=false) or previous instance.
@@ -632,7 +604,7 @@ func (r *Runner) LogPath(namespace, name, container string, previous bool) (stri
 	if w == nil {
 		return "", fmt.Errorf("pod %s/%s is not run by this runner", namespace, name)
 	}
-	return w.logPath(container, previous)
+	return w.LogPath(container, previous)
 }
 
 // podDirName is the directory of a Pod under RunnerOptions.Dir.

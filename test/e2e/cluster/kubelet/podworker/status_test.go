@@ -1,4 +1,4 @@
-package kubelet
+package podworker
 
 import (
 	"testing"
@@ -33,15 +33,5 @@ func TestPodPhase(t *testing.T) {
 		if got := podPhase(c.initsDone, nil, c.apps, c.policy); got != c.want {
 			t.Errorf("%s: phase %s, want %s", c.name, got, c.want)
 		}
-	}
-}
-
-// TestTailLines: kubectl logs --tail.
-func TestTailLines(t *testing.T) {
-	if got := string(tailLines([]byte("a\nb\nc\n"), 2)); got != "b\nc\n" {
-		t.Errorf("tailLines 2 = %q", got)
-	}
-	if got := string(tailLines([]byte("a\nb"), 5)); got != "a\nb" {
-		t.Errorf("tailLines 5 = %q", got)
 	}
 }

@@ -1,4 +1,4 @@
-package kubelet
+package podworker
 
 import (
 	"fmt"
@@ -7,20 +7,9 @@ import (
 	corev1 "k8s.io/api/core/v1"
 )
 
-// GeneralDeviations are what the Runner does differently from a kubelet and a container runtime
-// for every Pod; Run logs them once. Fields a Pod sets that the runner does not honour are logged
-// per Pod (and shown as a LocalRunner event of the Pod).
-var GeneralDeviations = []string{
-	"no network namespace per Pod: containers share this machine's network; each Pod gets an address of the pod CIDR (a local route on lo) and listen addresses on all interfaces in args are moved to it",
-	"no kube-proxy: Service cluster IPs are unreachable; KUBERNETES_SERVICE_HOST/PORT are the API server's real address; no other Service environment variables (enableServiceLinks)",
-	"no cluster DNS: /etc/resolv.conf is this machine's (dnsPolicy, dnsConfig)",
-	"no PID namespace per Pod (hostPID is always in effect); no cgroups (resources, QoS)",
-	"a container's image is this machine's root filesystem, read-only as the lower layer of an overlay, with the mapped program at the entrypoint path",
-}
-
 // noteIgnored logs (and records as an event of the Pod) that something of the Pod is not
 // honoured, once per key.
-func (w *podWorker) noteIgnored(key, format string, args ...any) {
+func (w *Worker) noteIgnored(key, format string, args ...any) {
 	w.mu.Lock()
 	seen := w.ignored[key]
 	w.ignored[key] = true
@@ -31,11 +20,11 @@ func (w *podWorker) noteIgnored(key, format string, args ...any) {
 	}
 	msg := fmt.Sprintf(format, args...)
 	w.logf("not honoured: %s", msg)
-	w.r.recorder.Eventf(pod, corev1.EventTypeNormal, "LocalRunner", "Not honoured by the local pod runner: %s", msg)
+	w.node.Recorder.Eventf(pod, corev1.EventTypeNormal, "LocalRunner", "Not honoured by the local pod runner: %s", msg)
 }
 
 // logIgnored notes every field the Pod sets that the runner does not honour.
-func (w *podWorker) logIgnored(pod *corev1.Pod) {
+func (w *Worker) logIgnored(pod *corev1.Pod) {
 	s := pod.Spec
 	var out []string
 	if s.DNSConfig != nil || (s.DNSPolicy != "" && s.DNSPolicy != corev1.DNSClusterFirst) {

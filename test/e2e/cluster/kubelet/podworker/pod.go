@@ -1,4 +1,4 @@
-package kubelet
+package podworker
 
 import (
 	"context"
@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"os"
 	"sync"
+	"syscall"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -20,11 +21,11 @@ import (
 	"github.com/renderqueue/renderqueue/test/e2e/cluster/wait"
 )
 
-// podWorker runs one Pod: its sandbox (Pod IP, directory, volumes), init containers, containers
+// Worker runs one Pod: its sandbox (Pod IP, directory, volumes), init containers, containers
 // and status, until the Pod is deleted (then it stops the containers and deletes the Pod for
-// good) or the runner stops.
-type podWorker struct {
-	r         *Runner
+// good) or the kubelet stops.
+type Worker struct {
+	node      *Node
 	uid       types.UID
 	namespace string
 	name      string
@@ -59,21 +60,23 @@ type podWorker struct {
 	ignored    map[string]bool // ignored fields already logged
 }
 
-func newPodWorker(r *Runner, pod *corev1.Pod) *podWorker {
-	w := &podWorker{
-		r: r, uid: pod.UID, namespace: pod.Namespace, name: pod.Name, dir: r.podDir(pod),
+// New returns the worker of pod on node; dir is the Pod's directory on this machine (created with
+// mode 0700 when the Pod starts; removed when it is deleted for good). Run runs it.
+func New(node *Node, pod *corev1.Pod, dir string) *Worker {
+	w := &Worker{
+		node: node, uid: pod.UID, namespace: pod.Namespace, name: pod.Name, dir: dir,
 		statusCh: make(chan struct{}, 1), kick: make(chan struct{}), stopCh: make(chan struct{}), done: make(chan struct{}),
 		writerCh: make(chan struct{}),
 		pod:      pod.DeepCopy(), conditions: map[corev1.PodConditionType]corev1.PodCondition{},
 		ignored: map[string]bool{},
 	}
-	w.config = podconfig.New(r.configSources, pod.Namespace, w.dir, w.noteIgnored, w.logf)
+	w.config = podconfig.New(node.Config, pod.Namespace, w.dir, w.noteIgnored, w.logf)
 	cp := containerPod{w}
 	for _, c := range pod.Spec.InitContainers {
-		w.inits = append(w.inits, containerworker.New(&r.containers, cp, c, true))
+		w.inits = append(w.inits, containerworker.New(&node.Containers, cp, c, true))
 	}
 	for _, c := range pod.Spec.Containers {
-		cw := containerworker.New(&r.containers, cp, c, false)
+		cw := containerworker.New(&node.Containers, cp, c, false)
 		if len(w.inits) > 0 {
 			cw.Initializing()
 		}
@@ -82,45 +85,54 @@ func newPodWorker(r *Runner, pod *corev1.Pod) *podWorker {
 	return w
 }
 
-func (w *podWorker) logf(format string, args ...any) {
-	w.r.o.Logf("runner: pod %s/%s: %s", w.namespace, w.name, fmt.Sprintf(format, args...))
+func (w *Worker) logf(format string, args ...any) {
+	w.node.Logf("runner: pod %s/%s: %s", w.namespace, w.name, fmt.Sprintf(format, args...))
 }
 
-// format is kubelet's format.Pod: name_namespace(uid).
-func (w *podWorker) format() string { return fmt.Sprintf("%s_%s(%s)", w.name, w.namespace, w.uid) }
+// Namespace and Name are the Pod's.
+func (w *Worker) Namespace() string { return w.namespace }
 
-func (w *podWorker) currentPod() *corev1.Pod {
+// Name: see Namespace.
+func (w *Worker) Name() string { return w.name }
+
+// Dir is the Pod's directory on this machine.
+func (w *Worker) Dir() string { return w.dir }
+
+// Done is closed when Run has returned.
+func (w *Worker) Done() <-chan struct{} { return w.done }
+
+func (w *Worker) currentPod() *corev1.Pod {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.pod
 }
 
 // currentIP is the Pod IP ("" before the sandbox is ready).
-func (w *podWorker) currentIP() string {
+func (w *Worker) currentIP() string {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.podIP
 }
 
-// update takes a newer version of the Pod.
-func (w *podWorker) update(pod *corev1.Pod) {
+// Update takes a newer version of the Pod (one marked for deletion stops it, see Stop).
+func (w *Worker) Update(pod *corev1.Pod) {
 	w.mu.Lock()
 	w.pod = pod.DeepCopy()
 	w.mu.Unlock()
 	if pod.DeletionTimestamp != nil {
-		w.requestStop(true)
+		w.Stop(true)
 		return
 	}
 	if len(pod.Spec.EphemeralContainers) > 0 {
 		w.noteIgnored("ephemeral", "ephemeral containers (kubectl debug) are not run")
 	}
-	w.kickVolumes()   // labels and annotations feed downwardAPI volumes
+	w.Kick()          // labels and annotations feed downwardAPI volumes
 	w.statusChanged() // readiness gates
 }
 
-// requestStop asks the worker to stop the Pod's containers: because the Pod is being deleted
-// (then it is deleted for good afterwards) or because the runner stops.
-func (w *podWorker) requestStop(deleting bool) {
+// Stop asks the worker to stop the Pod's containers: because the Pod is being deleted (then it is
+// deleted for good afterwards) or because the kubelet stops. It does not wait (see Done).
+func (w *Worker) Stop(deleting bool) {
 	w.mu.Lock()
 	if deleting {
 		w.deleting = true
@@ -129,7 +141,8 @@ func (w *podWorker) requestStop(deleting bool) {
 	w.stopOnce.Do(func() { close(w.stopCh) })
 }
 
-func (w *podWorker) stopping() bool {
+// Stopping reports whether the Pod is stopping (or has stopped).
+func (w *Worker) Stopping() bool {
 	select {
 	case <-w.stopCh:
 		return true
@@ -138,8 +151,9 @@ func (w *podWorker) stopping() bool {
 	}
 }
 
-// kickVolumes wakes everything waiting on kickCh.
-func (w *podWorker) kickVolumes() {
+// Kick wakes what waits for a Secret or ConfigMap of the Pod's namespace (or the Pod) to change:
+// a container's configuration, the volumes.
+func (w *Worker) Kick() {
 	w.kickMu.Lock()
 	close(w.kick)
 	w.kick = make(chan struct{})
@@ -147,21 +161,22 @@ func (w *podWorker) kickVolumes() {
 }
 
 // kickCh is closed when a Secret or ConfigMap of the Pod's namespace (or the Pod) changes next.
-func (w *podWorker) kickCh() <-chan struct{} {
+func (w *Worker) kickCh() <-chan struct{} {
 	w.kickMu.Lock()
 	defer w.kickMu.Unlock()
 	return w.kick
 }
 
-func (w *podWorker) statusChanged() {
+func (w *Worker) statusChanged() {
 	select {
 	case w.statusCh <- struct{}{}:
 	default:
 	}
 }
 
-// run is the Pod's life on the Node.
-func (w *podWorker) run(ctx context.Context) {
+// Run is the Pod's life on the Node, until it is stopped (Stop, or a terminal phase) or ctx ends;
+// then every container has stopped.
+func (w *Worker) Run(ctx context.Context) {
 	defer close(w.done)
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -183,7 +198,7 @@ func (w *podWorker) run(ctx context.Context) {
 	w.logIgnored(pod)
 	if err := w.setupSandbox(pod); err != nil {
 		w.logf("setting up: %v", err)
-		w.r.recorder.Eventf(pod, corev1.EventTypeWarning, "FailedCreatePodSandBox", "Failed to create pod sandbox: %v", err)
+		w.node.Recorder.Eventf(pod, corev1.EventTypeWarning, "FailedCreatePodSandBox", "Failed to create pod sandbox: %v", err)
 		<-runCtx.Done()
 		w.finish()
 		return
@@ -191,7 +206,7 @@ func (w *podWorker) run(ctx context.Context) {
 	w.statusChanged()
 	if d := pod.Spec.ActiveDeadlineSeconds; d != nil {
 		deadline := time.AfterFunc(time.Duration(*d)*time.Second, func() {
-			w.r.recorder.Eventf(w.currentPod(), corev1.EventTypeWarning, "DeadlineExceeded", "Pod was active on the node longer than the specified deadline")
+			w.node.Recorder.Eventf(w.currentPod(), corev1.EventTypeWarning, "DeadlineExceeded", "Pod was active on the node longer than the specified deadline")
 			w.setPhase(corev1.PodFailed, "DeadlineExceeded", "Pod was active on the node longer than the specified deadline")
 		})
 		defer deadline.Stop()
@@ -222,20 +237,20 @@ func (w *podWorker) run(ctx context.Context) {
 
 // finish releases the Pod IP and, for a deleted Pod, deletes it for good and removes its
 // directory (kept when the runner stops, for its logs).
-func (w *podWorker) finish() {
+func (w *Worker) finish() {
 	w.mu.Lock()
 	deleting := w.deleting
 	ip := w.ip
 	w.ip = netip.Addr{}
 	w.mu.Unlock()
 	if ip.IsValid() {
-		w.r.o.Network.Release(ip)
+		w.node.Network.Release(ip)
 	}
 	if !deleting {
 		return
 	}
 	w.flushStatus()
-	w.r.finalDelete(w.namespace, w.name, w.uid)
+	w.node.FinalDelete(w.namespace, w.name, w.uid)
 	w.mu.Lock()
 	w.finalized = true
 	w.mu.Unlock()
@@ -246,14 +261,14 @@ func (w *podWorker) finish() {
 }
 
 // setupSandbox allocates the Pod IP, creates the Pod's directory and its /etc/hosts.
-func (w *podWorker) setupSandbox(pod *corev1.Pod) error {
+func (w *Worker) setupSandbox(pod *corev1.Pod) error {
 	if err := os.MkdirAll(w.dir, 0o700); err != nil {
 		return fmt.Errorf("creating %s: %w", w.dir, err)
 	}
 	ip := runtime.NodeIP
 	var addr netip.Addr
 	if !pod.Spec.HostNetwork {
-		a, err := w.r.o.Network.Allocate(string(pod.UID))
+		a, err := w.node.Network.Allocate(string(pod.UID))
 		if err != nil {
 			return err
 		}
@@ -273,7 +288,7 @@ func (w *podWorker) setupSandbox(pod *corev1.Pod) error {
 
 // mountVolumes materialises the Pod's volumes, retrying (FailedMount) until they all are or the
 // Pod stops; false when it stopped first.
-func (w *podWorker) mountVolumes(ctx context.Context) bool {
+func (w *Worker) mountVolumes(ctx context.Context) bool {
 	lastErr := ""
 	for {
 		err := w.config.SyncVolumes(ctx, w.currentPod(), w.currentIP())
@@ -286,9 +301,9 @@ func (w *podWorker) mountVolumes(ctx context.Context) bool {
 		if msg := err.Error(); msg != lastErr {
 			lastErr = msg
 			w.logf("volumes not ready (retrying): %v", err)
-			w.r.recorder.Eventf(w.currentPod(), corev1.EventTypeWarning, "FailedMount", "MountVolume.SetUp failed: %v", err)
+			w.node.Recorder.Eventf(w.currentPod(), corev1.EventTypeWarning, "FailedMount", "MountVolume.SetUp failed: %v", err)
 		}
-		if !wait.Sleep(ctx, w.r.o.RetryPeriod, w.kickCh()) {
+		if !wait.Sleep(ctx, w.node.RetryPeriod, w.kickCh()) {
 			return false
 		}
 	}
@@ -296,8 +311,8 @@ func (w *podWorker) mountVolumes(ctx context.Context) bool {
 
 // syncVolumesLoop keeps the volumes current (Secret and ConfigMap changes, token refresh,
 // downward API) until ctx ends.
-func (w *podWorker) syncVolumesLoop(ctx context.Context) {
-	for wait.Sleep(ctx, w.r.o.VolumeSyncPeriod, w.kickCh()) {
+func (w *Worker) syncVolumesLoop(ctx context.Context) {
+	for wait.Sleep(ctx, w.node.VolumeSyncPeriod, w.kickCh()) {
 		if err := w.config.SyncVolumes(ctx, w.currentPod(), w.currentIP()); err != nil && ctx.Err() == nil {
 			w.logf("updating volumes: %v", err)
 		}
@@ -307,7 +322,7 @@ func (w *podWorker) syncVolumesLoop(ctx context.Context) {
 // runInits runs the init containers in order: each to completion (restarted on failure unless
 // the restart policy is Never), a sidecar (restartPolicy Always) until it has started (it then
 // runs until sideCtx ends). False when the Pod stopped or failed first.
-func (w *podWorker) runInits(ctx, sideCtx context.Context, sidecars *sync.WaitGroup) bool {
+func (w *Worker) runInits(ctx, sideCtx context.Context, sidecars *sync.WaitGroup) bool {
 	for _, c := range w.inits {
 		if c.Sidecar() {
 			sidecars.Add(1)
@@ -343,7 +358,7 @@ func (w *podWorker) runInits(ctx, sideCtx context.Context, sidecars *sync.WaitGr
 
 // runApps starts the containers and, when they all finish for good (restart policy Never or
 // OnFailure), sets the terminal phase and stops the sidecars.
-func (w *podWorker) runApps(ctx context.Context, wg *sync.WaitGroup) {
+func (w *Worker) runApps(ctx context.Context, wg *sync.WaitGroup) {
 	var apps sync.WaitGroup
 	var mu sync.Mutex
 	failed := false
@@ -378,7 +393,7 @@ func (w *podWorker) runApps(ctx context.Context, wg *sync.WaitGroup) {
 
 // setPhase puts the Pod into a terminal phase (with a reason and message for the status): its
 // remaining containers are stopped and its IP released.
-func (w *podWorker) setPhase(phase corev1.PodPhase, reason, message string) {
+func (w *Worker) setPhase(phase corev1.PodPhase, reason, message string) {
 	w.mu.Lock()
 	if w.phase != "" {
 		w.mu.Unlock()
@@ -400,22 +415,30 @@ func (w *podWorker) setPhase(phase corev1.PodPhase, reason, message string) {
 // stopContainers waits for every running container to stop (their context has ended; each gets
 // the Pod's grace period): the app containers first, then the sidecars (stopSidecars ends
 // theirs).
-func (w *podWorker) stopContainers(apps, sidecars *sync.WaitGroup, stopSidecars context.CancelFunc) {
+func (w *Worker) stopContainers(apps, sidecars *sync.WaitGroup, stopSidecars context.CancelFunc) {
 	apps.Wait()
 	stopSidecars()
 	sidecars.Wait()
 }
 
-// firstApp is the first app container.
-func (w *podWorker) firstApp() *containerworker.Worker {
+// Kill sends sig to the process group of the first app container (as if it crashed) and returns
+// the pid it signalled.
+func (w *Worker) Kill(sig syscall.Signal) (int, error) {
 	if len(w.apps) == 0 {
-		return nil
+		return 0, fmt.Errorf("runner: pod %s/%s has no containers", w.namespace, w.name)
 	}
-	return w.apps[0]
+	proc := w.apps[0].Proc()
+	if proc == nil {
+		return 0, fmt.Errorf("runner: pod %s/%s has no running process", w.namespace, w.name)
+	}
+	if exited, _ := proc.Exited(); exited {
+		return 0, fmt.Errorf("runner: the process of pod %s/%s has already exited", w.namespace, w.name)
+	}
+	return proc.Pid(), proc.Kill(sig)
 }
 
-// describe lists the app containers' processes.
-func (w *podWorker) describe() []PodProcess {
+// Processes lists the app containers' processes, in order.
+func (w *Worker) Processes() []PodProcess {
 	w.mu.Lock()
 	ip := w.podIP
 	w.mu.Unlock()
@@ -435,8 +458,8 @@ func (w *podWorker) describe() []PodProcess {
 	return out
 }
 
-// logPath is the log of a container's current or previous instance.
-func (w *podWorker) logPath(container string, previous bool) (string, error) {
+// LogPath is the log of a container's current or previous instance.
+func (w *Worker) LogPath(container string, previous bool) (string, error) {
 	for _, c := range append(append([]*containerworker.Worker{}, w.inits...), w.apps...) {
 		if c.Name() != container {
 			continue
@@ -458,7 +481,7 @@ func (w *podWorker) logPath(container string, previous bool) (string, error) {
 
 // statusWriter writes the Pod's status whenever it changed, until writerCh is closed (then it
 // writes it a last time).
-func (w *podWorker) statusWriter() {
+func (w *Worker) statusWriter() {
 	defer w.writerWG.Done()
 	for {
 		select {
@@ -472,7 +495,7 @@ func (w *podWorker) statusWriter() {
 }
 
 // flushStatus writes the Pod's status if it differs from the last one written.
-func (w *podWorker) flushStatus() {
+func (w *Worker) flushStatus() {
 	st := w.buildStatus()
 	body, err := json.Marshal(map[string]any{"status": st})
 	if err != nil {
@@ -488,7 +511,7 @@ func (w *podWorker) flushStatus() {
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
 	for attempt := 0; ; attempt++ {
-		_, err = w.r.o.Client.CoreV1().Pods(w.namespace).Patch(ctx, w.name, types.StrategicMergePatchType, body, metav1.PatchOptions{}, "status")
+		_, err = w.node.Client.CoreV1().Pods(w.namespace).Patch(ctx, w.name, types.StrategicMergePatchType, body, metav1.PatchOptions{}, "status")
 		if err == nil || apierrors.IsNotFound(err) || attempt == 4 {
 			break
 		}
@@ -505,26 +528,10 @@ func (w *podWorker) flushStatus() {
 	w.mu.Unlock()
 }
 
-// wasDeleted reports whether the Pod was marked for deletion, and whether the worker deleted it
-// for good (it does not when the deletion came while it was already finishing).
-func (w *podWorker) wasDeleted() (deleting, finalized bool) {
+// Deleted reports whether the Pod was marked for deletion, and whether the worker deleted it for
+// good (it does not when the deletion came while it was already finishing).
+func (w *Worker) Deleted() (deleting, finalized bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.deleting, w.finalized
 }
-
-// containerPod is the Pod as its containers' workers see it.
-type containerPod struct{ w *podWorker }
-
-func (p containerPod) Current() *corev1.Pod { return p.w.currentPod() }
-func (p containerPod) IP() string           { return p.w.currentIP() }
-func (p containerPod) Dir() string          { return p.w.dir }
-func (p containerPod) Config(spec corev1.Container, img runtime.Image) (*runtime.ContainerConfig, error) {
-	return p.w.config.Container(p.w.currentPod(), p.w.currentIP(), spec, img)
-}
-func (p containerPod) Kicked() <-chan struct{} { return p.w.kickCh() }
-func (p containerPod) StatusChanged()          { p.w.statusChanged() }
-func (p containerPod) NoteIgnored(key, format string, args ...any) {
-	p.w.noteIgnored(key, format, args...)
-}
-func (p containerPod) Logf(format string, args ...any) { p.w.logf(format, args...) }

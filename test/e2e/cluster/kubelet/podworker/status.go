@@ -1,4 +1,4 @@
-package kubelet
+package podworker
 
 import (
 	"fmt"
@@ -12,7 +12,7 @@ import (
 
 // buildStatus is the Pod's status as kubelet would write it now: phase, conditions, IPs, start
 // time and the container statuses.
-func (w *podWorker) buildStatus() corev1.PodStatus {
+func (w *Worker) buildStatus() corev1.PodStatus {
 	var inits, apps []corev1.ContainerStatus
 	for _, c := range w.inits {
 		inits = append(inits, c.Status())
@@ -112,7 +112,7 @@ func (w *podWorker) buildStatus() corev1.PodStatus {
 	return st
 }
 
-func (w *podWorker) restartPolicyLocked() corev1.RestartPolicy {
+func (w *Worker) restartPolicyLocked() corev1.RestartPolicy {
 	if p := w.pod.Spec.RestartPolicy; p != "" {
 		return p
 	}
