@@ -15,5 +15,8 @@
 // starts, and every field a Pod sets that the Runner does not honour is logged once per Pod and
 // recorded as a LocalRunner event of the Pod.
 //
-// The Pods' configuration (environment, mounts, volumes) is package kubelet/podconfig's.
+// The Runner keeps the Node, the binding and which Pods run; each Pod is run by a
+// kubelet/podworker.Worker (sandbox, volumes, container ordering, Pod status), each of its
+// containers by a kubelet/containerworker.Worker (instances, probes, restarts), with what a
+// container starts with resolved by kubelet/podconfig.
 package kubelet

@@ -330,10 +330,7 @@ func (w *Worker) runInits(ctx, sideCtx context.Context, sidecars *sync.WaitGroup
 				defer sidecars.Done()
 				c.Run(sideCtx)
 			}()
-			for {
-				if c.Started() {
-					break
-				}
+			for !c.Started() {
 				if !wait.Sleep(ctx, 100*time.Millisecond, nil) {
 					return false
 				}
