@@ -89,10 +89,10 @@ func (w *Worker) logf(format string, args ...any) {
 	w.node.Logf("runner: pod %s/%s: %s", w.namespace, w.name, fmt.Sprintf(format, args...))
 }
 
-// Namespace and Name are the Pod's.
+// Namespace is the Pod's namespace.
 func (w *Worker) Namespace() string { return w.namespace }
 
-// Name: see Namespace.
+// Name is the Pod's name.
 func (w *Worker) Name() string { return w.name }
 
 // Dir is the Pod's directory on this machine.
