@@ -27,7 +27,9 @@ import (
 	"github.com/renderqueue/renderqueue/pkg/buildinfo"
 	"github.com/renderqueue/renderqueue/pkg/keeper"
 	"github.com/renderqueue/renderqueue/pkg/keeper/core/policy"
+	"github.com/renderqueue/renderqueue/pkg/keeper/httpserve"
 	"github.com/renderqueue/renderqueue/pkg/keeper/kubesource"
+	"github.com/renderqueue/renderqueue/pkg/keeper/shardmetrics"
 	"github.com/renderqueue/renderqueue/pkg/schedule"
 	"github.com/renderqueue/renderqueue/pkg/store"
 	"github.com/renderqueue/renderqueue/pkg/store/postgres"
@@ -78,12 +80,12 @@ func runKeeper(ctx context.Context, args []string, _, stderr io.Writer) error {
 	verbose := fs.Bool("v", false, "log walks and other details")
 	rqName := fs.String("renderqueue", "", "take settings and slots from this RenderQueue (in Kubernetes; default: standalone, all slots)")
 	namespace := fs.String("namespace", os.Getenv("POD_NAMESPACE"), "namespace of --renderqueue (default $POD_NAMESPACE)")
-	var limits keeper.Limits
-	fs.DurationVar(&limits.ReadTimeout, "http-read-timeout", keeper.DefaultReadTimeout, "longest a request (headers and body) may take to arrive; a stalled body is answered 408 and its connection closed")
-	fs.DurationVar(&limits.WriteTimeout, "http-write-timeout", keeper.DefaultWriteTimeout, "longest from a request's headers to the end of its reply (more than a completion's commit may take)")
-	fs.DurationVar(&limits.IdleTimeout, "http-idle-timeout", keeper.DefaultIdleTimeout, "how long an idle keep-alive connection is kept")
-	fs.IntVar(&limits.MaxInFlight, "max-in-flight", keeper.DefaultMaxInFlight, "claim, complete and release requests handled at once; more are answered 503 with Retry-After")
-	fs.Int64Var(&limits.MaxInFlightBytes, "max-in-flight-bytes", keeper.DefaultMaxInFlightBytes, "body bytes (by Content-Length) of the requests handled at once; more are answered 503 with Retry-After")
+	var limits httpserve.Limits
+	fs.DurationVar(&limits.ReadTimeout, "http-read-timeout", httpserve.DefaultReadTimeout, "longest a request (headers and body) may take to arrive; a stalled body is answered 408 and its connection closed")
+	fs.DurationVar(&limits.WriteTimeout, "http-write-timeout", httpserve.DefaultWriteTimeout, "longest from a request's headers to the end of its reply (more than a completion's commit may take)")
+	fs.DurationVar(&limits.IdleTimeout, "http-idle-timeout", httpserve.DefaultIdleTimeout, "how long an idle keep-alive connection is kept")
+	fs.IntVar(&limits.MaxInFlight, "max-in-flight", httpserve.DefaultMaxInFlight, "claim, complete and release requests handled at once; more are answered 503 with Retry-After")
+	fs.Int64Var(&limits.MaxInFlightBytes, "max-in-flight-bytes", httpserve.DefaultMaxInFlightBytes, "body bytes (by Content-Length) of the requests handled at once; more are answered 503 with Retry-After")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -141,7 +143,7 @@ const storeConnectTimeout = 15 * time.Second
 // serveShard runs a shard with its HTTP API until ctx ends. The API serves at once: while the
 // database cannot be reached (or the DSN is wrong) the shard retries with back-off and serves
 // /healthz, and /v1/status as unready with the error; /readyz waits for the load.
-func serveShard(ctx context.Context, log logr.Logger, dsn, name, listen, token string, limits keeper.Limits, src keeper.SettingsSource) error {
+func serveShard(ctx context.Context, log logr.Logger, dsn, name, listen, token string, limits httpserve.Limits, src keeper.SettingsSource) error {
 	settings, err := src.Initial(ctx)
 	if err != nil {
 		return fmt.Errorf("reading the shard's settings: %w", err)
@@ -167,7 +169,7 @@ func serveShard(ctx context.Context, log logr.Logger, dsn, name, listen, token s
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		buildinfo.NewCollector("keeper", buildinfo.Read(version)))
 	shard, err := keeper.NewShard(keeper.Options{
-		Name: name, Open: open, Log: log.WithName("keeper"), Metrics: keeper.NewMetrics(reg),
+		Name: name, Open: open, Log: log.WithName("keeper"), Metrics: shardmetrics.New(reg),
 	}, settings)
 	if err != nil {
 		return err
@@ -178,7 +180,7 @@ func serveShard(ctx context.Context, log logr.Logger, dsn, name, listen, token s
 	if err != nil {
 		return fmt.Errorf("listening on %s: %w", listen, err)
 	}
-	srv := keeper.NewServer(shard.Handler(keeper.HandlerOptions{Token: token, Gatherer: reg, Limits: limits}), limits)
+	srv := httpserve.NewServer(shard.Handler(keeper.HandlerOptions{Token: token, Gatherer: reg, Limits: limits}), limits)
 	log.Info("Keeper serving", "shard", name, "listen", ln.Addr().String(), "window", settings.Window,
 		"walkInterval", settings.WalkInterval(), "auth", token != "")
 

@@ -17,6 +17,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/renderqueue/renderqueue/pkg/keeper/httpserve"
+	"github.com/renderqueue/renderqueue/pkg/keeper/shardmetrics"
 	"github.com/renderqueue/renderqueue/pkg/shardapi"
 )
 
@@ -76,7 +78,7 @@ func TestCompleteWriteFailure(t *testing.T) {
 	var mu sync.Mutex
 	var logged []string
 	reg := prometheus.NewPedanticRegistry()
-	sh, err := NewShard(Options{Name: "w", Store: e.st, Clock: e.clock.Now, Metrics: NewMetrics(reg),
+	sh, err := NewShard(Options{Name: "w", Store: e.st, Clock: e.clock.Now, Metrics: shardmetrics.New(reg),
 		Log: funcr.New(func(_, args string) { mu.Lock(); logged = append(logged, args); mu.Unlock() }, funcr.Options{})},
 		allSlots(24*time.Hour))
 	if err != nil {
@@ -91,7 +93,7 @@ func TestCompleteWriteFailure(t *testing.T) {
 	if err != nil || len(claimed) != 1 {
 		t.Fatal(claimed, err)
 	}
-	body := fmt.Sprintf(`{"items":[{"key":%q,"lease":%q}]}`, row.Key, FormatLease(claimed[0].Lease))
+	body := fmt.Sprintf(`{"items":[{"key":%q,"lease":%q}]}`, row.Key, httpserve.FormatLease(claimed[0].Lease))
 
 	release := lockRow(t, e, row.Key)
 	type reply struct {

@@ -6,7 +6,10 @@
 // (shard.go); it tells the coverage ledger (package coverage) what happened and asks it what the
 // shard vouches for — edge, gaps, complete, exact, the queue state. Claims, completions, releases
 // and lease extensions are in leases.go, the status in status.go. The HTTP API (http.go, the /v1
-// contract of pkg/shardapi), its limits (limits.go) and the Prometheus metrics (metrics.go) sit on
-// top. A shard gets its settings from a SettingsSource: flags when standalone (StaticSource), its
-// RenderQueue object when the operator runs it (package kubesource).
+// contract of pkg/shardapi) sits on top, its plumbing — strict body decoding, in-flight limits,
+// server timeouts, the bearer token, the lease token's wire form — in package httpserve. The
+// shard records its Prometheus metrics into package shardmetrics; NewStatusCollector (status.go)
+// exports its state gauges from its recent status. A shard gets its settings from a
+// SettingsSource: flags when standalone (StaticSource), its RenderQueue object when the operator
+// runs it (package kubesource).
 package keeper

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/renderqueue/renderqueue/pkg/keeper/httpserve"
 	"github.com/renderqueue/renderqueue/pkg/shardapi"
 )
 
@@ -37,7 +38,7 @@ func TestHTTPExtend(t *testing.T) {
 		_ = json.Unmarshal(raw, &out)
 		return resp.StatusCode, out, string(raw)
 	}
-	lease0, lease1 := FormatLease(claimed[0].Lease), FormatLease(claimed[1].Lease)
+	lease0, lease1 := httpserve.FormatLease(claimed[0].Lease), httpserve.FormatLease(claimed[1].Lease)
 	item := func(key, lease string) string { return `{"key":"` + key + `","lease":"` + lease + `"}` }
 
 	if code, _, raw := post(`{"items":[`+item(claimed[0].Key, lease0)+`]}`, false); code != 401 {

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/renderqueue/renderqueue/pkg/keeper/httpserve"
 	"github.com/renderqueue/renderqueue/pkg/shardapi"
 )
 
@@ -21,7 +22,7 @@ func TestHTTPAPIRejectsBadRequests(t *testing.T) {
 	if err != nil || len(claimed) != 1 {
 		t.Fatal(claimed, err)
 	}
-	lease := FormatLease(claimed[0].Lease)
+	lease := httpserve.FormatLease(claimed[0].Lease)
 	srv := httptest.NewServer(e.sh.Handler(HandlerOptions{Token: "s3cret"}))
 	defer srv.Close()
 
@@ -51,7 +52,7 @@ func TestHTTPAPIRejectsBadRequests(t *testing.T) {
 		{"duplicate key", "/v1/release", `{"items":[{"key":"a","lease":"` + lease + `"},{"key":"a","lease":"` + lease + `"}]}`, true, 400, "same key"},
 		{"bad next due", "/v1/complete", `{"items":[{"key":"` + claimed[0].Key + `","lease":"` + lease + `","nextDue":"1900-01-01T00:00:00Z"}]}`, true, 400, "outside"},
 		{"null due", "/v1/complete", `{"items":[{"key":"` + claimed[0].Key + `","lease":"` + lease + `","nextDue":"yesterday"}]}`, true, 400, "malformed JSON"},
-		{"too large", "/v1/claim", `{"n":1,"leaseSeconds":` + strings.Repeat("1", MaxRequestBytes) + `}`, true, 413, "over"},
+		{"too large", "/v1/claim", `{"n":1,"leaseSeconds":` + strings.Repeat("1", httpserve.MaxRequestBytes) + `}`, true, 413, "over"},
 	}
 	for _, tc := range cases {
 		req, _ := http.NewRequest(http.MethodPost, srv.URL+tc.path, strings.NewReader(tc.body))

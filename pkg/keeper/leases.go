@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/renderqueue/renderqueue/pkg/keeper/core"
+	"github.com/renderqueue/renderqueue/pkg/keeper/shardmetrics"
 	"github.com/renderqueue/renderqueue/pkg/store"
 )
 
@@ -59,7 +60,7 @@ func (s *Shard) Claim(now time.Time, n int, leaseFor time.Duration) ([]core.Clai
 	}
 	s.sweepLeased(now)
 	s.mu.Unlock()
-	s.m.claimed(now, rows, time.Since(start))
+	s.m.Claimed(now, rows, time.Since(start))
 	return rows, nil
 }
 
@@ -81,7 +82,7 @@ type CompleteItem struct {
 func (s *Shard) Complete(ctx context.Context, items []CompleteItem) ([]error, error) {
 	start := time.Now()
 	results := make([]error, len(items))
-	classes := make([]rowClass, len(items))
+	classes := make([]shardmetrics.RowClass, len(items))
 	var writes []store.Completion
 	var idx []int
 	s.mu.Lock()
@@ -89,7 +90,7 @@ func (s *Shard) Complete(ctx context.Context, items []CompleteItem) ([]error, er
 	for i, it := range items {
 		cp, held, err := s.core.Completing(now, it.Key, it.Lease)
 		if held {
-			classes[i] = classOf(cp.Cadence, cp.Source)
+			classes[i] = shardmetrics.ClassOf(cp.Cadence, cp.Source)
 		}
 		if err != nil {
 			results[i] = err
@@ -105,7 +106,7 @@ func (s *Shard) Complete(ctx context.Context, items []CompleteItem) ([]error, er
 	}
 	s.mu.Unlock()
 	if len(writes) == 0 {
-		s.m.completed(results, classes, 0)
+		s.recordCompleted(results, classes, 0)
 		return results, nil
 	}
 	written, err := s.st.Complete(ctx, writes)
@@ -113,7 +114,7 @@ func (s *Shard) Complete(ctx context.Context, items []CompleteItem) ([]error, er
 		for _, i := range idx {
 			results[i] = errWriteFailed
 		}
-		s.m.completed(results, classes, time.Since(start))
+		s.recordCompleted(results, classes, time.Since(start))
 		s.log.Error(err, "Writing completions failed; the request is answered 503 and its leases stand", "shard", s.name, "items", len(writes))
 		return nil, fmt.Errorf("writing %d completions: %w", len(writes), err)
 	}
@@ -137,8 +138,32 @@ func (s *Shard) Complete(ctx context.Context, items []CompleteItem) ([]error, er
 		}
 		s.unlockStep()
 	}
-	s.m.completed(results, classes, time.Since(start))
+	s.recordCompleted(results, classes, time.Since(start))
 	return results, nil
+}
+
+// recordCompleted records a completion's items in the metrics by class and result
+// (shardmetrics.Result*).
+func (s *Shard) recordCompleted(errs []error, classes []shardmetrics.RowClass, took time.Duration) {
+	if s.m == nil {
+		return
+	}
+	out := make([]string, len(errs))
+	for i, err := range errs {
+		switch {
+		case err == nil:
+			out[i] = shardmetrics.ResultOK
+		case errors.Is(err, core.ErrNotHeld):
+			out[i] = shardmetrics.ResultNotHeld
+		case errors.Is(err, errWriteFailed):
+			out[i] = shardmetrics.ResultWriteFailed
+		case errors.Is(err, ErrChangedSinceClaimed):
+			out[i] = shardmetrics.ResultChanged
+		default:
+			out[i] = shardmetrics.ResultLeaseLost
+		}
+	}
+	s.m.Completed(out, classes, took)
 }
 
 // Release hands leased rows back unrendered: they are claimable again at once.

@@ -13,19 +13,20 @@ import (
 	"testing"
 	"time"
 
+	"github.com/renderqueue/renderqueue/pkg/keeper/httpserve"
 	"github.com/renderqueue/renderqueue/pkg/schedule"
 	"github.com/renderqueue/renderqueue/pkg/shardapi"
 )
 
 // serveLimited serves the shard's handler with limits l on a loopback port, as the keeper
 // command does, and returns its address.
-func serveLimited(t *testing.T, sh *Shard, l Limits) string {
+func serveLimited(t *testing.T, sh *Shard, l httpserve.Limits) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := NewServer(sh.Handler(HandlerOptions{Token: "t", Limits: l}), l)
+	srv := httpserve.NewServer(sh.Handler(HandlerOptions{Token: "t", Limits: l}), l)
 	go func() { _ = srv.Serve(ln) }()
 	t.Cleanup(func() { _ = srv.Close() })
 	return ln.Addr().String()
@@ -62,7 +63,7 @@ func readUntilClosed(t *testing.T, c net.Conn) string {
 // connection closed after the read timeout, and it no longer counts as in flight.
 func TestStalledBodyIsCutOff(t *testing.T) {
 	e := newShardEnv(t, allSlots(time.Hour))
-	addr := serveLimited(t, e.sh, Limits{ReadTimeout: 300 * time.Millisecond, MaxInFlight: 1})
+	addr := serveLimited(t, e.sh, httpserve.Limits{ReadTimeout: 300 * time.Millisecond, MaxInFlight: 1})
 	c := rawRequest(t, addr, "POST /v1/complete HTTP/1.1\r\nHost: shard\r\nAuthorization: Bearer t\r\n"+
 		"Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n"+`{"items":[{"key":"a",`)
 	got := readUntilClosed(t, c)
@@ -79,7 +80,7 @@ func TestStalledBodyIsCutOff(t *testing.T) {
 // idle timeout.
 func TestIdleConnectionIsClosed(t *testing.T) {
 	e := newShardEnv(t, allSlots(time.Hour))
-	addr := serveLimited(t, e.sh, Limits{IdleTimeout: 300 * time.Millisecond})
+	addr := serveLimited(t, e.sh, httpserve.Limits{IdleTimeout: 300 * time.Millisecond})
 	c := rawRequest(t, addr, "GET /healthz HTTP/1.1\r\nHost: shard\r\n\r\n")
 	got := readUntilClosed(t, c)
 	if !strings.HasPrefix(got, "HTTP/1.1 200 ") {
@@ -93,7 +94,7 @@ func TestSlowReaderIsCutOff(t *testing.T) {
 	e := newShardEnv(t, allSlots(0))
 	e.upsert(bigRows(shardapi.MaxClaim)...)
 	e.sh.Walk(e.ctx, true)
-	addr := serveLimited(t, e.sh, Limits{WriteTimeout: 300 * time.Millisecond, MaxInFlight: 1})
+	addr := serveLimited(t, e.sh, httpserve.Limits{WriteTimeout: 300 * time.Millisecond, MaxInFlight: 1})
 	// a claim of 10,000 rows with 2 kB keys: a 21 MB reply, more than the socket buffers hold
 	c, err := net.Dial("tcp", addr)
 	if err != nil {
@@ -148,11 +149,11 @@ func TestInFlightCap(t *testing.T) {
 	e.sh.Walk(e.ctx, true)
 	for _, tc := range []struct {
 		name   string
-		l      Limits
+		l      httpserve.Limits
 		holder int64 // Content-Length of the request that holds its slot
 	}{
-		{"count", Limits{MaxInFlight: 2}, 1000},
-		{"bytes", Limits{MaxInFlight: 100, MaxInFlightBytes: MaxRequestBytes}, MaxRequestBytes - 10},
+		{"count", httpserve.Limits{MaxInFlight: 2}, 1000},
+		{"bytes", httpserve.Limits{MaxInFlight: 100, MaxInFlightBytes: httpserve.MaxRequestBytes}, httpserve.MaxRequestBytes - 10},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			addr := serveLimited(t, e.sh, tc.l)
@@ -307,7 +308,7 @@ func TestFullBatchCompletes(t *testing.T) {
 		req.Items[i] = shardapi.Completion{Key: it.Key, Lease: it.Lease, NextDue: &next}
 	}
 	b, _ := json.MarshalIndent(req, "", "  ")
-	t.Logf("complete body: %d bytes (limit %d)", len(b), MaxRequestBytes)
+	t.Logf("complete body: %d bytes (limit %d)", len(b), httpserve.MaxRequestBytes)
 	code, body = postJSON(t, srv.URL, "/v1/complete", string(b))
 	var res shardapi.CompleteResponse
 	if code != http.StatusOK || json.Unmarshal(body, &res) != nil || res.Completed != shardapi.MaxClaim {

@@ -13,7 +13,7 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/renderqueue/renderqueue/pkg/keeper/core"
+	"github.com/renderqueue/renderqueue/pkg/keeper/shardmetrics"
 	"github.com/renderqueue/renderqueue/pkg/store"
 )
 
@@ -34,6 +34,9 @@ func scrape(t *testing.T, sh *Shard, reg *prometheus.Registry) string {
 	return string(body)
 }
 
+// unixSeconds is t as Prometheus timestamps are written: seconds since the epoch, with fraction.
+func unixSeconds(t time.Time) float64 { return float64(t.UnixNano()) / 1e9 }
+
 // promFloat formats v as the text exposition format does.
 func promFloat(v float64) string { return strconv.FormatFloat(v, 'g', -1, 64) }
 
@@ -49,7 +52,7 @@ func wantLines(t *testing.T, body string, want ...string) {
 func metricsShard(t *testing.T, e *shardEnv, st store.Store) (*Shard, *prometheus.Registry) {
 	t.Helper()
 	reg := prometheus.NewPedanticRegistry()
-	sh, err := NewShard(Options{Name: "m", Store: st, Clock: e.clock.Now, Log: logr.Discard(), Metrics: NewMetrics(reg)}, allSlots(24*time.Hour))
+	sh, err := NewShard(Options{Name: "m", Store: st, Clock: e.clock.Now, Log: logr.Discard(), Metrics: shardmetrics.New(reg)}, allSlots(24*time.Hour))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -107,24 +110,6 @@ func TestMetricsExposition(t *testing.T) {
 		if strings.Contains(line, `cadence="`) || strings.Contains(line, "0m0s") {
 			t.Errorf("unbounded cadence label: %s", line)
 		}
-	}
-}
-
-func TestCadenceClass(t *testing.T) {
-	for _, c := range []struct {
-		d    time.Duration
-		want string
-	}{
-		{time.Minute, "15m"}, {15 * time.Minute, "15m"}, {16 * time.Minute, "1h"}, {time.Hour, "1h"},
-		{24 * time.Hour, "24h"}, {25 * time.Hour, "96h"}, {96 * time.Hour, "96h"}, {720 * time.Hour, "720h"},
-		{721 * time.Hour, "+Inf"},
-	} {
-		if got := cadenceClass(c.d); got != c.want {
-			t.Errorf("cadenceClass(%v) = %q, want %q", c.d, got, c.want)
-		}
-	}
-	if got := strings.Join(CadenceClasses(), ","); got != "15m,1h,6h,24h,96h,168h,720h,+Inf" {
-		t.Errorf("CadenceClasses %s", got)
 	}
 }
 
@@ -215,20 +200,4 @@ func TestRecentStatusSharesOnePerSecond(t *testing.T) {
 	if st := e.sh.RecentStatus(time.Second); st.Leased != 1 || !st.AsOf.Equal(t0.Add(time.Second)) {
 		t.Fatalf("not refreshed: leased %d asOf %v", st.Leased, st.AsOf)
 	}
-}
-
-// BenchmarkMetricsClaimed measures what the claim metrics add to a claim of 100 rows (counted by
-// class, relative lateness observed per row), outside the shard's lock.
-func BenchmarkMetricsClaimed(b *testing.B) {
-	m := NewMetrics(prometheus.NewRegistry())
-	now := t0
-	rows := make([]core.Claimed, 100)
-	for i := range rows {
-		rows[i] = core.Claimed{Due: now.Add(-time.Duration(i) * time.Minute), Cadence: []time.Duration{time.Hour, 24 * time.Hour, 96 * time.Hour}[i%3]}
-	}
-	b.ReportAllocs()
-	for b.Loop() {
-		m.claimed(now, rows, time.Millisecond)
-	}
-	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(len(rows)), "ns/row")
 }

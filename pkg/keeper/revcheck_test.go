@@ -13,6 +13,7 @@ import (
 
 	"github.com/go-logr/logr"
 
+	"github.com/renderqueue/renderqueue/pkg/keeper/shardmetrics"
 	"github.com/renderqueue/renderqueue/pkg/schedule"
 )
 
@@ -23,7 +24,7 @@ import (
 func TestCompletionKeepsProducerChange(t *testing.T) {
 	e := newShardEnv(t, allSlots(24*time.Hour))
 	reg := prometheus.NewPedanticRegistry()
-	sh, err := NewShard(Options{Name: "rc", Store: e.st, Clock: e.clock.Now, Log: logr.Discard(), Metrics: NewMetrics(reg)}, allSlots(24*time.Hour))
+	sh, err := NewShard(Options{Name: "rc", Store: e.st, Clock: e.clock.Now, Log: logr.Discard(), Metrics: shardmetrics.New(reg)}, allSlots(24*time.Hour))
 	if err != nil {
 		t.Fatal(err)
 	}

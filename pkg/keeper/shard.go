@@ -15,6 +15,7 @@ import (
 	"github.com/renderqueue/renderqueue/pkg/keeper/core"
 	"github.com/renderqueue/renderqueue/pkg/keeper/core/policy"
 	"github.com/renderqueue/renderqueue/pkg/keeper/coverage"
+	"github.com/renderqueue/renderqueue/pkg/keeper/shardmetrics"
 	"github.com/renderqueue/renderqueue/pkg/schedule"
 	"github.com/renderqueue/renderqueue/pkg/shardapi"
 	"github.com/renderqueue/renderqueue/pkg/store"
@@ -99,8 +100,8 @@ type Options struct {
 	Clock func() time.Time
 	// Log receives the shard's log lines.
 	Log logr.Logger
-	// Metrics, when set, receives the shard's Prometheus metrics.
-	Metrics *Metrics
+	// Metrics, when set, receives the shard's Prometheus event metrics (shardmetrics.New).
+	Metrics *shardmetrics.Metrics
 }
 
 // Defaults of Options.ConnectBackoffMin and ConnectBackoffMax.
@@ -130,7 +131,7 @@ type Shard struct {
 	name  string
 	clock func() time.Time
 	log   logr.Logger
-	m     *Metrics
+	m     *shardmetrics.Metrics
 
 	// st is the store: set by NewShard, or by Run once open succeeds (under mu, before the
 	// first walk; everything that uses it runs after that walk or in Run).
@@ -254,7 +255,7 @@ func (s *Shard) HandleBatch(b store.Batch) {
 			s.unlockStep()
 			evs = evs[n:]
 		}
-		s.m.eventsApplied(len(b.Events))
+		s.m.EventsApplied(len(b.Events))
 		return
 	}
 	s.mu.Lock()
@@ -263,7 +264,7 @@ func (s *Shard) HandleBatch(b store.Batch) {
 	switch b.Kind {
 	case store.KindGap:
 		if s.cov.OnGap(now, errString(b.Err)) {
-			s.m.gap()
+			s.m.Gap()
 			s.log.Error(b.Err, "Subscription lost continuity; the shard is inexact until a walk after it resumes", "shard", s.name)
 		}
 	case store.KindResumed:
@@ -372,7 +373,8 @@ func (s *Shard) Walk(ctx context.Context, full bool) WalkReport {
 	}
 	s.lastWalk = &rep
 	s.lastErr = rep.Err
-	s.m.walk(rep)
+	s.m.Walk(shardmetrics.Walk{StartedAt: rep.StartedAt, FinishedAt: rep.FinishedAt, Failed: rep.Failed, Partial: rep.Partial,
+		UnreadSegments: rep.UnreadSegments, Counts: rep.Counts})
 	switch {
 	case rep.Failed:
 		s.log.Error(errors.New(rep.Err), "Walk failed", "shard", s.name, "full", full, "slots", len(slots))

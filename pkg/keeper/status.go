@@ -4,6 +4,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/renderqueue/renderqueue/pkg/keeper/shardmetrics"
 	"github.com/renderqueue/renderqueue/pkg/schedule"
 	"github.com/renderqueue/renderqueue/pkg/shardapi"
 )
@@ -16,6 +17,12 @@ const StatusMaxAge = 100 * time.Millisecond
 
 // statusStepRows bounds the rows that came due a status counts per hold of the shard's lock.
 const statusStepRows = 4096
+
+// NewStatusCollector returns the collector of s's state gauges (package shardmetrics), computed
+// at each scrape from a status at most StatusMaxAge old.
+func NewStatusCollector(s *Shard) *shardmetrics.StatusCollector {
+	return shardmetrics.NewStatusCollector(func() shardapi.Status { return s.RecentStatus(StatusMaxAge) })
+}
 
 // RecentStatus returns a status computed at most maxAge ago, computing a new one when the last
 // is older.

@@ -19,7 +19,7 @@ import (
 
 	"github.com/renderqueue/renderqueue/pkg/client"
 	"github.com/renderqueue/renderqueue/pkg/client/clienttest"
-	"github.com/renderqueue/renderqueue/pkg/keeper"
+	"github.com/renderqueue/renderqueue/pkg/keeper/httpserve"
 	"github.com/renderqueue/renderqueue/pkg/schedule"
 	"github.com/renderqueue/renderqueue/pkg/shardapi"
 )
@@ -169,7 +169,7 @@ func TestOpenAPIDocumentMatchesTheHandlers(t *testing.T) {
 		{base, "POST", "/v1/claim", `{"n":1,"leaseSeconds":-1}`, true, 400, false},
 		{base, "POST", "/v1/claim", `{"n":1,"count":2}`, true, 400, false},
 		{base, "POST", "/v1/claim", `{"n":`, true, 400, false},
-		{base, "POST", "/v1/claim", `{"n":1,"leaseSeconds":` + strings.Repeat("1", keeper.MaxRequestBytes) + `}`, true, 413, false},
+		{base, "POST", "/v1/claim", `{"n":1,"leaseSeconds":` + strings.Repeat("1", httpserve.MaxRequestBytes) + `}`, true, 413, false},
 		{base, "POST", "/v1/complete", `{"items":[]}`, true, 400, false},
 		{base, "POST", "/v1/complete", `{"items":[{"key":"a","lease":"xyz"}]}`, true, 400, false},
 		{base, "POST", "/v1/complete", `{"items":[{"key":"","lease":"` + lease + `"}]}`, true, 400, false},

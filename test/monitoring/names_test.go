@@ -16,6 +16,7 @@ import (
 	"github.com/renderqueue/renderqueue/controllers"
 	"github.com/renderqueue/renderqueue/pkg/buildinfo"
 	"github.com/renderqueue/renderqueue/pkg/keeper"
+	"github.com/renderqueue/renderqueue/pkg/keeper/shardmetrics"
 	"github.com/renderqueue/renderqueue/pkg/metricsapi"
 	"github.com/renderqueue/renderqueue/pkg/schedule"
 	"github.com/renderqueue/renderqueue/pkg/store/memstore"
@@ -104,7 +105,7 @@ func exportedMetrics(t *testing.T) exported {
 	// walk are present).
 	kreg := newRecorder()
 	sh, err := keeper.NewShard(keeper.Options{
-		Name: "names", Store: memstore.New(memstore.Options{}), Log: logr.Discard(), Metrics: keeper.NewMetrics(kreg),
+		Name: "names", Store: memstore.New(memstore.Options{}), Log: logr.Discard(), Metrics: shardmetrics.New(kreg),
 	}, keeper.Settings{Window: 24 * time.Hour, VerifyInterval: time.Hour, LeaseDuration: time.Minute,
 		SubmittedBoost: 2, UrgentMaxShare: 0.2, Owned: schedule.AllSlots()})
 	if err != nil {

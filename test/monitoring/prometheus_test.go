@@ -20,6 +20,7 @@ import (
 
 	"github.com/renderqueue/renderqueue/pkg/buildinfo"
 	"github.com/renderqueue/renderqueue/pkg/keeper"
+	"github.com/renderqueue/renderqueue/pkg/keeper/shardmetrics"
 	"github.com/renderqueue/renderqueue/pkg/schedule"
 	"github.com/renderqueue/renderqueue/pkg/store/memstore"
 )
@@ -145,7 +146,7 @@ func TestThrowawayPrometheus(t *testing.T) {
 		t.Fatal(err)
 	}
 	reg := prometheus.NewPedanticRegistry()
-	sh, err := keeper.NewShard(keeper.Options{Name: "web-shard-0", Store: st, Log: logr.Discard(), Metrics: keeper.NewMetrics(reg)},
+	sh, err := keeper.NewShard(keeper.Options{Name: "web-shard-0", Store: st, Log: logr.Discard(), Metrics: shardmetrics.New(reg)},
 		keeper.Settings{Window: 24 * time.Hour, VerifyInterval: time.Hour, LeaseDuration: time.Minute,
 			SubmittedBoost: 2, UrgentMaxShare: 0.2, Owned: schedule.AllSlots()})
 	if err != nil {

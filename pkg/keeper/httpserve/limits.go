@@ -1,4 +1,4 @@
-package keeper
+package httpserve
 
 import (
 	"fmt"
@@ -109,23 +109,25 @@ func NewServer(h http.Handler, l Limits) *http.Server {
 	}
 }
 
-// inFlight admits requests up to a count and a byte budget.
-type inFlight struct {
+// InFlight admits requests up to a count and a byte budget (Limits.MaxInFlight and
+// MaxInFlightBytes).
+type InFlight struct {
 	l     Limits
 	mu    sync.Mutex
 	n     int
 	bytes int64
 }
 
-func newInFlight(l Limits) *inFlight { return &inFlight{l: l} }
+// NewInFlight returns the admission of l (zero fields take the defaults).
+func NewInFlight(l Limits) *InFlight { return &InFlight{l: l.withDefaults()} }
 
-// wrap admits a request to h when it fits, and answers 503 with Retry-After when it does not
+// Wrap admits a request to h when it fits, and answers 503 with Retry-After when it does not
 // (413 when its declared body is over MaxRequestBytes).
-func (f *inFlight) wrap(h http.HandlerFunc) http.HandlerFunc {
+func (f *InFlight) Wrap(h http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		size := r.ContentLength
 		if size > MaxRequestBytes {
-			writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("request body of %d bytes is over %d bytes", size, MaxRequestBytes))
+			WriteError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("request body of %d bytes is over %d bytes", size, MaxRequestBytes))
 			return
 		}
 		if size < 0 {
@@ -141,7 +143,7 @@ func (f *inFlight) wrap(h http.HandlerFunc) http.HandlerFunc {
 		f.mu.Unlock()
 		if !ok {
 			w.Header().Set("Retry-After", strconv.Itoa(int(max(1, f.l.RetryAfter.Round(time.Second)/time.Second))))
-			writeError(w, http.StatusServiceUnavailable, fmt.Sprintf(
+			WriteError(w, http.StatusServiceUnavailable, fmt.Sprintf(
 				"busy: %d requests with %d body bytes in flight (at most %d and %d bytes); retry after %v",
 				n, b, f.l.MaxInFlight, f.l.MaxInFlightBytes, f.l.RetryAfter))
 			return

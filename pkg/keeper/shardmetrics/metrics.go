@@ -1,7 +1,6 @@
-package keeper
+package shardmetrics
 
 import (
-	"errors"
 	"strconv"
 	"time"
 
@@ -66,11 +65,11 @@ var walkRowKinds = [...]string{"scanned", "admitted", "repaired", "invalid", "de
 
 // Completion results (label values of renderqueue_keeper_completed_rows_total{result}).
 const (
-	completeOK          = "ok"
-	completeLeaseLost   = "lease_lost"
-	completeNotHeld     = "not_held"
-	completeWriteFailed = "write_failed"
-	completeChanged     = "changed"
+	ResultOK          = "ok"
+	ResultLeaseLost   = "lease_lost"
+	ResultNotHeld     = "not_held"
+	ResultWriteFailed = "write_failed"
+	ResultChanged     = "changed" // the row changed since it was claimed: not written
 )
 
 // Metrics are a shard's event metrics (counters and histograms). A nil *Metrics records nothing.
@@ -87,19 +86,19 @@ type Metrics struct {
 	completesTotal   *prometheus.CounterVec
 	claimLatency     prometheus.Histogram
 	completeLatency  prometheus.Histogram
-	claimedByClass   map[rowClass]prometheus.Counter
+	claimedByClass   map[RowClass]prometheus.Counter
 	latenessByClass  map[string]prometheus.Observer
 	completedByClass map[classResult]prometheus.Counter
 }
 
 type classResult struct {
-	class  rowClass
+	class  RowClass
 	result string
 }
 
-// NewMetrics registers the shard's event metrics with reg. Every labelled series that can occur
+// New registers the shard's event metrics with reg. Every labelled series that can occur
 // is created at once with value 0, so that rate() and increase() see the first event.
-func NewMetrics(reg prometheus.Registerer) *Metrics {
+func New(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
 		eventsTotal: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "renderqueue_keeper_events_applied_total", Help: "Change events applied from the subscription."}),
@@ -134,7 +133,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		completeLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "renderqueue_keeper_complete_duration_seconds", Help: "Time to serve a complete request, including the group-committed write.",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14)}),
-		claimedByClass:   map[rowClass]prometheus.Counter{},
+		claimedByClass:   map[RowClass]prometheus.Counter{},
 		latenessByClass:  map[string]prometheus.Observer{},
 		completedByClass: map[classResult]prometheus.Counter{},
 	}
@@ -147,32 +146,46 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	for _, c := range CadenceClasses() {
 		m.latenessByClass[c] = m.claimLateness.WithLabelValues(c)
 		for _, src := range sources {
-			rc := rowClass{cadence: c, source: src}
+			rc := RowClass{cadence: c, source: src}
 			m.claimedByClass[rc] = m.claimsTotal.WithLabelValues(c, src)
-			for _, res := range []string{completeOK, completeLeaseLost, completeNotHeld, completeChanged, completeWriteFailed} {
+			for _, res := range []string{ResultOK, ResultLeaseLost, ResultNotHeld, ResultChanged, ResultWriteFailed} {
 				m.completedByClass[classResult{rc, res}] = m.completesTotal.WithLabelValues(c, src, res)
 			}
 		}
 	}
-	m.completedByClass[classResult{rowClass{}, completeNotHeld}] = m.completesTotal.WithLabelValues("", "", completeNotHeld)
+	m.completedByClass[classResult{RowClass{}, ResultNotHeld}] = m.completesTotal.WithLabelValues("", "", ResultNotHeld)
 	reg.MustRegister(m.eventsTotal, m.gapsTotal, m.walkSeconds, m.walkRows, m.walksTotal, m.unreadSegments,
 		m.claimsTotal, m.claimLateness, m.completesTotal, m.claimLatency, m.completeLatency)
 	return m
 }
 
-func (m *Metrics) eventsApplied(n int) {
+// EventsApplied counts n change events applied from the subscription.
+func (m *Metrics) EventsApplied(n int) {
 	if m != nil {
 		m.eventsTotal.Add(float64(n))
 	}
 }
 
-func (m *Metrics) gap() {
+// Gap counts a loss of the subscription's continuity.
+func (m *Metrics) Gap() {
 	if m != nil {
 		m.gapsTotal.Inc()
 	}
 }
 
-func (m *Metrics) walk(r WalkReport) {
+// Walk is what the metrics record of one finished walk.
+type Walk struct {
+	// StartedAt and FinishedAt time the walk; a zero FinishedAt records no duration.
+	StartedAt, FinishedAt time.Time
+	// Failed: the walk failed as a whole; Partial: it left UnreadSegments segments unread.
+	Failed, Partial bool
+	UnreadSegments  int
+	// Counts are the rows the walk read, by what it found.
+	Counts core.WalkCounts
+}
+
+// Walk records a finished walk: its result, duration, unread segments and rows.
+func (m *Metrics) Walk(r Walk) {
 	if m == nil {
 		return
 	}
@@ -195,14 +208,15 @@ func (m *Metrics) walk(r WalkReport) {
 	m.walkRows.WithLabelValues("deleted").Add(float64(r.Counts.Deleted))
 }
 
-// claimed counts the rows one claim at now handed out and observes their relative lateness.
-func (m *Metrics) claimed(now time.Time, rows []core.Claimed, took time.Duration) {
+// Claimed counts the rows one claim at now handed out and observes their relative lateness;
+// took is how long the claim took.
+func (m *Metrics) Claimed(now time.Time, rows []core.Claimed, took time.Duration) {
 	if m == nil {
 		return
 	}
 	m.claimLatency.Observe(took.Seconds())
 	for i := range rows {
-		rc := classOf(rows[i].Cadence, rows[i].Source)
+		rc := ClassOf(rows[i].Cadence, rows[i].Source)
 		if c := m.claimedByClass[rc]; c != nil {
 			c.Inc()
 		} else {
@@ -214,33 +228,25 @@ func (m *Metrics) claimed(now time.Time, rows []core.Claimed, took time.Duration
 	}
 }
 
-// rowClass is a row's class as the metrics label it; empty when the row is not held.
-type rowClass struct{ cadence, source string }
+// RowClass is a row's class as the metrics label it (cadence_le and source); the zero RowClass
+// is a row the shard does not hold.
+type RowClass struct{ cadence, source string }
 
-func classOf(cadence time.Duration, source schedule.Source) rowClass {
-	return rowClass{cadence: cadenceClass(cadence), source: source.String()}
+// ClassOf is the class of a row of cadence and source.
+func ClassOf(cadence time.Duration, source schedule.Source) RowClass {
+	return RowClass{cadence: cadenceClass(cadence), source: source.String()}
 }
 
-// completed counts one complete request's items by class and result.
-func (m *Metrics) completed(results []error, classes []rowClass, took time.Duration) {
+// Completed counts one complete request's items by class and result (one of the Result*
+// values); took is how long the request took, 0 when it wrote nothing (no duration recorded).
+func (m *Metrics) Completed(results []string, classes []RowClass, took time.Duration) {
 	if m == nil {
 		return
 	}
 	if took > 0 {
 		m.completeLatency.Observe(took.Seconds())
 	}
-	for i, err := range results {
-		result := completeOK
-		switch {
-		case errors.Is(err, core.ErrNotHeld):
-			result = completeNotHeld
-		case errors.Is(err, errWriteFailed):
-			result = completeWriteFailed
-		case errors.Is(err, ErrChangedSinceClaimed):
-			result = completeChanged
-		case err != nil:
-			result = completeLeaseLost
-		}
+	for i, result := range results {
 		k := classResult{classes[i], result}
 		if c := m.completedByClass[k]; c != nil {
 			c.Inc()
@@ -254,8 +260,8 @@ func (m *Metrics) completed(results []error, classes []rowClass, took time.Durat
 // lateness, classes, rows coming due, edge, last walk, ...) computed from its status at scrape
 // time, so that none of them can freeze while the shard is busy (during a long walk, say).
 type StatusCollector struct {
-	shard *Shard
-	descs statusDescs
+	status func() shardapi.Status
+	descs  statusDescs
 }
 
 type statusDescs struct {
@@ -265,12 +271,13 @@ type statusDescs struct {
 	edge, lastWalkEnd, lastWalkPartial, lastWalkFailed, epoch *prometheus.Desc
 }
 
-// NewStatusCollector returns a collector of s's state gauges.
-func NewStatusCollector(s *Shard) *StatusCollector {
+// NewStatusCollector returns a collector of the state gauges of the status that status returns
+// at each scrape (keeper.NewStatusCollector passes a shard's recent status).
+func NewStatusCollector(status func() shardapi.Status) *StatusCollector {
 	d := func(name, help string, labels ...string) *prometheus.Desc {
 		return prometheus.NewDesc("renderqueue_keeper_"+name, help, labels, nil)
 	}
-	return &StatusCollector{shard: s, descs: statusDescs{
+	return &StatusCollector{status: status, descs: statusDescs{
 		held:         d("rows_held", "Rows held in memory (owned and incoming slots)."),
 		ownedNotHeld: d("rows_owned_not_held", "Owned rows beyond the window at the last full walk (approximate)."),
 		invalid:      d("rows_invalid", "Keys whose latest version is invalid (never held)."),
@@ -310,7 +317,7 @@ func (c *StatusCollector) Describe(ch chan<- *prometheus.Desc) {
 
 // Collect implements prometheus.Collector.
 func (c *StatusCollector) Collect(ch chan<- prometheus.Metric) {
-	collectStatus(c.descs, c.shard.RecentStatus(StatusMaxAge), ch)
+	collectStatus(c.descs, c.status(), ch)
 }
 
 func collectStatus(d statusDescs, st shardapi.Status, ch chan<- prometheus.Metric) {
@@ -331,19 +338,19 @@ func collectStatus(d statusDescs, st shardapi.Status, ch chan<- prometheus.Metri
 	g(d.relP50, st.Lateness.P50Relative)
 	g(d.relP99, st.Lateness.P99Relative)
 
-	due, held := map[rowClass]int{}, map[rowClass]int{}
+	due, held := map[RowClass]int{}, map[RowClass]int{}
 	for _, cl := range st.Classes {
 		src := cl.Source
 		if src != sources[0] && src != sources[1] {
 			continue // not a source this build knows; cannot happen with its own status
 		}
-		rc := rowClass{cadence: cadenceClass(time.Duration(cl.Cadence * float64(time.Second))), source: src}
+		rc := RowClass{cadence: cadenceClass(time.Duration(cl.Cadence * float64(time.Second))), source: src}
 		due[rc] += cl.Due
 		held[rc] += cl.Held
 	}
 	for _, cad := range CadenceClasses() {
 		for _, src := range sources {
-			rc := rowClass{cadence: cad, source: src}
+			rc := RowClass{cadence: cad, source: src}
 			g(d.classDue, float64(due[rc]), cad, src)
 			g(d.classHeld, float64(held[rc]), cad, src)
 		}

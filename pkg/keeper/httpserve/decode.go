@@ -1,0 +1,184 @@
+package httpserve
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"reflect"
+	"strings"
+
+	"github.com/renderqueue/renderqueue/pkg/shardapi"
+)
+
+// MaxRequestBytes bounds the body of every API request. It is sized so that a complete or
+// release of a full claim batch (shardapi.MaxClaim items) fits with keys of the longest length
+// (schedule.MaxKeyBytes) and a nextDue each: about 2,150 bytes per item.
+const MaxRequestBytes = 24 << 20
+
+// WriteJSON writes v as the JSON reply with status code (500 when v does not encode).
+func WriteJSON(w http.ResponseWriter, code int, v any) {
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(v); err != nil {
+		http.Error(w, `{"error":"encoding the reply failed"}`, http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	_, _ = w.Write(buf.Bytes())
+}
+
+// WriteError writes the JSON error reply (shardapi.Error) msg with status code.
+func WriteError(w http.ResponseWriter, code int, msg string) {
+	WriteJSON(w, code, shardapi.Error{Error: msg})
+}
+
+// Decode reads the JSON body of r into v strictly: size-limited, no unknown fields, one value.
+// A request whose "items" array holds more than shardapi.MaxClaim items is refused as soon as
+// the item after the last allowed one starts, without reading or decoding the rest of the body.
+// A body that does not decode is answered (400, 408 or 413) and Decode returns false.
+func Decode(w http.ResponseWriter, r *http.Request, v any) bool {
+	body := http.MaxBytesReader(w, r.Body, MaxRequestBytes)
+	dec := json.NewDecoder(body)
+	dec.DisallowUnknownFields()
+	var err error
+	if items, ok := itemsField(v); ok {
+		err = decodeWithItems(dec, v, items)
+	} else {
+		err = dec.Decode(v)
+	}
+	if err != nil {
+		var tooBig *http.MaxBytesError
+		var tooMany errTooManyItems
+		var netErr net.Error
+		switch {
+		case errors.As(err, &tooBig):
+			WriteError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("request body over %d bytes", MaxRequestBytes))
+		case errors.As(err, &tooMany):
+			WriteError(w, http.StatusRequestEntityTooLarge, err.Error())
+		case errors.As(err, &netErr) && netErr.Timeout():
+			WriteError(w, http.StatusRequestTimeout, "the request body did not arrive in time")
+		case errors.Is(err, io.EOF):
+			WriteError(w, http.StatusBadRequest, "empty request body: want a JSON object")
+		default:
+			WriteError(w, http.StatusBadRequest, "malformed JSON body: "+err.Error())
+		}
+		return false
+	}
+	if dec.More() {
+		WriteError(w, http.StatusBadRequest, "malformed JSON body: more than one JSON value")
+		return false
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		WriteError(w, http.StatusBadRequest, "malformed JSON body: trailing data after the JSON object")
+		return false
+	}
+	return true
+}
+
+// errTooManyItems refuses a request whose items array is longer than shardapi.MaxClaim.
+type errTooManyItems struct{}
+
+func (errTooManyItems) Error() string {
+	return fmt.Sprintf("more than %d items: a request carries at most %d (the largest claim)", shardapi.MaxClaim, shardapi.MaxClaim)
+}
+
+// itemsField returns the field of the struct *v that holds the "items" array, if it has one.
+func itemsField(v any) (reflect.Value, bool) {
+	rv := reflect.ValueOf(v)
+	if rv.Kind() != reflect.Pointer || rv.Elem().Kind() != reflect.Struct {
+		return reflect.Value{}, false
+	}
+	st := rv.Elem().Type()
+	for i := range st.NumField() {
+		name, _, _ := strings.Cut(st.Field(i).Tag.Get("json"), ",")
+		if name == "items" && st.Field(i).Type.Kind() == reflect.Slice {
+			return rv.Elem().Field(i), true
+		}
+	}
+	return reflect.Value{}, false
+}
+
+// decodeWithItems decodes one JSON object into v, reading the array of its "items" member
+// element by element into items (at most shardapi.MaxClaim of them) and every other member as
+// encoding/json would (strictly: dec's settings apply to both).
+func decodeWithItems(dec *json.Decoder, v any, items reflect.Value) error {
+	tok, err := dec.Token()
+	if err != nil {
+		return err
+	}
+	if d, ok := tok.(json.Delim); !ok || d != '{' {
+		return fmt.Errorf("want a JSON object, got %v", tok)
+	}
+	rest := []byte{'{'}
+	seenItems := false
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return err
+		}
+		name := tok.(string) // object keys are strings; the decoder checks the syntax
+		var raw json.RawMessage
+		if !strings.EqualFold(name, "items") {
+			if err := dec.Decode(&raw); err != nil {
+				return err
+			}
+			if len(rest) > 1 {
+				rest = append(rest, ',')
+			}
+			key, _ := json.Marshal(name)
+			rest = append(append(append(rest, key...), ':'), raw...)
+			continue
+		}
+		if seenItems {
+			return errors.New(`"items" given twice`)
+		}
+		seenItems = true
+		if err := decodeItems(dec, items); err != nil {
+			return err
+		}
+	}
+	if _, err := dec.Token(); err != nil { // the closing '}'
+		return err
+	}
+	// the other members, strictly; Decode leaves items alone (it is not among them)
+	rest = append(rest, '}')
+	strict := json.NewDecoder(bytes.NewReader(rest))
+	strict.DisallowUnknownFields()
+	return strict.Decode(v)
+}
+
+// decodeItems reads a JSON array (or null) element by element into the slice items.
+func decodeItems(dec *json.Decoder, items reflect.Value) error {
+	tok, err := dec.Token()
+	if err != nil {
+		return err
+	}
+	if tok == nil {
+		items.SetZero()
+		return nil
+	}
+	if d, ok := tok.(json.Delim); !ok || d != '[' {
+		return fmt.Errorf(`"items" must be an array, got %v`, tok)
+	}
+	out := reflect.MakeSlice(items.Type(), 0, 16)
+	elem := items.Type().Elem()
+	for dec.More() {
+		if out.Len() == shardapi.MaxClaim {
+			return errTooManyItems{}
+		}
+		p := reflect.New(elem)
+		if err := dec.Decode(p.Interface()); err != nil {
+			return fmt.Errorf("item %d: %w", out.Len(), err)
+		}
+		out = reflect.Append(out, p.Elem())
+	}
+	if _, err := dec.Token(); err != nil { // the closing ']'
+		return err
+	}
+	items.Set(out)
+	return nil
+}

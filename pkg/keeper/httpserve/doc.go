@@ -1,0 +1,7 @@
+// Package httpserve is the HTTP plumbing of a keeper shard's API (package keeper serves the
+// endpoints): the strict JSON decoding of request bodies with their size and item limits
+// (Decode, MaxRequestBytes), the JSON replies, the server's timeouts and the admission of the
+// mutating endpoints' requests by count and body bytes (Limits, NewServer, InFlight), the bearer
+// token (Bearer), a request's leaseSeconds (LeaseSeconds, MaxLease) and the lease token's wire
+// form (FormatLease, ParseLease).
+package httpserve
