@@ -20,6 +20,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/renderqueue/renderqueue/pkg/client"
+	"github.com/renderqueue/renderqueue/pkg/client/discovery"
 	"github.com/renderqueue/renderqueue/pkg/workersim"
 )
 
@@ -64,7 +65,7 @@ func runWorkerSim(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	}
 	log := logr.FromSlogHandler(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
 
-	discovery, where, err := workerDiscovery(*shards, *dnsName, *rqName, *namespace, *kubeconfig)
+	disc, where, err := workerDiscovery(*shards, *dnsName, *rqName, *namespace, *kubeconfig)
 	if err != nil {
 		return err
 	}
@@ -85,7 +86,7 @@ func runWorkerSim(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	}
 	bo := client.DefaultBackoff
 	bo.Duration = *backoff
-	c, err := client.New(client.Options{Discovery: discovery, Token: token, Batch: *batch, Lease: *lease, Backoff: bo, Metrics: metrics, Log: log})
+	c, err := client.New(client.Options{Discovery: disc, Token: token, Batch: *batch, Lease: *lease, Backoff: bo, Metrics: metrics, Log: log})
 	if err != nil {
 		return err
 	}
@@ -171,7 +172,7 @@ func workerDiscovery(shards, dnsName, rqName, namespace, kubeconfig string) (cli
 		if err != nil {
 			return nil, "", err
 		}
-		d, err := client.RenderQueueDiscovery(cfg, namespace, rqName)
+		d, err := discovery.RenderQueue(cfg, namespace, rqName)
 		return d, "renderqueue " + namespace + "/" + rqName, err
 	case dnsName != "":
 		host, p, err := net.SplitHostPort(dnsName)
@@ -182,10 +183,10 @@ func workerDiscovery(shards, dnsName, rqName, namespace, kubeconfig string) (cli
 		if err != nil {
 			return nil, "", fmt.Errorf("--dns %q: port %q is not a number", dnsName, p)
 		}
-		d, err := client.DNSDiscovery(host, port, 0)
+		d, err := discovery.DNS(host, port, 0)
 		return d, "DNS name " + dnsName, err
 	default:
-		d, err := client.StaticDiscovery(urls...)
+		d, err := discovery.Static(urls...)
 		return d, strings.Join(urls, ", "), err
 	}
 }

@@ -10,7 +10,6 @@ import (
 	"math"
 	"math/rand/v2"
 	"net/http"
-	"net/url"
 	"sort"
 	"strconv"
 	"strings"
@@ -36,7 +35,7 @@ var DefaultBackoff = wait.Backoff{Duration: 100 * time.Millisecond, Factor: 2, J
 // Options configure a Client. Discovery is required; the zero value of the others gives the
 // defaults.
 type Options struct {
-	// Discovery finds the shards (StaticDiscovery, DNSDiscovery, RenderQueueDiscovery).
+	// Discovery finds the shards (package discovery: Static, DNS, RenderQueue).
 	Discovery Discovery
 	// Token is the bearer token of the shards' API (the Secret <name>-api-token, key "token");
 	// empty sends none (shards run with --insecure-no-auth).
@@ -69,7 +68,7 @@ type Shard struct {
 	Name string
 	// URL is the base URL of the shard's HTTP API, e.g. http://10.0.0.7:8080.
 	URL string
-	// Due is the shard's due count when DueKnown (RenderQueueDiscovery); claims favour shards with
+	// Due is the shard's due count when DueKnown (discovery.RenderQueue); claims favour shards with
 	// more due rows.
 	Due      int64
 	DueKnown bool
@@ -724,16 +723,6 @@ func GetShardStatus(ctx context.Context, hc *http.Client, baseURL, name string) 
 		return nil, fmt.Errorf("%s/v1/status reports shard %q, not %q", strings.TrimRight(baseURL, "/"), st.Shard, name)
 	}
 	return st, nil
-}
-
-// checkBaseURL validates a shard base URL and returns it without a trailing slash.
-func checkBaseURL(s string) (string, error) {
-	s = strings.TrimRight(strings.TrimSpace(s), "/")
-	u, err := url.Parse(s)
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return "", fmt.Errorf("shard URL %q is not an http(s) URL", s)
-	}
-	return s, nil
 }
 
 // Stats counts what a Client did so far.

@@ -5,11 +5,12 @@
 //
 // # Discovery
 //
-// A Client follows a Discovery for the set of shards:
+// A Client follows a Discovery for the set of shards; package discovery (pkg/client/discovery)
+// has three:
 //
-//   - StaticDiscovery: a fixed list of base URLs (http://10.0.0.7:8080).
-//   - DNSDiscovery: the addresses of the headless Service <name>-shards, re-resolved periodically.
-//   - RenderQueueDiscovery: the RenderQueue object itself, watched through the Kubernetes API:
+//   - discovery.Static: a fixed list of base URLs (http://10.0.0.7:8080).
+//   - discovery.DNS: the addresses of the headless Service <name>-shards, re-resolved periodically.
+//   - discovery.RenderQueue: the RenderQueue object itself, watched through the Kubernetes API:
 //     status.shards[].url and each shard's due count. A rebalance that adds or removes shards is
 //     followed as it happens; the worker needs read access to that one object only (a Role with
 //     get, list and watch on renderqueues, resourceNames [<name>]).

@@ -13,6 +13,7 @@ import (
 
 	"github.com/renderqueue/renderqueue/pkg/client"
 	"github.com/renderqueue/renderqueue/pkg/client/clienttest"
+	"github.com/renderqueue/renderqueue/pkg/client/discovery"
 	"github.com/renderqueue/renderqueue/pkg/schedule"
 )
 
@@ -51,11 +52,11 @@ func ExampleClient_Run() {
 	urls, completed, stop := exampleShards(50)
 	defer stop()
 
-	discovery, err := client.StaticDiscovery(urls...)
+	disc, err := discovery.Static(urls...)
 	if err != nil {
 		panic(err)
 	}
-	c, err := client.New(client.Options{Discovery: discovery, Token: "s3cret"})
+	c, err := client.New(client.Options{Discovery: disc, Token: "s3cret"})
 	if err != nil {
 		panic(err)
 	}
@@ -83,8 +84,8 @@ func ExampleClient_Run() {
 func ExampleClient_Claim() {
 	urls, _, stop := exampleShards(3)
 	defer stop()
-	discovery, _ := client.StaticDiscovery(urls...)
-	c, _ := client.New(client.Options{Discovery: discovery, Token: "s3cret"})
+	disc, _ := discovery.Static(urls...)
+	c, _ := client.New(client.Options{Discovery: disc, Token: "s3cret"})
 	defer func() { _ = c.Close() }()
 	ctx := context.Background()
 
@@ -109,14 +110,14 @@ func ExampleClient_Claim() {
 
 // Discovery through the RenderQueue object, with the kubeconfig or the in-cluster config, and
 // the worker's metrics on a Prometheus registry.
-func ExampleRenderQueueDiscovery() {
+func Example_renderQueueDiscovery() {
 	rules := clientcmd.NewDefaultClientConfigLoadingRules() // $KUBECONFIG, ~/.kube/config; in-cluster without
 	cfg, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, nil).ClientConfig()
 	if err != nil {
 		fmt.Println("no Kubernetes configuration:", err != nil)
 		return
 	}
-	discovery, err := client.RenderQueueDiscovery(cfg, "default", "web")
+	disc, err := discovery.RenderQueue(cfg, "default", "web")
 	if err != nil {
 		panic(err)
 	}
@@ -128,7 +129,7 @@ func ExampleRenderQueueDiscovery() {
 	if err != nil {
 		panic(err)
 	}
-	c, err := client.New(client.Options{Discovery: discovery, Token: string(token), Metrics: metrics})
+	c, err := client.New(client.Options{Discovery: disc, Token: string(token), Metrics: metrics})
 	if err != nil {
 		panic(err)
 	}

@@ -17,6 +17,7 @@ import (
 
 	"github.com/renderqueue/renderqueue/pkg/client"
 	"github.com/renderqueue/renderqueue/pkg/client/clienttest"
+	"github.com/renderqueue/renderqueue/pkg/client/discovery"
 	"github.com/renderqueue/renderqueue/pkg/schedule"
 )
 
@@ -43,7 +44,7 @@ func newClient(t *testing.T, opts client.Options) *client.Client {
 
 func static(t *testing.T, urls ...string) client.Discovery {
 	t.Helper()
-	d, err := client.StaticDiscovery(urls...)
+	d, err := discovery.Static(urls...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -459,7 +460,7 @@ func TestDNSDiscovery(t *testing.T) {
 	rows := overdue("product", 10)
 	cl.Upsert(rows...)
 	port := portOf(t, cl.URLs()[0])
-	d, err := client.DNSDiscovery("localhost", port, time.Second)
+	d, err := discovery.DNS("localhost", port, time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -492,8 +493,8 @@ func TestOptionsValidated(t *testing.T) {
 		}
 	}
 	for _, u := range [][]string{{}, {"ftp://x"}, {"http://a:1", "http://a:1/"}, {"127.0.0.1:8080"}} {
-		if _, err := client.StaticDiscovery(u...); err == nil {
-			t.Errorf("StaticDiscovery(%q) accepted", u)
+		if _, err := discovery.Static(u...); err == nil {
+			t.Errorf("discovery.Static(%q) accepted", u)
 		}
 	}
 }

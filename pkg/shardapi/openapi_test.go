@@ -19,6 +19,7 @@ import (
 
 	"github.com/renderqueue/renderqueue/pkg/client"
 	"github.com/renderqueue/renderqueue/pkg/client/clienttest"
+	"github.com/renderqueue/renderqueue/pkg/client/discovery"
 	"github.com/renderqueue/renderqueue/pkg/keeper/httpserve"
 	"github.com/renderqueue/renderqueue/pkg/schedule"
 	"github.com/renderqueue/renderqueue/pkg/shardapi"
@@ -102,7 +103,7 @@ func TestOpenAPIDocumentMatchesTheHandlers(t *testing.T) {
 		time.Sleep(5 * time.Millisecond)
 	}
 	ctx := context.Background()
-	d, err := client.StaticDiscovery(base)
+	d, err := discovery.Static(base)
 	if err != nil {
 		t.Fatal(err)
 	}

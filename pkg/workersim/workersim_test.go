@@ -14,13 +14,14 @@ import (
 
 	"github.com/renderqueue/renderqueue/pkg/client"
 	"github.com/renderqueue/renderqueue/pkg/client/clienttest"
+	"github.com/renderqueue/renderqueue/pkg/client/discovery"
 	"github.com/renderqueue/renderqueue/pkg/schedule"
 	"github.com/renderqueue/renderqueue/pkg/shardapi"
 )
 
 func newClient(t *testing.T, urls []string, token string) *client.Client {
 	t.Helper()
-	d, err := client.StaticDiscovery(urls...)
+	d, err := discovery.Static(urls...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -198,7 +199,7 @@ func TestRetriesCompletionAfter503(t *testing.T) {
 
 func mustStatic(t *testing.T, urls []string) client.Discovery {
 	t.Helper()
-	d, err := client.StaticDiscovery(urls...)
+	d, err := discovery.Static(urls...)
 	if err != nil {
 		t.Fatal(err)
 	}

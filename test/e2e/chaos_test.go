@@ -58,6 +58,7 @@ import (
 
 	rqv1 "github.com/renderqueue/renderqueue/api/v1alpha1"
 	"github.com/renderqueue/renderqueue/pkg/client"
+	"github.com/renderqueue/renderqueue/pkg/client/discovery"
 	"github.com/renderqueue/renderqueue/pkg/schedule"
 )
 
@@ -286,7 +287,7 @@ func (ch *chaos) startLoad(t *testing.T) {
 	if err != nil {
 		t.Fatalf("reading the API token: %v", err)
 	}
-	disc, err := client.RenderQueueDiscovery(e.c.RESTConfig, namespace, queueName)
+	disc, err := discovery.RenderQueue(e.c.RESTConfig, namespace, queueName)
 	if err != nil {
 		t.Fatal(err)
 	}
