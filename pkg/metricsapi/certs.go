@@ -3,17 +3,10 @@ package metricsapi
 import (
 	"bytes"
 	"context"
-	"crypto"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/json"
-	"encoding/pem"
 	"errors"
 	"fmt"
-	"math/big"
 	"slices"
 	"strings"
 	"sync"
@@ -28,18 +21,13 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apiserver/pkg/server/dynamiccertificates"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/renderqueue/renderqueue/pkg/certs"
 )
 
-// Lifetimes of the certificates the metrics API keeps in its Secret (Options.CertSecret).
+// Settings of the metrics API's certificates (kept in its Secret, Options.CertSecret; the CA and
+// serving certificate lifetimes are pkg/certs').
 const (
-	// caLifetime is how long a generated CA is valid; it is replaced once less than
-	// caRenewBefore is left, and kept in the CA bundle beside its successor until it expires.
-	caLifetime    = 10 * 365 * 24 * time.Hour
-	caRenewBefore = 365 * 24 * time.Hour
-	// servingLifetime is how long a serving certificate is valid; it is replaced, signed by the
-	// same CA, once less than servingRenewBefore is left.
-	servingLifetime    = 365 * 24 * time.Hour
-	servingRenewBefore = 30 * 24 * time.Hour
 	// DefaultCertRefresh is how often every replica reads the Secret again (a certificate a
 	// replica renewed reaches the others within it) and checks the APIService's caBundle.
 	DefaultCertRefresh = 10 * time.Minute
@@ -49,8 +37,8 @@ const (
 
 // Keys of the certificate Secret (type kubernetes.io/tls).
 const (
-	keyCACert = "ca.crt" // PEM: the current CA, then the previous one while it is still valid
-	keyCAKey  = "ca.key" // PEM: the current CA's key
+	keyCACert = certs.KeyCACert // PEM: the current CA, then the previous one while it is still valid
+	keyCAKey  = certs.KeyCAKey  // PEM: the current CA's key
 	keyCert   = corev1.TLSCertKey
 	keyKey    = corev1.TLSPrivateKeyKey
 )
@@ -58,205 +46,56 @@ const (
 var apiServiceGVK = schema.GroupVersionKind{Group: "apiregistration.k8s.io", Version: "v1", Kind: "APIService"}
 
 // renewCerts checks the certificate Secret's data at now and returns it as it should be: the
-// same map when it holds a CA with at least caRenewBefore left and a serving certificate for
-// dnsNames, signed by that CA, with at least servingRenewBefore left; otherwise new data (a new
-// serving certificate signed by the CA, and a new CA first when the CA is missing, unreadable or
-// expiring) and why.
+// same map when it holds a CA with at least certs.CARenewBefore left and a serving certificate
+// for dnsNames, signed by that CA, with at least certs.ServingRenewBefore left; otherwise new
+// data (a new serving certificate signed by the CA, and a new CA first when the CA is missing,
+// unreadable or expiring) and why.
 func renewCerts(data map[string][]byte, dnsNames []string, now time.Time) (map[string][]byte, string, error) {
-	caCerts, caErr := parseCerts(data[keyCACert])
-	var caKey crypto.Signer
-	if caErr == nil {
-		caKey, caErr = parseKey(data[keyCAKey])
-	}
-	if caErr == nil && !publicKeysEqual(caCerts[0].PublicKey, caKey.Public()) {
-		caErr = errors.New("ca.key is not the key of the first certificate of ca.crt")
-	}
-	var why string
-	switch {
-	case caErr != nil:
-		why = fmt.Sprintf("no usable CA (%v)", caErr)
-	case now.Add(caRenewBefore).After(caCerts[0].NotAfter):
-		why = fmt.Sprintf("the CA expires at %s", caCerts[0].NotAfter.UTC().Format(time.RFC3339))
+	ca, why, err := certs.RenewCA(data, fmt.Sprintf("%s-ca@%d", serverName, now.Unix()), now)
+	if err != nil {
+		return nil, "", err
 	}
 	out := map[string][]byte{}
 	if why != "" {
-		cert, key, err := newCA(now)
-		if err != nil {
+		if out, err = certs.CAData(ca); err != nil {
 			return nil, "", err
 		}
-		bundle := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: cert.Raw})
-		for _, old := range caCerts {
-			if now.Before(old.NotAfter) {
-				bundle = append(bundle, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: old.Raw})...)
-			}
-		}
-		keyPEM, err := encodeKey(key)
-		if err != nil {
-			return nil, "", err
-		}
-		caCerts, caKey = []*x509.Certificate{cert}, key
-		out[keyCACert], out[keyCAKey] = bundle, keyPEM
 	} else {
 		out[keyCACert], out[keyCAKey] = data[keyCACert], data[keyCAKey]
-		why = servingProblem(data, caCerts[0], dnsNames, now)
+		why = servingProblem(data, ca.Cert, dnsNames, now)
 		if why == "" {
 			return data, "", nil
 		}
 	}
-	certPEM, keyPEM, err := newServingCert(caCerts[0], caKey, dnsNames, now)
+	serving, err := certs.NewServing(ca, dnsNames, now)
 	if err != nil {
 		return nil, "", err
 	}
-	out[keyCert], out[keyKey] = certPEM, keyPEM
+	out[keyCert], out[keyKey] = serving.CertPEM, serving.KeyPEM
 	return out, why, nil
 }
 
 // servingProblem says what is wrong with the serving certificate of data, "" when nothing is.
 func servingProblem(data map[string][]byte, ca *x509.Certificate, dnsNames []string, now time.Time) string {
-	certs, err := parseCerts(data[keyCert])
+	chain, err := certs.ParseCerts(data[keyCert])
 	if err != nil {
 		return fmt.Sprintf("no usable serving certificate (%v)", err)
 	}
-	key, err := parseKey(data[keyKey])
-	if err != nil || !publicKeysEqual(certs[0].PublicKey, key.Public()) {
+	key, err := certs.ParseKey(data[keyKey])
+	if err != nil || !certs.PublicKeysEqual(chain[0].PublicKey, key.Public()) {
 		return "the serving key does not match the certificate"
 	}
-	cert := certs[0]
+	cert := chain[0]
 	if err := cert.CheckSignatureFrom(ca); err != nil {
 		return "the serving certificate is not signed by the CA"
 	}
-	if now.Add(servingRenewBefore).After(cert.NotAfter) {
+	if due, _ := certs.ServingDue(cert.NotAfter, now); due {
 		return fmt.Sprintf("the serving certificate expires at %s", cert.NotAfter.UTC().Format(time.RFC3339))
 	}
 	if !slices.Equal(cert.DNSNames, dnsNames) {
 		return fmt.Sprintf("the serving certificate is for %v, not %v", cert.DNSNames, dnsNames)
 	}
 	return ""
-}
-
-func newCA(now time.Time) (*x509.Certificate, *ecdsa.PrivateKey, error) {
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		return nil, nil, fmt.Errorf("generating a CA key: %w", err)
-	}
-	serial, err := serialNumber()
-	if err != nil {
-		return nil, nil, err
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: serial,
-		Subject:      pkix.Name{CommonName: fmt.Sprintf("%s-ca@%d", serverName, now.Unix())},
-		NotBefore:    now.Add(-time.Hour), NotAfter: now.Add(caLifetime),
-		KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature, IsCA: true, BasicConstraintsValid: true,
-		MaxPathLenZero: true,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		return nil, nil, fmt.Errorf("creating the CA certificate: %w", err)
-	}
-	cert, err := x509.ParseCertificate(der)
-	if err != nil {
-		return nil, nil, fmt.Errorf("parsing the CA certificate: %w", err)
-	}
-	return cert, key, nil
-}
-
-func newServingCert(ca *x509.Certificate, caKey crypto.Signer, dnsNames []string, now time.Time) (certPEM, keyPEM []byte, err error) {
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		return nil, nil, fmt.Errorf("generating a serving key: %w", err)
-	}
-	serial, err := serialNumber()
-	if err != nil {
-		return nil, nil, err
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: serial,
-		Subject:      pkix.Name{CommonName: dnsNames[0]},
-		DNSNames:     dnsNames,
-		NotBefore:    now.Add(-time.Hour), NotAfter: now.Add(servingLifetime),
-		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
-	if err != nil {
-		return nil, nil, fmt.Errorf("creating the serving certificate: %w", err)
-	}
-	keyPEM, err = encodeKey(key)
-	if err != nil {
-		return nil, nil, err
-	}
-	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), keyPEM, nil
-}
-
-func serialNumber() (*big.Int, error) {
-	n, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 127))
-	if err != nil {
-		return nil, fmt.Errorf("generating a serial number: %w", err)
-	}
-	return n, nil
-}
-
-func encodeKey(key *ecdsa.PrivateKey) ([]byte, error) {
-	der, err := x509.MarshalPKCS8PrivateKey(key)
-	if err != nil {
-		return nil, fmt.Errorf("encoding a key: %w", err)
-	}
-	return pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der}), nil
-}
-
-// parseCerts parses the PEM certificates of data, at least one.
-func parseCerts(data []byte) ([]*x509.Certificate, error) {
-	var out []*x509.Certificate
-	for {
-		var block *pem.Block
-		block, data = pem.Decode(data)
-		if block == nil {
-			break
-		}
-		if block.Type != "CERTIFICATE" {
-			continue
-		}
-		c, err := x509.ParseCertificate(block.Bytes)
-		if err != nil {
-			return nil, fmt.Errorf("parsing a certificate: %w", err)
-		}
-		out = append(out, c)
-	}
-	if len(out) == 0 {
-		return nil, errors.New("no certificate")
-	}
-	return out, nil
-}
-
-// parseKey parses a PEM private key (PKCS #8, or EC or PKCS #1 for keys written by others).
-func parseKey(data []byte) (crypto.Signer, error) {
-	block, _ := pem.Decode(data)
-	if block == nil {
-		return nil, errors.New("no PEM key")
-	}
-	var key any
-	var err error
-	switch block.Type {
-	case "EC PRIVATE KEY":
-		key, err = x509.ParseECPrivateKey(block.Bytes)
-	case "RSA PRIVATE KEY":
-		key, err = x509.ParsePKCS1PrivateKey(block.Bytes)
-	default:
-		key, err = x509.ParsePKCS8PrivateKey(block.Bytes)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("parsing a key: %w", err)
-	}
-	signer, ok := key.(crypto.Signer)
-	if !ok {
-		return nil, fmt.Errorf("a %T key cannot sign", key)
-	}
-	return signer, nil
-}
-
-func publicKeysEqual(a, b crypto.PublicKey) bool {
-	ea, ok := a.(interface{ Equal(crypto.PublicKey) bool })
-	return ok && ea.Equal(b)
 }
 
 // servingCerts keeps the metrics API's serving certificate in a Secret shared by every replica

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/renderqueue/renderqueue/pkg/certs"
 )
 
 var testNames = serviceDNSNames(types.NamespacedName{Namespace: "renderqueue-system", Name: "renderqueue-metrics-api"})
@@ -16,7 +18,7 @@ var testNames = serviceDNSNames(types.NamespacedName{Namespace: "renderqueue-sys
 // name, against data's CA bundle at now, and returns it.
 func verifyServing(t *testing.T, data map[string][]byte, now time.Time) *x509.Certificate {
 	t.Helper()
-	certs, err := parseCerts(data[keyCert])
+	chain, err := certs.ParseCerts(data[keyCert])
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -24,11 +26,11 @@ func verifyServing(t *testing.T, data map[string][]byte, now time.Time) *x509.Ce
 	if !pool.AppendCertsFromPEM(data[keyCACert]) {
 		t.Fatal("ca.crt holds no certificate")
 	}
-	if _, err := certs[0].Verify(x509.VerifyOptions{DNSName: "renderqueue-metrics-api.renderqueue-system.svc", Roots: pool,
+	if _, err := chain[0].Verify(x509.VerifyOptions{DNSName: "renderqueue-metrics-api.renderqueue-system.svc", Roots: pool,
 		CurrentTime: now}); err != nil {
 		t.Fatalf("the serving certificate does not verify against the CA bundle: %v", err)
 	}
-	return certs[0]
+	return chain[0]
 }
 
 func TestRenewCerts(t *testing.T) {
@@ -38,7 +40,7 @@ func TestRenewCerts(t *testing.T) {
 		t.Fatalf("renewCerts(nothing) = %q, %v", why, err)
 	}
 	cert := verifyServing(t, fresh, now)
-	if !cert.NotAfter.Equal(now.Add(servingLifetime)) || cert.DNSNames[0] != "renderqueue-metrics-api.renderqueue-system.svc" {
+	if !cert.NotAfter.Equal(now.Add(certs.ServingLifetime)) || cert.DNSNames[0] != "renderqueue-metrics-api.renderqueue-system.svc" {
 		t.Errorf("serving certificate until %v for %v", cert.NotAfter, cert.DNSNames)
 	}
 
@@ -48,7 +50,7 @@ func TestRenewCerts(t *testing.T) {
 	}
 
 	// the serving certificate within 30 days of its end: a new one, from the same CA
-	later := now.Add(servingLifetime - 29*24*time.Hour)
+	later := now.Add(certs.ServingLifetime - 29*24*time.Hour)
 	renewed, why, err := renewCerts(fresh, testNames, later)
 	if err != nil || !strings.Contains(why, "the serving certificate expires") {
 		t.Fatalf("renewCerts(expiring) = %q, %v", why, err)
@@ -64,21 +66,21 @@ func TestRenewCerts(t *testing.T) {
 	other := serviceDNSNames(types.NamespacedName{Namespace: "monitoring", Name: "metrics"})
 	if moved, why, err := renewCerts(fresh, other, now); err != nil || !strings.Contains(why, "not [metrics.monitoring.svc") {
 		t.Errorf("renewCerts(other names) = %q, %v", why, err)
-	} else if c, _ := parseCerts(moved[keyCert]); c[0].DNSNames[0] != "metrics.monitoring.svc" {
+	} else if c, _ := certs.ParseCerts(moved[keyCert]); c[0].DNSNames[0] != "metrics.monitoring.svc" {
 		t.Errorf("renewed for %v", c[0].DNSNames)
 	}
 
 	// the CA within a year of its end: a new CA, the old one still in the bundle
-	caEnd := now.Add(caLifetime - 364*24*time.Hour)
+	caEnd := now.Add(certs.CALifetime - 364*24*time.Hour)
 	rolled, why, err := renewCerts(renewed, testNames, caEnd)
 	if err != nil || !strings.Contains(why, "the CA expires") {
 		t.Fatalf("renewCerts(CA expiring) = %q, %v", why, err)
 	}
-	cas, err := parseCerts(rolled[keyCACert])
+	cas, err := certs.ParseCerts(rolled[keyCACert])
 	if err != nil || len(cas) != 2 {
 		t.Fatalf("CA bundle of %d certificates (%v), want the new and the old", len(cas), err)
 	}
-	olds, _ := parseCerts(fresh[keyCACert])
+	olds, _ := certs.ParseCerts(fresh[keyCACert])
 	if !cas[1].Equal(olds[0]) || cas[0].Equal(olds[0]) {
 		t.Error("the bundle is not [new CA, old CA]")
 	}
