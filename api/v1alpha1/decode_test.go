@@ -129,6 +129,7 @@ func TestValidateStoredObjects(t *testing.T) {
 			rq.Spec.ImagePullSecrets = []rqv1.LocalSecretReference{{Name: "reg cred"}}
 		}, "spec.imagePullSecrets[0].name"},
 		{"an image with a space", func(rq *rqv1.RenderQueue) { rq.Spec.Image = "img :v1" }, "spec.image"},
+		{"a TLS mode of none", func(rq *rqv1.RenderQueue) { rq.Spec.TLS.Mode = "None" }, "spec.tls.mode"},
 		{"a floor cadence of 1500us", func(rq *rqv1.RenderQueue) {
 			rq.Spec.Priority.Floors = []rqv1.Floor{{Cadence: metav1.Duration{Duration: 1500 * time.Microsecond}, Source: "submitted", Share: "0.1"}}
 		}, "spec.priority.floors[0].cadence"},

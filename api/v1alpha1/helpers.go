@@ -33,6 +33,24 @@ func ShardName(queue string, i int) string { return fmt.Sprintf("%s-shard-%d", q
 // ShardName is the name of this RenderQueue's shard i (and of its Pod).
 func (rq *RenderQueue) ShardName(i int) string { return ShardName(rq.Name, i) }
 
+// ShardServerName is the TLS server name of the shards of the RenderQueue namespace/name with
+// spec.tls OperatorIssued, <name>-shards.<namespace>.svc (the headless Service's name): clients
+// verify the shards' certificate for it whatever address they dial.
+func ShardServerName(namespace, name string) string { return name + "-shards." + namespace + ".svc" }
+
+// ShardTLSSecretName is the Secret holding the shards' serving certificate, <name>-shard-tls.
+func ShardTLSSecretName(name string) string { return name + "-shard-tls" }
+
+// ShardCAConfigMapName is the ConfigMap holding the CA bundle of the shards' certificate (key
+// ShardCAKey), <name>-shard-ca: render workers mount it.
+func ShardCAConfigMapName(name string) string { return name + "-shard-ca" }
+
+// ShardCAKey is the key of the CA bundle in the ConfigMap ShardCAConfigMapName.
+const ShardCAKey = "ca.crt"
+
+// TLSEnabled reports whether the shards serve their API over HTTPS.
+func (s *RenderQueueSpec) TLSEnabled() bool { return s.TLS.Mode == ShardTLSOperatorIssued }
+
 // decimal is the format the API server enforces on the Priority fields.
 var decimal = regexp.MustCompile(`^[0-9]+([.][0-9]+)?$`)
 

@@ -140,6 +140,38 @@ type RenderQueueSpec struct {
 	// +kubebuilder:validation:MaxItems=8
 	// +optional
 	TopologySpreadConstraints []TopologySpreadConstraint `json:"topologySpreadConstraints,omitempty"`
+
+	// TLS says whether the shards serve their API (claims, completions, status, metrics) over
+	// HTTPS with a certificate the operator issues. Defaults to Disabled: plain HTTP. Changing it
+	// replaces the shards one at a time, like a new image does. See docs/security.md.
+	// +kubebuilder:default={}
+	// +optional
+	TLS ShardTLS `json:"tls,omitempty"`
+}
+
+// ShardTLSMode says how the shards' API is served.
+// +kubebuilder:validation:Enum=Disabled;OperatorIssued
+type ShardTLSMode string
+
+// Shard TLS modes.
+const (
+	// ShardTLSDisabled: plain HTTP.
+	ShardTLSDisabled ShardTLSMode = "Disabled"
+	// ShardTLSOperatorIssued: HTTPS with a serving certificate the operator issues from its
+	// shard CA and keeps current, for the server name ShardServerName.
+	ShardTLSOperatorIssued ShardTLSMode = "OperatorIssued"
+)
+
+// ShardTLS is the TLS setting of the shards' API.
+type ShardTLS struct {
+	// Mode is Disabled (plain HTTP, the default) or OperatorIssued: the operator issues the
+	// shards a serving certificate from its own CA, in the Secret <name>-shard-tls, renews it
+	// 30 days before its end (the shards reload it without a restart), and publishes the CA
+	// bundle clients verify it with in the ConfigMap <name>-shard-ca (key ca.crt). Clients verify
+	// the server name <name>-shards.<namespace>.svc whatever address they dial.
+	// +kubebuilder:default=Disabled
+	// +optional
+	Mode ShardTLSMode `json:"mode,omitempty"`
 }
 
 // LabelValue is a Kubernetes label value: empty, or at most 63 characters of alphanumerics, '-',
@@ -350,6 +382,35 @@ type RenderQueueStatus struct {
 	// Selector is the label selector of the shard Pods, in string form (scale subresource).
 	// +optional
 	Selector string `json:"selector,omitempty"`
+
+	// TLS is the shards' serving certificate as the operator last issued it (spec.tls
+	// OperatorIssued); unset when TLS is disabled. The operator never reads the Secret back: it
+	// renews the certificate from what is recorded here.
+	// +optional
+	TLS *ShardTLSStatus `json:"tls,omitempty"`
+}
+
+// ShardTLSStatus records the serving certificate the operator wrote into the shards' Secret.
+type ShardTLSStatus struct {
+	// SecretName is the Secret (type kubernetes.io/tls) holding the certificate and key the
+	// shards serve, <name>-shard-tls.
+	SecretName string `json:"secretName"`
+	// CAConfigMapName is the ConfigMap whose key ca.crt holds the CA bundle clients verify the
+	// shards with, <name>-shard-ca.
+	CAConfigMapName string `json:"caConfigMapName"`
+	// ServerName is the DNS name the certificate is issued for and clients verify,
+	// <name>-shards.<namespace>.svc (also valid: the Service's other names and the shards'
+	// host names <pod>.<name>-shards.<namespace>.svc).
+	ServerName string `json:"serverName"`
+	// Serial is the certificate's serial number, in hex.
+	Serial string `json:"serial"`
+	// NotAfter is the end of the certificate's validity.
+	NotAfter metav1.Time `json:"notAfter"`
+	// RenewAfter is when the operator replaces the certificate (30 days before NotAfter, or
+	// at once when its CA changed).
+	RenewAfter metav1.Time `json:"renewAfter"`
+	// CAFingerprint is the SHA-256 fingerprint (hex) of the CA certificate that signed it.
+	CAFingerprint string `json:"caFingerprint"`
 }
 
 // ShardStatus is one shard as the operator last saw it.
@@ -361,7 +422,8 @@ type ShardStatus struct {
 	// +optional
 	Slots string `json:"slots,omitempty"`
 
-	// URL is the base URL of the shard's HTTP API (http://<Pod IP>:8080) while its Pod has an IP
+	// URL is the base URL of the shard's HTTP API (http://<Pod IP>:8080, https:// with
+	// spec.tls OperatorIssued) while its Pod has an IP
 	// and is not being deleted; render workers discover the shards from it (pkg/client's
 	// RenderQueueDiscovery), so they need read access to this object only, not to Pods.
 	// +kubebuilder:validation:MaxLength=512

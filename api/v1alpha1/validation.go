@@ -148,6 +148,12 @@ func (rq *RenderQueue) Validate() error {
 	if strings.ContainsFunc(s.Image, isSpace) {
 		errs = append(errs, field.Invalid(spec.Child("image"), s.Image, "must not contain whitespace"))
 	}
+	switch s.TLS.Mode {
+	case "", ShardTLSDisabled, ShardTLSOperatorIssued:
+	default:
+		errs = append(errs, field.NotSupported(spec.Child("tls", "mode"), s.TLS.Mode,
+			[]ShardTLSMode{ShardTLSDisabled, ShardTLSOperatorIssued}))
+	}
 	return errs.ToAggregate()
 }
 

@@ -190,6 +190,8 @@ var _ = Describe("RenderQueue validation", func() {
 		Entry("floor cadence that overflows", "priority.floors", floors(floor("2562048h", "submitted", "0.1")), "spec.priority.floors[0].cadence", cadenceMsg),
 		Entry("floor without share", "priority.floors", floors(map[string]any{"cadence": "1h", "source": "submitted"}), "spec.priority.floors[0].share", "Required value"),
 		Entry("bad reschedule", "priority.reschedule", "Later", "spec.priority.reschedule", "Unsupported value"),
+		Entry("bad tls mode", "tls.mode", "SelfSigned", "spec.tls.mode", "Unsupported value"),
+		Entry("tls mode in lower case", "tls.mode", "operatorissued", "spec.tls.mode", "Unsupported value"),
 
 		Entry("no store", "store", remove, "spec.store", "Required value"),
 		Entry("no store secret", "store.secretRef", remove, "spec.store.secretRef", "Required value"),
@@ -261,6 +263,8 @@ var _ = Describe("RenderQueue validation", func() {
 		Entry("floor cadence of 1.5s", "priority.floors", floors(floor("1.5s", "submitted", "0.1"))),
 		Entry("floor cadence of 10 years", "priority.floors", floors(floor("87600h", "submitted", "0.1"))),
 		Entry("reschedule AfterRender", "priority.reschedule", "AfterRender"),
+		Entry("tls OperatorIssued", "tls.mode", "OperatorIssued"),
+		Entry("tls Disabled", "tls.mode", "Disabled"),
 		Entry("store secret name with dots", "store.secretRef.name", "pg.main.example"),
 		Entry("store secret name of 253 characters", "store.secretRef.name", strings.Repeat("p", 253)),
 		Entry("store secret key with dots, dashes and underscores", "store.secretRef.key", "DSN_v2.main-db"),
