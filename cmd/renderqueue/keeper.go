@@ -77,6 +77,8 @@ func runKeeper(ctx context.Context, args []string, _, stderr io.Writer) error {
 	fs.Var(&resched, "reschedule", "next due time of a rendered row: KeepPhase (its own schedule, no drain echo) or AfterRender (completion + cadence)")
 	tokenFile := fs.String("token-file", "", "file holding the API bearer token (default $RENDERQUEUE_TOKEN)")
 	insecure := fs.Bool("insecure-no-auth", false, "serve the mutating API without authentication")
+	tlsCert := fs.String("tls-cert-file", "", "serve HTTPS with the PEM certificate (chain) of this file, reloaded when it changes (with --tls-key-file)")
+	tlsKey := fs.String("tls-key-file", "", "the PEM key of --tls-cert-file")
 	verbose := fs.Bool("v", false, "log walks and other details")
 	rqName := fs.String("renderqueue", "", "take settings and slots from this RenderQueue (in Kubernetes; default: standalone, all slots)")
 	namespace := fs.String("namespace", os.Getenv("POD_NAMESPACE"), "namespace of --renderqueue (default $POD_NAMESPACE)")
@@ -107,6 +109,15 @@ func runKeeper(ctx context.Context, args []string, _, stderr io.Writer) error {
 		level = slog.LevelDebug - 1 // logr V(1)
 	}
 	log := logr.FromSlogHandler(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+	var certs *httpserve.CertFiles
+	switch {
+	case (*tlsCert == "") != (*tlsKey == ""):
+		return errors.New("--tls-cert-file and --tls-key-file go together")
+	case *tlsCert != "":
+		if certs, err = httpserve.LoadCertFiles(*tlsCert, *tlsKey, log.WithName("tls")); err != nil {
+			return err
+		}
+	}
 
 	var src keeper.SettingsSource
 	if *rqName != "" {
@@ -133,7 +144,7 @@ func runKeeper(ctx context.Context, args []string, _, stderr io.Writer) error {
 		}
 		src = keeper.StaticSource{Settings: settings}
 	}
-	return serveShard(ctx, log, *dsn, *name, *listen, token, limits, src)
+	return serveShard(ctx, log, *dsn, *name, *listen, token, limits, certs, src)
 }
 
 // storeConnectTimeout bounds one attempt to open the store (a host that drops packets would
@@ -142,8 +153,10 @@ const storeConnectTimeout = 15 * time.Second
 
 // serveShard runs a shard with its HTTP API until ctx ends. The API serves at once: while the
 // database cannot be reached (or the DSN is wrong) the shard retries with back-off and serves
-// /healthz, and /v1/status as unready with the error; /readyz waits for the load.
-func serveShard(ctx context.Context, log logr.Logger, dsn, name, listen, token string, limits httpserve.Limits, src keeper.SettingsSource) error {
+// /healthz, and /v1/status as unready with the error; /readyz waits for the load. With certs it
+// serves HTTPS with their certificate.
+func serveShard(ctx context.Context, log logr.Logger, dsn, name, listen, token string, limits httpserve.Limits,
+	certs *httpserve.CertFiles, src keeper.SettingsSource) error {
 	settings, err := src.Initial(ctx)
 	if err != nil {
 		return fmt.Errorf("reading the shard's settings: %w", err)
@@ -181,15 +194,20 @@ func serveShard(ctx context.Context, log logr.Logger, dsn, name, listen, token s
 		return fmt.Errorf("listening on %s: %w", listen, err)
 	}
 	srv := httpserve.NewServer(shard.Handler(keeper.HandlerOptions{Token: token, Gatherer: reg, Limits: limits}), limits)
+	serve := func() error { return srv.Serve(ln) }
+	if certs != nil {
+		srv.TLSConfig = certs.TLSConfig()
+		serve = func() error { return srv.ServeTLS(ln, "", "") }
+	}
 	log.Info("Keeper serving", "shard", name, "listen", ln.Addr().String(), "window", settings.Window,
-		"walkInterval", settings.WalkInterval(), "auth", token != "")
+		"walkInterval", settings.WalkInterval(), "auth", token != "", "tls", certs != nil)
 
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	errs := make(chan error, 3)
 	updates := make(chan keeper.Settings, 1)
 	ran := make(chan struct{})
-	go func() { errs <- srv.Serve(ln) }()
+	go func() { errs <- serve() }()
 	go func() {
 		defer close(ran)
 		errs <- shard.Run(ctx, updates)

@@ -2,6 +2,7 @@
 // endpoints): the strict JSON decoding of request bodies with their size and item limits
 // (Decode, MaxRequestBytes), the JSON replies, the server's timeouts and the admission of the
 // mutating endpoints' requests by count and body bytes (Limits, NewServer, InFlight), the bearer
-// token (Bearer), a request's leaseSeconds (LeaseSeconds, MaxLease) and the lease token's wire
-// form (FormatLease, ParseLease).
+// token (Bearer), a request's leaseSeconds (LeaseSeconds, MaxLease), the lease token's wire
+// form (FormatLease, ParseLease), and the TLS certificate files a shard may serve HTTPS with,
+// reloaded when they change (CertFiles).
 package httpserve
