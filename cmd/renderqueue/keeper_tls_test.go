@@ -96,3 +96,18 @@ func TestKeeperTLSFlags(t *testing.T) {
 		}
 	}
 }
+
+func TestWorkerServerName(t *testing.T) {
+	for _, c := range []struct {
+		flag, dns, rq, ns, want string
+	}{
+		{"given.example", "web-shards.team-a.svc:8080", "web", "team-a", "given.example"},
+		{"", "", "web", "team-a", "web-shards.team-a.svc"},
+		{"", "web-shards.team-a.svc.cluster.local.:8080", "", "", "web-shards.team-a.svc.cluster.local"},
+		{"", "", "", "", ""},
+	} {
+		if got := workerServerName(c.flag, c.dns, c.rq, c.ns); got != c.want {
+			t.Errorf("workerServerName(%q, %q, %q, %q) = %q, want %q", c.flag, c.dns, c.rq, c.ns, got, c.want)
+		}
+	}
+}

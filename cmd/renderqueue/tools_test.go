@@ -99,6 +99,8 @@ func TestToolFlagErrors(t *testing.T) {
 		{[]string{"worker-sim", "--shard", "http://x", "--dns", "a:1"}, "exclude each other"},
 		{[]string{"worker-sim", "--renderqueue", "web", "--namespace", ""}, "needs --namespace"},
 		{[]string{"worker-sim", "--dns", "web-shards"}, "HOST:PORT"},
+		{[]string{"worker-sim", "--shard", "https://x", "--tls-server-name", "x.svc"}, "--tls-server-name needs --tls-ca-file"},
+		{[]string{"worker-sim", "--shard", "https://x", "--tls-ca-file", "/nonexistent/ca.crt"}, "reading the TLS CA file"},
 		{[]string{"status"}, "--url"},
 		{[]string{"status", "a", "b"}, "unexpected arguments"},
 		{[]string{"status", "web", "--url", "http://x"}, "exclude each other"},

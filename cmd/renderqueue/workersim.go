@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	rqv1 "github.com/renderqueue/renderqueue/api/v1alpha1"
 	"github.com/renderqueue/renderqueue/pkg/client"
 	"github.com/renderqueue/renderqueue/pkg/client/discovery"
 	"github.com/renderqueue/renderqueue/pkg/workersim"
@@ -42,6 +43,8 @@ func runWorkerSim(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	namespace := fs.String("namespace", os.Getenv("POD_NAMESPACE"), "namespace of --renderqueue (default $POD_NAMESPACE)")
 	kubeconfig := fs.String("kubeconfig", "", "kubeconfig file for --renderqueue (default: $KUBECONFIG, then in-cluster)")
 	tokenFile := fs.String("token-file", "", "file holding the API bearer token (default: $RENDERQUEUE_TOKEN)")
+	caFile := fs.String("tls-ca-file", "", "verify shards serving HTTPS (spec.tls OperatorIssued) against the CA bundle of this file, the ConfigMap <name>-shard-ca's ca.crt (read again when it changes); with --dns, the shards are dialled over HTTPS")
+	serverName := fs.String("tls-server-name", "", "the name the shards' certificate is verified for (default: <name>-shards.<namespace>.svc with --renderqueue, HOST with --dns, each URL's host with --shard)")
 	concurrency := fs.Int("concurrency", 8, "rows rendering at once")
 	batch := fs.Int("batch", 10, "most rows per claim")
 	renderTime := fs.Duration("render-time", 50*time.Millisecond, "mean simulated render time per row (0: none, claim and complete as fast as the shards answer)")
@@ -65,9 +68,16 @@ func runWorkerSim(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	}
 	log := logr.FromSlogHandler(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
 
-	disc, where, err := workerDiscovery(*shards, *dnsName, *rqName, *namespace, *kubeconfig)
+	disc, where, err := workerDiscovery(*shards, *dnsName, *rqName, *namespace, *kubeconfig, *caFile != "")
 	if err != nil {
 		return err
+	}
+	var tlsOpts *client.TLSOptions
+	switch {
+	case *caFile != "":
+		tlsOpts = &client.TLSOptions{CAFile: *caFile, ServerName: workerServerName(*serverName, *dnsName, *rqName, *namespace)}
+	case *serverName != "":
+		return errors.New("--tls-server-name needs --tls-ca-file")
 	}
 	token, err := readToken(*tokenFile)
 	if err != nil {
@@ -86,7 +96,7 @@ func runWorkerSim(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	}
 	bo := client.DefaultBackoff
 	bo.Duration = *backoff
-	c, err := client.New(client.Options{Discovery: disc, Token: token, Batch: *batch, Lease: *lease, Backoff: bo, Metrics: metrics, Log: log})
+	c, err := client.New(client.Options{Discovery: disc, Token: token, TLS: tlsOpts, Batch: *batch, Lease: *lease, Backoff: bo, Metrics: metrics, Log: log})
 	if err != nil {
 		return err
 	}
@@ -145,8 +155,24 @@ func runWorkerSim(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	}
 }
 
-// workerDiscovery builds the one discovery the flags name, and says where it looks.
-func workerDiscovery(shards, dnsName, rqName, namespace, kubeconfig string) (client.Discovery, string, error) {
+// workerServerName is the TLS server name of the shards: the flag's, else the operator's name for
+// the RenderQueue's shards, else the DNS name's host, else "" (each URL's host).
+func workerServerName(flag, dnsName, rqName, namespace string) string {
+	switch {
+	case flag != "":
+		return flag
+	case rqName != "":
+		return rqv1.ShardServerName(namespace, rqName)
+	case dnsName != "":
+		host, _, _ := net.SplitHostPort(dnsName)
+		return strings.TrimSuffix(host, ".")
+	}
+	return ""
+}
+
+// workerDiscovery builds the one discovery the flags name, and says where it looks. With https,
+// a DNS discovery dials the shards over HTTPS.
+func workerDiscovery(shards, dnsName, rqName, namespace, kubeconfig string, https bool) (client.Discovery, string, error) {
 	var urls []string
 	for _, u := range strings.Split(shards, ",") {
 		if u = strings.TrimSpace(u); u != "" {
@@ -182,6 +208,10 @@ func workerDiscovery(shards, dnsName, rqName, namespace, kubeconfig string) (cli
 		port, err := strconv.Atoi(p)
 		if err != nil {
 			return nil, "", fmt.Errorf("--dns %q: port %q is not a number", dnsName, p)
+		}
+		if https {
+			d, err := discovery.DNSHTTPS(host, port, 0)
+			return d, "DNS name " + dnsName + " (HTTPS)", err
 		}
 		d, err := discovery.DNS(host, port, 0)
 		return d, "DNS name " + dnsName, err

@@ -40,8 +40,12 @@ type Options struct {
 	// Token is the bearer token of the shards' API (the Secret <name>-api-token, key "token");
 	// empty sends none (shards run with --insecure-no-auth).
 	Token string
-	// HTTPClient makes the requests. Default: a client with a 30 s timeout.
+	// HTTPClient makes the requests. Default: a client with a 30 s timeout (NewHTTPClient with
+	// TLS when it is set).
 	HTTPClient *http.Client
+	// TLS says how shards that serve HTTPS (https:// URLs) are verified, when HTTPClient is
+	// nil. Without it, https:// URLs are verified against the system's roots.
+	TLS *TLSOptions
 	// Batch is the most rows one claim asks for (1..shardapi.MaxClaim). Default 10. Run claims
 	// no more than it has idle handlers.
 	Batch int
@@ -158,7 +162,14 @@ func New(opts Options) (*Client, error) {
 		opts.StopTimeout = 10 * time.Second
 	}
 	hc := opts.HTTPClient
-	if hc == nil {
+	switch {
+	case hc != nil:
+	case opts.TLS != nil:
+		var err error
+		if hc, err = NewHTTPClient(*opts.TLS); err != nil {
+			return nil, err
+		}
+	default:
 		hc = &http.Client{Timeout: 30 * time.Second}
 	}
 	ctx, cancel := context.WithCancel(context.Background())

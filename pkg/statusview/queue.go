@@ -45,7 +45,7 @@ type ShardRead struct {
 const KeeperPort = 8080
 
 // LoadQueue reads the RenderQueue namespace/name and every shard's GET /v1/status through the
-// API server's Pod proxy (GET /api/v1/namespaces/NS/pods/SHARD:PORT/proxy/v1/status), with cfg's
+// API server's Pod proxy (GET /api/v1/namespaces/NS/pods/[https:]SHARD:PORT/proxy/v1/status), with cfg's
 // credentials: the user needs get on renderqueues and on pods/proxy, and no network path to the
 // Pods. Shards are read in parallel, each bounded by timeout; one that cannot be read is shown
 // with its error.
@@ -73,21 +73,32 @@ func LoadQueue(ctx context.Context, cfg *rest.Config, namespace, name string, ti
 		wg.Go(func() {
 			sctx, cancel := context.WithTimeout(ctx, timeout)
 			defer cancel()
-			q.Shards[i].Status, q.Shards[i].Err = client.GetStatus(sctx, hc, podProxyURL(cfg.Host, namespace, s))
+			q.Shards[i].Status, q.Shards[i].Err = client.GetStatus(sctx, hc, podProxyURL(cfg.Host, namespace, s, rq.Spec.TLSEnabled()))
 		})
 	}
 	wg.Wait()
 	return q, nil
 }
 
-// podProxyURL is the API server's proxy to the shard's Pod port (the port of its status URL).
-func podProxyURL(host, namespace string, s rqv1.ShardStatus) string {
+// podProxyURL is the API server's proxy to the shard's Pod port (the port of its status URL),
+// over HTTPS ("https:<pod>:<port>") when the shard serves it (its URL's scheme, or spec.tls when
+// it has no URL). The API server does not verify the shard's certificate (it never does for the
+// Pod proxy); the user's own credentials are checked by the API server, and /v1/status needs no
+// token.
+func podProxyURL(host, namespace string, s rqv1.ShardStatus, tls bool) string {
 	port := strconv.Itoa(KeeperPort)
-	if u, err := url.Parse(s.URL); err == nil && u.Port() != "" {
-		port = u.Port()
+	if u, err := url.Parse(s.URL); err == nil && u.Host != "" {
+		if u.Port() != "" {
+			port = u.Port()
+		}
+		tls = u.Scheme == "https"
+	}
+	target := net.JoinHostPort(s.Name, port)
+	if tls {
+		target = "https:" + target
 	}
 	return strings.TrimRight(host, "/") + "/api/v1/namespaces/" + url.PathEscape(namespace) + "/pods/" +
-		url.PathEscape(net.JoinHostPort(s.Name, port)) + "/proxy"
+		url.PathEscape(target) + "/proxy"
 }
 
 // WriteQueue prints the queue view: a summary line, a table of the shards (state, exact, due,

@@ -145,3 +145,24 @@ func TestLoadQueueThroughTheAPIServer(t *testing.T) {
 		}
 	}
 }
+
+func TestPodProxyURL(t *testing.T) {
+	const host = "https://api.example:6443/"
+	for _, c := range []struct {
+		url  string
+		tls  bool
+		want string
+	}{
+		{"http://10.0.0.7:8080", false, "web-shard-0:8080"},
+		{"https://10.0.0.7:8080", false, "https:web-shard-0:8080"},
+		{"https://[fd00::7]:9443", true, "https:web-shard-0:9443"},
+		{"http://10.0.0.7:8080", true, "web-shard-0:8080"}, // a shard not yet replaced after TLS was turned on
+		{"", false, "web-shard-0:8080"},
+		{"", true, "https:web-shard-0:8080"},
+	} {
+		got := podProxyURL(host, "team-a", rqv1.ShardStatus{Name: "web-shard-0", URL: c.url}, c.tls)
+		if want := "https://api.example:6443/api/v1/namespaces/team-a/pods/" + c.want + "/proxy"; got != want {
+			t.Errorf("podProxyURL(%q, tls %v) = %s, want %s", c.url, c.tls, got, want)
+		}
+	}
+}

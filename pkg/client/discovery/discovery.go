@@ -71,10 +71,23 @@ func DNS(host string, port int, refresh time.Duration) (client.Discovery, error)
 	if refresh == 0 {
 		refresh = 10 * time.Second
 	}
-	return &dnsDiscovery{host: host, port: port, refresh: refresh, lookup: net.DefaultResolver.LookupHost}, nil
+	return &dnsDiscovery{scheme: "http", host: host, port: port, refresh: refresh, lookup: net.DefaultResolver.LookupHost}, nil
+}
+
+// DNSHTTPS is DNS for shards that serve HTTPS (spec.tls OperatorIssued): https://<address>:port.
+// Verify them for the Service's name (client.TLSOptions.ServerName: host, when it is
+// <name>-shards.<namespace>.svc, or rqv1.ShardServerName), not the address dialled.
+func DNSHTTPS(host string, port int, refresh time.Duration) (client.Discovery, error) {
+	d, err := DNS(host, port, refresh)
+	if err != nil {
+		return nil, err
+	}
+	d.(*dnsDiscovery).scheme = "https"
+	return d, nil
 }
 
 type dnsDiscovery struct {
+	scheme  string // http or https
 	host    string
 	port    int
 	refresh time.Duration
@@ -98,7 +111,7 @@ func (d *dnsDiscovery) Run(ctx context.Context, update func([]client.Shard)) err
 			sort.Strings(addrs)
 			list := make([]client.Shard, 0, len(addrs))
 			for _, a := range addrs {
-				u := "http://" + net.JoinHostPort(a, strconv.Itoa(d.port))
+				u := d.scheme + "://" + net.JoinHostPort(a, strconv.Itoa(d.port))
 				list = append(list, client.Shard{Name: a, URL: u})
 			}
 			if first || !reflect.DeepEqual(list, last) {
