@@ -23,10 +23,11 @@ func ChildSelector() labels.Selector {
 }
 
 // CacheOptions scope the manager's cache to what the operator manages: of the child kinds it
-// reads (Pods, Services, ServiceAccounts, Roles, RoleBindings, PodDisruptionBudgets) only
+// reads (Pods, ConfigMaps, Services, ServiceAccounts, Roles, RoleBindings, PodDisruptionBudgets) only
 // objects labelled renderqueue.dev/queue are listed, watched and held, never every Pod of the
-// cluster; RenderQueues are held whole. Secrets are not read at all: the token Secret is only
-// created, and the store Secret a RenderQueue names is only referenced from the shard Pods.
+// cluster; RenderQueues are held whole. Secrets are not read at all: the token and certificate
+// Secrets are only written, and the store Secret a RenderQueue names is only referenced from the
+// shard Pods (the operator's own shard CA Secret is read by name, uncached).
 //
 // namespaces, when given (--watch-namespaces), limits every cached kind to those namespaces, so
 // that the operator needs its RBAC only there; none means every namespace.
@@ -41,6 +42,7 @@ func CacheOptions(namespaces ...string) cache.Options {
 	}
 	return cache.Options{DefaultNamespaces: defaults, ByObject: map[client.Object]cache.ByObject{
 		&corev1.Pod{}:                   children,
+		&corev1.ConfigMap{}:             children,
 		&corev1.Service{}:               children,
 		&corev1.ServiceAccount{}:        children,
 		&rbacv1.Role{}:                  children,

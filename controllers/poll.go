@@ -13,6 +13,7 @@ import (
 
 	"github.com/renderqueue/renderqueue/controllers/policy"
 	"github.com/renderqueue/renderqueue/controllers/specs"
+	rqv1 "github.com/renderqueue/renderqueue/api/v1alpha1"
 	rqclient "github.com/renderqueue/renderqueue/pkg/client"
 )
 
@@ -24,12 +25,17 @@ const DefaultShardPollTimeout = 2 * time.Second
 type ShardURLResolver func(pod *corev1.Pod) (string, error)
 
 // PodIPResolver is the default ShardURLResolver: http://<pod IP>:8080, an IPv6 address in
-// brackets (http://[fd00::7]:8080).
+// brackets (http://[fd00::7]:8080); https:// for a Pod labelled renderqueue.dev/tls=true (its
+// keeper serves HTTPS: spec.tls OperatorIssued when it was created).
 func PodIPResolver(pod *corev1.Pod) (string, error) {
 	if pod.Status.PodIP == "" {
 		return "", errors.New("the Pod has no IP yet")
 	}
-	return "http://" + net.JoinHostPort(pod.Status.PodIP, strconv.Itoa(specs.KeeperPort)), nil
+	scheme := "http://"
+	if pod.Labels[rqv1.LabelTLS] == "true" {
+		scheme = "https://"
+	}
+	return scheme + net.JoinHostPort(pod.Status.PodIP, strconv.Itoa(specs.KeeperPort)), nil
 }
 
 // pollShards reads every shard's /v1/status in parallel (pkg/client, checked to come from the

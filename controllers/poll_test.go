@@ -11,6 +11,8 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+
+	rqv1 "github.com/renderqueue/renderqueue/api/v1alpha1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/renderqueue/renderqueue/pkg/shardapi"
@@ -75,12 +77,22 @@ func TestPollShards(t *testing.T) {
 }
 
 func TestPodIPResolver(t *testing.T) {
-	for _, tc := range []struct{ ip, want string }{
-		{"10.0.0.7", "http://10.0.0.7:8080"},
-		{"fd00:10:244::7", "http://[fd00:10:244::7]:8080"},
-		{"::1", "http://[::1]:8080"},
+	for _, tc := range []struct {
+		ip   string
+		tls  string // the Pod's renderqueue.dev/tls label
+		want string
+	}{
+		{"10.0.0.7", "", "http://10.0.0.7:8080"},
+		{"fd00:10:244::7", "", "http://[fd00:10:244::7]:8080"},
+		{"::1", "", "http://[::1]:8080"},
+		{"10.0.0.7", "true", "https://10.0.0.7:8080"},
+		{"fd00:10:244::7", "true", "https://[fd00:10:244::7]:8080"},
+		{"10.0.0.7", "false", "http://10.0.0.7:8080"},
 	} {
 		pod := &corev1.Pod{Status: corev1.PodStatus{PodIP: tc.ip}}
+		if tc.tls != "" {
+			pod.Labels = map[string]string{rqv1.LabelTLS: tc.tls}
+		}
 		got, err := PodIPResolver(pod)
 		if err != nil || got != tc.want {
 			t.Errorf("PodIPResolver(%s) = %q, %v; want %q", tc.ip, got, err, tc.want)

@@ -70,7 +70,12 @@ type RenderQueueReconciler struct {
 	// allows any. A RenderQueue whose spec.image it does not allow gets no Pods and the condition
 	// Reconciled=False, reason ImageNotAllowed.
 	AllowedImages policy.ImageAllowlist
+	// ShardCA is the CA the shards' certificates are issued from (spec.tls OperatorIssued); nil
+	// refuses such RenderQueues (Reconciled=False, ShardTLSUnavailable).
+	ShardCA ShardCASource
 
+	// tlsClients poll the shards that serve HTTPS.
+	tlsClients shardClients
 	// tokens maps a RenderQueue's namespace/name to its UID once this process has created or
 	// found its API token Secret (see ensureTokenSecret).
 	tokens sync.Map
@@ -114,15 +119,14 @@ func (r *RenderQueueReconciler) now() time.Time {
 // The operator's RBAC (config/rbac/role.yaml, generated from these markers; docs/security.md
 // says why each rule is there). Everything below is namespaced: the ClusterRole is bound
 // cluster-wide by default, or per namespace with --watch-namespaces (config/namespaced). Secrets
-// are only created (the token Secret), never read: RBAC cannot grant reading by label, and the
-// operator needs no Secret's content. Leader election's Lease is in the operator's own
-// namespace only.
+// are only created (the token Secret) and updated (the shards' certificate, tls.go), never read:
+// RBAC cannot grant reading by label, and the operator needs no Secret's content; tls.go has the
+// secrets and configmaps rules. Leader election's Lease is in the operator's own namespace only.
 //
 // +kubebuilder:rbac:groups=renderqueue.dev,resources=renderqueues,verbs=get;list;watch
 // +kubebuilder:rbac:groups=renderqueue.dev,resources=renderqueues/status,verbs=get;patch
 // +kubebuilder:rbac:groups=renderqueue.dev,resources=renderqueues/finalizers,verbs=update
 // +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch;create;delete
-// +kubebuilder:rbac:groups="",resources=secrets,verbs=create
 // +kubebuilder:rbac:groups="",resources=services;serviceaccounts,verbs=get;list;watch;create;update
 // +kubebuilder:rbac:groups=policy,resources=poddisruptionbudgets,verbs=get;list;watch;create;update
 // +kubebuilder:rbac:groups=rbac.authorization.k8s.io,resources=roles;rolebindings,verbs=get;list;watch;create;update
@@ -136,7 +140,9 @@ func (r *RenderQueueReconciler) now() time.Time {
 //     operator does not run (Reconciled=False; steps 2, 3, 5 and 6 are skipped, the existing
 //     shards are still polled);
 //  2. children: ServiceAccount/Role/RoleBinding, headless Service, PDB (a name taken by an
-//     object the operator does not manage is a ChildConflict: as in 1);
+//     object the operator does not manage is a ChildConflict: as in 1); with spec.tls, the CA
+//     ConfigMap and the shards' certificate (reconcileTLS; no CA is ShardTLSUnavailable: as in
+//     1);
 //  3. Pods: create missing shard Pods (the target shards and every shard the persisted
 //     assignment gives slots to) and, before that, the API token Secret; delete surplus ones that
 //     own no slots. A Pod the API server refuses is ShardPodRefused; the rest goes on;
@@ -153,6 +159,7 @@ func (r *RenderQueueReconciler) Reconcile(ctx context.Context, req ctrl.Request)
 		if apierrors.IsNotFound(err) {
 			r.Metrics.forget(req.Namespace, req.Name)
 			r.tokens.Delete(req.NamespacedName)
+			r.tlsClients.forget(rqv1.ShardServerName(req.Namespace, req.Name))
 			return ctrl.Result{}, nil
 		}
 		return ctrl.Result{}, fmt.Errorf("reading RenderQueue %s: %w", req.NamespacedName, err)
@@ -187,13 +194,22 @@ func (r *RenderQueueReconciler) Reconcile(ctx context.Context, req ctrl.Request)
 	}
 	hash := specs.PodTemplateHash(&rq, r.KeeperImage)
 	var keep []string
+	var tlsState shardTLS
+	if blocked == nil {
+		keep = shardsToKeep(&rq, assign)
+		var tlsEvents []policy.Event
+		tlsState, tlsEvents, blocked, err = r.reconcileTLS(ctx, &rq, missingPod(keep, pods), now)
+		r.emit(&rq, tlsEvents)
+		if err != nil {
+			return ctrl.Result{}, err
+		}
+	}
 	if blocked != nil {
 		// only the shards that exist: nothing is created for a spec the operator cannot act on
 		keep = assign.Shards()
 		specs.SortShards(&rq, keep)
 		logger.V(1).Info("Not reconciling the shards", "reason", blocked.Reason, "message", blocked.Message)
 	} else {
-		keep = shardsToKeep(&rq, assign)
 		if err := r.ensureTokenSecret(ctx, &rq, keep, pods); err != nil {
 			return ctrl.Result{}, err
 		}
@@ -208,6 +224,13 @@ func (r *RenderQueueReconciler) Reconcile(ctx context.Context, req ctrl.Request)
 	hc := r.HTTPClient
 	if hc == nil {
 		hc = http.DefaultClient
+	}
+	tlsState = r.pollTLS(ctx, &rq, tlsState, pods)
+	if tlsState.bundle != nil {
+		// verifies https:// shards for the RenderQueue's server name; http:// ones as they are
+		if hc, err = r.tlsClients.get(rqv1.ShardServerName(rq.Namespace, rq.Name), tlsState.bundle); err != nil {
+			return ctrl.Result{}, err
+		}
 	}
 	resolve := r.ResolveShardURL
 	if resolve == nil {
@@ -243,6 +266,7 @@ func (r *RenderQueueReconciler) Reconcile(ctx context.Context, req ctrl.Request)
 	if err := policy.ComputeStatus(&rq, next, policy.StatusInputs{Committed: assign, Reports: reports, Progress: prog, Blocked: blocked, Now: now}); err != nil {
 		return ctrl.Result{}, err
 	}
+	next.TLS = tlsState.status
 	prev := rq.Status.DeepCopy()
 	wrote, err := patchStatus(ctx, r.Client, &rq, next)
 	if err != nil {
@@ -295,6 +319,7 @@ func (r *RenderQueueReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	return ctrl.NewControllerManagedBy(mgr).
 		For(&rqv1.RenderQueue{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		Owns(&corev1.Pod{}).
+		Owns(&corev1.ConfigMap{}).
 		Owns(&corev1.Service{}).
 		Owns(&corev1.ServiceAccount{}).
 		Owns(&rbacv1.Role{}).

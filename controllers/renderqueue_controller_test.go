@@ -31,9 +31,9 @@ import (
 
 var nsCounter atomic.Int32
 
-// newQueue creates a namespace and a RenderQueue with shards shards, and fake shards for up to
-// maxShards of its shard names.
-func newQueue(name string, shards, maxShards int) (*rqv1.RenderQueue, []*fakeShard) {
+// newQueue creates a namespace and a RenderQueue with shards shards (changed by edit before it is
+// created), and fake shards for up to maxShards of its shard names.
+func newQueue(name string, shards, maxShards int, edit ...func(*rqv1.RenderQueue)) (*rqv1.RenderQueue, []*fakeShard) {
 	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("rq-%d-%s", nsCounter.Add(1), name)}}
 	Expect(k8sClient.Create(suiteCtx, ns)).To(Succeed())
 	var fs []*fakeShard
@@ -48,6 +48,9 @@ func newQueue(name string, shards, maxShards int) (*rqv1.RenderQueue, []*fakeSha
 			Shards: int32(shards),
 			Store:  rqv1.Store{SecretRef: rqv1.SecretKeyRef{Name: "pg", Key: "dsn"}},
 		},
+	}
+	for _, e := range edit {
+		e(rq)
 	}
 	Expect(k8sClient.Create(suiteCtx, rq)).To(Succeed())
 	return rq, fs

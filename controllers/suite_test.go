@@ -33,6 +33,7 @@ import (
 
 	rqv1 "github.com/renderqueue/renderqueue/api/v1alpha1"
 	"github.com/renderqueue/renderqueue/controllers/policy"
+	"github.com/renderqueue/renderqueue/controllers/shardtls"
 )
 
 // The suite runs the reconciler in a manager against a real kube-apiserver and etcd (envtest).
@@ -48,6 +49,9 @@ const (
 	// operatorUserName is the user the reconciler runs as.
 	operatorUserName = "renderqueue-operator"
 )
+
+// shardCASecret is the reconciler's --shard-ca-secret, the name its Role grants.
+var shardCASecret = client.ObjectKey{Namespace: "renderqueue-system", Name: "renderqueue-shard-ca"}
 
 var (
 	testEnv *envtest.Environment
@@ -220,6 +224,8 @@ var _ = BeforeSuite(func() {
 		RebalanceTimeout:    testRebalanceTimeout,
 		RebalanceRetryAfter: testRetryAfter,
 		ResolveShardURL:     fakes.resolve,
+		ShardCA: &shardtls.CAStore{Reader: mgr.GetAPIReader(), Writer: mgr.GetClient(), Secret: shardCASecret,
+			Log: logf.Log.WithName("shard-ca")},
 	}
 	rec.AllowedImages, err = policy.ParseImageAllowlist([]string{testAllowedImages})
 	Expect(err).NotTo(HaveOccurred())

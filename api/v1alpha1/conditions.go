@@ -77,6 +77,10 @@ const (
 	// ReasonShardPodRefused: Reconciled is False: the API server refused to create a shard Pod
 	// (a missing PriorityClass, a quota, an admission policy); the message quotes it.
 	ReasonShardPodRefused = "ShardPodRefused"
+	// ReasonShardTLSUnavailable: Reconciled is False: spec.tls asks for an operator-issued
+	// certificate and the operator cannot issue one (it runs without a shard CA, or cannot read or
+	// create its CA Secret); the message says why. No shard Pod is created or replaced meanwhile.
+	ReasonShardTLSUnavailable = "ShardTLSUnavailable"
 )
 
 // Labels set on every child object of a RenderQueue.
@@ -85,6 +89,9 @@ const (
 	LabelQueue = Group + "/queue"
 	// LabelShard holds the shard's name (the Pod's name, <rq>-shard-<i>) on a shard Pod.
 	LabelShard = Group + "/shard"
+	// LabelTLS is "true" on shard Pods that serve their API over HTTPS (spec.tls
+	// OperatorIssued when they were created).
+	LabelTLS = Group + "/tls"
 	// LabelComponent says what the object is for ("keeper" on shard Pods).
 	LabelComponent = "app.kubernetes.io/component"
 )

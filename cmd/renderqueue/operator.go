@@ -15,6 +15,7 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
@@ -28,6 +29,7 @@ import (
 	rqv1 "github.com/renderqueue/renderqueue/api/v1alpha1"
 	"github.com/renderqueue/renderqueue/controllers"
 	"github.com/renderqueue/renderqueue/controllers/policy"
+	"github.com/renderqueue/renderqueue/controllers/shardtls"
 	"github.com/renderqueue/renderqueue/pkg/buildinfo"
 	"github.com/renderqueue/renderqueue/pkg/metricsapi"
 )
@@ -79,6 +81,10 @@ func (e *metricsAPIExtension) Setup(mgr ctrl.Manager, log logr.Logger, kubeconfi
 	return nil
 }
 
+// defaultShardCASecret is --shard-ca-secret's default: in the operator's namespace of
+// config/default, the name its Role grants (config/rbac/role.yaml).
+const defaultShardCASecret = "renderqueue-system/renderqueue-shard-ca"
+
 // operatorOptions are the flags of `renderqueue operator`.
 type operatorOptions struct {
 	kubeconfig          string
@@ -96,6 +102,7 @@ type operatorOptions struct {
 	verbose             bool
 	watchNamespaces     []string
 	allowedImages       []string
+	shardCASecret       string
 }
 
 // runOperator is `renderqueue operator`: the controller-runtime manager running the RenderQueue
@@ -128,6 +135,9 @@ func runOperator(ctx context.Context, args []string, _, stderr io.Writer) error 
 	fs.Func("allowed-images", "comma-separated keeper images a RenderQueue's spec.image may name: an image reference, or a "+
 		"prefix ending in /*, :* or @*; the operator's own --keeper-image is always allowed. Default: any image",
 		func(v string) error { o.allowedImages = append(o.allowedImages, splitList(v)...); return nil })
+	fs.StringVar(&o.shardCASecret, "shard-ca-secret", defaultShardCASecret,
+		"namespace/name of the Secret holding the CA the shards' certificates are issued from (spec.tls OperatorIssued); "+
+			"created when missing. Empty: RenderQueues asking for TLS are refused")
 	exts := operatorExtensions()
 	for _, e := range exts {
 		e.Flags(fs)
@@ -152,6 +162,14 @@ func runOperator(ctx context.Context, args []string, _, stderr io.Writer) error 
 	allowed, err := policy.ParseImageAllowlist(o.allowedImages)
 	if err != nil {
 		return fmt.Errorf("--allowed-images: %w", err)
+	}
+	var caSecret types.NamespacedName
+	if o.shardCASecret != "" {
+		ns, name, ok := strings.Cut(o.shardCASecret, "/")
+		if !ok || len(validation.IsDNS1123Label(ns)) > 0 || len(validation.IsDNS1123Subdomain(name)) > 0 {
+			return fmt.Errorf("--shard-ca-secret %q is not namespace/name", o.shardCASecret)
+		}
+		caSecret = types.NamespacedName{Namespace: ns, Name: name}
 	}
 
 	level := slog.LevelInfo
@@ -201,6 +219,9 @@ func runOperator(ctx context.Context, args []string, _, stderr io.Writer) error 
 		Metrics:             handoffs,
 		AllowedImages:       allowed,
 	}
+	if caSecret.Name != "" {
+		rec.ShardCA = &shardtls.CAStore{Reader: mgr.GetAPIReader(), Writer: mgr.GetClient(), Secret: caSecret, Log: log.WithName("shard-ca")}
+	}
 	if err := rec.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the RenderQueue controller: %w", err)
 	}
@@ -217,7 +238,7 @@ func runOperator(ctx context.Context, args []string, _, stderr io.Writer) error 
 	}
 	log.Info("Operator starting", "keeperImage", o.keeperImage, "leaderElect", o.leaderElect,
 		"shardPollInterval", o.pollInterval, "rebalanceTimeout", o.rebalanceTimeout,
-		"watchNamespaces", o.watchNamespaces, "allowedImages", allowed.String())
+		"watchNamespaces", o.watchNamespaces, "allowedImages", allowed.String(), "shardCASecret", o.shardCASecret)
 	if err := mgr.Start(ctx); err != nil {
 		return fmt.Errorf("running the manager: %w", err)
 	}

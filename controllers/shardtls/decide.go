@@ -130,12 +130,3 @@ func Issue(rq *rqv1.RenderQueue, ca *certs.CA, labels map[string]string, now tim
 		},
 	}, nil
 }
-
-// CAConfigMap is the ConfigMap rqv1.ShardCAConfigMapName publishing bundle (key rqv1.ShardCAKey)
-// for rq's clients, with labels (without owner reference).
-func CAConfigMap(rq *rqv1.RenderQueue, bundle []byte, labels map[string]string) *corev1.ConfigMap {
-	return &corev1.ConfigMap{
-		ObjectMeta: metav1.ObjectMeta{Name: rqv1.ShardCAConfigMapName(rq.Name), Namespace: rq.Namespace, Labels: labels},
-		Data:       map[string]string{rqv1.ShardCAKey: string(bundle)},
-	}
-}

@@ -74,10 +74,6 @@ func TestIssue(t *testing.T) {
 	if got.Status != want {
 		t.Errorf("status %+v, want %+v", got.Status, want)
 	}
-	cm := shardtls.CAConfigMap(rq, ca.Bundle, nil)
-	if cm.Name != "web-shard-ca" || cm.Namespace != "team-a" || cm.Data["ca.crt"] != string(ca.Bundle) {
-		t.Errorf("CA ConfigMap %s/%s %v", cm.Namespace, cm.Name, cm.Data)
-	}
 }
 
 func TestDecide(t *testing.T) {

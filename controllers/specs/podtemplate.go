@@ -69,7 +69,7 @@ func shardPodSpec(rq *rqv1.RenderQueue, operatorImage, podName string) corev1.Po
 			FailureThreshold: 3,
 		}
 	}
-	return corev1.PodSpec{
+	spec := corev1.PodSpec{
 		ServiceAccountName:            ShardServiceAccountName(rq),
 		AutomountServiceAccountToken:  ptr.To(true),
 		TerminationGracePeriodSeconds: ptr.To[int64](30),
@@ -123,6 +123,8 @@ func shardPodSpec(rq *rqv1.RenderQueue, operatorImage, podName string) corev1.Po
 			{Name: "tmp", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}},
 		},
 	}
+	withShardTLS(rq, &spec)
+	return spec
 }
 
 // imagePullSecrets is spec.imagePullSecrets as the PodSpec field; nil when none.
@@ -200,6 +202,9 @@ func ShardPod(rq *rqv1.RenderQueue, operatorImage, podName, hash string) *corev1
 	maps.Copy(labels, queueLabels(rq))
 	maps.Copy(labels, ShardSelector(rq))
 	labels[rqv1.LabelShard] = podName
+	if rq.Spec.TLSEnabled() {
+		labels[rqv1.LabelTLS] = "true"
+	}
 	annotations := map[string]string{}
 	maps.Copy(annotations, rq.Spec.PodAnnotations)
 	annotations[rqv1.AnnotationPodTemplateHash] = hash
