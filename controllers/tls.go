@@ -128,6 +128,28 @@ func (r *RenderQueueReconciler) reconcileTLS(ctx context.Context, rq *rqv1.Rende
 			issued.Status.ServerName, issued.Status.Serial, issued.Status.NotAfter.UTC().Format(time.RFC3339), sec.Name, why)}}, nil, nil
 }
 
+// ShardHTTPClient is the HTTP client to ask rq's shards with, for others in the operator that
+// do (the web console): the base client (HTTPClient, or http.DefaultClient) while rq has no TLS
+// (spec.tls disabled and nothing recorded in status.tls), otherwise one that verifies https://
+// shards with the shard CA and rq's server name (and asks http:// ones as they are).
+func (r *RenderQueueReconciler) ShardHTTPClient(ctx context.Context, rq *rqv1.RenderQueue) (*http.Client, error) {
+	base := r.HTTPClient
+	if base == nil {
+		base = http.DefaultClient
+	}
+	if !rq.Spec.TLSEnabled() && rq.Status.TLS == nil {
+		return base, nil
+	}
+	if r.ShardCA == nil {
+		return nil, fmt.Errorf("RenderQueue %s/%s serves TLS and the operator has no shard CA", rq.Namespace, rq.Name)
+	}
+	ca, err := r.ShardCA.CA(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return r.tlsClients.get(rqv1.ShardServerName(rq.Namespace, rq.Name), ca.Bundle)
+}
+
 // shardClients are the HTTP clients the operator polls TLS shards with: one per server name and
 // CA bundle (a client verifies one name).
 type shardClients struct {

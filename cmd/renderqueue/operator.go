@@ -222,6 +222,11 @@ func runOperator(ctx context.Context, args []string, _, stderr io.Writer) error 
 	if caSecret.Name != "" {
 		rec.ShardCA = &shardtls.CAStore{Reader: mgr.GetAPIReader(), Writer: mgr.GetClient(), Secret: caSecret, Log: log.WithName("shard-ca")}
 	}
+	for _, e := range exts {
+		if c, ok := e.(*consoleExtension); ok {
+			c.opts.ShardClient = rec.ShardHTTPClient // the console verifies TLS shards as the reconciler does
+		}
+	}
 	if err := rec.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the RenderQueue controller: %w", err)
 	}

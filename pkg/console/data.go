@@ -32,11 +32,15 @@ var errQueueNotFound = errors.New("no such RenderQueue")
 // source reads what the console shows: RenderQueues and shard Pods through a controller-runtime
 // reader (the operator's cache), and each shard's /v1/status over HTTP.
 type source struct {
-	reader   client.Reader
-	shardURL ShardURLFunc
-	hc       *http.Client
-	timeout  time.Duration
+	reader      client.Reader
+	shardURL    ShardURLFunc
+	hc          *http.Client
+	shardClient ShardClientFunc
+	timeout     time.Duration
 }
+
+// ShardClientFunc gives the HTTP client to ask the shards of a RenderQueue with.
+type ShardClientFunc func(ctx context.Context, rq *rqv1.RenderQueue) (*http.Client, error)
 
 // queues lists every RenderQueue, sorted by namespace and name.
 func (s *source) queues(ctx context.Context) ([]rqv1.RenderQueue, error) {
@@ -97,9 +101,17 @@ func (s *source) shards(ctx context.Context, rq *rqv1.RenderQueue) []view.ShardR
 	for i := range pods.Items {
 		byName[pods.Items[i].Name] = &pods.Items[i]
 	}
+	hc, hcErr := s.hc, error(nil)
+	if s.shardClient != nil {
+		hc, hcErr = s.shardClient(ctx, rq)
+	}
 	var wg sync.WaitGroup
 	for i, name := range names {
 		out[i].Name = name
+		if hcErr != nil {
+			out[i].Err = fmt.Errorf("no client for the shards: %w", hcErr)
+			continue
+		}
 		if podErr != nil {
 			out[i].Err = fmt.Errorf("listing the shard Pods: %w", podErr)
 			continue
@@ -119,7 +131,7 @@ func (s *source) shards(ctx context.Context, rq *rqv1.RenderQueue) []view.ShardR
 			continue
 		}
 		wg.Go(func() {
-			out[i].Status, out[i].Err = fetchShardStatus(ctx, s.hc, base, name, s.timeout)
+			out[i].Status, out[i].Err = fetchShardStatus(ctx, hc, base, name, s.timeout)
 		})
 	}
 	wg.Wait()

@@ -38,8 +38,11 @@ type HandlerOptions struct {
 	Reader client.Reader
 	// ShardURL gives the base URL of a shard from its Pod. Required.
 	ShardURL ShardURLFunc
-	// HTTPClient asks the shards (http.DefaultClient when nil).
+	// HTTPClient asks the shards (http.DefaultClient when nil) unless ShardClient is set.
 	HTTPClient *http.Client
+	// ShardClient, if set, gives the client to ask a RenderQueue's shards with (shards serving
+	// HTTPS are verified with their RenderQueue's CA and server name).
+	ShardClient ShardClientFunc
 	// ShardTimeout bounds one shard's /v1/status (DefaultShardTimeout when 0).
 	ShardTimeout time.Duration
 	// Refresh is how often an open page refreshes its data (DefaultRefresh when 0).
@@ -94,7 +97,7 @@ func newHandler(o HandlerOptions) (*handler, error) {
 		return nil, errors.New("console: HandlerOptions.Reader and ShardURL are required")
 	}
 	h := &handler{
-		src:      &source{reader: o.Reader, shardURL: o.ShardURL, hc: o.HTTPClient, timeout: o.ShardTimeout},
+		src:      &source{reader: o.Reader, shardURL: o.ShardURL, hc: o.HTTPClient, shardClient: o.ShardClient, timeout: o.ShardTimeout},
 		history:  o.History,
 		interval: o.SampleInterval,
 		refresh:  o.Refresh,

@@ -38,6 +38,9 @@ type Options struct {
 	ShardTimeout time.Duration
 	// Listener, if set, is used instead of listening on BindAddress (tests).
 	Listener net.Listener
+	// ShardClient, if set, gives the HTTP client to ask a RenderQueue's shards with (one that
+	// verifies shards serving HTTPS: the operator's RenderQueueReconciler.ShardHTTPClient).
+	ShardClient ShardClientFunc
 }
 
 // BindFlags registers the --console* flags on fs, with o's current values (or the defaults) as
@@ -205,7 +208,7 @@ func AddToManager(mgr manager.Manager, o Options, shardURL ShardURLFunc, log log
 		return fmt.Errorf("console: %w", err)
 	}
 	srv, err := NewServer(o, HandlerOptions{
-		Reader: mgr.GetClient(), ShardURL: shardURL, History: hist, SampleInterval: o.SampleInterval, Logger: log,
+		Reader: mgr.GetClient(), ShardURL: shardURL, ShardClient: o.ShardClient, History: hist, SampleInterval: o.SampleInterval, Logger: log,
 	})
 	if err != nil {
 		return err
