@@ -506,8 +506,8 @@ func (e *env) stepInstall(t *testing.T) {
 	}
 	op := e.operatorPod()
 	t.Logf("operator rolled out in %s: pod %s, IP %s, node %s", time.Since(start).Round(100*time.Millisecond), op.Name, op.Status.PodIP, op.Spec.NodeName)
-	out = e.kubectl("apply", "-k", filepath.Join(e.root, "config", "samples"))
-	t.Logf("kubectl apply -k config/samples: %s", strings.TrimSpace(out))
+	out = e.kubectl("apply", "-k", samplesWithTLS(t, e.root))
+	t.Logf("kubectl apply -k config/samples (with spec.tls OperatorIssued): %s", strings.TrimSpace(out))
 }
 
 // operatorPod is the operator Deployment's one Pod.
@@ -538,6 +538,7 @@ func (e *env) stepReady(t *testing.T) {
 	t.Logf("RenderQueue Ready after %s", time.Since(start).Round(100*time.Millisecond))
 	e.exactAndTrue(90*time.Second, 3)
 	t.Logf("RenderQueue exact after %s", time.Since(start).Round(100*time.Millisecond))
+	e.checkShardsServeTLS(t)
 	t.Logf("kubectl get renderqueues:\n%s", e.kubectl("get", "renderqueues"))
 	t.Logf("kubectl get pods -A -o wide:\n%s", e.kubectl("get", "pods", "-A", "-o", "wide"))
 	if op := e.operatorPod(); op.Status.ContainerStatuses[0].RestartCount != 0 {

@@ -499,6 +499,12 @@ func (e *env) stepPrometheus(t *testing.T, cleanup func(func())) {
 	checkMirrorsPodMonitors(t, e.root, jobs)
 	for _, job := range raw {
 		toHTTPDiscovery(t, job, sd.URL)
+		if job["job_name"] == jobKeepers {
+			// the queue's shards serve HTTPS (spec.tls): verified with the CA the operator
+			// publishes and the queue's server name, as docs/monitoring.md says
+			job["scheme"] = "https"
+			job["tls_config"] = map[string]any{"ca_file": e.shardCAFile(t, base), "server_name": rqv1.ShardServerName(namespace, queueName)}
+		}
 	}
 	scrapeYAML, err := yaml.Marshal(map[string]any{"scrape_configs": raw})
 	if err != nil {

@@ -5,7 +5,6 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -17,9 +16,10 @@ import (
 
 // stepWorkers replaces the HPA step's stand-in Deployment (pause Pods, so that nothing completed
 // rows while the earlier steps compared the due count with SQL) by the render workers users
-// apply: config/samples/workers as shipped — worker-sim on pkg/client, discovering the shards
-// through the RenderQueue with its own ServiceAccount, the API token from web-api-token, and the
-// HPA on renderqueue_due. The worker Pods must drain every due row: the queue ends exact with a
+// apply: config/samples/workers as shipped, with the shard CA mounted as its comments say (the
+// queue serves TLS) — worker-sim on pkg/client, discovering the shards through the RenderQueue
+// with its own ServiceAccount, the API token from web-api-token, verifying the shards with the CA
+// of web-shard-ca, and the HPA on renderqueue_due. The worker Pods must drain every due row: the queue ends exact with a
 // due count of 0, SQL agrees, and the HPA reads the drained count.
 func (e *env) stepWorkers(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
@@ -29,8 +29,8 @@ func (e *env) stepWorkers(t *testing.T) {
 		t.Fatal("no rows are due before the workers start: the step could not tell them working")
 	}
 	e.kubectl("-n", namespace, "delete", "hpa,deployment", workers, "--wait=true")
-	out := e.kubectl("-n", namespace, "apply", "-k", filepath.Join(e.root, "config", "samples", "workers"))
-	t.Logf("kubectl apply -k config/samples/workers:\n%s", strings.TrimSpace(out))
+	out := e.kubectl("-n", namespace, "apply", "-k", workersWithTLS(t, e.root))
+	t.Logf("kubectl apply -k config/samples/workers (with the shard CA mounted, --tls-ca-file):\n%s", strings.TrimSpace(out))
 
 	eventually(t, 90*time.Second, 500*time.Millisecond, "the sample's worker Pods running", func() (bool, string) {
 		pods, err := e.c.Client.CoreV1().Pods(namespace).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=" + workers})
