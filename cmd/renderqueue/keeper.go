@@ -194,6 +194,8 @@ func serveShard(ctx context.Context, log logr.Logger, dsn, name, listen, token s
 		return fmt.Errorf("listening on %s: %w", listen, err)
 	}
 	srv := httpserve.NewServer(shard.Handler(keeper.HandlerOptions{Token: token, Gatherer: reg, Limits: limits}), limits)
+	// the server's own complaints (a refused TLS handshake, say) as structured log lines
+	srv.ErrorLog = slog.NewLogLogger(logr.ToSlogHandler(log.WithName("http")), slog.LevelInfo)
 	serve := func() error { return srv.Serve(ln) }
 	if certs != nil {
 		srv.TLSConfig = certs.TLSConfig()

@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/renderqueue/renderqueue/pkg/certs"
+	"github.com/renderqueue/renderqueue/pkg/store/postgres"
+	"github.com/renderqueue/renderqueue/pkg/store/postgres/pgtest"
 )
 
 // TestKeeperServesTLS: with --tls-cert-file and --tls-key-file the keeper serves HTTPS only,
@@ -109,5 +111,97 @@ func TestWorkerServerName(t *testing.T) {
 		if got := workerServerName(c.flag, c.dns, c.rq, c.ns); got != c.want {
 			t.Errorf("workerServerName(%q, %q, %q, %q) = %q, want %q", c.flag, c.dns, c.rq, c.ns, got, c.want)
 		}
+	}
+}
+
+// TestWorkerSimOverTLS: worker-sim verifies a TLS keeper with the CA file and the server name
+// and drains its due rows over HTTPS; with another CA it completes nothing.
+func TestWorkerSimOverTLS(t *testing.T) {
+	dsn := pgtest.NewDatabase(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	st, err := postgres.Open(ctx, dsn, postgres.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = st.Close() }()
+	if err := st.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	const rows = 20
+	if _, err := st.Pool().Exec(ctx, `INSERT INTO render_schedule (key, due_at, cadence_ms)
+		SELECT 'https://a/' || i, now() - interval '1 minute', 86400000 FROM generate_series(1, $1) i`, rows); err != nil {
+		t.Fatal(err)
+	}
+	due := func() int {
+		var n int
+		if err := st.Pool().QueryRow(ctx, `SELECT count(*) FROM render_schedule WHERE due_at <= now()`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+
+	dir := t.TempDir()
+	write := func(name string, data []byte) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, data, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	ca, _, err := certs.RenewCA(nil, "shard-ca", time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, _, err := certs.RenewCA(nil, "other-ca", time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	const serverName = "web-shards.team-a.svc"
+	s, err := certs.NewServing(ca, []string{serverName}, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	certFile, keyFile := write("tls.crt", s.CertPEM), write("tls.key", s.KeyPEM)
+	caFile, otherFile, tokenFile := write("ca.crt", ca.Bundle), write("other.crt", other.Bundle), write("token", []byte("s3cret-token"))
+	listen := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	done := make(chan error, 1)
+	var keeperLog syncBuffer
+	go func() {
+		done <- runKeeper(ctx, []string{"--dsn", dsn, "--listen", listen, "--token-file", tokenFile,
+			"--tls-cert-file", certFile, "--tls-key-file", keyFile}, io.Discard, &keeperLog)
+	}()
+
+	workerSim := func(ca string, stop func(progress string) bool) (string, string) {
+		wctx, wcancel := context.WithCancel(ctx)
+		defer wcancel()
+		var out, errb syncBuffer
+		wdone := make(chan error, 1)
+		go func() {
+			wdone <- runWorkerSim(wctx, []string{"--shard", "https://" + listen, "--token-file", tokenFile, "--tls-ca-file", ca,
+				"--tls-server-name", serverName, "--render-time", "0", "--progress", "50ms", "--backoff", "10ms"}, &out, &errb)
+		}()
+		waitFor(t, done, &keeperLog, "worker-sim's progress", func() bool { return stop(errb.String()) })
+		wcancel()
+		if err := <-wdone; err != nil {
+			t.Fatalf("worker-sim: %v\n%s", err, errb.String())
+		}
+		return out.String(), errb.String()
+	}
+
+	// another CA: the keeper is refused, nothing completed
+	out, _ := workerSim(otherFile, func(p string) bool { return strings.Contains(p, "certificate signed by unknown authority") })
+	if !strings.Contains(out, "completed 0 ") || due() != rows {
+		t.Errorf("worker-sim trusting another CA completed rows: %s", out)
+	}
+
+	// the keeper's CA and server name: every due row completed over HTTPS
+	out, errs := workerSim(caFile, func(string) bool { return due() == 0 })
+	if !strings.Contains(out, fmt.Sprintf("completed %d ", rows)) {
+		t.Errorf("worker-sim over TLS: %s\n%s", out, errs)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("keeper: %v", err)
 	}
 }
