@@ -73,6 +73,9 @@ type RenderQueueReconciler struct {
 	// ShardCA is the CA the shards' certificates are issued from (spec.tls OperatorIssued); nil
 	// refuses such RenderQueues (Reconciled=False, ShardTLSUnavailable).
 	ShardCA ShardCASource
+	// APIReader reads a RenderQueue past the cache before its shards' certificate is reissued
+	// (the manager's API reader); nil trusts the cache.
+	APIReader client.Reader
 
 	// tlsClients poll the shards that serve HTTPS.
 	tlsClients shardClients

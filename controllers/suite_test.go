@@ -224,6 +224,7 @@ var _ = BeforeSuite(func() {
 		RebalanceTimeout:    testRebalanceTimeout,
 		RebalanceRetryAfter: testRetryAfter,
 		ResolveShardURL:     fakes.resolve,
+		APIReader:           mgr.GetAPIReader(),
 		ShardCA: &shardtls.CAStore{Reader: mgr.GetAPIReader(), Writer: mgr.GetClient(), Secret: shardCASecret,
 			Log: logf.Log.WithName("shard-ca")},
 	}

@@ -10,7 +10,9 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
@@ -90,6 +92,23 @@ func (r *RenderQueueReconciler) reconcileTLS(ctx context.Context, rq *rqv1.Rende
 	d, err := shardtls.Decide(rq, ca, now)
 	if err != nil {
 		return out, nil, nil, err
+	}
+	if d.Issue && r.APIReader != nil {
+		// The cache may not have caught up with the status.tls this reconciler wrote last time:
+		// deciding from that would overwrite the Secret with a certificate the status never
+		// records. Reconciles of one RenderQueue do not overlap, so the API server's status is
+		// the last word.
+		var fresh rqv1.RenderQueue
+		if err := r.APIReader.Get(ctx, client.ObjectKeyFromObject(rq), &fresh); err != nil {
+			return out, nil, nil, fmt.Errorf("reading RenderQueue %s/%s before issuing its shards' certificate: %w", rq.Namespace, rq.Name, err)
+		}
+		if !equality.Semantic.DeepEqual(fresh.Status.TLS, rq.Status.TLS) {
+			out.status = fresh.Status.TLS
+			fresh.Spec = rq.Spec
+			if d, err = shardtls.Decide(&fresh, ca, now); err != nil {
+				return out, nil, nil, err
+			}
+		}
 	}
 	if !d.Issue && !missingPod {
 		return out, nil, nil, nil

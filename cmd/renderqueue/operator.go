@@ -220,6 +220,7 @@ func runOperator(ctx context.Context, args []string, _, stderr io.Writer) error 
 		AllowedImages:       allowed,
 	}
 	if caSecret.Name != "" {
+		rec.APIReader = mgr.GetAPIReader()
 		rec.ShardCA = &shardtls.CAStore{Reader: mgr.GetAPIReader(), Writer: mgr.GetClient(), Secret: caSecret, Log: log.WithName("shard-ca")}
 	}
 	for _, e := range exts {
