@@ -5,7 +5,8 @@
 //
 // The reconciler is split by concern, each step a reconcileX method of RenderQueueReconciler.
 // What it builds and what it decides are pure functions in two sub-packages: controllers/specs
-// (the shard Pod template, the children, their names) and controllers/policy (what stops it —
+// (the shard Pod template, the children, their names), controllers/shardtls (the shards'
+// certificates: when to issue one, and the operator's CA) and controllers/policy (what stops it —
 // an invalid spec, a disallowed image —, the status and conditions computed from the shards'
 // reports, the events of a status change).
 //
@@ -15,6 +16,10 @@
 //     Service and PodDisruptionBudget, and the token Secret (created, never read: the operator may
 //     not read Secrets); a child's name held by an object the operator does not manage is a
 //     ChildConflict (Reconciled=False);
+//   - tls.go: spec.tls OperatorIssued — the CA ConfigMap, the shards' certificate Secret issued
+//     and renewed from status.tls without reading it (package shardtls decides and issues;
+//     specs/podtemplate_tls.go mounts it into the shard Pods), and the HTTP clients that verify
+//     TLS shards (ShardHTTPClient, which the console uses too);
 //   - pods.go: creating missing shard Pods (and recreating deleted ones; one the API server
 //     refuses is ShardPodRefused), deleting surplus ones after their slots moved off, rolling
 //     replacement of outdated Pods;

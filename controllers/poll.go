@@ -11,9 +11,9 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
+	rqv1 "github.com/renderqueue/renderqueue/api/v1alpha1"
 	"github.com/renderqueue/renderqueue/controllers/policy"
 	"github.com/renderqueue/renderqueue/controllers/specs"
-	rqv1 "github.com/renderqueue/renderqueue/api/v1alpha1"
 	rqclient "github.com/renderqueue/renderqueue/pkg/client"
 )
 

@@ -9,5 +9,9 @@
 //     whose change replaces the shards one at a time;
 //   - children.go: the shard ServiceAccount/Role/RoleBinding, headless Service and
 //     PodDisruptionBudget as create-or-update mutations (Children), and the API token Secret
-//     (TokenSecret).
+//     (TokenSecret);
+//   - tls.go and podtemplate_tls.go (spec.tls OperatorIssued): the shard CA ConfigMap
+//     (ShardCAConfigMap) and what the shard Pods need to serve HTTPS — the certificate Secret
+//     mounted, the keeper's --tls-cert-file/--tls-key-file, probes over HTTPS, the
+//     renderqueue.dev/tls label.
 package specs
