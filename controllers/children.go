@@ -13,6 +13,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	rqv1 "github.com/renderqueue/renderqueue/api/v1alpha1"
+	"github.com/renderqueue/renderqueue/controllers/policy"
 	"github.com/renderqueue/renderqueue/controllers/specs"
 )
 
@@ -68,15 +69,8 @@ func (e *childConflictError) Unwrap() error { return e.err }
 // RenderQueue and process, and again before creating any shard Pod, so a deleted Secret is
 // recreated before a Pod that mounts it.
 func (r *RenderQueueReconciler) ensureTokenSecret(ctx context.Context, rq *rqv1.RenderQueue, keep []string, pods map[string]*corev1.Pod) error {
-	missingPod := false
-	for _, name := range keep {
-		if pods[name] == nil {
-			missingPod = true
-			break
-		}
-	}
 	key := client.ObjectKeyFromObject(rq)
-	if uid, known := r.tokens.Load(key); known && uid == rq.UID && !missingPod {
+	if uid, known := r.tokens.Load(key); known && uid == rq.UID && !policy.MissingPod(keep, pods) {
 		return nil
 	}
 	token, err := randomToken()

@@ -18,11 +18,11 @@
 //     ChildConflict (Reconciled=False);
 //   - tls.go: spec.tls OperatorIssued — the CA ConfigMap, the shards' certificate Secret issued
 //     and renewed from status.tls without reading it (package shardtls decides and issues;
-//     specs/podtemplate_tls.go mounts it into the shard Pods), and the HTTP clients that verify
-//     TLS shards (ShardHTTPClient, which the console uses too);
+//     specs/podtemplate_tls.go mounts it into the shard Pods), and the HTTP client that verifies
+//     a RenderQueue's TLS shards (ShardHTTPClient, which the console uses too; shardtls.Clients);
 //   - pods.go: creating missing shard Pods (and recreating deleted ones; one the API server
 //     refuses is ShardPodRefused), deleting surplus ones after their slots moved off, rolling
-//     replacement of outdated Pods;
+//     replacement of outdated Pods (policy.RollingUpdate decides which);
 //   - membership.go: the first assignment, rebalances on scale up and down, resuming a handoff
 //     persisted in status.membership (parsed once per reconcile; one that does not parse is a
 //     terminal error and Reconciled=False, InvalidMembership);

@@ -14,7 +14,6 @@ import (
 	rqv1 "github.com/renderqueue/renderqueue/api/v1alpha1"
 	"github.com/renderqueue/renderqueue/controllers/policy"
 	"github.com/renderqueue/renderqueue/controllers/specs"
-	"github.com/renderqueue/renderqueue/pkg/membership"
 )
 
 // Event reasons of the Pod steps.
@@ -24,8 +23,8 @@ const (
 	// EventShardRemoved: a shard Pod without slots beyond spec.shards was deleted.
 	EventShardRemoved = "ShardRemoved"
 	// EventShardReplacing: an outdated shard Pod was deleted to be recreated from the current
-	// template.
-	EventShardReplacing = "ShardReplacing"
+	// template (policy.RollingUpdate).
+	EventShardReplacing = policy.EventShardReplacing
 )
 
 // listShardPods returns rq's shard Pods by name (Pods labelled with rq's name and controlled by it).
@@ -51,22 +50,6 @@ func metaOwnedBy(obj client.Object, rq *rqv1.RenderQueue) bool {
 		}
 	}
 	return false
-}
-
-// shardsToKeep is every shard that must have a Pod: the target shards and every shard the
-// persisted assignment gives slots to (owned or incoming), in index order. A shard beyond
-// spec.shards keeps its Pod until its slots have moved off.
-func shardsToKeep(rq *rqv1.RenderQueue, persisted membership.Assignment) []string {
-	seen := map[string]bool{}
-	var out []string
-	for _, n := range append(specs.TargetShards(rq), persisted.Shards()...) {
-		if !seen[n] {
-			seen[n] = true
-			out = append(out, n)
-		}
-	}
-	specs.SortShards(rq, out)
-	return out
 }
 
 // reconcilePods creates the missing shard Pods of keep (recreating deleted ones under the same
@@ -139,88 +122,22 @@ func (r *RenderQueueReconciler) deletePod(ctx context.Context, pod *corev1.Pod) 
 	return nil
 }
 
-// rollingStep is the outcome of reconcileRollingUpdate.
-type rollingStep struct {
-	Progress *policy.Progress
-	Events   []policy.Event
-}
-
-// reconcileRollingUpdate replaces shard Pods built from an outdated template, one at a time:
-// it deletes one outdated Pod (the lowest index; reconcilePods recreates it from the current
-// template) only while every shard of keep has a Ready Pod that, when it can be asked, has
-// finished a walk. So at most one serving shard is ever down for replacement. Outdated Pods that
-// are not loaded serve nothing and are replaced at once, all of them: otherwise a template that
-// cannot run (a missing Secret, a bad DSN, a wrong image) could never be replaced by its fix.
+// reconcileRollingUpdate replaces outdated shard Pods as policy.RollingUpdate decides: it deletes
+// the Pods it names (reconcilePods recreates them from the current template) and returns the
+// events of those deleted and the Progressing reason.
 func (r *RenderQueueReconciler) reconcileRollingUpdate(ctx context.Context, rq *rqv1.RenderQueue, keep []string,
-	pods map[string]*corev1.Pod, reports map[string]policy.ShardReport, hash string) (rollingStep, error) {
-	var outdated []string
-	for _, name := range keep {
-		if p := pods[name]; p != nil && p.Annotations[rqv1.AnnotationPodTemplateHash] != hash {
-			outdated = append(outdated, name)
+	pods map[string]*corev1.Pod, reports map[string]policy.ShardReport, hash string) (*policy.Progress, []policy.Event, error) {
+	step := policy.RollingUpdate(rq, keep, pods, reports, hash)
+	msg := "Replacing outdated shard Pod"
+	if step.AtOnce {
+		msg = "Replacing outdated shard Pod that is not ready"
+	}
+	for i, victim := range step.Delete {
+		if err := r.deletePod(ctx, victim); err != nil {
+			return nil, step.Events[:i], err
 		}
+		log.FromContext(ctx).Info(msg, "pod", victim.Name,
+			"podTemplateHash", victim.Annotations[rqv1.AnnotationPodTemplateHash], "currentHash", hash)
 	}
-	var waiting []string
-	for _, name := range keep {
-		if !policy.ShardLoaded(pods[name], reports[name]) {
-			waiting = append(waiting, name)
-		}
-	}
-	// A replaced shard that has not come back yet is still part of the rolling update.
-	replacing := len(outdated) > 0 || (progressingReason(rq) == rqv1.ReasonRollingUpdate && len(waiting) > 0)
-	if !replacing {
-		return rollingStep{}, nil
-	}
-	updated := len(keep) - len(outdated)
-	var down []*corev1.Pod
-	for _, name := range outdated {
-		if !policy.ShardLoaded(pods[name], reports[name]) {
-			down = append(down, pods[name])
-		}
-	}
-	if len(down) > 0 {
-		var step rollingStep
-		var names []string
-		for _, victim := range down {
-			if err := r.deletePod(ctx, victim); err != nil {
-				return step, err
-			}
-			log.FromContext(ctx).Info("Replacing outdated shard Pod that is not ready", "pod", victim.Name,
-				"podTemplateHash", victim.Annotations[rqv1.AnnotationPodTemplateHash], "currentHash", hash)
-			names = append(names, victim.Name)
-			step.Events = append(step.Events, policy.Event{Type: corev1.EventTypeNormal, Reason: EventShardReplacing, Action: "Replace",
-				Message: fmt.Sprintf("replacing shard Pod %s (template %s, current %s) at once: it is not ready, so it serves nothing",
-					victim.Name, victim.Annotations[rqv1.AnnotationPodTemplateHash], hash), Related: victim})
-		}
-		step.Progress = &policy.Progress{Reason: rqv1.ReasonRollingUpdate, Message: fmt.Sprintf(
-			"replacing shard Pods %s, which are not ready, at once; %d of %d shards run the current template",
-			strings.Join(names, ", "), updated, len(keep))}
-		return step, nil
-	}
-	if len(waiting) > 0 {
-		return rollingStep{Progress: &policy.Progress{Reason: rqv1.ReasonRollingUpdate, Message: fmt.Sprintf(
-			"%d of %d shards run the current template; waiting for %s to be ready and loaded",
-			updated, len(keep), strings.Join(waiting, ", "))}}, nil
-	}
-	victim := pods[outdated[0]]
-	if err := r.deletePod(ctx, victim); err != nil {
-		return rollingStep{}, err
-	}
-	log.FromContext(ctx).Info("Replacing outdated shard Pod", "pod", victim.Name,
-		"podTemplateHash", victim.Annotations[rqv1.AnnotationPodTemplateHash], "currentHash", hash)
-	msg := fmt.Sprintf("replacing shard Pod %s (template %s, current %s); %d of %d shards run the current template",
-		victim.Name, victim.Annotations[rqv1.AnnotationPodTemplateHash], hash, updated, len(keep))
-	return rollingStep{
-		Progress: &policy.Progress{Reason: rqv1.ReasonRollingUpdate, Message: msg},
-		Events:   []policy.Event{{Type: corev1.EventTypeNormal, Reason: EventShardReplacing, Action: "Replace", Message: msg, Related: victim}},
-	}, nil
-}
-
-// progressingReason is the reason of rq's persisted Progressing condition, "" if none.
-func progressingReason(rq *rqv1.RenderQueue) string {
-	for _, c := range rq.Status.Conditions {
-		if c.Type == rqv1.ConditionProgressing {
-			return c.Reason
-		}
-	}
-	return ""
+	return step.Progress, step.Events, nil
 }

@@ -24,6 +24,7 @@ import (
 
 	rqv1 "github.com/renderqueue/renderqueue/api/v1alpha1"
 	"github.com/renderqueue/renderqueue/controllers/policy"
+	"github.com/renderqueue/renderqueue/controllers/shardtls"
 	"github.com/renderqueue/renderqueue/controllers/specs"
 )
 
@@ -78,7 +79,7 @@ type RenderQueueReconciler struct {
 	APIReader client.Reader
 
 	// tlsClients poll the shards that serve HTTPS.
-	tlsClients shardClients
+	tlsClients shardtls.Clients
 	// tokens maps a RenderQueue's namespace/name to its UID once this process has created or
 	// found its API token Secret (see ensureTokenSecret).
 	tokens sync.Map
@@ -162,7 +163,7 @@ func (r *RenderQueueReconciler) Reconcile(ctx context.Context, req ctrl.Request)
 		if apierrors.IsNotFound(err) {
 			r.Metrics.forget(req.Namespace, req.Name)
 			r.tokens.Delete(req.NamespacedName)
-			r.tlsClients.forget(rqv1.ShardServerName(req.Namespace, req.Name))
+			r.tlsClients.Forget(rqv1.ShardServerName(req.Namespace, req.Name))
 			return ctrl.Result{}, nil
 		}
 		return ctrl.Result{}, fmt.Errorf("reading RenderQueue %s: %w", req.NamespacedName, err)
@@ -199,9 +200,9 @@ func (r *RenderQueueReconciler) Reconcile(ctx context.Context, req ctrl.Request)
 	var keep []string
 	var tlsState shardTLS
 	if blocked == nil {
-		keep = shardsToKeep(&rq, assign)
+		keep = policy.ShardsToKeep(&rq, assign)
 		var tlsEvents []policy.Event
-		tlsState, tlsEvents, blocked, err = r.reconcileTLS(ctx, &rq, missingPod(keep, pods), now)
+		tlsState, tlsEvents, blocked, err = r.reconcileTLS(ctx, &rq, policy.MissingPod(keep, pods), now)
 		r.emit(&rq, tlsEvents)
 		if err != nil {
 			return ctrl.Result{}, err
@@ -231,7 +232,7 @@ func (r *RenderQueueReconciler) Reconcile(ctx context.Context, req ctrl.Request)
 	tlsState = r.pollTLS(ctx, &rq, tlsState, pods)
 	if tlsState.bundle != nil {
 		// verifies https:// shards for the RenderQueue's server name; http:// ones as they are
-		if hc, err = r.tlsClients.get(rqv1.ShardServerName(rq.Namespace, rq.Name), tlsState.bundle); err != nil {
+		if hc, err = r.tlsClients.Get(rqv1.ShardServerName(rq.Namespace, rq.Name), tlsState.bundle); err != nil {
 			return ctrl.Result{}, err
 		}
 	}
@@ -257,12 +258,12 @@ func (r *RenderQueueReconciler) Reconcile(ctx context.Context, req ctrl.Request)
 		// replace Pods only while no handoff runs and the assignment did not change in this
 		// reconcile (a commit or rollback is written first)
 		if prog == nil && !next.Membership.HandoffInProgress() && rq.Status.Membership.Epoch == next.Membership.Epoch {
-			rstep, err := r.reconcileRollingUpdate(ctx, &rq, keep, pods, byName, hash)
-			r.emit(&rq, rstep.Events)
+			var rollEvents []policy.Event
+			prog, rollEvents, err = r.reconcileRollingUpdate(ctx, &rq, keep, pods, byName, hash)
+			r.emit(&rq, rollEvents)
 			if err != nil {
 				return ctrl.Result{}, err
 			}
-			prog = rstep.Progress
 		}
 	}
 

@@ -1,12 +1,9 @@
 package controllers
 
 import (
-	"bytes"
 	"context"
-	"crypto/sha256"
 	"fmt"
 	"net/http"
-	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -21,7 +18,6 @@ import (
 	"github.com/renderqueue/renderqueue/controllers/shardtls"
 	"github.com/renderqueue/renderqueue/controllers/specs"
 	"github.com/renderqueue/renderqueue/pkg/certs"
-	rqclient "github.com/renderqueue/renderqueue/pkg/client"
 )
 
 // The shard CA's RBAC: the operator creates Secrets in its own namespace (RBAC cannot limit
@@ -166,46 +162,7 @@ func (r *RenderQueueReconciler) ShardHTTPClient(ctx context.Context, rq *rqv1.Re
 	if err != nil {
 		return nil, err
 	}
-	return r.tlsClients.get(rqv1.ShardServerName(rq.Namespace, rq.Name), ca.Bundle)
-}
-
-// shardClients are the HTTP clients the operator polls TLS shards with: one per server name and
-// CA bundle (a client verifies one name).
-type shardClients struct {
-	mu      sync.Mutex
-	clients map[string]*http.Client // by server name
-	bundles map[string][32]byte     // the bundle each was built with
-}
-
-// get returns the client for serverName verifying with bundle, building it when there is none
-// or the bundle changed.
-func (c *shardClients) get(serverName string, bundle []byte) (*http.Client, error) {
-	sum := sha256.Sum256(bundle)
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if hc := c.clients[serverName]; hc != nil && c.bundles[serverName] == sum {
-		return hc, nil
-	}
-	hc, err := rqclient.NewHTTPClient(rqclient.TLSOptions{CAPEM: bytes.Clone(bundle), ServerName: serverName})
-	if err != nil {
-		return nil, err
-	}
-	if c.clients == nil {
-		c.clients, c.bundles = map[string]*http.Client{}, map[string][32]byte{}
-	}
-	c.clients[serverName], c.bundles[serverName] = hc, sum
-	return hc, nil
-}
-
-// forget drops the client of serverName (its RenderQueue is gone).
-func (c *shardClients) forget(serverName string) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if hc := c.clients[serverName]; hc != nil {
-		hc.CloseIdleConnections()
-	}
-	delete(c.clients, serverName)
-	delete(c.bundles, serverName)
+	return r.tlsClients.Get(rqv1.ShardServerName(rq.Namespace, rq.Name), ca.Bundle)
 }
 
 // ShardCASource gives the operator's current shard CA (shardtls.CAStore).
@@ -213,36 +170,12 @@ type ShardCASource interface {
 	CA(ctx context.Context) (*certs.CA, error)
 }
 
-// missingPod reports whether a shard of keep has no Pod (one is about to be created).
-func missingPod(keep []string, pods map[string]*corev1.Pod) bool {
-	for _, name := range keep {
-		if pods[name] == nil {
-			return true
-		}
-	}
-	return false
-}
-
-// pollTLS completes st (reconcileTLS's, zero when it did not run) for the poll and the status.
-// While spec.tls is on, status.tls stays what reconcileTLS recorded (or what was recorded, when
-// a blocker kept it from running). Once it is off, shards created with TLS may still run until
-// they are replaced: until none is left, status.tls is kept and they are polled over HTTPS
-// with the shard CA; then status.tls is cleared.
+// pollTLS completes st (reconcileTLS's, zero when it did not run) for the poll and the status:
+// the status.tls shardtls.StatusToKeep keeps and, while shards serve TLS, the shard CA bundle to
+// poll them with over HTTPS.
 func (r *RenderQueueReconciler) pollTLS(ctx context.Context, rq *rqv1.RenderQueue, st shardTLS, pods map[string]*corev1.Pod) shardTLS {
-	tlsPods := false
-	for _, p := range pods {
-		if p.Labels[rqv1.LabelTLS] == "true" {
-			tlsPods = true
-		}
-	}
-	switch {
-	case rq.Spec.TLSEnabled() && st.status == nil:
-		st.status = rq.Status.TLS
-	case !rq.Spec.TLSEnabled() && tlsPods:
-		st.status = rq.Status.TLS
-	case !rq.Spec.TLSEnabled():
-		st.status = nil
-	}
+	var tlsPods bool
+	st.status, tlsPods = shardtls.StatusToKeep(rq, st.status, pods)
 	if st.bundle != nil || !tlsPods || r.ShardCA == nil {
 		return st
 	}

@@ -15,6 +15,8 @@
 //     whether it has loaded (ShardLoaded, the rolling update's gate);
 //   - status.go: the status from the reports and the committed assignment (ComputeStatus):
 //     every shard's status, the due sum and the conditions;
+//   - pods.go: which shards must have a Pod (ShardsToKeep, MissingPod) and the rolling
+//     replacement of outdated shard Pods, one at a time (RollingUpdate);
 //   - events.go: the events a status change must emit (TransitionEvents), on transitions only;
 //   - membership.go: status.membership to and from pkg/membership's assignment and handoff.
 package policy

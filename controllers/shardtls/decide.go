@@ -130,3 +130,24 @@ func Issue(rq *rqv1.RenderQueue, ca *certs.CA, labels map[string]string, now tim
 		},
 	}, nil
 }
+
+// StatusToKeep is the status.tls to record for rq once its shards are polled, given settled (what
+// the reconciler issued or found this time, nil when it did not run) and pods, its shard Pods.
+// While spec.tls is on, it is settled, or what was recorded when a blocker kept the reconciler
+// from running. Once it is off, shards created with TLS (labelled rqv1.LabelTLS) may still run
+// until they are replaced: until none is left, status.tls is kept (and they are polled over HTTPS
+// with the shard CA: tlsPods); then it is cleared.
+func StatusToKeep(rq *rqv1.RenderQueue, settled *rqv1.ShardTLSStatus, pods map[string]*corev1.Pod) (status *rqv1.ShardTLSStatus, tlsPods bool) {
+	for _, p := range pods {
+		if p.Labels[rqv1.LabelTLS] == "true" {
+			tlsPods = true
+		}
+	}
+	switch {
+	case rq.Spec.TLSEnabled() && settled == nil, !rq.Spec.TLSEnabled() && tlsPods:
+		return rq.Status.TLS, tlsPods
+	case !rq.Spec.TLSEnabled():
+		return nil, tlsPods
+	}
+	return settled, tlsPods
+}

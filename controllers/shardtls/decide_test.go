@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	rqv1 "github.com/renderqueue/renderqueue/api/v1alpha1"
@@ -137,4 +138,34 @@ func mustCAData(t *testing.T, ca *certs.CA) map[string][]byte {
 		t.Fatal(err)
 	}
 	return d
+}
+
+func TestStatusToKeep(t *testing.T) {
+	recorded := &rqv1.ShardTLSStatus{Serial: "1"}
+	settled := &rqv1.ShardTLSStatus{Serial: "2"}
+	tlsPod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{rqv1.LabelTLS: "true"}}}
+	plainPod := &corev1.Pod{}
+	for _, c := range []struct {
+		name    string
+		on      bool
+		settled *rqv1.ShardTLSStatus
+		pods    map[string]*corev1.Pod
+		want    *rqv1.ShardTLSStatus
+		tlsPods bool
+	}{
+		{"on, issued", true, settled, map[string]*corev1.Pod{"a": tlsPod}, settled, true},
+		{"on, blocked", true, nil, nil, recorded, false},
+		{"off, TLS shards left", false, nil, map[string]*corev1.Pod{"a": tlsPod, "b": plainPod}, recorded, true},
+		{"off, none left", false, nil, map[string]*corev1.Pod{"b": plainPod}, nil, false},
+	} {
+		rq := tlsQueue()
+		if !c.on {
+			rq.Spec.TLS.Mode = rqv1.ShardTLSDisabled
+		}
+		rq.Status.TLS = recorded
+		got, tlsPods := shardtls.StatusToKeep(rq, c.settled, c.pods)
+		if got != c.want || tlsPods != c.tlsPods {
+			t.Errorf("%s: %v, %v; want %v, %v", c.name, got, tlsPods, c.want, c.tlsPods)
+		}
+	}
 }

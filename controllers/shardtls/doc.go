@@ -1,7 +1,8 @@
 // Package shardtls is the operator's side of spec.tls OperatorIssued: the shard CA it keeps in a
 // Secret of its own namespace (CAStore, the only I/O here), and, as pure functions of the
 // RenderQueue, its status and the CA, when a RenderQueue's shards need a new serving certificate
-// (Decide) and what it is (Issue).
+// (Decide), what it is (Issue) and which status.tls to keep while shards that serve TLS remain
+// (StatusToKeep); and the HTTP clients that verify TLS shards, one per server name (Clients).
 //
 // The operator may create and update Secrets but never read them outside its own namespace, so
 // it does not look at the certificate it gave the shards: it records what it issued in
