@@ -75,12 +75,12 @@ func shardNames(c *client.Client) []string {
 	return out
 }
 
-// TestRenderQueueDiscoveryFollowsRebalance runs a worker that discovers the shards through a
+// TestDiscoveryRenderQueueFollowsRebalance runs a worker that discovers the shards through a
 // RenderQueue on a real API server while the slots are rebalanced from one shard to three and
 // then onto one of the new shards alone, its first shard stopped. The status is written as the
 // operator writes it. Every due row must be completed exactly once, and the worker must follow
 // the shard set without a restart.
-func TestRenderQueueDiscoveryFollowsRebalance(t *testing.T) {
+func TestDiscoveryRenderQueueFollowsRebalance(t *testing.T) {
 	cfg, k := startAPIServer(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
