@@ -20,6 +20,7 @@ import (
 	"github.com/go-logr/logr"
 	"k8s.io/apimachinery/pkg/util/wait"
 
+	"github.com/renderqueue/renderqueue/pkg/client/clientmetrics"
 	"github.com/renderqueue/renderqueue/pkg/shardapi"
 )
 
@@ -60,8 +61,8 @@ type Options struct {
 	// StopTimeout bounds the completions and releases Run sends once its handlers finished after
 	// a cancellation. Default 10 s.
 	StopTimeout time.Duration
-	// Metrics, when set, receives the worker's Prometheus metrics.
-	Metrics *Metrics
+	// Metrics, when set, receives the worker's Prometheus metrics (clientmetrics.New).
+	Metrics *clientmetrics.Metrics
 	// Log receives the client's log lines (discovery changes, errors). Default: discarded.
 	Log logr.Logger
 }
@@ -376,15 +377,15 @@ func (c *Client) Claim(ctx context.Context, n int) ([]Item, error) {
 			var se *StatusError
 			if errors.As(err, &se) && se.Fatal() {
 				c.st.errored(err)
-				c.opts.Metrics.claim("error")
+				c.opts.Metrics.Claim("error")
 				return nil, err
 			}
 			if errors.As(err, &se) && se.Code == http.StatusServiceUnavailable {
 				c.st.unavailable.Add(1)
-				c.opts.Metrics.claim("unavailable")
+				c.opts.Metrics.Claim("unavailable")
 			} else {
 				c.st.errored(err)
-				c.opts.Metrics.claim("error")
+				c.opts.Metrics.Claim("error")
 			}
 			errs = append(errs, err)
 			c.backOff(s.URL, time.Now(), err)
@@ -394,13 +395,13 @@ func (c *Client) Claim(ctx context.Context, n int) ([]Item, error) {
 		c.st.claims.Add(1)
 		if len(items) == 0 {
 			c.st.empty.Add(1)
-			c.opts.Metrics.claim("empty")
+			c.opts.Metrics.Claim("empty")
 			c.backOff(s.URL, time.Now(), nil)
 			continue
 		}
 		c.st.claimed.Add(int64(len(items)))
-		c.opts.Metrics.claim("rows")
-		c.opts.Metrics.claimed(len(items))
+		c.opts.Metrics.Claim("rows")
+		c.opts.Metrics.Claimed(len(items))
 		c.claimedFrom(s.URL)
 		return items, nil
 	}
@@ -511,7 +512,7 @@ func (c *Client) Complete(ctx context.Context, done []Completion) ([]error, erro
 				out[i] = err
 			}
 			c.st.errored(err)
-			c.opts.Metrics.completion("error", len(idx))
+			c.opts.Metrics.Completion("error", len(idx))
 			continue
 		}
 		ie := itemErrors(resp.Results)
@@ -520,8 +521,8 @@ func (c *Client) Complete(ctx context.Context, done []Completion) ([]error, erro
 		}
 		c.st.completed.Add(int64(resp.Completed))
 		c.st.rejected.Add(int64(len(idx) - resp.Completed))
-		c.opts.Metrics.completion("completed", resp.Completed)
-		c.opts.Metrics.completion("rejected", len(idx)-resp.Completed)
+		c.opts.Metrics.Completion("completed", resp.Completed)
+		c.opts.Metrics.Completion("rejected", len(idx)-resp.Completed)
 	}
 	return out, errors.Join(errs...)
 }
@@ -554,7 +555,7 @@ func (c *Client) Release(ctx context.Context, items []Item) ([]error, error) {
 			out[i] = ie[j]
 		}
 		c.st.released.Add(int64(resp.Released))
-		c.opts.Metrics.release(resp.Released)
+		c.opts.Metrics.Release(resp.Released)
 	}
 	return out, errors.Join(errs...)
 }
@@ -586,19 +587,19 @@ func (c *Client) Extend(ctx context.Context, items []Item, d time.Duration) ([]I
 				errOut[i] = err
 			}
 			c.st.errored(err)
-			c.opts.Metrics.extension("error", len(idx))
+			c.opts.Metrics.Extension("error", len(idx))
 			continue
 		}
 		for j, i := range idx {
 			r := resp.Results[j]
 			if r.Error != "" || r.LeaseExpires == nil {
 				errOut[i] = &ItemError{Key: r.Key, Reason: r.Error}
-				c.opts.Metrics.extension("refused", 1)
+				c.opts.Metrics.Extension("refused", 1)
 				continue
 			}
 			out[i].LeaseExpires = *r.LeaseExpires
 			c.st.extended.Add(1)
-			c.opts.Metrics.extension("extended", 1)
+			c.opts.Metrics.Extension("extended", 1)
 		}
 	}
 	return out, errOut, errors.Join(errs...)

@@ -44,6 +44,6 @@
 // had already written as written. Items the shard refuses (a lease no longer current, a row
 // changed since it was claimed) are not retried.
 //
-// Metrics (NewMetrics) exports claims, completions, releases, extensions, errors and render
+// Metrics (package clientmetrics: clientmetrics.New) exports claims, completions, releases, extensions, errors and render
 // times to Prometheus. GetStatus reads one shard's GET /v1/status (no token needed).
 package client

@@ -12,6 +12,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/renderqueue/renderqueue/pkg/client"
+	"github.com/renderqueue/renderqueue/pkg/client/clientmetrics"
 	"github.com/renderqueue/renderqueue/pkg/client/clienttest"
 	"github.com/renderqueue/renderqueue/pkg/client/discovery"
 	"github.com/renderqueue/renderqueue/pkg/schedule"
@@ -121,7 +122,7 @@ func Example_renderQueueDiscovery() {
 	if err != nil {
 		panic(err)
 	}
-	metrics, err := client.NewMetrics(prometheus.DefaultRegisterer)
+	metrics, err := clientmetrics.New(prometheus.DefaultRegisterer)
 	if err != nil {
 		panic(err)
 	}

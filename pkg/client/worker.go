@@ -186,20 +186,20 @@ func (c *Client) handle(base context.Context, a *acker, h Handler, it Item) {
 	hctx, cancel := context.WithCancelCause(base)
 	defer cancel(nil)
 	lk := c.keepLease(a.ctx, it, cancel)
-	c.opts.Metrics.inFlightAdd(1)
+	c.opts.Metrics.InFlightAdd(1)
 	start := time.Now()
 	res, err := call(hctx, h, it)
 	took := time.Since(start)
-	c.opts.Metrics.inFlightAdd(-1)
+	c.opts.Metrics.InFlightAdd(-1)
 	it, lost := lk.stop()
 	switch {
 	case lost:
-		c.opts.Metrics.rendered("lease_lost", took)
+		c.opts.Metrics.Rendered("lease_lost", took)
 	case err == nil:
-		c.opts.Metrics.rendered("success", took)
+		c.opts.Metrics.Rendered("success", took)
 		a.complete(Completion{Item: it, NextDue: res.NextDue})
 	default:
-		c.opts.Metrics.rendered("error", took)
+		c.opts.Metrics.Rendered("error", took)
 		c.log.V(1).Info("Render failed", "key", it.Key, "error", err.Error())
 		var ra *retryAfterError
 		if errors.As(err, &ra) && ra.after > 0 {

@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/renderqueue/renderqueue/pkg/client"
+	"github.com/renderqueue/renderqueue/pkg/client/clientmetrics"
 	"github.com/renderqueue/renderqueue/pkg/client/clienttest"
 	"github.com/renderqueue/renderqueue/pkg/client/discovery"
 	"github.com/renderqueue/renderqueue/pkg/schedule"
@@ -76,7 +77,7 @@ func TestRunCompletesEveryRowOnceAcrossShards(t *testing.T) {
 	clienttest.Eventually(t, "the shards to hold every due row", func() bool { return cl.Due() == len(rows) })
 
 	reg := prometheus.NewRegistry()
-	m, err := client.NewMetrics(reg)
+	m, err := clientmetrics.New(reg)
 	if err != nil {
 		t.Fatal(err)
 	}
