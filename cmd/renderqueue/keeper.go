@@ -24,6 +24,7 @@ import (
 	ctrlconfig "sigs.k8s.io/controller-runtime/pkg/client/config"
 
 	rqv1 "github.com/renderqueue/renderqueue/api/v1alpha1"
+	"github.com/renderqueue/renderqueue/internal/cli"
 	"github.com/renderqueue/renderqueue/pkg/buildinfo"
 	"github.com/renderqueue/renderqueue/pkg/keeper"
 	"github.com/renderqueue/renderqueue/pkg/keeper/core/policy"
@@ -71,9 +72,9 @@ func runKeeper(ctx context.Context, args []string, _, stderr io.Writer) error {
 	lease := fs.Duration("lease", rqv1.DefaultLeaseDuration, "default lease of a claim")
 	boost := fs.Float64("submitted-boost", defBoost, "score multiplier for rows from a sitemap")
 	urgentShare := fs.Float64("urgent-max-share", defShare, "most of a claim batch urgent rows may take while other rows are due")
-	var floors floorFlags
+	var floors cli.FloorFlags
 	fs.Var(&floors, "floor", "a class's reserved share of every claim, CADENCE/SOURCE=SHARE (e.g. 96h/discovered=0.05); repeat or comma-separate; shares sum to at most 1 (docs/priority.md)")
-	resched := rescheduleFlag{p: defResched}
+	resched := cli.RescheduleFlag{Policy: defResched}
 	fs.Var(&resched, "reschedule", "next due time of a rendered row: KeepPhase (its own schedule, no drain echo) or AfterRender (completion + cadence)")
 	tokenFile := fs.String("token-file", "", "file holding the API bearer token (default $RENDERQUEUE_TOKEN)")
 	insecure := fs.Bool("insecure-no-auth", false, "serve the mutating API without authentication")
@@ -97,7 +98,7 @@ func runKeeper(ctx context.Context, args []string, _, stderr io.Writer) error {
 	if strings.TrimSpace(*dsn) == "" {
 		return errors.New("--dsn (or RENDERQUEUE_DSN) is required")
 	}
-	token, err := readToken(*tokenFile)
+	token, err := cli.ReadToken(*tokenFile)
 	if err != nil {
 		return err
 	}
@@ -136,7 +137,7 @@ func runKeeper(ctx context.Context, args []string, _, stderr io.Writer) error {
 	} else {
 		settings := keeper.Settings{
 			Window: *window, VerifyInterval: *verify, LeaseDuration: *lease,
-			SubmittedBoost: *boost, UrgentMaxShare: *urgentShare, Floors: floors, Reschedule: resched.p,
+			SubmittedBoost: *boost, UrgentMaxShare: *urgentShare, Floors: floors, Reschedule: resched.Policy,
 			Owned: schedule.AllSlots(),
 		}
 		if err := settings.Validate(); err != nil {
@@ -285,20 +286,4 @@ func dsnPasswords(dsn string) []string {
 		add(strings.Trim(m[2], "'"))
 	}
 	return out
-}
-
-// readToken reads the bearer token from a file, or from RENDERQUEUE_TOKEN when no file is given.
-func readToken(file string) (string, error) {
-	if file == "" {
-		return strings.TrimSpace(os.Getenv("RENDERQUEUE_TOKEN")), nil
-	}
-	b, err := os.ReadFile(file)
-	if err != nil {
-		return "", fmt.Errorf("reading the API token: %w", err)
-	}
-	tok := strings.TrimSpace(string(b))
-	if tok == "" {
-		return "", fmt.Errorf("token file %s is empty", file)
-	}
-	return tok, nil
 }

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/renderqueue/renderqueue/internal/cli"
 	"github.com/renderqueue/renderqueue/pkg/certs"
 	"github.com/renderqueue/renderqueue/pkg/store/postgres"
 	"github.com/renderqueue/renderqueue/pkg/store/postgres/pgtest"
@@ -99,21 +100,6 @@ func TestKeeperTLSFlags(t *testing.T) {
 	}
 }
 
-func TestWorkerServerName(t *testing.T) {
-	for _, c := range []struct {
-		flag, dns, rq, ns, want string
-	}{
-		{"given.example", "web-shards.team-a.svc:8080", "web", "team-a", "given.example"},
-		{"", "", "web", "team-a", "web-shards.team-a.svc"},
-		{"", "web-shards.team-a.svc.cluster.local.:8080", "", "", "web-shards.team-a.svc.cluster.local"},
-		{"", "", "", "", ""},
-	} {
-		if got := workerServerName(c.flag, c.dns, c.rq, c.ns); got != c.want {
-			t.Errorf("workerServerName(%q, %q, %q, %q) = %q, want %q", c.flag, c.dns, c.rq, c.ns, got, c.want)
-		}
-	}
-}
-
 // TestWorkerSimOverTLS: worker-sim verifies a TLS keeper with the CA file and the server name
 // and drains its due rows over HTTPS; with another CA it completes nothing.
 func TestWorkerSimOverTLS(t *testing.T) {
@@ -178,7 +164,7 @@ func TestWorkerSimOverTLS(t *testing.T) {
 		var out, errb syncBuffer
 		wdone := make(chan error, 1)
 		go func() {
-			wdone <- runWorkerSim(wctx, []string{"--shard", "https://" + listen, "--token-file", tokenFile, "--tls-ca-file", ca,
+			wdone <- cli.WorkerSim(wctx, []string{"--shard", "https://" + listen, "--token-file", tokenFile, "--tls-ca-file", ca,
 				"--tls-server-name", serverName, "--render-time", "0", "--progress", "50ms", "--backoff", "10ms"}, &out, &errb)
 		}()
 		waitFor(t, done, &keeperLog, "worker-sim's progress", func() bool { return stop(errb.String()) })

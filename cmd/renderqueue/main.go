@@ -1,6 +1,7 @@
 // Command renderqueue is the one binary of the project: the operator, the keeper shard, database
-// migrations and the tools users run (seed, worker-sim). Each subcommand lives in its own file here
-// and only parses flags and wires packages together; the logic lives under pkg/ and controllers/.
+// migrations and the tools users run (seed, worker-sim). Each subcommand lives in its own file here,
+// or for the tools bench, simulate and worker-sim in internal/cli, and only parses flags and wires
+// packages together; the logic lives under pkg/ and controllers/.
 package main
 
 import (
@@ -13,6 +14,8 @@ import (
 	"os/signal"
 	"sort"
 	"syscall"
+
+	"github.com/renderqueue/renderqueue/internal/cli"
 )
 
 // command is one subcommand: a one-line summary and its entry point, which gets the arguments
@@ -25,14 +28,14 @@ type command struct {
 // commands lists the subcommands. New subcommands add themselves here.
 func commands() map[string]command {
 	return map[string]command{
-		"bench":      {summary: "end-to-end throughput: a keeper over HTTP against a SKIP LOCKED queue (bench --dsn ...)", run: runBench},
+		"bench":      {summary: "end-to-end throughput: a keeper over HTTP against a SKIP LOCKED queue (bench --dsn ...)", run: cli.Bench},
 		"keeper":     {summary: "run one keeper shard (standalone: all slots, flags)", run: runKeeper},
 		"operator":   {summary: "run the RenderQueue operator (controller-runtime manager)", run: runOperator},
 		"schema":     {summary: "migrate the database schema (schema migrate --dsn ...)", run: runSchema},
 		"seed":       {summary: "write synthetic schedule rows (seed --dsn ... --rows N)", run: runSeed},
-		"worker-sim": {summary: "simulated render workers claiming from keeper shards (worker-sim --shard URL)", run: runWorkerSim},
+		"worker-sim": {summary: "simulated render workers claiming from keeper shards (worker-sim --shard URL)", run: cli.WorkerSim},
 		"status":     {summary: "print a RenderQueue's shards (status NAME -n NS) or shards' /v1/status (status --url URL)", run: runStatus},
-		"simulate":   {summary: "the keeper core on virtual time: how late each class renders with N workers (simulate --load 0.8)", run: runSimulate},
+		"simulate":   {summary: "the keeper core on virtual time: how late each class renders with N workers (simulate --load 0.8)", run: cli.Simulate},
 		"upsert":     {summary: "add or change schedule rows given as NDJSON on stdin (upsert --dsn ...)", run: runUpsert},
 		"version":    {summary: "print the version", run: runVersion},
 	}

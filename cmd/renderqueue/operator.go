@@ -30,6 +30,7 @@ import (
 	"github.com/renderqueue/renderqueue/controllers"
 	"github.com/renderqueue/renderqueue/controllers/policy"
 	"github.com/renderqueue/renderqueue/controllers/shardtls"
+	"github.com/renderqueue/renderqueue/internal/cli"
 	"github.com/renderqueue/renderqueue/pkg/buildinfo"
 	"github.com/renderqueue/renderqueue/pkg/metricsapi"
 )
@@ -179,7 +180,7 @@ func runOperator(ctx context.Context, args []string, _, stderr io.Writer) error 
 	log := logr.FromSlogHandler(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
 	ctrl.SetLogger(log)
 
-	cfg, err := restConfig(o.kubeconfig)
+	cfg, err := cli.RESTConfig(o.kubeconfig)
 	if err != nil {
 		return err
 	}
@@ -299,24 +300,7 @@ func splitList(v string) []string {
 	return out
 }
 
-// restConfig loads the Kubernetes client configuration: the kubeconfig file when given, else
-// controller-runtime's usual order ($KUBECONFIG, in-cluster, ~/.kube/config).
-func restConfig(kubeconfig string) (*rest.Config, error) {
-	if kubeconfig != "" {
-		cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
-		if err != nil {
-			return nil, fmt.Errorf("loading kubeconfig %s: %w", kubeconfig, err)
-		}
-		return cfg, nil
-	}
-	cfg, err := ctrl.GetConfig()
-	if err != nil {
-		return nil, fmt.Errorf("loading the Kubernetes client configuration: %w", err)
-	}
-	return cfg, nil
-}
-
-// kubeconfigFile names the kubeconfig file restConfig loads for the --kubeconfig value explicit,
+// kubeconfigFile names the kubeconfig file cli.RESTConfig loads for the --kubeconfig value explicit,
 // in the same order: explicit, $KUBECONFIG, none in a cluster (""), then ~/.kube/config when it
 // exists ("" when it does not). A $KUBECONFIG listing several files is an error: they are merged
 // into one configuration that no single file holds.

@@ -211,14 +211,3 @@ func TestUpsert(t *testing.T) {
 		t.Fatalf("good upsert: code %d, out %q, err %q", code, out.String(), errb.String())
 	}
 }
-func TestParseShapes(t *testing.T) {
-	got, err := parseShapes("8x100, 16x100,8x500")
-	if err != nil || len(got) != 3 || got[1].Workers != 16 || got[2].Batch != 500 {
-		t.Fatalf("parseShapes = %v, %v", got, err)
-	}
-	for _, bad := range []string{"", "8", "8x", "x100", "8*100", "8x100,"} {
-		if _, err := parseShapes(bad); err == nil {
-			t.Errorf("parseShapes(%q): no error", bad)
-		}
-	}
-}

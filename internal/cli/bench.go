@@ -1,4 +1,4 @@
-package main
+package cli
 
 import (
 	"context"
@@ -18,9 +18,9 @@ import (
 	"github.com/renderqueue/renderqueue/pkg/bench"
 )
 
-// runBench is `renderqueue bench`: the end-to-end throughput of a standalone keeper against a
+// Bench is `renderqueue bench`: the end-to-end throughput of a standalone keeper against a
 // SKIP LOCKED queue on the same PostgreSQL (pkg/bench).
-func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+func Bench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() {

@@ -1,4 +1,4 @@
-package main
+package cli
 
 import (
 	"context"
@@ -14,41 +14,9 @@ import (
 	"github.com/renderqueue/renderqueue/pkg/simulate"
 )
 
-// floorFlags collects repeated --floor flags.
-type floorFlags []policy.Floor
-
-func (f *floorFlags) String() string {
-	parts := make([]string, len(*f))
-	for i, x := range *f {
-		parts[i] = x.String()
-	}
-	return strings.Join(parts, ",")
-}
-
-func (f *floorFlags) Set(s string) error {
-	for _, part := range strings.Split(s, ",") {
-		fl, err := policy.ParseFloor(strings.TrimSpace(part))
-		if err != nil {
-			return err
-		}
-		*f = append(*f, fl)
-	}
-	return nil
-}
-
-// rescheduleFlag is a policy.Reschedule flag.
-type rescheduleFlag struct{ p policy.Reschedule }
-
-func (r *rescheduleFlag) String() string { return r.p.String() }
-
-func (r *rescheduleFlag) Set(s string) (err error) {
-	r.p, err = policy.ParseReschedule(s)
-	return err
-}
-
-// runSimulate is `renderqueue simulate`: the keeper core on virtual time for capacity planning
+// Simulate is `renderqueue simulate`: the keeper core on virtual time for capacity planning
 // (pkg/simulate).
-func runSimulate(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+func Simulate(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("simulate", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
@@ -73,9 +41,9 @@ func runSimulate(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	orders := fs.String("order", "keeper", "claim orders to run, comma-separated: keeper, oldest-due, class-priority, or all")
 	boost := fs.Float64("submitted-boost", 2, "keeper: score multiplier for rows from a sitemap")
 	urgentShare := fs.Float64("urgent-max-share", 0.2, "keeper: most of a claim urgent rows may take (the simulated fleet has no urgent rows)")
-	var floors floorFlags
+	var floors FloorFlags
 	fs.Var(&floors, "floor", "keeper: a class's floor, CADENCE/SOURCE=SHARE (e.g. 96h/discovered=0.05); repeat or comma-separate")
-	resched := rescheduleFlag{p: policy.KeepPhase}
+	resched := RescheduleFlag{Policy: policy.KeepPhase}
 	fs.Var(&resched, "reschedule", "next due time of a rendered row: KeepPhase or AfterRender (every order)")
 	batch := fs.Int("batch", simulate.DefaultBatch, "rows per claim")
 	tick := fs.Duration("tick", simulate.DefaultTick, "time step: claims at its start, completions at its end")
@@ -160,7 +128,7 @@ func runSimulate(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	base := simulate.Config{
 		Fleet: fleet, Capacity: *capacity, Batch: *batch, Tick: *tick, Duration: *duration,
 		MeasureFrom: *measureFrom, Sample: *sample, Seed: *seedVal,
-		Keeper: policy.Config{SubmittedBoost: *boost, UrgentMaxShare: *urgentShare, Floors: floors, Reschedule: resched.p},
+		Keeper: policy.Config{SubmittedBoost: *boost, UrgentMaxShare: *urgentShare, Floors: floors, Reschedule: resched.Policy},
 	}
 	if set["load"] {
 		base.Load = *load

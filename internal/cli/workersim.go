@@ -1,4 +1,4 @@
-package main
+package cli
 
 import (
 	"context"
@@ -25,9 +25,9 @@ import (
 	"github.com/renderqueue/renderqueue/pkg/workersim"
 )
 
-// runWorkerSim is `renderqueue worker-sim`: simulated render workers against keeper shards
+// WorkerSim is `renderqueue worker-sim`: simulated render workers against keeper shards
 // (pkg/workersim on pkg/client).
-func runWorkerSim(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+func WorkerSim(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("worker-sim", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
@@ -79,7 +79,7 @@ func runWorkerSim(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	case *serverName != "":
 		return errors.New("--tls-server-name needs --tls-ca-file")
 	}
-	token, err := readToken(*tokenFile)
+	token, err := ReadToken(*tokenFile)
 	if err != nil {
 		return err
 	}
@@ -194,7 +194,7 @@ func workerDiscovery(shards, dnsName, rqName, namespace, kubeconfig string, http
 		if namespace == "" {
 			return nil, "", errors.New("--renderqueue needs --namespace (or POD_NAMESPACE)")
 		}
-		cfg, err := restConfig(kubeconfig)
+		cfg, err := RESTConfig(kubeconfig)
 		if err != nil {
 			return nil, "", err
 		}
