@@ -17,7 +17,6 @@ import (
 	"k8s.io/cli-runtime/pkg/genericclioptions"
 
 	"github.com/renderqueue/renderqueue/pkg/client"
-	"github.com/renderqueue/renderqueue/pkg/shardapi"
 	"github.com/renderqueue/renderqueue/pkg/statusview"
 )
 
@@ -119,21 +118,8 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	return errors.Join(errs...)
 }
 
-// queueJSON is the --json form of the queue view.
-type queueJSON struct {
-	Namespace string      `json:"namespace"`
-	Name      string      `json:"name"`
-	Due       int64       `json:"due"`
-	DueExact  bool        `json:"dueExact"`
-	Shards    []shardJSON `json:"shards"`
-}
-
-type shardJSON struct {
-	Name   string           `json:"name"`
-	Status *shardapi.Status `json:"status"`
-	Error  string           `json:"error,omitempty"`
-}
-
+// queueStatus prints the RenderQueue name of the kubeconfig's namespace (-n) and its shards, as the
+// queue view or its JSON (pkg/statusview).
 func queueStatus(ctx context.Context, kube *genericclioptions.ConfigFlags, name string, asJSON bool, timeout time.Duration, stdout io.Writer) error {
 	ns, _, err := kube.ToRawKubeConfigLoader().Namespace()
 	if err != nil {
@@ -147,18 +133,8 @@ func queueStatus(ctx context.Context, kube *genericclioptions.ConfigFlags, name 
 	if err != nil {
 		return err
 	}
-	if !asJSON {
-		return statusview.WriteQueue(stdout, q)
+	if asJSON {
+		return statusview.WriteQueueJSON(stdout, q)
 	}
-	out := queueJSON{Namespace: ns, Name: name, Due: q.RenderQueue.Status.Due, DueExact: q.RenderQueue.Status.DueExact}
-	for _, s := range q.Shards {
-		sj := shardJSON{Name: s.Name, Status: s.Status}
-		if s.Err != nil {
-			sj.Error = s.Err.Error()
-		}
-		out.Shards = append(out.Shards, sj)
-	}
-	enc := json.NewEncoder(stdout)
-	enc.SetIndent("", "  ")
-	return enc.Encode(out)
+	return statusview.WriteQueue(stdout, q)
 }

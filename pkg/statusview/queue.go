@@ -2,6 +2,7 @@ package statusview
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -99,6 +100,39 @@ func podProxyURL(host, namespace string, s rqv1.ShardStatus, tls bool) string {
 	}
 	return strings.TrimRight(host, "/") + "/api/v1/namespaces/" + url.PathEscape(namespace) + "/pods/" +
 		url.PathEscape(target) + "/proxy"
+}
+
+// queueJSON is the JSON form of the queue view (WriteQueueJSON).
+type queueJSON struct {
+	Namespace string      `json:"namespace"`
+	Name      string      `json:"name"`
+	Due       int64       `json:"due"`
+	DueExact  bool        `json:"dueExact"`
+	Shards    []shardJSON `json:"shards"`
+}
+
+type shardJSON struct {
+	Name   string           `json:"name"`
+	Status *shardapi.Status `json:"status"`
+	Error  string           `json:"error,omitempty"`
+}
+
+// WriteQueueJSON prints the queue view as indented JSON (`renderqueue status NAME --json`): the
+// RenderQueue's namespace, name, due and dueExact from its status, and per shard its name and
+// /v1/status or the error reading it.
+func WriteQueueJSON(w io.Writer, q Queue) error {
+	rq := q.RenderQueue
+	out := queueJSON{Namespace: rq.Namespace, Name: rq.Name, Due: rq.Status.Due, DueExact: rq.Status.DueExact}
+	for _, s := range q.Shards {
+		sj := shardJSON{Name: s.Name, Status: s.Status}
+		if s.Err != nil {
+			sj.Error = s.Err.Error()
+		}
+		out.Shards = append(out.Shards, sj)
+	}
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(out)
 }
 
 // WriteQueue prints the queue view: a summary line, a table of the shards (state, exact, due,

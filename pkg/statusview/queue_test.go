@@ -74,6 +74,43 @@ func TestWriteQueueCanned(t *testing.T) {
 	}
 }
 
+func TestWriteQueueJSON(t *testing.T) {
+	var b strings.Builder
+	if err := WriteQueueJSON(&b, cannedQueue(t)); err != nil {
+		t.Fatal(err)
+	}
+	var got struct {
+		Namespace, Name string
+		Due             int64
+		DueExact        bool
+		Shards          []struct {
+			Name   string
+			Status *shardapi.Status
+			Error  string
+		}
+	}
+	if err := json.Unmarshal([]byte(b.String()), &got); err != nil {
+		t.Fatalf("%v in:\n%s", err, b.String())
+	}
+	if got.Namespace != "default" || got.Name != "web" || got.Due != 4221 || got.DueExact || len(got.Shards) != 3 {
+		t.Fatalf("got %+v", got)
+	}
+	if s := got.Shards[1]; s.Name != "web-shard-1" || s.Status == nil || s.Status.Due != 4211 || s.Error != "" {
+		t.Errorf("shard 1: %+v", s)
+	}
+	if s := got.Shards[2]; s.Status != nil || s.Error != "the server is currently unable to handle the request" {
+		t.Errorf("shard 2: %+v", s)
+	}
+	for _, key := range []string{`"dueExact": false`, `"status": null`, "\n  \"shards\": ["} {
+		if !strings.Contains(b.String(), key) {
+			t.Errorf("missing %q in:\n%s", key, b.String())
+		}
+	}
+	if s := got.Shards[0]; s.Error != "" || s.Status == nil || s.Status.Error == "" {
+		t.Errorf("shard 0: the error of a shard read is in its status, not beside it: %+v", s)
+	}
+}
+
 func TestSpark(t *testing.T) {
 	for in, want := range map[string]string{"0 0": "  ", "1 8": "▁█", "8 4 1 0": "█▄▁ ", "100 1": "█▁"} {
 		var counts []int
@@ -140,6 +177,15 @@ func TestLoadQueueThroughTheAPIServer(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, s := range []string{"renderqueue default/web: 2 shards (0 ready), due ≥ 12", "web-shard-1  pending", "! web-shard-0: GET "} {
+		if !strings.Contains(b.String(), s) {
+			t.Errorf("missing %q in:\n%s", s, b.String())
+		}
+	}
+	b.Reset()
+	if err := WriteQueueJSON(&b, q); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range []string{`"namespace": "default"`, `"name": "web"`, `"name": "web-shard-1"`} {
 		if !strings.Contains(b.String(), s) {
 			t.Errorf("missing %q in:\n%s", s, b.String())
 		}
