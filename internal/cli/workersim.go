@@ -21,6 +21,7 @@ import (
 
 	rqv1 "github.com/renderqueue/renderqueue/api/v1alpha1"
 	"github.com/renderqueue/renderqueue/pkg/client"
+	"github.com/renderqueue/renderqueue/pkg/client/clientmetrics"
 	"github.com/renderqueue/renderqueue/pkg/client/discovery"
 	"github.com/renderqueue/renderqueue/pkg/workersim"
 )
@@ -90,7 +91,7 @@ func WorkerSim(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return fmt.Errorf("--backoff %v is not positive", *backoff)
 	}
 	reg := prometheus.NewRegistry()
-	metrics, err := client.NewMetrics(reg)
+	metrics, err := clientmetrics.New(reg)
 	if err != nil {
 		return err
 	}
