@@ -8,6 +8,8 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	rqv1 "github.com/renderqueue/renderqueue/api/v1alpha1"
@@ -89,7 +91,7 @@ func (r *RenderQueueReconciler) reconcileMembership(ctx context.Context, rq *rqv
 	switch step.Kind {
 	case membership.StepAssign:
 		publish()
-		ms.Handoff.FinishedAt = ptrTime(now)
+		ms.Handoff.FinishedAt = ptr.To(metav1.NewTime(now))
 		logger.Info("Assigned slots", "epoch", step.Publish.Epoch, "shards", len(targets))
 		return membershipStep{Events: []policy.Event{{
 			Type: corev1.EventTypeNormal, Reason: EventSlotsAssigned, Action: "Assign",
@@ -129,7 +131,7 @@ func (r *RenderQueueReconciler) reconcileMembership(ctx context.Context, rq *rqv
 		}, nil
 	case membership.StepCommit:
 		publish()
-		ms.Handoff.FinishedAt = ptrTime(now)
+		ms.Handoff.FinishedAt = ptr.To(metav1.NewTime(now))
 		msg := fmt.Sprintf("committed the move of %d slots (%s) at epoch %d",
 			policy.MovedSlots(last.Moves), policy.DescribeMoves(last.Moves), step.Publish.Epoch)
 		logger.Info("Rebalance committed", "epoch", step.Publish.Epoch, "slotsMoved", policy.MovedSlots(last.Moves))
@@ -138,7 +140,7 @@ func (r *RenderQueueReconciler) reconcileMembership(ctx context.Context, rq *rqv
 		}}}, nil
 	case membership.StepRollback:
 		publish()
-		ms.Handoff.FinishedAt = ptrTime(now)
+		ms.Handoff.FinishedAt = ptr.To(metav1.NewTime(now))
 		msg := fmt.Sprintf("rolled back the move of %d slots at epoch %d: %s did not report prepare epoch %d walked by %s",
 			policy.MovedSlots(last.Moves), step.Publish.Epoch, strings.Join(h.Waiting, ", "), last.PrepareEpoch,
 			last.Deadline.UTC().Format(time.RFC3339))

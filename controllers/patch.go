@@ -3,10 +3,8 @@ package controllers
 import (
 	"context"
 	"fmt"
-	"time"
 
 	"k8s.io/apimachinery/pkg/api/equality"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	rqv1 "github.com/renderqueue/renderqueue/api/v1alpha1"
@@ -30,10 +28,4 @@ func patchStatus(ctx context.Context, c client.Client, rq *rqv1.RenderQueue, nex
 	rq.Status = updated.Status
 	rq.ResourceVersion = updated.ResourceVersion
 	return true, nil
-}
-
-// ptrTime returns t as a status time.
-func ptrTime(t time.Time) *metav1.Time {
-	mt := metav1.NewTime(t)
-	return &mt
 }

@@ -8,6 +8,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 
 	rqv1 "github.com/renderqueue/renderqueue/api/v1alpha1"
 	"github.com/renderqueue/renderqueue/controllers/specs"
@@ -205,7 +206,7 @@ func ComputeStatus(rq *rqv1.RenderQueue, next *rqv1.RenderQueueStatus, in Status
 	next.ReadyShards = ready
 	dueExact := sumExact && allExact
 	if next.DueAsOf == nil || int64(due) != next.Due || dueExact != next.DueExact {
-		next.DueAsOf = ptrTime(in.Now)
+		next.DueAsOf = ptr.To(metav1.NewTime(in.Now))
 	}
 	next.Due, next.DueExact = int64(due), dueExact
 
@@ -230,10 +231,4 @@ func SetCondition(st *rqv1.RenderQueueStatus, generation int64, now time.Time, t
 		ObservedGeneration: generation,
 		LastTransitionTime: metav1.NewTime(now),
 	})
-}
-
-// ptrTime returns t as a status time.
-func ptrTime(t time.Time) *metav1.Time {
-	mt := metav1.NewTime(t)
-	return &mt
 }
