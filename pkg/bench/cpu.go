@@ -8,7 +8,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5"
 )
 
 // clockTicks is the kernel's USER_HZ, the unit of /proc CPU times (100 on Linux).
@@ -94,17 +94,27 @@ type cpuSample struct {
 	machineOK bool
 }
 
+// querier runs a query: a pool, or one of its connections.
+type querier interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}
+
 // sampleCPU reads the CPU times of the keeper process (keeperPID, 0 for none), this process, the
 // PostgreSQL server's processes (found through pg_stat_activity; only when the server runs on
 // this machine) and the machine.
-func sampleCPU(ctx context.Context, pool *pgxpool.Pool, keeperPID int) cpuSample {
+//
+// The backend that runs the query is counted too: a pool may sample through one connection
+// before a run and another after it, and a backend missing from the first sample counts whole
+// (from its start) in cpuBetween, so leaving the sampler out would charge the run with all the
+// earlier work of the first sample's connection (loading the rows, resetting a queue).
+func sampleCPU(ctx context.Context, q querier, keeperPID int) cpuSample {
 	s := cpuSample{pg: map[int]time.Duration{}}
 	if keeperPID > 0 {
 		s.keeper, s.keeperOK = procCPU(keeperPID)
 	}
 	s.self, _ = procCPU(os.Getpid())
 	s.busy, s.all, s.machineOK = machineCPU()
-	rows, err := pool.Query(ctx, "SELECT pid FROM pg_stat_activity WHERE pid <> pg_backend_pid()")
+	rows, err := q.Query(ctx, "SELECT pid FROM pg_stat_activity")
 	if err != nil {
 		return s
 	}
