@@ -164,6 +164,54 @@ func TestForeignWriters(t *testing.T) {
 	}
 }
 
+// TestWriterRev: a writer that stamps a fresh rev itself (as completions do) skips the rev
+// trigger; any other rev a writer sets (past the sequence, backwards, unchanged) is replaced by a
+// fresh one, so a row's rev never goes back and never passes the sequence.
+func TestWriterRev(t *testing.T) {
+	st, _ := openTestStore(t, Options{})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	out, err := st.Upsert(ctx, []schedule.Row{storetest.Row("rev/a", time.Now())})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rev := out[0].Rev
+	last := func() int64 {
+		t.Helper()
+		var v int64
+		if err := st.pool.QueryRow(ctx, `SELECT last_value FROM render_schedule_rev_seq`).Scan(&v); err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	for _, tc := range []struct {
+		name string
+		set  string // the SET list of the UPDATE
+	}{
+		// the writer's own nextval stands: the trigger is skipped, so one value is taken, not two
+		{"fresh rev stamped by the writer", `due_at = now(), rev = nextval('render_schedule_rev_seq')`},
+		// the trigger stamps one
+		{"rev left alone", `due_at = now()`},
+		{"rev past the sequence", `rev = rev + 1000000`},
+		{"rev backwards", `rev = 1`},
+		{"rev unchanged", `rev = rev`},
+	} {
+		before := last()
+		var got int64
+		if err := st.pool.QueryRow(ctx, `UPDATE render_schedule SET `+tc.set+` WHERE key = $1 RETURNING rev`, out[0].Key).Scan(&got); err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		after := last()
+		if got <= rev || got != after {
+			t.Errorf("%s: rev %d after %d, sequence at %d: want a fresh rev, the sequence's last", tc.name, got, rev, after)
+		}
+		if taken := after - before; taken != 1 {
+			t.Errorf("%s: %d values taken from the sequence for one row, want 1", tc.name, taken)
+		}
+		rev = got
+	}
+}
+
 // TestSchemaVersion: migrations are recorded, and rerunning applies nothing.
 func TestSchemaVersion(t *testing.T) {
 	st, _ := openTestStore(t, Options{})

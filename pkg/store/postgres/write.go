@@ -21,8 +21,9 @@ ON CONFLICT (key) DO UPDATE SET
 RETURNING ` + rowColumns
 
 // completeSQL completes a batch of distinct keys, each only while its row is at the rev given
-// (0: any rev). The ordinality column maps results back.
-const completeSQL = `UPDATE render_schedule AS r SET due_at = c.due, urgent = false
+// (0: any rev). The ordinality column maps results back. It stamps the fresh rev itself, which
+// spares each row the PL/pgSQL rev trigger (migrations/0003_writer_rev.sql).
+const completeSQL = `UPDATE render_schedule AS r SET due_at = c.due, urgent = false, rev = nextval('render_schedule_rev_seq')
 FROM unnest($1::text[], $2::timestamptz[], $3::bigint[]) WITH ORDINALITY AS c(key, due, rev, i)
 WHERE r.key = c.key AND (c.rev = 0 OR r.rev = c.rev)
 RETURNING c.i, r.key, r.key_hash, r.due_at, r.cadence_ms, r.route, r.source, r.urgent, r.rev`
