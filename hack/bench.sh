@@ -10,7 +10,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 started_pg=""
-cleanup() { if [ -n "$started_pg" ]; then hack/postgres.sh stop >/dev/null 2>&1 || true; fi; }
+cleanup() { if [ -n "$started_pg" ]; then hack/postgres.sh stop "$RENDERQUEUE_TEST_DSN" >/dev/null 2>&1 || true; fi; }
 trap cleanup EXIT
 if [ -z "${RENDERQUEUE_TEST_DSN:-}" ] && [ -x hack/postgres.sh ]; then
   RENDERQUEUE_TEST_DSN=$(hack/postgres.sh start | tail -n 1)

@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 
 started_pg=""
 cleanup() {
-  if [ -n "$started_pg" ]; then hack/postgres.sh stop >/dev/null 2>&1 || true; fi
+  if [ -n "$started_pg" ]; then hack/postgres.sh stop "$RENDERQUEUE_TEST_DSN" >/dev/null 2>&1 || true; fi
 }
 trap cleanup EXIT
 
