@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/renderqueue/renderqueue/pkg/keeper/core"
 	"github.com/renderqueue/renderqueue/pkg/keeper/core/coretest"
 	"github.com/renderqueue/renderqueue/pkg/keeper/coverage"
 	"github.com/renderqueue/renderqueue/pkg/schedule"
@@ -133,6 +134,7 @@ func (l claimLoad) run(stop <-chan struct{}) *claimStats {
 				// as Shard.Complete does: the leases checked under the lock, the written versions
 				// applied (and the leases ended) in steps
 				written := make([]schedule.Row, 0, len(rows))
+				hints := make([]core.Hint, len(rows))
 				l.sh.mu.Lock()
 				now := time.Now()
 				for i, c := range rows {
@@ -140,6 +142,7 @@ func (l claimLoad) run(stop <-chan struct{}) *claimStats {
 					if err != nil {
 						continue
 					}
+					hints[i] = cp.Hint
 					written = append(written, schedule.Row{Key: c.Key, KeyHash: coretest.HashOf(c.Key), Due: cp.NextDue, HasDue: true,
 						Cadence: c.Cadence, Route: c.Route, Source: c.Source, Rev: r0 + int64(i)})
 				}
@@ -148,7 +151,7 @@ func (l claimLoad) run(stop <-chan struct{}) *claimStats {
 					l.sh.mu.Lock()
 					now := time.Now()
 					for _, row := range written[lo:min(lo+walkStepRows, len(written))] {
-						l.sh.core.ApplyCompleted(now, row, rows[row.Rev-r0].Lease)
+						l.sh.core.ApplyCompleted(now, row, rows[row.Rev-r0].Lease, hints[row.Rev-r0])
 					}
 					l.sh.mu.Unlock()
 				}

@@ -85,6 +85,7 @@ func (s *Shard) Complete(ctx context.Context, items []CompleteItem) ([]error, er
 	classes := make([]shardmetrics.RowClass, len(items))
 	var writes []store.Completion
 	var idx []int
+	var hints []core.Hint
 	s.mu.Lock()
 	now := s.clock()
 	for i, it := range items {
@@ -103,6 +104,7 @@ func (s *Shard) Complete(ctx context.Context, items []CompleteItem) ([]error, er
 		// every current lease was recorded by Claim (a missing one would write unchecked)
 		writes = append(writes, store.Completion{Key: it.Key, Due: due, Rev: s.leased[it.Lease].rev})
 		idx = append(idx, i)
+		hints = append(hints, cp.Hint)
 	}
 	s.mu.Unlock()
 	if len(writes) == 0 {
@@ -134,7 +136,7 @@ func (s *Shard) Complete(ctx context.Context, items []CompleteItem) ([]error, er
 			}
 			// the version now stored (written, or changed by someone else since the claim), and
 			// the lease ended (it may have left the window, lease gone with it)
-			s.core.ApplyCompleted(now, res.Row, items[i].Lease)
+			s.core.ApplyCompleted(now, res.Row, items[i].Lease, hints[j])
 		}
 		s.unlockStep()
 	}

@@ -172,7 +172,7 @@ func TestBulkLoad(t *testing.T) {
 	}
 	done := row("k0", cp.NextDue, time.Hour, rev+1)
 	c.Apply(now, done)
-	c.ApplyCompleted(now, done, claimed[0].Lease)
+	c.ApplyCompleted(now, done, claimed[0].Lease, cp.Hint)
 	if err := checkCore(c); err != nil {
 		t.Fatalf("in bulk mode: %v", err)
 	}

@@ -250,6 +250,15 @@ type Completion struct {
 	Due time.Time
 	// NextDue is the next due time by the configured Reschedule policy (policy.Config).
 	NextDue time.Time
+	// Hint is where the row was found, for ApplyCompleted.
+	Hint Hint
+}
+
+// Hint is where Completing found a row: given to ApplyCompleted, it spares the key's second
+// index lookup while the row is still held there. Any hint is safe: one that no longer holds the
+// key is ignored. The zero Hint is none.
+type Hint struct {
+	rec uint32 // record id + 1; 0: none
 }
 
 // Completing checks that token is key's current lease at now, like CheckLease, and returns what
@@ -270,6 +279,7 @@ func (c *Core) Completing(now time.Time, key string, token uint64) (cp Completio
 		Source:  g.source,
 		Due:     time.UnixMilli(r.Due()).UTC(),
 		NextDue: policy.NextDue(c.cfg.Reschedule, now, time.UnixMilli(r.Due()), time.Duration(g.cadenceMs)*time.Millisecond),
+		Hint:    Hint{rec: id + 1},
 	}
 	if !c.leases.Current(id, token) {
 		return cp, true, ErrLeaseLost

@@ -402,11 +402,13 @@ func (c *Core) Apply(now time.Time, row schedule.Row) Outcome {
 
 // ApplyCompleted applies the version of a row that completing it wrote and ends the completing
 // lease: the same as Apply(now, row) followed by Release(now, row.Key, token) with its error
-// ignored, with one key lookup and one change to the row's tree instead of three and two.
-func (c *Core) ApplyCompleted(now time.Time, row schedule.Row, token uint64) Outcome {
+// ignored, with one key lookup and one change to the row's tree instead of three and two. hint
+// is Completing's (Completion.Hint), or the zero Hint: with the row still held where Completing
+// found it, there is no index lookup at all.
+func (c *Core) ApplyCompleted(now time.Time, row schedule.Row, token uint64, hint Hint) Outcome {
 	nowMs := now.UnixMilli()
 	c.expireLeases(nowMs)
-	id, ok := c.rows.Find(row.Key)
+	id, ok := c.rows.FindFrom(row.Key, hint.rec-1)
 	if !ok {
 		return c.apply(nowMs, &row, noRecord)
 	}

@@ -238,11 +238,16 @@ func TestCoreMatchesReference(t *testing.T) {
 							t.Fatalf("step %d: change event of completing %s: %v, reference %v", step, key, got, want)
 						}
 					}
-					got := core.ApplyCompleted(now, r, tok).Result
+					// Completing's hint, none, or any record id: a hint only spares a lookup
+					hint := []Hint{cp.Hint, {}, {rec: rapid.Uint32Range(0, 40).Draw(t, "hintRec")}}[rapid.IntRange(0, 2).Draw(t, "hint")]
+					got := core.ApplyCompleted(now, r, tok, hint).Result
 					want := ref.apply(nowMs, r)
 					_ = ref.release(nowMs, key, tok)
 					if got != want {
 						t.Fatalf("step %d: ApplyCompleted(%s): %v, reference %v", step, key, got, want)
+					}
+					if rev, held := core.HeldRev(key); want == Held && (!held || rev != r.Rev) {
+						t.Fatalf("step %d: after ApplyCompleted(%s) the core holds rev %d (%v), want %d", step, key, rev, held, r.Rev)
 					}
 					break
 				}

@@ -85,6 +85,19 @@ func (s *Store) Key(r *Rec) []byte { return s.keys.get(r.keyOff) }
 // Find returns the id of the record holding key, or false.
 func (s *Store) Find(key string) (uint32, bool) { return s.index.find(&s.recs, &s.keys, key) }
 
+// FindFrom is Find with a guess: when record id holds key (the caller found key there earlier,
+// and the row may have left since), it returns id without probing the index; otherwise, for any
+// id, it is Find. Record ids are stable while a row is held, so a record that holds key now is
+// key's record.
+func (s *Store) FindFrom(key string, id uint32) (uint32, bool) {
+	if id < uint32(len(s.recs.chunks))*recChunkSize {
+		if r := s.recs.at(id); r.Has(Held) && string(s.keys.get(r.keyOff)) == key {
+			return id, true
+		}
+	}
+	return s.Find(key)
+}
+
 // Add holds a new record for key (not held) and returns its id: flag Held set, everything else
 // zero. The caller makes sure fewer than MaxRows records are held.
 func (s *Store) Add(key string) uint32 {

@@ -111,3 +111,38 @@ func TestRecordFlagsAndDue(t *testing.T) {
 		t.Fatalf("reused record %d (removed %d): flags %016b, due %d", id2, id, s.At(id2).msFlags, s.At(id2).Due())
 	}
 }
+
+// TestFindFrom checks that FindFrom answers as Find for every guess: the key's record, a record
+// of another key, a freed record (also one reused by another key), and ids past every record.
+func TestFindFrom(t *testing.T) {
+	s := New()
+	for i := range 100 {
+		s.Add(fmt.Sprintf("k%d", i))
+	}
+	a, _ := s.Find("k7")
+	b, _ := s.Find("k8")
+	s.Remove(b)
+	c := s.Add("new") // reuses b's record
+	for _, tc := range []struct {
+		key   string
+		guess uint32
+	}{
+		{"k7", a},          // the key's record
+		{"k7", c},          // another key's record
+		{"k8", b},          // the record the key left (now another key's)
+		{"k8", a},          // a key no longer held, guessed at a held record
+		{"new", c},         // the reused record, right
+		{"k9", 1 << 20},    // past the records
+		{"k9", ^uint32(0)}, // the largest id
+	} {
+		wantID, wantOK := s.Find(tc.key)
+		gotID, gotOK := s.FindFrom(tc.key, tc.guess)
+		if gotOK != wantOK || (wantOK && gotID != wantID) {
+			t.Errorf("FindFrom(%q, %d) = %d, %v; Find = %d, %v", tc.key, tc.guess, gotID, gotOK, wantID, wantOK)
+		}
+	}
+	s.Remove(c)
+	if _, ok := s.FindFrom("new", c); ok {
+		t.Error("FindFrom found a removed key at its freed record")
+	}
+}
