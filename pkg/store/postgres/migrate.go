@@ -90,6 +90,9 @@ type MigrateOptions struct {
 	// asking for it on an existing schema with another layout fails and changes nothing. 0 takes
 	// an existing schema as it is (and creates one table).
 	Partitions int
+	// Version, when not 0, is the version to migrate to (migrations after it are not applied; a
+	// schema already past it is left as it is). 0 migrates to SchemaVersion.
+	Version int
 }
 
 // MaxPartitions is the most partitions MigrateOptions.Partitions may ask for.
@@ -109,6 +112,9 @@ func MigratePoolWith(ctx context.Context, pool *pgxpool.Pool, opts MigrateOption
 	ms, err := Migrations()
 	if err != nil {
 		return res, err
+	}
+	if opts.Version < 0 || opts.Version > ms[len(ms)-1].Version {
+		return res, fmt.Errorf("version %d: want 0 (the newest) or 1..%d", opts.Version, ms[len(ms)-1].Version)
 	}
 	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", int64(migrationLockID)); err != nil {
@@ -137,7 +143,7 @@ func MigratePoolWith(ctx context.Context, pool *pgxpool.Pool, opts MigrateOption
 			}
 		}
 		for _, m := range ms {
-			if m.Version <= res.From {
+			if m.Version <= res.From || (opts.Version > 0 && m.Version > opts.Version) {
 				continue
 			}
 			if m.Version == 1 && opts.Partitions > 0 {

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/renderqueue/renderqueue/pkg/schedule"
 	"github.com/renderqueue/renderqueue/pkg/store"
@@ -221,6 +222,22 @@ func TestSchemaVersion(t *testing.T) {
 	}
 	if res.From != SchemaVersion() || res.To != SchemaVersion() || len(res.Applied) != 0 {
 		t.Errorf("second migration: %+v, want a no-op at version %d", res, SchemaVersion())
+	}
+	// MigrateOptions.Version stops at a version; a schema past it is left as it is
+	plain := pgtest.NewDatabase(t)
+	pool, err := pgxpool.New(context.Background(), plain)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	for _, step := range []struct{ version, from, to int }{{2, 0, 2}, {1, 2, 2}, {0, 2, SchemaVersion()}} {
+		res, err := MigratePoolWith(context.Background(), pool, MigrateOptions{Version: step.version})
+		if err != nil || res.From != step.from || res.To != step.to {
+			t.Errorf("migrating to version %d: %+v, %v; want from %d to %d", step.version, res, err, step.from, step.to)
+		}
+	}
+	if _, err := MigratePoolWith(context.Background(), pool, MigrateOptions{Version: SchemaVersion() + 1}); err == nil {
+		t.Errorf("migrating to version %d: no error", SchemaVersion()+1)
 	}
 }
 
