@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/renderqueue/renderqueue/pkg/schedule"
+	"github.com/renderqueue/renderqueue/pkg/store/postgres/changes"
 )
 
 // forgedEntry is a change event entry in the trigger's format for row r.
@@ -23,7 +24,7 @@ func forgedEntry(r schedule.Row) string {
 		len(r.Key), r.Key, len(r.Route), r.Route)
 }
 
-// TestForgedEventsChangeNothing: a role that can connect sends change events on a slot's channel
+// TestForgedEventsChangeNothing: a role that can connect sends change events on a slot group's channel
 // that would hide a real due row (a newer rev due far ahead) and put a row that does not exist,
 // urgent, first in line — unsigned, and signed with a key of its own. The shard applies none of
 // them: it holds and serves what it did, turns inexact (a gap) and asks for a walk, after which it
@@ -42,7 +43,7 @@ func TestForgedEventsChangeNothing(t *testing.T) {
 	fake := srow("https://example.com/fake", t0.Add(-10*time.Hour), time.Minute)
 	fake.Urgent, fake.Rev, fake.KeyHash = true, hide.Rev+1, real.KeyHash
 	body := forgedEntry(hide) + forgedEntry(fake)
-	ch := "rq_slot_" + strconv.Itoa(real.Slot())
+	ch := changes.GroupChannel(changes.GroupOf(real.Slot())) // rq_slots_<slot/16>
 	otherKey := make([]byte, 64)
 	_, _ = rand.Read(otherKey)
 	ts := strconv.FormatInt(time.Now().UnixMicro(), 10)

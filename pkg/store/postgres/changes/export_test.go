@@ -10,21 +10,20 @@ import (
 
 // Why payloads are refused and gaps signalled.
 var (
-	ErrOverflow     = errOverflow
-	ErrUnsigned     = errUnsigned
-	ErrBadSignature = errBadSignature
-	ErrStale        = errStale
-	ErrReplayed     = errReplayed
-	ErrBadPayload   = errBadPayload
+	ErrOverflow      = errOverflow
+	ErrUnsigned      = errUnsigned
+	ErrBadSignature  = errBadSignature
+	ErrStale         = errStale
+	ErrReplayed      = errReplayed
+	ErrBadPayload    = errBadPayload
+	ErrTruncated     = errTruncated
+	ErrSchemaChanged = errSchemaChanged
 )
 
 const (
 	MaxPayloadBytes    = maxPayloadBytes
 	KeyRefreshInterval = keyRefreshInterval
 )
-
-// ChannelName is the notification channel of a slot.
-func ChannelName(slot int) string { return channelName(slot) }
 
 // Signature is the HMAC-SHA-256 under key of channel "," ts "," body.
 var Signature = signature

@@ -16,15 +16,38 @@ import (
 	"github.com/renderqueue/renderqueue/pkg/store/postgres/internal/columns"
 )
 
-// truncateBody is the body of the payload sent on every slot channel when the table is
+// truncateBody is the body of the payload sent on every event channel when the table is
 // truncated.
 const truncateBody = "T"
 
 // maxPayloadBytes is PostgreSQL's limit on a NOTIFY payload (it must be shorter than this).
 const maxPayloadBytes = 8000
 
-// channelName is the notification channel of a slot.
-func channelName(slot int) string { return "rq_slot_" + strconv.Itoa(slot) }
+// Change events go to one channel per group of GroupSlots adjacent slots
+// (pkg/store/postgres/migrations/0004_slot_group_channels.sql); before schema version 4 they went
+// to one channel per slot.
+const (
+	// GroupSlots is the number of adjacent slots whose events share a channel.
+	GroupSlots = 16
+	// NumGroups is the number of slot groups, and of group channels.
+	NumGroups = schedule.NumSlots / GroupSlots
+	// GroupChannelsVersion is the schema version from which events go to group channels.
+	GroupChannelsVersion = 4
+)
+
+// GroupOf is the slot group of a slot: its events go to channel GroupChannel(GroupOf(slot)).
+func GroupOf(slot int) int { return slot / GroupSlots }
+
+// GroupChannel is the notification channel of a slot group, rq_slots_<group>.
+func GroupChannel(group int) string { return "rq_slots_" + strconv.Itoa(group) }
+
+// SlotChannel is the notification channel of a slot before schema version 4, rq_slot_<slot>.
+func SlotChannel(slot int) string { return "rq_slot_" + strconv.Itoa(slot) }
+
+// SchemaChannel is the channel every subscription LISTENs on besides its event channels: a
+// migration that moves change events to other channels sends a signed payload there (its body
+// the new schema version), and the subscription reconnects to listen where events now go.
+const SchemaChannel = "rq_schema"
 
 var errBadPayload = errors.New("malformed change event payload")
 

@@ -30,11 +30,11 @@ func TestSignatureMatchesGo(t *testing.T) {
 	}
 	for _, body := range []string{"", "T", "1,2,,3,0,3:abc0:", "ü例え\n\t,:" + strings.Repeat("x", 7000)} {
 		var p string
-		if err := st.Pool().QueryRow(context.Background(), `SELECT renderqueue_sign('rq_slot_7', $1)`, body).Scan(&p); err != nil {
+		if err := st.Pool().QueryRow(context.Background(), `SELECT renderqueue_sign('rq_slots_7', $1)`, body).Scan(&p); err != nil {
 			t.Fatal(err)
 		}
-		got, ts, authentic, err := changes.OpenPayload(key, "rq_slot_7", p)
-		_, _, otherChannel, _ := changes.OpenPayload(key, "rq_slot_8", p)
+		got, ts, authentic, err := changes.OpenPayload(key, "rq_slots_7", p)
+		_, _, otherChannel, _ := changes.OpenPayload(key, "rq_slots_8", p)
 		if err != nil || got != body || !authentic || otherChannel {
 			t.Fatalf("body %.20q: payload %.120q: %v", body, p, err)
 		}
@@ -84,7 +84,7 @@ func TestForgedEventsAreGaps(t *testing.T) {
 	fake := storetest.Row("https://example.com/fake", time.Now().Add(-10*time.Hour))
 	fake.Urgent, fake.Rev = true, hide.Rev+1
 	fake.KeyHash = hide.KeyHash // same slot, same channel
-	ch := changes.ChannelName(real[0].Slot())
+	ch := changes.GroupChannel(changes.GroupOf(real[0].Slot()))
 	body := entry(hide, false) + entry(fake, false)
 	otherKey := make([]byte, 64)
 	_, _ = rand.Read(otherKey)
@@ -99,7 +99,8 @@ func TestForgedEventsAreGaps(t *testing.T) {
 	}{
 		{"unsigned (format 1)", ch, "1" + body, changes.ErrUnsigned},
 		{"another key", ch, signedPayload(otherKey, ch, time.Now(), body), changes.ErrBadSignature},
-		{"signed for another channel", ch, signedPayload(key, changes.ChannelName((real[0].Slot()+1)%schedule.NumSlots), time.Now(), body), changes.ErrBadSignature},
+		{"signed for another channel", ch, signedPayload(key, changes.GroupChannel((changes.GroupOf(real[0].Slot())+1)%changes.NumGroups), time.Now(), body), changes.ErrBadSignature},
+		{"signed for its slot's channel (schema version 2)", ch, signedPayload(key, changes.SlotChannel(real[0].Slot()), time.Now(), body), changes.ErrBadSignature},
 		{"a real signature on another body", ch, strings.Replace(signedPayload(key, ch, time.Now(), "x"), ",x", ","+body, 1), changes.ErrBadSignature},
 		{"stale", ch, signedPayload(key, ch, time.Now().Add(-2*time.Minute), body), changes.ErrStale},
 		{"from the future", ch, signedPayload(key, ch, time.Now().Add(2*time.Minute), body), changes.ErrStale},
@@ -239,7 +240,7 @@ func TestRoles(t *testing.T) {
 	for _, q := range []string{
 		`SELECT key FROM renderqueue_event_key`,
 		`SELECT renderqueue_event_key()`,
-		`SELECT renderqueue_sign('rq_slot_1', 'T')`,
+		`SELECT renderqueue_sign('rq_slots_1', 'T')`,
 		`SELECT renderqueue_rotate_event_key()`,
 	} {
 		_, err := pc.Exec(ctx, q)
@@ -310,7 +311,7 @@ func TestBulkPayloads(t *testing.T) {
 				t.Fatalf("parsing a payload: %v", err)
 			}
 			for _, e := range evs {
-				if want := changes.ChannelName(e.Row.Slot()); nt.Channel != want {
+				if want := changes.GroupChannel(changes.GroupOf(e.Row.Slot())); nt.Channel != want {
 					t.Errorf("event of slot %d on channel %s", e.Row.Slot(), nt.Channel)
 				}
 				seen[e.Row.Key]++

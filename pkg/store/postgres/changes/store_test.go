@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/renderqueue/renderqueue/pkg/schedule"
@@ -56,11 +57,18 @@ func breakListeners(tb testing.TB, st *postgres.Store) {
 	}
 }
 
-// eventKey reads the change-event signing key (the test role owns the schema).
+// eventKey reads the change-event signing key (the test role owns the schema), declaring, as a
+// subscription does, that it listens on group channels.
 func eventKey(tb testing.TB, st *postgres.Store) []byte {
 	tb.Helper()
 	var h string
-	if err := st.Pool().QueryRow(context.Background(), `SELECT renderqueue_event_key()`).Scan(&h); err != nil {
+	err := pgx.BeginFunc(context.Background(), st.Pool(), func(tx pgx.Tx) error {
+		if _, err := tx.Exec(context.Background(), `SET LOCAL renderqueue.event_channels = 'rq_slots'`); err != nil {
+			return err
+		}
+		return tx.QueryRow(context.Background(), `SELECT renderqueue_event_key()`).Scan(&h)
+	})
+	if err != nil {
 		tb.Fatal(err)
 	}
 	k, err := hex.DecodeString(h)
@@ -115,7 +123,7 @@ func nextUntil(t *testing.T, sub store.Subscription, stop func(store.Batch) bool
 	}
 }
 
-// listenAll opens a raw connection LISTENing on every slot channel and collects payloads.
+// listenAll opens a raw connection LISTENing on every group channel and collects payloads.
 func listenAll(t *testing.T, dsn string) (*pgconn.PgConn, *[]*pgconn.Notification) {
 	t.Helper()
 	cfg, err := pgconn.ParseConfig(dsn)
@@ -130,8 +138,8 @@ func listenAll(t *testing.T, dsn string) (*pgconn.PgConn, *[]*pgconn.Notificatio
 	}
 	t.Cleanup(func() { _ = conn.Close(context.Background()) })
 	var b strings.Builder
-	for s := range schedule.NumSlots {
-		b.WriteString("LISTEN " + changes.ChannelName(s) + ";")
+	for g := range changes.NumGroups {
+		b.WriteString("LISTEN " + changes.GroupChannel(g) + ";")
 	}
 	if _, err := conn.Exec(context.Background(), b.String()).ReadAll(); err != nil {
 		t.Fatal(err)

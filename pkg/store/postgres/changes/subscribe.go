@@ -5,7 +5,9 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"maps"
 	"math/rand/v2"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -29,6 +31,10 @@ var errOverflow = errors.New("change events arrived faster than they were taken:
 
 // errTruncated is the gap cause reported when the table was truncated.
 var errTruncated = errors.New("render_schedule was truncated: rows were removed without change events")
+
+// errSchemaChanged is the gap cause reported when a migration moved change events to other
+// channels (a payload on SchemaChannel): the subscription reconnects to listen where they go now.
+var errSchemaChanged = errors.New("the schema was migrated and sends change events on other channels: reconnecting to listen on them")
 
 // Config configures a subscription. Zero durations and sizes take the defaults.
 type Config struct {
@@ -90,11 +96,13 @@ func (c *Config) setDefaults() {
 }
 
 // qitem is one item for the queue: an event, or a gap or resumed signal (deliverPending collects
-// them while reading payloads, then queues them under one hold of the lock).
+// them while reading payloads, then queues them under one hold of the lock). A gap with lost set
+// stays open until the reconnect that follows it (the queue's SetLost).
 type qitem struct {
 	kind store.BatchKind
 	ev   store.Event
 	err  error
+	lost bool
 }
 
 // setReq is a SetSlots call waiting for the reader goroutine.
@@ -122,8 +130,17 @@ type Subscription struct {
 	clockOffset time.Duration
 	guard       *replayGuard
 	badLog      logLimiter
-	// listening is the set of channels LISTEN is active on (reader goroutine only).
-	listening [schedule.NumSlots]bool
+	// listening is the set of channels LISTEN is active on; legacy is true when the schema is
+	// older than GroupChannelsVersion (events on slot channels) and version is the schema's
+	// version as read when connecting; accept is the set of slots whose events are queued
+	// (events of other slots of a listened group are dropped as they are read); restart, when
+	// set, ends the connection so that the reconnect reads the version again (reader goroutine
+	// only).
+	listening map[string]bool
+	legacy    bool
+	version   int
+	accept    [schedule.NumSlots]bool
+	restart   error
 
 	ctrl chan *setReq
 	// carried is a SetSlots request whose LISTEN failed with the connection; reconnect applies it
@@ -208,32 +225,81 @@ func Subscribe(ctx context.Context, cfg Config, slots []int) (*Subscription, err
 	return sub, nil
 }
 
-// connect opens the subscription's connection, LISTENs on the wanted slots' channels and reads
-// the key the payloads are signed with.
+// connect opens the subscription's connection, LISTENs on the channels of the wanted slots for
+// the schema's version and on SchemaChannel, and reads the key the payloads are signed with.
+//
+// The version is read after LISTEN is active, and LISTEN is changed (and the version read again)
+// until they agree: a migration that moves the events commits either before that read (which
+// sees its version) or after the LISTEN on SchemaChannel (which receives its payload).
 func (sub *Subscription) connect(ctx context.Context, want [schedule.NumSlots]bool) (*pgconn.PgConn, error) {
 	conn, err := pgconn.ConnectConfig(ctx, sub.connCfg)
 	if err != nil {
 		return nil, fmt.Errorf("connecting the listener: %w", err)
 	}
-	sub.listening = [schedule.NumSlots]bool{}
-	if err := sub.relisten(ctx, conn, want); err != nil {
-		_ = conn.Close(context.Background())
-		return nil, err
+	sub.listening = map[string]bool{}
+	sub.restart = nil
+	for attempt := 0; ; attempt++ {
+		err := sub.relisten(ctx, conn, &want)
+		if err == nil {
+			sub.version, err = readSchemaVersion(ctx, conn)
+		}
+		if err == nil && attempt == 3 {
+			err = errors.New("the schema's version keeps changing while connecting the listener")
+		}
+		if err != nil {
+			_ = conn.Close(context.Background())
+			return nil, err
+		}
+		if legacy := sub.version < GroupChannelsVersion; legacy != sub.legacy {
+			sub.legacy = legacy
+			continue
+		}
+		break
 	}
 	if err := sub.readKey(ctx, conn); err != nil {
 		_ = conn.Close(context.Background())
 		return nil, err
 	}
+	sub.accept = want
 	return conn, nil
 }
 
+// olderVersion is the version readSchemaVersion reports for a schema without
+// renderqueue_schema_version(): older than GroupChannelsVersion (2 or 3; older ones have no
+// signing key, which readKey then says).
+const olderVersion = GroupChannelsVersion - 1
+
+// readSchemaVersion reads the schema's version with renderqueue_schema_version() (added by
+// version 4, executable by every role).
+func readSchemaVersion(ctx context.Context, conn *pgconn.PgConn) (int, error) {
+	res, err := conn.Exec(ctx, `SELECT renderqueue_schema_version()`).ReadAll()
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "42883" { // undefined_function
+		return olderVersion, nil
+	}
+	if err == nil && (len(res) != 1 || len(res[0].Rows) != 1 || len(res[0].Rows[0]) != 1) {
+		err = errors.New("unexpected result shape")
+	}
+	if err != nil {
+		return 0, fmt.Errorf("reading the schema's version: %w", err)
+	}
+	v, err := strconv.Atoi(string(res[0].Rows[0][0]))
+	if err != nil {
+		return 0, fmt.Errorf("reading the schema's version: %w", err)
+	}
+	return v, nil
+}
+
 // readKey reads the key change events are signed with (renderqueue_event_key(), which the
-// keeper's role must be granted) and the database's clock.
+// keeper's role must be granted) and the database's clock. It first declares that this
+// subscription listens where schema version 4 sends events (renderqueue.event_channels: from
+// version 4, renderqueue_event_key() refuses sessions that do not, which older keepers are).
 func (sub *Subscription) readKey(ctx context.Context, conn *pgconn.PgConn) error {
 	before := time.Now()
-	res, err := conn.Exec(ctx, `SELECT renderqueue_event_key(), floor(extract(epoch FROM clock_timestamp()) * 1000000)::bigint`).ReadAll()
+	res, err := conn.Exec(ctx, `SET renderqueue.event_channels = 'rq_slots'; `+
+		`SELECT renderqueue_event_key(), floor(extract(epoch FROM clock_timestamp()) * 1000000)::bigint`).ReadAll()
 	after := time.Now()
-	if err == nil && (len(res) != 1 || len(res[0].Rows) != 1 || len(res[0].Rows[0]) != 2) {
+	if err == nil && (len(res) != 2 || len(res[1].Rows) != 1 || len(res[1].Rows[0]) != 2) {
 		err = errors.New("unexpected result shape")
 	}
 	var pgErr *pgconn.PgError
@@ -245,7 +311,7 @@ func (sub *Subscription) readKey(ctx context.Context, conn *pgconn.PgConn) error
 	case err != nil:
 		return fmt.Errorf("reading the change-event signing key: %w", err)
 	}
-	row := res[0].Rows[0]
+	row := res[1].Rows[0]
 	if row[0] == nil {
 		return errors.New("reading the change-event signing key: there is none (run SELECT renderqueue_rotate_event_key() as the schema owner)")
 	}
@@ -314,15 +380,39 @@ func (l *logLimiter) allow(now time.Time) (ok bool, suppressed int) {
 	return true, n
 }
 
-// relisten changes the LISTENed channels to want, in one round trip.
-func (sub *Subscription) relisten(ctx context.Context, conn *pgconn.PgConn, want [schedule.NumSlots]bool) error {
-	var b strings.Builder
+// channels returns the channels a subscription to the slots in want LISTENs on: SchemaChannel,
+// and the group channels of the groups with a slot in want (each slot's channel when legacy).
+func channels(want *[schedule.NumSlots]bool, legacy bool) []string {
+	out := []string{SchemaChannel}
+	last := -1
 	for sl := range schedule.NumSlots {
 		switch {
-		case want[sl] && !sub.listening[sl]:
-			b.WriteString("LISTEN " + channelName(sl) + ";")
-		case !want[sl] && sub.listening[sl]:
-			b.WriteString("UNLISTEN " + channelName(sl) + ";")
+		case !want[sl]:
+		case legacy:
+			out = append(out, SlotChannel(sl))
+		case GroupOf(sl) != last:
+			last = GroupOf(sl)
+			out = append(out, GroupChannel(last))
+		}
+	}
+	return out
+}
+
+// relisten changes the LISTENed channels to those of want (channels), in one round trip. A slot
+// added to a group already listened to changes no channel and needs no round trip.
+func (sub *Subscription) relisten(ctx context.Context, conn *pgconn.PgConn, want *[schedule.NumSlots]bool) error {
+	chans := channels(want, sub.legacy)
+	next := make(map[string]bool, len(chans))
+	var b strings.Builder
+	for _, ch := range chans {
+		next[ch] = true
+		if !sub.listening[ch] {
+			b.WriteString("LISTEN " + ch + ";")
+		}
+	}
+	for _, ch := range slices.Sorted(maps.Keys(sub.listening)) {
+		if !next[ch] {
+			b.WriteString("UNLISTEN " + ch + ";")
 		}
 	}
 	if b.Len() == 0 {
@@ -331,7 +421,7 @@ func (sub *Subscription) relisten(ctx context.Context, conn *pgconn.PgConn, want
 	if _, err := conn.Exec(ctx, b.String()).ReadAll(); err != nil {
 		return fmt.Errorf("changing LISTEN channels: %w", err)
 	}
-	sub.listening = want
+	sub.listening = next
 	return nil
 }
 
@@ -348,8 +438,13 @@ func (sub *Subscription) run(ctx context.Context, conn *pgconn.PgConn) {
 			sub.failWaiting(store.ErrClosed)
 			return
 		}
-		sub.log.Info("change event subscription lost its connection; reconnecting", "error", err.Error())
-		sub.setLost(true, fmt.Errorf("listener connection lost: %w", err))
+		if errors.Is(err, errSchemaChanged) {
+			sub.log.Info("Change event subscription reconnecting: the schema moved change events to other channels", "error", err.Error())
+			sub.setLost(true, err)
+		} else {
+			sub.log.Info("change event subscription lost its connection; reconnecting", "error", err.Error())
+			sub.setLost(true, fmt.Errorf("listener connection lost: %w", err))
+		}
 		conn = sub.reconnect(ctx)
 		if conn == nil {
 			sub.failWaiting(store.ErrClosed)
@@ -361,7 +456,8 @@ func (sub *Subscription) run(ctx context.Context, conn *pgconn.PgConn) {
 }
 
 // serve waits for notifications, handles SetSlots requests and checks the connection when idle.
-// It returns the error that ended the connection.
+// It returns the error that ended the connection, or errSchemaChanged (via sub.restart) when a
+// migration moved the change events.
 func (sub *Subscription) serve(ctx context.Context, conn *pgconn.PgConn) error {
 	for {
 		if err := sub.handleSetSlots(ctx, conn); err != nil {
@@ -370,6 +466,9 @@ func (sub *Subscription) serve(ctx context.Context, conn *pgconn.PgConn) error {
 		// notifications that arrived while LISTEN/UNLISTEN ran are buffered by the connection:
 		// hand them over now, not when the next notification or health check wakes the wait
 		sub.deliverPending(conn)
+		if sub.restart != nil {
+			return sub.restart
+		}
 		waitCtx, cancel := context.WithTimeout(ctx, sub.opts.HealthInterval)
 		sub.mu.Lock()
 		sub.waitCancel = cancel
@@ -384,6 +483,9 @@ func (sub *Subscription) serve(ctx context.Context, conn *pgconn.PgConn) error {
 		timedOut := errors.Is(waitCtx.Err(), context.DeadlineExceeded)
 		cancel()
 		sub.deliverPending(conn)
+		if sub.restart != nil {
+			return sub.restart
+		}
 		if err == nil {
 			continue
 		}
@@ -401,11 +503,21 @@ func (sub *Subscription) serve(ctx context.Context, conn *pgconn.PgConn) error {
 			if perr != nil {
 				return fmt.Errorf("health check: %w", perr)
 			}
+			if sub.restart != nil {
+				return sub.restart
+			}
 		}
 	}
 }
 
 // handleSetSlots applies queued SetSlots requests on a live connection.
+//
+// Once LISTEN covers the new set, the events read from then on are filtered by it (accept):
+// every notification of a write committed after SetSlots returns is read after that, so its
+// events are delivered when its slot is in the new set, as with a LISTEN on a channel of its own;
+// events of an added slot committed shortly before may be delivered too (notifications read
+// before but handled after the switch), which LISTEN allows as well. Next drops events of a
+// removed slot that are already queued.
 func (sub *Subscription) handleSetSlots(ctx context.Context, conn *pgconn.PgConn) error {
 	for {
 		var req *setReq
@@ -415,13 +527,14 @@ func (sub *Subscription) handleSetSlots(ctx context.Context, conn *pgconn.PgConn
 			return nil
 		}
 		lctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		err := sub.relisten(lctx, conn, req.slots)
+		err := sub.relisten(lctx, conn, &req.slots)
 		cancel()
 		if err != nil {
 			// The desired set is kept for the reconnect; the caller is answered once it is active.
 			sub.carried = req
 			return err
 		}
+		sub.accept = req.slots
 		sub.mu.Lock()
 		sub.slots = req.slots
 		sub.mu.Unlock()
@@ -510,10 +623,14 @@ func (sub *Subscription) failWaiting(err error) {
 	}
 }
 
-// deliverPending checks and parses the notifications read so far and queues their events. A
-// payload that is not authentic, fresh and new, or that does not parse, is dropped and
-// signalled as a gap (then resumed: the subscription itself is fine), so the keeper walks
-// rather than trusts it. conn is the live connection (to read a rotated key), or nil.
+// deliverPending checks and parses the notifications read so far and queues the events of the
+// slots in accept (a group channel carries the events of all 16 slots of its group). A payload
+// that is not authentic, fresh and new, or that does not parse, is dropped and signalled as a gap
+// (then resumed: the subscription itself is fine), so the keeper walks rather than trusts it. A
+// notification on a channel no longer listened to (its slots or the channel layout were left) is
+// dropped unread. An authentic payload on SchemaChannel naming a version newer than the one read
+// when connecting opens a gap and sets restart: the connection is ended and the reconnect
+// listens where the events go now. conn is the live connection (to read a rotated key), or nil.
 func (sub *Subscription) deliverPending(conn *pgconn.PgConn) {
 	for len(sub.pending) > 0 {
 		// reading the key again may read more notifications into a fresh pending
@@ -523,7 +640,22 @@ func (sub *Subscription) deliverPending(conn *pgconn.PgConn) {
 		var evs []store.Event
 		for i, n := range batch {
 			batch[i] = nil
+			if !sub.listening[n.Channel] {
+				continue
+			}
 			body, err := sub.open(conn, n)
+			if err == nil && n.Channel == SchemaChannel {
+				var v int
+				if v, err = strconv.Atoi(body); err != nil {
+					err = fmt.Errorf("%w: schema version %q", errBadPayload, prefix(body))
+				} else if v > sub.version && sub.restart == nil {
+					sub.restart = fmt.Errorf("%w (version %d, was %d)", errSchemaChanged, v, sub.version)
+					items = append(items, qitem{kind: store.KindGap, err: sub.restart, lost: true})
+				}
+				if err == nil {
+					continue
+				}
+			}
 			if err == nil && body == truncateBody {
 				items = append(items, qitem{kind: store.KindGap, err: errTruncated}, qitem{kind: store.KindResumed})
 				continue
@@ -531,7 +663,9 @@ func (sub *Subscription) deliverPending(conn *pgconn.PgConn) {
 			if err == nil {
 				evs, err = parseEntries(body, sub.routes, evs[:0])
 				for _, ev := range evs {
-					items = append(items, qitem{kind: store.KindEvents, ev: ev})
+					if sub.accept[schedule.SlotOf(ev.Row.KeyHash)] {
+						items = append(items, qitem{kind: store.KindEvents, ev: ev})
+					}
 				}
 			}
 			if err != nil {
@@ -556,10 +690,12 @@ func (sub *Subscription) push(items ...qitem) {
 	}
 	sub.mu.Lock()
 	for _, it := range items {
-		switch it.kind {
-		case store.KindGap:
+		switch {
+		case it.kind == store.KindGap && it.lost:
+			sub.q.SetLost(true, it.err)
+		case it.kind == store.KindGap:
 			sub.q.Gap(it.err)
-		case store.KindResumed:
+		case it.kind == store.KindResumed:
 			sub.q.Resumed()
 		default:
 			sub.q.Push(it.ev)
