@@ -5,8 +5,9 @@
 // render_schedule table (docs/design.md, "Rows"): the database computes key_hash
 // (hashtextextended(key, 0)), a trigger gives every insert and update a fresh rev from a sequence,
 // and statement-level triggers with transition tables send each changed row's scheduling fields
-// with pg_notify on its slot's channel, rq_slot_<slot>, in payloads under 8000 bytes (see
-// migrations/0001_render_schedule.sql for the format). Deletes get a fresh rev in their event.
+// with pg_notify on its slot group's channel, rq_slots_<slot/16>, in payloads under 8000 bytes
+// (see migrations/0001_render_schedule.sql for the format, 0004_slot_group_channels.sql for the
+// channels). Deletes get a fresh rev in their event.
 // Every payload is signed (HMAC-SHA-256 under a key only the schema owner and roles granted
 // renderqueue_event_key() can read, migrations/0002_signed_events.sql); subscriptions (package
 // changes, pkg/store/postgres/changes) drop a payload that is unsigned, badly signed, stale or
@@ -15,8 +16,8 @@
 //   - Walks are keyset-paginated over (key_hash, key) within the hash range of a segment (a run of
 //     adjacent slots), read with the binary protocol on Options.WalkConns connections in parallel,
 //     and handed to the caller's function from one goroutine.
-//   - Subscriptions (package changes) hold one dedicated connection that LISTENs on exactly the
-//     subscribed slots' channels; when it is lost they signal a gap at once, reconnect with
+//   - Subscriptions (package changes) hold one dedicated connection that LISTENs on the channels
+//     of the subscribed slots' groups and delivers exactly those slots' events; when it is lost they signal a gap at once, reconnect with
 //     backoff and signal resumed once LISTEN is active again. A TRUNCATE of the table is
 //     signalled as a gap too. The store closes them when it is closed.
 //   - Completions are group-committed: concurrent Complete calls are merged into one UPDATE
