@@ -274,8 +274,11 @@ const olderVersion = GroupChannelsVersion - 1
 func readSchemaVersion(ctx context.Context, conn *pgconn.PgConn) (int, error) {
 	res, err := conn.Exec(ctx, `SELECT renderqueue_schema_version()`).ReadAll()
 	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == "42883" { // undefined_function
+	switch {
+	case errors.As(err, &pgErr) && pgErr.Code == "42883": // undefined_function
 		return olderVersion, nil
+	case errors.As(err, &pgErr) && pgErr.Code == "42501": // insufficient_privilege
+		return 0, fmt.Errorf("reading the schema's version: %w (schema migrate grants EXECUTE ON FUNCTION renderqueue_schema_version() to PUBLIC; grant it to the keeper's role if it was revoked; see docs/security.md)", err)
 	}
 	if err == nil && (len(res) != 1 || len(res[0].Rows) != 1 || len(res[0].Rows[0]) != 1) {
 		err = errors.New("unexpected result shape")
