@@ -12,6 +12,7 @@ import (
 	"strings"
 
 	"github.com/renderqueue/renderqueue/pkg/shardapi"
+	"github.com/renderqueue/renderqueue/pkg/shardapi/wire"
 )
 
 // MaxRequestBytes bounds the body of every API request. It is sized so that a complete or
@@ -19,16 +20,28 @@ import (
 // (schedule.MaxKeyBytes) and a nextDue each: about 2,150 bytes per item.
 const MaxRequestBytes = 24 << 20
 
-// WriteJSON writes v as the JSON reply with status code (500 when v does not encode).
+// WriteJSON writes v as the JSON reply with status code (500 when v does not encode). The hot
+// replies (shardapi.ClaimResponse, CompleteResponse and ReleaseResponse) are encoded by package
+// wire into pooled buffers, byte for byte as encoding/json writes them.
 func WriteJSON(w http.ResponseWriter, code int, v any) {
-	var buf bytes.Buffer
-	if err := json.NewEncoder(&buf).Encode(v); err != nil {
+	bp := replyBuffers.Get().(*[]byte)
+	defer putBuffer(&replyBuffers, bp)
+	b, err := appendFast((*bp)[:0], v)
+	if errors.Is(err, errNotFast) {
+		var buf bytes.Buffer
+		err = json.NewEncoder(&buf).Encode(v)
+		b = buf.Bytes()
+	} else if err == nil {
+		b = append(b, '\n') // as json.Encoder.Encode ends a value
+		*bp = b
+	}
+	if err != nil {
 		http.Error(w, `{"error":"encoding the reply failed"}`, http.StatusInternalServerError)
 		return
 	}
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(code)
-	_, _ = w.Write(buf.Bytes())
+	_, _ = w.Write(b)
 }
 
 // WriteError writes the JSON error reply (shardapi.Error) msg with status code.
@@ -40,9 +53,36 @@ func WriteError(w http.ResponseWriter, code int, msg string) {
 // A request whose "items" array holds more than shardapi.MaxClaim items is refused as soon as
 // the item after the last allowed one starts, without reading or decoding the rest of the body.
 // A body that does not decode is answered (400, 408 or 413) and Decode returns false.
+//
+// A complete or release request with a Content-Length of at most MaxFastBodyBytes is read into
+// a buffer and, when it is in package wire's plain grammar, decoded without reflection (see
+// decodeFast); any other body, or one the fast path declines, is decoded from the same bytes by
+// encoding/json as described above, so the replies are the same.
 func Decode(w http.ResponseWriter, r *http.Request, v any) bool {
 	body := http.MaxBytesReader(w, r.Body, MaxRequestBytes)
-	dec := json.NewDecoder(body)
+	var src io.Reader = body
+	if r.ContentLength >= 0 && r.ContentLength <= MaxFastBodyBytes {
+		var scan wire.RequestScan
+		fast := true
+		switch v.(type) {
+		case *shardapi.CompleteRequest:
+			scan = wire.NewCompleteScan(shardapi.MaxClaim)
+		case *shardapi.ReleaseRequest:
+			scan = wire.NewReleaseScan(shardapi.MaxClaim)
+		default:
+			fast = false
+		}
+		if fast {
+			bp := bodyBuffers.Get().(*[]byte)
+			defer putBuffer(&bodyBuffers, bp)
+			done, ok, read := decodeFast(w, body, r.ContentLength, bp, &scan, v)
+			if done {
+				return ok
+			}
+			src = io.MultiReader(bytes.NewReader(read), body)
+		}
+	}
+	dec := json.NewDecoder(src)
 	dec.DisallowUnknownFields()
 	var err error
 	if items, ok := itemsField(v); ok {
