@@ -3,7 +3,6 @@ package bench
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -16,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/renderqueue/renderqueue/pkg/shardapi"
+	"github.com/renderqueue/renderqueue/pkg/shardapi/wire"
 )
 
 // Shape is a number of workers and the rows each claims at once.
@@ -101,8 +101,10 @@ type keeperClient struct {
 	http       *http.Client
 }
 
+// post sends in and decodes the reply into out with package wire's codecs, as pkg/client (the
+// workers) does.
 func (k *keeperClient) post(ctx context.Context, path string, in, out any) error {
-	body, err := json.Marshal(in)
+	body, err := wire.Marshal(in)
 	if err != nil {
 		return err
 	}
@@ -119,14 +121,25 @@ func (k *keeperClient) post(ctx context.Context, path string, in, out any) error
 		return err
 	}
 	defer func() { _ = resp.Body.Close() }()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return err
+	// read into a buffer sized by the Content-Length, as pkg/client does
+	b := make([]byte, 0, max(resp.ContentLength, 0)+1)
+	for {
+		if len(b) == cap(b) {
+			b = append(b, 0)[:len(b)]
+		}
+		n, err := resp.Body.Read(b[len(b):cap(b)])
+		b = b[:len(b)+n]
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return err
+		}
 	}
 	if resp.StatusCode != http.StatusOK {
 		return fmt.Errorf("%s: %s: %s", path, resp.Status, bytes.TrimSpace(b))
 	}
-	return json.Unmarshal(b, out)
+	return wire.Unmarshal(b, out)
 }
 
 // runKeeper drives the keeper with shape.Workers workers, each claiming shape.Batch rows and

@@ -22,6 +22,7 @@ import (
 
 	"github.com/renderqueue/renderqueue/pkg/client/clientmetrics"
 	"github.com/renderqueue/renderqueue/pkg/shardapi"
+	"github.com/renderqueue/renderqueue/pkg/shardapi/wire"
 )
 
 // MaxReplyBytes bounds every reply body the client reads. The largest replies are a claim of
@@ -646,9 +647,11 @@ func retryAfter(h string, now time.Time) time.Duration {
 	return 0
 }
 
-// post sends body as JSON to base+path with the token and decodes a 2xx reply into out.
+// post sends body as JSON to base+path with the token and decodes a 2xx reply into out. The
+// complete and release requests and the claim, complete and release replies take package
+// wire's codecs (json.Marshal's and json.Unmarshal's results without reflection).
 func (c *Client) post(ctx context.Context, base, path string, body, out any) (http.Header, error) {
-	b, err := json.Marshal(body)
+	b, err := wire.Marshal(body)
 	if err != nil {
 		return nil, fmt.Errorf("encoding the %s request: %w", path, err)
 	}
@@ -677,7 +680,7 @@ func do(ctx context.Context, hc *http.Client, method, u, token string, body []by
 		return nil, fmt.Errorf("%s %s: %w", method, u, err)
 	}
 	defer func() { _ = resp.Body.Close() }()
-	data, err := io.ReadAll(io.LimitReader(resp.Body, MaxReplyBytes+1))
+	data, err := readReply(resp)
 	if err != nil {
 		return nil, fmt.Errorf("%s %s: reading the reply: %w", method, u, err)
 	}
@@ -696,7 +699,7 @@ func do(ctx context.Context, hc *http.Client, method, u, token string, body []by
 		return nil, &StatusError{Method: method, URL: u, Code: resp.StatusCode, Message: msg,
 			RetryAfter: retryAfter(resp.Header.Get("Retry-After"), time.Now())}
 	}
-	if err := json.Unmarshal(data, out); err != nil {
+	if err := wire.Unmarshal(data, out); err != nil {
 		what := "reply"
 		if strings.HasSuffix(u, "/v1/status") {
 			what = "status"
@@ -704,6 +707,30 @@ func do(ctx context.Context, hc *http.Client, method, u, token string, body []by
 		return nil, fmt.Errorf("%s %s: %w the %s: %w", method, u, errDecoding, what, err)
 	}
 	return resp.Header, nil
+}
+
+// readReply reads a reply's body, up to one byte more than MaxReplyBytes, into a buffer sized by
+// its Content-Length when it has one.
+func readReply(resp *http.Response) ([]byte, error) {
+	size := resp.ContentLength + 1
+	if size <= 0 || size > MaxReplyBytes+1 {
+		size = 512
+	}
+	b := make([]byte, 0, size)
+	r := io.LimitReader(resp.Body, MaxReplyBytes+1)
+	for {
+		if len(b) == cap(b) {
+			b = append(b, 0)[:len(b)]
+		}
+		n, err := r.Read(b[len(b):cap(b)])
+		b = b[:len(b)+n]
+		if err == io.EOF {
+			return b, nil
+		}
+		if err != nil {
+			return b, err
+		}
+	}
 }
 
 // GetStatus reads GET <baseURL>/v1/status with hc (no token needed). baseURL may carry a path,

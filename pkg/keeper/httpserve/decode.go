@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"reflect"
+	"strconv"
 	"strings"
 
 	"github.com/renderqueue/renderqueue/pkg/shardapi"
@@ -40,6 +41,7 @@ func WriteJSON(w http.ResponseWriter, code int, v any) {
 		return
 	}
 	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Length", strconv.Itoa(len(b))) // lets a client size its buffer
 	w.WriteHeader(code)
 	_, _ = w.Write(b)
 }

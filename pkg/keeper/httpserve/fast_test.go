@@ -260,3 +260,16 @@ func TestWriteJSONSameAsEncoder(t *testing.T) {
 		}
 	}
 }
+
+// TestFormatLease: a lease token's wire form is fmt's %016x, and ParseLease reads it back.
+func TestFormatLease(t *testing.T) {
+	for _, tok := range []uint64{0, 1, 0xf, 0x10, 0xdeadbeef, 1 << 63, math.MaxUint64, 0x0123456789abcdef} {
+		s := FormatLease(tok)
+		if want := fmt.Sprintf("%016x", tok); s != want {
+			t.Errorf("%d: %q, want %q", tok, s, want)
+		}
+		if back, err := ParseLease(s); err != nil || back != tok {
+			t.Errorf("ParseLease(%q) = %d, %v", s, back, err)
+		}
+	}
+}

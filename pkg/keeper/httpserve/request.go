@@ -24,8 +24,17 @@ func LeaseSeconds(sec float64) (time.Duration, error) {
 	return d, nil
 }
 
-// FormatLease and ParseLease convert lease tokens to and from their wire form.
-func FormatLease(token uint64) string { return fmt.Sprintf("%016x", token) }
+// FormatLease and ParseLease convert lease tokens to and from their wire form: 16 lower-case
+// hex digits (fmt's %016x).
+func FormatLease(token uint64) string {
+	const digits = "0123456789abcdef"
+	var b [16]byte
+	for i := len(b) - 1; i >= 0; i-- {
+		b[i] = digits[token&0xf]
+		token >>= 4
+	}
+	return string(b[:])
+}
 
 // ParseLease parses a lease token's wire form.
 func ParseLease(s string) (uint64, error) {
