@@ -2,6 +2,7 @@
 // /v1/claim, /v1/complete, /v1/release, /v1/extend and /v1/status. The keeper serves it; the operator, the
 // metrics provider, the worker simulator and users' tools read it. Fields may be added; none may
 // change meaning (docs/design.md, "What a shard vouches for"). Every time is RFC 3339 and every duration is seconds.
+// Package wire (pkg/shardapi/wire) encodes and decodes the hot messages without reflection.
 package shardapi
 
 import "time"

@@ -1,6 +1,8 @@
 package wire
 
 import (
+	"bytes"
+
 	"github.com/renderqueue/renderqueue/pkg/shardapi"
 )
 
@@ -22,7 +24,7 @@ func DecodeClaimResponse(data []byte, out *shardapi.ClaimResponse) bool {
 		if string(name) != "items" || !it.once(1) {
 			return false
 		}
-		if r.Items, ok = list(&p, 16, (*parser).claimedRow); !ok {
+		if r.Items, ok = list(&p, rowsHint(data), (*parser).claimedRow); !ok {
 			return false
 		}
 	}
@@ -69,7 +71,7 @@ func decodeResults(data []byte, count string, n *int, results *[]shardapi.ItemRe
 		case string(name) == count && it.once(1):
 			*n, ok = p.int()
 		case string(name) == "results" && it.once(2):
-			*results, ok = list(&p, 16, (*parser).itemResult)
+			*results, ok = list(&p, rowsHint(data), (*parser).itemResult)
 		default:
 			return false
 		}
@@ -77,6 +79,12 @@ func decodeResults(data []byte, count string, n *int, results *[]shardapi.ItemRe
 			return false
 		}
 	}
+}
+
+// rowsHint is a guess of the elements of a reply's list, to size it: the objects that start
+// with a key, as the keeper writes them.
+func rowsHint(data []byte) int {
+	return max(bytes.Count(data, []byte(`{"key":`)), 1)
 }
 
 // members walks an object's members with parser.member.
@@ -166,16 +174,16 @@ func (p *parser) claimedRow(r *shardapi.ClaimedRow) bool {
 			r.Key, ok = p.strOrNull()
 		case "due":
 			bit = 1 << 1
-			r.Due, ok = p.time()
+			r.Due, ok = p.time(&p.due)
 		case "cadence":
 			bit = 1 << 2
 			r.Cadence, ok = p.float()
 		case "route":
 			bit = 1 << 3
-			r.Route, ok = p.strOrNull()
+			r.Route, ok = p.strOrNullAs(&p.route)
 		case "source":
 			bit = 1 << 4
-			r.Source, ok = p.strOrNull()
+			r.Source, ok = p.strOrNullAs(&p.source)
 		case "urgent":
 			bit = 1 << 5
 			r.Urgent, ok = p.bool()
@@ -184,7 +192,7 @@ func (p *parser) claimedRow(r *shardapi.ClaimedRow) bool {
 			r.Lease, ok = p.strOrNull()
 		case "leaseExpires":
 			bit = 1 << 7
-			r.LeaseExpires, ok = p.time()
+			r.LeaseExpires, ok = p.time(&p.expires)
 		default:
 			return false
 		}

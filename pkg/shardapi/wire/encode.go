@@ -20,6 +20,7 @@ func AppendClaimResponse(dst []byte, r *shardapi.ClaimResponse) ([]byte, error) 
 	}
 	b = append(b, '[')
 	var err error
+	var due, expires lastTime // the rows of a claim share their lease's expiry, often their due time
 	for i := range r.Items {
 		it := &r.Items[i]
 		if i > 0 {
@@ -28,7 +29,7 @@ func AppendClaimResponse(dst []byte, r *shardapi.ClaimResponse) ([]byte, error) 
 		b = append(b, `{"key":`...)
 		b = appendString(b, it.Key)
 		b = append(b, `,"due":`...)
-		if b, err = appendTime(b, it.Due); err != nil {
+		if b, err = due.append(b, it.Due); err != nil {
 			return dst, fmt.Errorf("item %d: due: %w", i, err)
 		}
 		b = append(b, `,"cadence":`...)
@@ -44,7 +45,7 @@ func AppendClaimResponse(dst []byte, r *shardapi.ClaimResponse) ([]byte, error) 
 		b = append(b, `,"lease":`...)
 		b = appendString(b, it.Lease)
 		b = append(b, `,"leaseExpires":`...)
-		if b, err = appendTime(b, it.LeaseExpires); err != nil {
+		if b, err = expires.append(b, it.LeaseExpires); err != nil {
 			return dst, fmt.Errorf("item %d: leaseExpires: %w", i, err)
 		}
 		b = append(b, '}')
@@ -147,6 +148,26 @@ func appendTime(b []byte, t time.Time) ([]byte, error) {
 	return append(out, '"'), nil
 }
 
+// lastTime remembers the last time it appended and where, to copy it when the same time comes
+// again (the same wall clock, monotonic reading and location: the same text).
+type lastTime struct {
+	t          time.Time
+	start, end int
+	set        bool
+}
+
+func (l *lastTime) append(b []byte, t time.Time) ([]byte, error) {
+	if l.set && t == l.t {
+		return append(b, b[l.start:l.end]...), nil
+	}
+	start := len(b)
+	b, err := appendTime(b, t)
+	if err == nil {
+		*l = lastTime{t: t, start: start, end: len(b), set: true}
+	}
+	return b, err
+}
+
 // errUnsupportedFloat is json.Marshal's refusal of NaN and infinities.
 var errUnsupportedFloat = errors.New("unsupported value: NaN or an infinity")
 
@@ -174,6 +195,24 @@ func appendFloat(b []byte, f float64) ([]byte, error) {
 
 const hexDigits = "0123456789abcdef"
 
+// safeRun returns the index of the first byte from i on that appendString may have to escape (a
+// quote, a backslash, <, >, &, a control character or a byte of a multi-byte UTF-8 sequence),
+// or where fewer than eight bytes are left: it looks at eight bytes at a time.
+func safeRun(s string, i int) int {
+	for ; i+8 <= len(s); i += 8 {
+		w := s[i : i+8]
+		x := uint64(w[0]) | uint64(w[1])<<8 | uint64(w[2])<<16 | uint64(w[3])<<24 |
+			uint64(w[4])<<32 | uint64(w[5])<<40 | uint64(w[6])<<48 | uint64(w[7])<<56
+		q, bs := x^(ones*'"'), x^(ones*'\\')
+		lt, gt, amp := x^(ones*'<'), x^(ones*'>'), x^(ones*'&')
+		// a byte below 0x20, or equal to one of those, or 0x80 and above
+		if ((x-ones*0x20)&^x|(q-ones)&^q|(bs-ones)&^bs|(lt-ones)&^lt|(gt-ones)&^gt|(amp-ones)&^amp|x)&tops != 0 {
+			return i
+		}
+	}
+	return i
+}
+
 // htmlSafe[c] is true for the ASCII bytes encoding/json writes as they are (with its default
 // HTML escaping): not the control characters, ", \, <, > and &.
 var htmlSafe = func() (set [utf8.RuneSelf]bool) {
@@ -190,6 +229,9 @@ func appendString(dst []byte, s string) []byte {
 	dst = append(dst, '"')
 	start := 0
 	for i := 0; i < len(s); {
+		if i = safeRun(s, i); i >= len(s) {
+			break
+		}
 		if c := s[i]; c < utf8.RuneSelf {
 			if htmlSafe[c] {
 				i++

@@ -1,6 +1,7 @@
 package wire
 
 import (
+	"encoding/binary"
 	"strconv"
 	"time"
 	"unicode"
@@ -16,6 +17,15 @@ type parser struct {
 	short bool
 	// build is false while only checking the input (strings are not unquoted then).
 	build bool
+	// the last values of a claim reply's rows, which the next row often repeats
+	due, expires  timeMemo
+	route, source string
+}
+
+// timeMemo holds the last time a field decoded, and its JSON literal.
+type timeMemo struct {
+	raw []byte
+	t   time.Time
 }
 
 // ws skips JSON whitespace.
@@ -83,6 +93,10 @@ func (p *parser) rawString() (raw []byte, plain, ok bool) {
 	start := p.pos
 	plain, ascii := true, true
 	for i := start; i < len(d); i++ {
+		i = plainRun(d, i)
+		if i >= len(d) {
+			break
+		}
 		switch c := d[i]; {
 		case c == '"':
 			p.pos = i + 1
@@ -124,6 +138,28 @@ func (p *parser) rawString() (raw []byte, plain, ok bool) {
 	return nil, false, false
 }
 
+// Masks of plainRun: a byte of 0x01, and the top bit of each byte, in a word of eight bytes.
+const (
+	ones = 0x0101010101010101
+	tops = 0x8080808080808080
+)
+
+// plainRun returns the index of the first byte from i on that may end a run of plain string
+// bytes (a quote, a backslash, a control character or a byte of a multi-byte UTF-8 sequence),
+// or where fewer than eight bytes are left: it looks at eight bytes at a time.
+func plainRun(d []byte, i int) int {
+	for ; i+8 <= len(d); i += 8 {
+		x := binary.LittleEndian.Uint64(d[i:])
+		q := x ^ ones*'"'
+		bs := x ^ ones*'\\'
+		// a byte that is zero in q or bs, or below 0x20 in x, or has its top bit set in x
+		if ((q-ones)&^q|(bs-ones)&^bs|(x-ones*0x20)&^x|x)&tops != 0 {
+			return i
+		}
+	}
+	return i
+}
+
 func isHex(c byte) bool { return '0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F' }
 
 // str consumes a JSON string and returns its value as encoding/json decodes it ("" while not
@@ -150,14 +186,53 @@ func (p *parser) strOrNull() (string, bool) {
 	return p.str()
 }
 
+// strOrNullAs is strOrNull, returning *last (and keeping the string as the next *last) when the
+// value is the same: rows share one string instead of allocating their own.
+func (p *parser) strOrNullAs(last *string) (string, bool) {
+	if p.null() {
+		return "", true
+	}
+	raw, plain, ok := p.rawString()
+	switch {
+	case !ok:
+		return "", false
+	case !p.build:
+		return "", true
+	case plain && string(raw) == *last:
+		return *last, true
+	case plain:
+		*last = string(raw)
+		return *last, true
+	}
+	return string(unquote(raw)), true
+}
+
 // name consumes an object member's name and the colon after it, and returns the name's raw
-// bytes: names with escapes are not matched (encoding/json would unescape them first), so a
-// member spelled that way is declined as unknown.
+// bytes. Names with escapes are not matched (encoding/json would unescape them first): a member
+// spelled that way is declined.
 func (p *parser) name() ([]byte, bool) {
-	raw, _, ok := p.rawString()
-	if !ok {
+	if !p.byte('"') {
 		return nil, false
 	}
+	// names are short, and those the decoders know are plain ASCII: a name with an escape, a
+	// control character or another byte is declined (as unknown, or as bad JSON)
+	d, start, end := p.data, p.pos, -1
+	for i := start; i < len(d); i++ {
+		c := d[i]
+		if c == '"' {
+			end = i
+			break
+		}
+		if c == '\\' || c < ' ' || c >= utf8.RuneSelf {
+			return nil, false
+		}
+	}
+	if end < 0 {
+		p.short = true
+		return nil, false
+	}
+	raw := d[start:end]
+	p.pos = end + 1
 	p.ws()
 	if !p.byte(':') {
 		return nil, false
@@ -207,7 +282,8 @@ func (p *parser) end() bool {
 
 // time consumes a JSON string (or null) for a time.Time field: its raw literal goes to
 // time.Time.UnmarshalJSON, as encoding/json passes it. null leaves the field as it is (zero).
-func (p *parser) time() (time.Time, bool) {
+// With a memo, a literal the same as the memo's last one takes its time.
+func (p *parser) time(m *timeMemo) (time.Time, bool) {
 	var t time.Time
 	if p.null() {
 		return t, true
@@ -216,8 +292,15 @@ func (p *parser) time() (time.Time, bool) {
 	if _, _, ok := p.rawString(); !ok {
 		return t, false
 	}
-	if err := t.UnmarshalJSON(p.data[start:p.pos]); err != nil {
+	raw := p.data[start:p.pos]
+	if m != nil && m.raw != nil && string(raw) == string(m.raw) {
+		return m.t, true
+	}
+	if err := t.UnmarshalJSON(raw); err != nil {
 		return t, false
+	}
+	if m != nil {
+		*m = timeMemo{raw: raw, t: t}
 	}
 	return t, true
 }
@@ -227,7 +310,7 @@ func (p *parser) timePtr() (*time.Time, bool) {
 	if p.null() {
 		return nil, true
 	}
-	t, ok := p.time()
+	t, ok := p.time(nil)
 	if !ok {
 		return nil, false
 	}
