@@ -149,7 +149,7 @@ func appendTime(b []byte, t time.Time) ([]byte, error) {
 }
 
 // lastTime remembers the last time it appended and where, to copy it when the same time comes
-// again (the same wall clock, monotonic reading and location: the same text).
+// again (the same instant in the same location: the same text).
 type lastTime struct {
 	t          time.Time
 	start, end int
@@ -157,7 +157,7 @@ type lastTime struct {
 }
 
 func (l *lastTime) append(b []byte, t time.Time) ([]byte, error) {
-	if l.set && t == l.t {
+	if l.set && t.Equal(l.t) && t.Location() == l.t.Location() {
 		return append(b, b[l.start:l.end]...), nil
 	}
 	start := len(b)
