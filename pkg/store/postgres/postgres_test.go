@@ -258,6 +258,45 @@ func TestCompletionsAreHOT(t *testing.T) {
 	}
 }
 
+// TestCompletionsFindRowsByHash: a completion finds its rows through the key's hash index
+// (migrations/0005_key_lookup_index.sql), not the primary key's btree, on a table of some size
+// with statistics.
+func TestCompletionsFindRowsByHash(t *testing.T) {
+	st, _ := openTestStore(t, Options{})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	rows := make([]schedule.Row, 20000)
+	for i := range rows {
+		rows[i] = storetest.Row(fmt.Sprintf("https://shop.example.com/product/%031d", i), time.Now())
+	}
+	for i := 0; i < len(rows); i += 10000 {
+		if _, err := st.Upsert(ctx, rows[i:i+10000]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := st.pool.Exec(ctx, "ANALYZE render_schedule"); err != nil {
+		t.Fatal(err)
+	}
+	keys := []string{rows[1].Key, rows[500].Key, rows[19999].Key}
+	dues := []time.Time{time.Now(), time.Now(), time.Now()}
+	var all strings.Builder
+	r, err := st.pool.Query(ctx, "EXPLAIN (FORMAT TEXT) "+completeSQL, keys, dues, []int64{0, 0, 0})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for r.Next() {
+		var line string
+		if err := r.Scan(&line); err != nil {
+			t.Fatal(err)
+		}
+		all.WriteString(line + "\n")
+	}
+	r.Close()
+	if !strings.Contains(all.String(), "render_schedule_key_lookup") {
+		t.Errorf("the completion's plan does not use the key's hash index:\n%s", all.String())
+	}
+}
+
 // measureHOT inserts n rows and completes each rounds times in batches of batch random keys, and
 // returns the table's update and HOT update counts.
 func measureHOT(tb testing.TB, st *Store, n, rounds, batch int) (upd, hot int64) {
