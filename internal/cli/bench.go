@@ -37,7 +37,7 @@ func Bench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	duration := fs.Duration("duration", 10*time.Second, "length of each run")
 	workers := fs.Int("workers", 32, "keeper run: workers")
 	batch := fs.Int("batch", 500, "keeper run: rows per claim")
-	skip := fs.String("skip-locked", "8x100,16x100,8x500", "SKIP LOCKED runs: WORKERSxBATCH, comma-separated (the best counts)")
+	skip := fs.String("skip-locked", "4x100,8x100,8x500,8x1000", "SKIP LOCKED runs: WORKERSxBATCH, comma-separated (the best counts)")
 	triggerRounds := fs.Int("trigger-rounds", 40, "batches of the trigger measurement (0: skip it)")
 	keep := fs.Bool("keep-database", false, "keep the scratch database")
 	verbose := fs.Bool("v", false, "show progress and the keeper's log on stderr")

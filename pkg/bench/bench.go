@@ -56,7 +56,8 @@ type Config struct {
 	Duration time.Duration
 	// Keeper is the shape of the keeper run. Default 32 × 500.
 	Keeper Shape
-	// SkipLocked are the shapes of the SKIP LOCKED runs. Default 8 × 100, 16 × 100, 8 × 500.
+	// SkipLocked are the shapes of the SKIP LOCKED runs. Default 4 × 100, 8 × 100, 8 × 500, 8 × 1000
+	// (each of them was the best on the 2-core development machine in some run: docs/benchmarks.md).
 	SkipLocked []Shape
 	// StartKeeper starts a standalone keeper (window 0) on the database dsn, requiring token.
 	StartKeeper func(ctx context.Context, dsn, token string) (*Keeper, error)
@@ -80,7 +81,7 @@ func (c *Config) setDefaults() {
 		c.Keeper = Shape{Workers: 32, Batch: 500}
 	}
 	if c.SkipLocked == nil {
-		c.SkipLocked = []Shape{{8, 100}, {16, 100}, {8, 500}}
+		c.SkipLocked = []Shape{{4, 100}, {8, 100}, {8, 500}, {8, 1000}}
 	}
 	if c.TriggerRounds == 0 {
 		c.TriggerRounds = 40
