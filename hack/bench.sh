@@ -23,7 +23,9 @@ echo "bench.sh: $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg), B
 go test -run '^$' -bench 'BenchmarkKeeper|BenchmarkStatus' -benchtime "${BENCHTIME:-2s}" -timeout 60m "$@" ./pkg/keeper/ ./pkg/keeper/core/
 go test -run '^$' -bench 'BenchmarkClaimLatency|BenchmarkShardLoad' -benchtime 1x -timeout 60m "$@" ./pkg/keeper/
 go test -run '^$' -bench 'BenchmarkSimulate' -benchtime 3x "$@" ./pkg/simulate/
-go test -run '^$' -bench . -benchtime 1x "$@" ./pkg/store/...
+go test -run '^$' -bench 'BenchmarkWalk|BenchmarkComplete$|BenchmarkEventLatency|BenchmarkHOT' -benchtime 1x "$@" ./pkg/store/...
+# What one completion costs PostgreSQL, taken apart (docs/benchmarks.md, "End to end").
+go test -run '^$' -bench 'BenchmarkCompleteStatement' -benchtime 200x "$@" ./pkg/store/postgres/
 # End to end: a keeper over HTTP against a SKIP LOCKED queue on the same server (docs/benchmarks.md).
 if [ "${BENCH_E2E_ROWS:-1000000}" != 0 ]; then
   go build -o bin/renderqueue ./cmd/renderqueue

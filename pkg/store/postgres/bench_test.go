@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/renderqueue/renderqueue/internal/procstat"
 	"github.com/renderqueue/renderqueue/pkg/schedule"
 	"github.com/renderqueue/renderqueue/pkg/store"
 	"github.com/renderqueue/renderqueue/pkg/store/postgres/pgtest"
@@ -34,11 +36,12 @@ var (
 	walkDB     benchDB                   // 1,000,000 rows
 	walkPartDB = benchDB{partitions: 16} // 1,000,000 rows in 16 hash partitions
 	completeDB benchDB                   // 100,000 rows
+	stmtDB     benchDB                   // 1,000,000 rows, changed by BenchmarkCompleteStatement
 )
 
 func TestMain(m *testing.M) {
 	code := m.Run()
-	for _, d := range []*benchDB{&walkDB, &walkPartDB, &completeDB} {
+	for _, d := range []*benchDB{&walkDB, &walkPartDB, &completeDB, &stmtDB} {
 		if d.st != nil {
 			_ = d.st.Close()
 		}
@@ -294,5 +297,98 @@ func BenchmarkHOT(b *testing.B) {
 		upd, hot := measureHOT(b, st, 100000, 3, 1000)
 		b.ReportMetric(100*float64(hot)/float64(upd), "hot-%")
 		b.ReportMetric(float64(upd), "updates")
+	}
+}
+
+// BenchmarkCompleteStatement runs the group commit's UPDATE alone, 500 distinct random keys of a
+// 1,000,000-row table per statement on one connection, and reports the PostgreSQL backend's CPU
+// per completed row (backend-us/row, read from /proc: only when the server runs on this machine)
+// and the wall time per row. The variants take apart what a completion costs the database:
+//
+//	shipped           the statement and schema as they are
+//	rev-trigger       the statement leaves rev to the PL/pgSQL row trigger (before schema 3)
+//	no-change-events  the change-event trigger disabled (what signing and NOTIFY cost)
+//	btree-lookup      also without the key's hash index: rows found through the primary key's
+//	                  btree (before schema 5)
+//
+// The variants change the table, so they run in this order on a database of their own.
+func BenchmarkCompleteStatement(b *testing.B) {
+	st, keys := stmtDB.fill(b, 1_000_000)
+	ctx := context.Background()
+	revTriggerSQL := strings.Replace(completeSQL, ", rev = nextval('render_schedule_rev_seq')", "", 1)
+	if revTriggerSQL == completeSQL {
+		b.Fatal("completeSQL no longer stamps rev itself: update this benchmark")
+	}
+	exec := func(b *testing.B, sql string) {
+		b.Helper()
+		if _, err := st.pool.Exec(ctx, sql); err != nil {
+			b.Fatal(err)
+		}
+	}
+	for _, v := range []struct {
+		name  string
+		sql   string
+		setup string // run before the variant (idempotent; left so for the next)
+	}{
+		{"shipped", completeSQL, ""},
+		{"rev-trigger", revTriggerSQL, ""},
+		{"no-change-events", completeSQL, "ALTER TABLE render_schedule DISABLE TRIGGER render_schedule_notify_update"},
+		{"btree-lookup", completeSQL, "DROP INDEX IF EXISTS render_schedule_key_lookup"},
+	} {
+		b.Run(v.name, func(b *testing.B) {
+			if v.setup != "" {
+				exec(b, v.setup)
+			}
+			conn, err := st.pool.Acquire(ctx)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer conn.Release()
+			var pid int
+			if err := conn.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
+				b.Fatal(err)
+			}
+			rng := rand.New(rand.NewPCG(5, 6))
+			const batch = 500
+			statement := func() {
+				picked := make(map[int]bool, batch)
+				ks := make([]string, 0, batch)
+				for len(ks) < batch {
+					if i := rng.IntN(len(keys)); !picked[i] {
+						picked[i] = true
+						ks = append(ks, keys[i])
+					}
+				}
+				dues := make([]time.Time, batch)
+				for i := range dues {
+					dues[i] = time.Now().Add(time.Duration(rng.IntN(86400)) * time.Second)
+				}
+				rows, err := conn.Query(ctx, v.sql, ks, dues, make([]int64, batch))
+				if err != nil {
+					b.Fatal(err)
+				}
+				n := 0
+				for rows.Next() {
+					n++
+				}
+				if err := rows.Err(); err != nil || n != batch {
+					b.Fatalf("completed %d of %d: %v", n, batch, err)
+				}
+			}
+			for range 20 { // warm: plan cached, pages in shared buffers
+				statement()
+			}
+			cpu0, cpuOK := procstat.CPU(pid)
+			b.ResetTimer()
+			for range b.N {
+				statement()
+			}
+			b.StopTimer()
+			rows := float64(b.N * batch)
+			b.ReportMetric(float64(b.Elapsed().Microseconds())/rows, "wall-us/row")
+			if cpu1, ok := procstat.CPU(pid); cpuOK && ok {
+				b.ReportMetric(float64((cpu1-cpu0).Microseconds())/rows, "backend-us/row")
+			}
+		})
 	}
 }
