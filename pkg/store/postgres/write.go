@@ -2,10 +2,14 @@ package postgres
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/renderqueue/renderqueue/pkg/schedule"
@@ -93,13 +97,17 @@ func (s *Store) Upsert(ctx context.Context, in []schedule.Row) ([]schedule.Row, 
 	sources := make([]string, n)
 	urgent := make([]bool, n)
 	index := make(map[string]int, n)
-	for i, r := range in {
+	// in key order: rows are locked in the order they are written (see commitGroup)
+	sorted := slices.SortedFunc(slices.Values(in), func(a, b schedule.Row) int { return strings.Compare(a.Key, b.Key) })
+	for i, r := range sorted {
 		keys[i] = r.Key
 		dues[i] = timestamptz(r.Due, r.HasDue)
 		cadences[i] = r.Cadence.Milliseconds()
 		routes[i] = r.Route
 		sources[i] = sourceName(r.Source)
 		urgent[i] = r.Urgent
+	}
+	for i, r := range in {
 		index[r.Key] = i
 	}
 	rows, err := s.pool.Query(ctx, upsertSQL, keys, dues, cadences, routes, sources, urgent)
@@ -137,7 +145,7 @@ func (s *Store) Delete(ctx context.Context, keys []string) ([]store.DeleteResult
 	for i, k := range keys {
 		out[i].Key = k
 	}
-	rows, err := s.pool.Query(ctx, deleteSQL, keys)
+	rows, err := s.pool.Query(ctx, deleteSQL, slices.Sorted(slices.Values(keys))) // key order, see commitGroup
 	if err != nil {
 		return nil, fmt.Errorf("deleting %d keys: %w", len(keys), err)
 	}
@@ -357,9 +365,17 @@ func (s *Store) commitGroup(batch []*completeReq) {
 			rounds[k] = append(rounds[k], ref{ri, ii})
 		}
 	}
+	// Each round's rows are locked in key order, as Upsert and Delete lock theirs: writers that
+	// take the locks of several rows in one order cannot deadlock one another.
+	for _, rd := range rounds {
+		slices.SortFunc(rd, func(a, b ref) int {
+			return strings.Compare(batch[a.req].items[a.item].Key, batch[b.req].items[b.item].Key)
+		})
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	attempt := 0
+	lostConn := false // the previous attempt failed with its connection: it may have committed
 	run := func(q querier) error {
 		for _, rd := range rounds {
 			keys := make([]string, len(rd))
@@ -395,7 +411,7 @@ func (s *Store) commitGroup(batch []*completeReq) {
 				it := batch[rf.req].items[rf.item]
 				// On the retry, a row already as this completion writes it was written by the
 				// first attempt, whose answer was lost with its connection.
-				ours := attempt > 1 && !r.Urgent && r.HasDue && r.Due.Equal(it.Due.Truncate(time.Microsecond))
+				ours := lostConn && !r.Urgent && r.HasDue && r.Due.Equal(it.Due.Truncate(time.Microsecond))
 				batch[rf.req].res[rf.item] = store.CompleteResult{Row: r, Found: true, Changed: !ours}
 			}, changedSQL, ckeys)
 			if err != nil {
@@ -420,10 +436,16 @@ func (s *Store) commitGroup(batch []*completeReq) {
 		} else {
 			err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error { return run(tx) })
 		}
-		if err == nil || attempt == 2 || !isConnError(err) || ctx.Err() != nil {
+		if err == nil || attempt == 2 || ctx.Err() != nil {
 			break
 		}
-		s.log.Error(err, "Group commit of completions failed on a connection error; retrying once", "requests", len(batch), "rounds", len(rounds))
+		lostConn = isConnError(err)
+		if !lostConn && !isDeadlock(err) {
+			break
+		}
+		// a deadlock with another writer (one that locks rows in another order) rolled the
+		// group back whole: written once more, it usually goes through
+		s.log.Error(err, "Group commit of completions failed on a connection error or a deadlock; retrying once", "requests", len(batch), "rounds", len(rounds))
 	}
 	if err != nil {
 		s.log.Error(err, "Group commit of completions failed; its requests fail", "requests", len(batch), "rounds", len(rounds))
@@ -435,4 +457,11 @@ func (s *Store) commitGroup(batch []*completeReq) {
 		}
 		close(req.done)
 	}
+}
+
+// isDeadlock reports whether err is PostgreSQL's deadlock_detected: the transaction was rolled
+// back whole.
+func isDeadlock(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "40P01"
 }
