@@ -36,7 +36,7 @@
 -- (the TRUNCATE gap) on every slot channel rq_slot_0 .. rq_slot_1023: a current keeper listening
 -- on slot channels (it connected while the schema was older) reconnects and listens on group
 -- channels; an older keeper signals a gap and walks, and from then on receives nothing. Upgrade
--- the keepers before migrating to version 4 (docs/runbook.md, "Upgrading").
+-- the keepers before migrating to version 4 (README.md, "Upgrading").
 -- ============================================================================================
 
 CREATE OR REPLACE FUNCTION render_schedule_notify() RETURNS trigger
