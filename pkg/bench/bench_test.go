@@ -12,6 +12,7 @@ import (
 
 	"github.com/go-logr/logr"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/renderqueue/renderqueue/pkg/keeper"
 	"github.com/renderqueue/renderqueue/pkg/schedule"
@@ -115,5 +116,34 @@ func TestConfigValidate(t *testing.T) {
 		if err := c.Validate(); err == nil {
 			t.Errorf("Validate(%+v): no error", c)
 		}
+	}
+}
+
+// TestVerifyCountsEachCompletion: a key completed twice in a run (SKIP LOCKED claims a row again
+// when its next due is still past) is checked once per completion, against the row as it stands;
+// a completion the row does not reflect is not counted.
+func TestVerifyCountsEachCompletion(t *testing.T) {
+	dsn := pgtest.NewDatabase(t)
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	if _, err := pool.Exec(ctx, `CREATE TABLE q (key text PRIMARY KEY, due_at timestamptz)`); err != nil {
+		t.Fatal(err)
+	}
+	d := time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)
+	if _, err := pool.Exec(ctx, `INSERT INTO q VALUES ('twice', $1), ('other', $2)`, d.Add(2*time.Hour), d.Add(90*time.Minute)); err != nil {
+		t.Fatal(err)
+	}
+	got, err := verify(ctx, pool, "q", []completed{
+		{key: "twice", due: d, cadence: time.Hour},                  // +2 cadences: counted
+		{key: "twice", due: d.Add(time.Hour), cadence: time.Hour},   // +1 cadence: counted
+		{key: "other", due: d.Add(time.Hour), cadence: time.Hour},   // +30 min: not a whole cadence
+		{key: "missing", due: d.Add(time.Hour), cadence: time.Hour}, // no row
+	})
+	if err != nil || got != 2 {
+		t.Fatalf("verified %d (%v), want 2", got, err)
 	}
 }

@@ -143,11 +143,16 @@ func verify(ctx context.Context, pool *pgxpool.Pool, table string, done []comple
 	const chunk = 20_000
 	for lo := 0; lo < len(done); lo += chunk {
 		part := done[lo:min(lo+chunk, len(done))]
-		keys := make([]string, len(part))
-		want := make(map[string]completed, len(part))
-		for i, c := range part {
-			keys[i] = c.key
-			want[c.key] = c
+		keys := make([]string, 0, len(part))
+		// a key may be completed more than once in a run: a SKIP LOCKED row whose claimed due
+		// plus its cadence is still past is due again, and is claimed again once the queue is
+		// drained; each completion is checked against the row as it stands
+		want := make(map[string][]completed, len(part))
+		for _, c := range part {
+			if _, seen := want[c.key]; !seen {
+				keys = append(keys, c.key)
+			}
+			want[c.key] = append(want[c.key], c)
 		}
 		rows, err := pool.Query(ctx, "SELECT key, due_at FROM "+table+" WHERE key = ANY($1::text[])", keys)
 		if err != nil {
@@ -160,10 +165,11 @@ func verify(ctx context.Context, pool *pgxpool.Pool, table string, done []comple
 				rows.Close()
 				return ok, fmt.Errorf("verifying: %w", err)
 			}
-			c := want[key]
-			moved := due.Time.Sub(c.due)
-			if due.Valid && moved > 0 && moved%c.cadence == 0 {
-				ok++
+			for _, c := range want[key] {
+				moved := due.Time.Sub(c.due)
+				if due.Valid && moved > 0 && moved%c.cadence == 0 {
+					ok++
+				}
 			}
 		}
 		rows.Close()
