@@ -245,11 +245,13 @@ func TestServer(t *testing.T) {
 			RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "renderqueue-external-metrics-reader"},
 			Subjects:   []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Namespace: "render", Name: "reader"}},
 		})).To(Succeed())
-		// RBAC is cached by the kube-apiserver's authorizer; wait until the binding is seen.
+		// RBAC is cached by the kube-apiserver's authorizer, and the metrics server's delegated
+		// authorizer caches a denial for 10 s (the default unauthorized TTL): a first request that
+		// raced the binding is refused for that long. Wait until the binding is seen past both.
 		g.Eventually(func() int {
 			_, code := get(ctx, t, as(reader), ns, metricsapi.MetricDueLowerBound, metricsapi.LabelName+"=web")
 			return code
-		}).WithTimeout(10 * time.Second).Should(Equal(http.StatusOK))
+		}).WithTimeout(30 * time.Second).Should(Equal(http.StatusOK))
 		_, code := get(ctx, t, as(reader), ns, metricsapi.MetricDue, metricsapi.LabelName+"=web")
 		g.Expect(code).To(Equal(http.StatusOK))
 		_, code = get(ctx, t, as(reader), ns, "some_other_metric", "")
