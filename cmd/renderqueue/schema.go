@@ -50,16 +50,6 @@ func runSchema(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		_, err = fmt.Fprintf(stdout, "schema is up to date (version %d)\n", res.To)
 		return err
 	}
-	if _, err = fmt.Fprintf(stdout, "schema migrated from version %d to %d (%s)\n", res.From, res.To, strings.Join(res.Applied, ", ")); err != nil {
-		return err
-	}
-	if res.ListenersEnded > 0 {
-		if _, err = fmt.Fprintf(stdout, "ended %d keeper listener connection(s): keepers reconnect onto the new change-event channels\n", res.ListenersEnded); err != nil {
-			return err
-		}
-	}
-	if res.Warning != "" {
-		_, err = fmt.Fprintf(stdout, "warning: %s\n", res.Warning)
-	}
+	_, err = fmt.Fprintf(stdout, "schema migrated from version %d to %d (%s)\n", res.From, res.To, strings.Join(res.Applied, ", "))
 	return err
 }

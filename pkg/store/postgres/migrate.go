@@ -11,8 +11,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-
-	"github.com/renderqueue/renderqueue/pkg/store/postgres/changes"
 )
 
 //go:embed migrations/*.sql
@@ -75,13 +73,6 @@ type MigrateResult struct {
 	From, To int
 	// Applied names the migrations applied, in order.
 	Applied []string
-	// ListenersEnded is how many keepers' change-event connections were ended after a migration
-	// that moved the change events to other channels (from below version 4 to 4 or later): a
-	// keeper of this release reconnects onto the new channels (a gap); one of an older release
-	// cannot reconnect (the schema refuses it), so it reports the gap instead of hearing nothing.
-	ListenersEnded int
-	// Warning, when not empty, says what the migration could not do and the operator must.
-	Warning string
 }
 
 // Migrate applies the embedded migrations the database lacks, in one transaction, holding an
@@ -174,42 +165,7 @@ func MigratePoolWith(ctx context.Context, pool *pgxpool.Pool, opts MigrateOption
 	if err != nil {
 		return MigrateResult{}, fmt.Errorf("migrating the schema: %w", err)
 	}
-	if res.From > 0 && res.From < changes.GroupChannelsVersion && res.To >= changes.GroupChannelsVersion {
-		res.ListenersEnded, res.Warning = endListeners(ctx, pool)
-	}
 	return res, nil
-}
-
-// endListeners ends the connections of every keeper's change-event subscription to this database
-// (the migration has committed), so that each one reconnects and reads the schema again. A
-// connection this role may not end (another role's, without pg_signal_backend) is left, and the
-// warning says to restart the keepers.
-func endListeners(ctx context.Context, pool *pgxpool.Pool) (ended int, warning string) {
-	rows, err := pool.Query(ctx, `SELECT pid FROM pg_stat_activity
-		WHERE datname = current_database() AND application_name = $1 AND pid <> pg_backend_pid()`,
-		changes.ListenerApplicationName)
-	if err != nil {
-		return 0, fmt.Sprintf("could not list the keepers' listener connections (%v): restart every keeper older than this release", err)
-	}
-	pids, err := pgx.CollectRows(rows, pgx.RowTo[int])
-	if err != nil {
-		return 0, fmt.Sprintf("could not list the keepers' listener connections (%v): restart every keeper older than this release", err)
-	}
-	var failed []string
-	for _, pid := range pids {
-		var ok bool
-		if err := pool.QueryRow(ctx, "SELECT pg_terminate_backend($1)", pid).Scan(&ok); err != nil {
-			failed = append(failed, fmt.Sprintf("%d (%v)", pid, err))
-			continue
-		}
-		if ok {
-			ended++
-		}
-	}
-	if len(failed) > 0 {
-		warning = fmt.Sprintf("could not end the listener connections %s: restart every keeper older than this release, or it hears no change events", strings.Join(failed, ", "))
-	}
-	return ended, warning
 }
 
 // partitionCountSQL counts the partitions of render_schedule: 0 when it is one table.

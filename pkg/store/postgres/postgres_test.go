@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -211,92 +210,6 @@ func TestWriterRev(t *testing.T) {
 			t.Errorf("%s: %d values taken from the sequence for one row, want 1", tc.name, taken)
 		}
 		rev = got
-	}
-}
-
-// TestMigrationEndsListeners: migrating to the group channels (version 4) ends the keepers'
-// listener connections once it has committed, so every keeper reads the schema again (an older
-// keeper then cannot reconnect at all, instead of listening on channels nobody sends on); a
-// subscription of this release reconnects and receives the events written after.
-func TestMigrationEndsListeners(t *testing.T) {
-	dsn := pgtest.NewDatabase(t)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	st, err := Open(ctx, dsn, Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = st.Close() }()
-	if _, err := MigratePoolWith(ctx, st.pool, MigrateOptions{Version: changes.GroupChannelsVersion - 1}); err != nil {
-		t.Fatal(err)
-	}
-	sub, err := st.Subscribe(ctx, schedule.AllSlots().Slots())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = sub.Close() }()
-	// a keeper of an older release: LISTENing on a slot channel, deaf to the notice on rq_schema
-	cfg, err := pgx.ParseConfig(dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.RuntimeParams["application_name"] = changes.ListenerApplicationName
-	old, err := pgx.ConnectConfig(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = old.Close(context.Background()) }()
-	var oldPID int
-	if err := old.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&oldPID); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := old.Exec(ctx, "LISTEN rq_slot_0"); err != nil {
-		t.Fatal(err)
-	}
-	res, err := MigratePool(ctx, st.pool)
-	if err != nil {
-		t.Fatal(err)
-	}
-	// at least the old keeper's; the subscription's too unless it was reconnecting already
-	if res.ListenersEnded < 1 || res.Warning != "" {
-		t.Fatalf("migration result %+v, want the listeners ended and no warning", res)
-	}
-	for gone := false; !gone; {
-		if err := st.pool.QueryRow(ctx, "SELECT NOT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1)", oldPID).Scan(&gone); err != nil {
-			t.Fatal(err)
-		}
-		if ctx.Err() != nil {
-			t.Fatal("the older keeper's listener connection was not ended")
-		}
-	}
-	// the subscription reconnects (gaps, then resumed): a row written once it listens again arrives
-	for i := 0; ; i++ {
-		out, err := st.Upsert(ctx, []schedule.Row{storetest.Row(fmt.Sprintf("after/migration/%d", i), time.Now())})
-		if err != nil {
-			t.Fatal(err)
-		}
-		got := false
-		wait, cancelWait := context.WithTimeout(ctx, time.Second)
-		for !got {
-			b, err := sub.Next(wait)
-			if err != nil {
-				break // not (yet) listening when the row was written: write another
-			}
-			for _, e := range b.Events {
-				got = got || e.Row.Key == out[0].Key
-			}
-		}
-		cancelWait()
-		if got {
-			break
-		}
-		if ctx.Err() != nil {
-			t.Fatal("no event arrived after the migration")
-		}
-	}
-	// a second run has nothing to move: it ends nothing
-	if res, err := MigratePool(ctx, st.pool); err != nil || res.ListenersEnded != 0 {
-		t.Errorf("second migration: %+v, %v", res, err)
 	}
 }
 

@@ -35,10 +35,8 @@
 -- This migration ends by sending, in its transaction, a signed "4" on rq_schema and a signed "T"
 -- (the TRUNCATE gap) on every slot channel rq_slot_0 .. rq_slot_1023: a current keeper listening
 -- on slot channels (it connected while the schema was older) reconnects and listens on group
--- channels; an older keeper signals a gap and walks, and would from then on receive nothing: so
--- once this has committed, renderqueue schema migrate ends the keepers' listener connections
--- (MigratePoolWith), and an older keeper cannot reconnect. Upgrade the keepers before migrating
--- to version 4 (README.md, "Upgrading").
+-- channels; an older keeper signals a gap and walks, and from then on receives nothing. Upgrade
+-- the keepers before migrating to version 4 (README.md, "Upgrading").
 -- ============================================================================================
 
 CREATE OR REPLACE FUNCTION render_schedule_notify() RETURNS trigger
