@@ -13,12 +13,6 @@ import (
 	"github.com/renderqueue/renderqueue/internal/procstat"
 )
 
-// procCPU returns the CPU time (user + system) process pid has used.
-func procCPU(pid int) (time.Duration, bool) { return procstat.CPU(pid) }
-
-// machineCPU returns the busy and total CPU time of the machine so far.
-func machineCPU() (busy, total time.Duration, ok bool) { return procstat.Machine() }
-
 // loadAverage returns the 1-minute load average, or -1.
 func loadAverage() float64 {
 	b, err := os.ReadFile("/proc/loadavg")
@@ -63,10 +57,10 @@ type querier interface {
 func sampleCPU(ctx context.Context, q querier, keeperPID int) cpuSample {
 	s := cpuSample{pg: map[int]time.Duration{}}
 	if keeperPID > 0 {
-		s.keeper, s.keeperOK = procCPU(keeperPID)
+		s.keeper, s.keeperOK = procstat.CPU(keeperPID)
 	}
-	s.self, _ = procCPU(os.Getpid())
-	s.busy, s.all, s.machineOK = machineCPU()
+	s.self, _ = procstat.CPU(os.Getpid())
+	s.busy, s.all, s.machineOK = procstat.Machine()
 	rows, err := q.Query(ctx, "SELECT pid FROM pg_stat_activity")
 	if err != nil {
 		return s
@@ -83,7 +77,7 @@ func sampleCPU(ctx context.Context, q querier, keeperPID int) cpuSample {
 			s.pgOK = false // not this machine's process: the server is elsewhere
 			continue
 		}
-		if d, ok := procCPU(pid); ok {
+		if d, ok := procstat.CPU(pid); ok {
 			s.pg[pid] = d
 		}
 	}

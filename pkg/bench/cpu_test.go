@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/renderqueue/renderqueue/internal/procstat"
 	"github.com/renderqueue/renderqueue/pkg/store/postgres/pgtest"
 )
 
@@ -43,12 +44,12 @@ func TestSampleCPUCountsOnlyTheRun(t *testing.T) {
 		t.Skipf("PostgreSQL does not run on this machine: %v", err)
 	}
 	// about a second of CPU in the busy backend, before the run
-	start, _ := procCPU(pid)
+	start, _ := procstat.CPU(pid)
 	for spent := time.Duration(0); spent < time.Second; {
 		if _, err := busy.Exec(ctx, "SELECT count(*) FROM generate_series(1, 2000000)"); err != nil {
 			t.Fatal(err)
 		}
-		now, _ := procCPU(pid)
+		now, _ := procstat.CPU(pid)
 		spent = now - start
 	}
 	before := sampleCPU(ctx, busy, 0)
