@@ -84,8 +84,12 @@ func (s *Shard) Complete(ctx context.Context, items []CompleteItem) ([]error, er
 	results := make([]error, len(items))
 	classes := make([]shardmetrics.RowClass, len(items))
 	var writes []store.Completion
-	var idx []int
-	var hints []core.Hint
+	// idx[j] is the item of writes[j] and where Completing found its row
+	type pending struct {
+		item int
+		hint core.Hint
+	}
+	var idx []pending
 	s.mu.Lock()
 	now := s.clock()
 	for i, it := range items {
@@ -103,8 +107,7 @@ func (s *Shard) Complete(ctx context.Context, items []CompleteItem) ([]error, er
 		}
 		// every current lease was recorded by Claim (a missing one would write unchecked)
 		writes = append(writes, store.Completion{Key: it.Key, Due: due, Rev: s.leased[it.Lease].rev})
-		idx = append(idx, i)
-		hints = append(hints, cp.Hint)
+		idx = append(idx, pending{i, cp.Hint})
 	}
 	s.mu.Unlock()
 	if len(writes) == 0 {
@@ -113,8 +116,8 @@ func (s *Shard) Complete(ctx context.Context, items []CompleteItem) ([]error, er
 	}
 	written, err := s.st.Complete(ctx, writes)
 	if err != nil {
-		for _, i := range idx {
-			results[i] = errWriteFailed
+		for _, p := range idx {
+			results[p.item] = errWriteFailed
 		}
 		s.recordCompleted(results, classes, time.Since(start))
 		s.log.Error(err, "Writing completions failed; the request is answered 503 and its leases stand", "shard", s.name, "items", len(writes))
@@ -125,7 +128,7 @@ func (s *Shard) Complete(ctx context.Context, items []CompleteItem) ([]error, er
 		s.mu.Lock()
 		now = s.clock()
 		for j := lo; j < min(lo+walkStepRows, len(written)); j++ {
-			res, i := written[j], idx[j]
+			res, i := written[j], idx[j].item
 			delete(s.leased, items[i].Lease)
 			if !res.Found {
 				results[i] = core.ErrNotHeld
@@ -136,7 +139,7 @@ func (s *Shard) Complete(ctx context.Context, items []CompleteItem) ([]error, er
 			}
 			// the version now stored (written, or changed by someone else since the claim), and
 			// the lease ended (it may have left the window, lease gone with it)
-			s.core.ApplyCompleted(now, res.Row, items[i].Lease, hints[j])
+			s.core.ApplyCompleted(now, res.Row, items[i].Lease, idx[j].hint)
 		}
 		s.unlockStep()
 	}
