@@ -32,24 +32,25 @@ type HandlerOptions struct {
 func (s *Shard) Handler(opts HandlerOptions) http.Handler {
 	mux := http.NewServeMux()
 	lim := httpserve.NewInFlight(opts.Limits)
+	a := &api{s: s}
 	// auth guards a mutating endpoint: the bearer token first, then the in-flight limits.
 	auth := func(h http.HandlerFunc) http.HandlerFunc { return httpserve.Bearer(opts.Token, lim.Wrap(h)) }
-	mux.HandleFunc("POST /v1/claim", auth(s.serveClaim))
-	mux.HandleFunc("POST /v1/complete", auth(s.serveComplete))
-	mux.HandleFunc("POST /v1/release", auth(s.serveRelease))
-	mux.HandleFunc("POST /v1/extend", auth(s.serveExtend))
+	mux.HandleFunc("POST /v1/claim", auth(a.serveClaim))
+	mux.HandleFunc("POST /v1/complete", auth(a.serveComplete))
+	mux.HandleFunc("POST /v1/release", auth(a.serveRelease))
+	mux.HandleFunc("POST /v1/extend", auth(a.serveExtend))
 	mux.HandleFunc("GET /v1/status", func(w http.ResponseWriter, _ *http.Request) {
-		httpserve.WriteJSON(w, http.StatusOK, s.RecentStatus(StatusMaxAge))
+		a.codec.WriteJSON(w, http.StatusOK, s.RecentStatus(StatusMaxAge))
 	})
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
-		httpserve.WriteJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+		a.codec.WriteJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
 		if !s.Ready() {
 			httpserve.WriteError(w, http.StatusServiceUnavailable, "loading: the first walk has not finished")
 			return
 		}
-		httpserve.WriteJSON(w, http.StatusOK, map[string]string{"status": "ready"})
+		a.codec.WriteJSON(w, http.StatusOK, map[string]string{"status": "ready"})
 	})
 	if opts.Gatherer != nil {
 		mux.Handle("GET /metrics", promhttp.HandlerFor(opts.Gatherer, promhttp.HandlerOpts{}))
@@ -57,9 +58,16 @@ func (s *Shard) Handler(opts HandlerOptions) http.Handler {
 	return mux
 }
 
-func (s *Shard) serveClaim(w http.ResponseWriter, r *http.Request) {
+// api serves the shard's endpoints of one Handler, whose requests share codec's buffers.
+type api struct {
+	s     *Shard
+	codec httpserve.Codec
+}
+
+func (a *api) serveClaim(w http.ResponseWriter, r *http.Request) {
+	s := a.s
 	var req shardapi.ClaimRequest
-	if !httpserve.Decode(w, r, &req) {
+	if !a.codec.Decode(w, r, &req) {
 		return
 	}
 	if req.N < 1 || req.N > shardapi.MaxClaim {
@@ -83,7 +91,7 @@ func (s *Shard) serveClaim(w http.ResponseWriter, r *http.Request) {
 			Urgent: c.Urgent, Lease: httpserve.FormatLease(c.Lease), LeaseExpires: c.LeaseExpires,
 		}
 	}
-	httpserve.WriteJSON(w, http.StatusOK, resp)
+	a.codec.WriteJSON(w, http.StatusOK, resp)
 }
 
 // parseItems validates the items of a complete or release request.
@@ -141,9 +149,10 @@ func itemResults(items []CompleteItem, errs []error) ([]shardapi.ItemResult, int
 	return out, ok
 }
 
-func (s *Shard) serveComplete(w http.ResponseWriter, r *http.Request) {
+func (a *api) serveComplete(w http.ResponseWriter, r *http.Request) {
+	s := a.s
 	var req shardapi.CompleteRequest
-	if !httpserve.Decode(w, r, &req) {
+	if !a.codec.Decode(w, r, &req) {
 		return
 	}
 	keys, leases, dues := make([]string, len(req.Items)), make([]string, len(req.Items)), make([]*time.Time, len(req.Items))
@@ -161,7 +170,7 @@ func (s *Shard) serveComplete(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	res, ok := itemResults(items, errs)
-	httpserve.WriteJSON(w, http.StatusOK, shardapi.CompleteResponse{Completed: ok, Results: res})
+	a.codec.WriteJSON(w, http.StatusOK, shardapi.CompleteResponse{Completed: ok, Results: res})
 }
 
 // parseLeases validates the items of a release or extend request.
@@ -173,9 +182,10 @@ func parseLeases(in []shardapi.Lease) ([]CompleteItem, error) {
 	return parseItems(keys, leases, nil)
 }
 
-func (s *Shard) serveRelease(w http.ResponseWriter, r *http.Request) {
+func (a *api) serveRelease(w http.ResponseWriter, r *http.Request) {
+	s := a.s
 	var req shardapi.ReleaseRequest
-	if !httpserve.Decode(w, r, &req) {
+	if !a.codec.Decode(w, r, &req) {
 		return
 	}
 	items, err := parseLeases(req.Items)
@@ -184,12 +194,13 @@ func (s *Shard) serveRelease(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	res, ok := itemResults(items, s.Release(s.clock(), items))
-	httpserve.WriteJSON(w, http.StatusOK, shardapi.ReleaseResponse{Released: ok, Results: res})
+	a.codec.WriteJSON(w, http.StatusOK, shardapi.ReleaseResponse{Released: ok, Results: res})
 }
 
-func (s *Shard) serveExtend(w http.ResponseWriter, r *http.Request) {
+func (a *api) serveExtend(w http.ResponseWriter, r *http.Request) {
+	s := a.s
 	var req shardapi.ExtendRequest
-	if !httpserve.Decode(w, r, &req) {
+	if !a.codec.Decode(w, r, &req) {
 		return
 	}
 	leaseFor, err := httpserve.LeaseSeconds(req.LeaseSeconds)
@@ -213,5 +224,5 @@ func (s *Shard) serveExtend(w http.ResponseWriter, r *http.Request) {
 		resp.Results[i].LeaseExpires = &expires[i]
 		resp.Extended++
 	}
-	httpserve.WriteJSON(w, http.StatusOK, resp)
+	a.codec.WriteJSON(w, http.StatusOK, resp)
 }

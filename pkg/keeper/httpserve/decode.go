@@ -11,6 +11,7 @@ import (
 	"reflect"
 	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/renderqueue/renderqueue/pkg/shardapi"
 	"github.com/renderqueue/renderqueue/pkg/shardapi/wire"
@@ -23,10 +24,15 @@ const MaxRequestBytes = 24 << 20
 
 // WriteJSON writes v as the JSON reply with status code (500 when v does not encode). The hot
 // replies (shardapi.ClaimResponse, CompleteResponse and ReleaseResponse) are encoded by package
-// wire into pooled buffers, byte for byte as encoding/json writes them.
+// wire, byte for byte as encoding/json writes them; Codec.WriteJSON reuses their buffers.
 func WriteJSON(w http.ResponseWriter, code int, v any) {
-	bp := replyBuffers.Get().(*[]byte)
-	defer putBuffer(&replyBuffers, bp)
+	writeJSON(w, code, v, nil)
+}
+
+// writeJSON is WriteJSON with the reply buffers of pool (nil: none kept).
+func writeJSON(w http.ResponseWriter, code int, v any, pool *sync.Pool) {
+	bp := getBuffer(pool)
+	defer putBuffer(pool, bp)
 	b, err := appendFast((*bp)[:0], v)
 	if errors.Is(err, errNotFast) {
 		var buf bytes.Buffer
@@ -59,8 +65,14 @@ func WriteError(w http.ResponseWriter, code int, msg string) {
 // A complete or release request with a Content-Length of at most MaxFastBodyBytes is read into
 // a buffer and, when it is in package wire's plain grammar, decoded without reflection (see
 // decodeFast); any other body, or one the fast path declines, is decoded from the same bytes by
-// encoding/json as described above, so the replies are the same.
+// encoding/json as described above, so the replies are the same. Codec.Decode reuses the
+// buffers of those bodies.
 func Decode(w http.ResponseWriter, r *http.Request, v any) bool {
+	return decode(w, r, v, nil)
+}
+
+// decode is Decode with the body buffers of pool (nil: none kept).
+func decode(w http.ResponseWriter, r *http.Request, v any, pool *sync.Pool) bool {
 	body := http.MaxBytesReader(w, r.Body, MaxRequestBytes)
 	var src io.Reader = body
 	if r.ContentLength >= 0 && r.ContentLength <= MaxFastBodyBytes {
@@ -75,8 +87,8 @@ func Decode(w http.ResponseWriter, r *http.Request, v any) bool {
 			fast = false
 		}
 		if fast {
-			bp := bodyBuffers.Get().(*[]byte)
-			defer putBuffer(&bodyBuffers, bp)
+			bp := getBuffer(pool)
+			defer putBuffer(pool, bp)
 			done, ok, read := decodeFast(w, body, r.ContentLength, bp, &scan, v)
 			if done {
 				return ok

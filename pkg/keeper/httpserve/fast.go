@@ -39,17 +39,47 @@ func appendFast(b []byte, v any) ([]byte, error) {
 	return b, errNotFast
 }
 
-// Pooled buffers of replies and request bodies; larger ones are left to the garbage collector.
-var (
-	replyBuffers = sync.Pool{New: func() any { b := make([]byte, 0, 64<<10); return &b }}
-	bodyBuffers  = sync.Pool{New: func() any { b := make([]byte, 0, 64<<10); return &b }}
-)
+// Codec decodes request bodies and writes JSON replies as Decode and WriteJSON do, and keeps the
+// buffers of the hot ones (the complete and release request bodies, the claim, complete and
+// release replies) for the next requests of its handler, up to maxPooledBuffer each; the package
+// functions start each with an empty buffer. A handler makes one Codec and shares it among its
+// requests. The zero value is ready to use; a Codec must not be copied after its first use.
+type Codec struct {
+	replies, bodies sync.Pool // of *[]byte
+}
+
+// WriteJSON is the package's WriteJSON with the Codec's reply buffers.
+func (c *Codec) WriteJSON(w http.ResponseWriter, code int, v any) {
+	writeJSON(w, code, v, &c.replies)
+}
+
+// Decode is the package's Decode with the Codec's body buffers.
+func (c *Codec) Decode(w http.ResponseWriter, r *http.Request, v any) bool {
+	return decode(w, r, v, &c.bodies)
+}
+
+// newPooledBuffer is the capacity of a buffer a Codec makes when it has none to reuse.
+const newPooledBuffer = 64 << 10
 
 // maxPooledBuffer is the largest buffer put back into a pool.
 const maxPooledBuffer = 256 << 10
 
+// getBuffer takes a buffer from p: a kept one, else a new one of newPooledBuffer bytes. A nil p
+// (the package functions) gives an empty buffer, which grows as it is filled.
+func getBuffer(p *sync.Pool) *[]byte {
+	if p == nil {
+		return new([]byte)
+	}
+	if bp, ok := p.Get().(*[]byte); ok {
+		return bp
+	}
+	b := make([]byte, 0, newPooledBuffer)
+	return &b
+}
+
+// putBuffer gives bp back to p (emptied) unless it grew past maxPooledBuffer or p is nil.
 func putBuffer(p *sync.Pool, bp *[]byte) {
-	if cap(*bp) <= maxPooledBuffer {
+	if p != nil && cap(*bp) <= maxPooledBuffer {
 		*bp = (*bp)[:0]
 		p.Put(bp)
 	}

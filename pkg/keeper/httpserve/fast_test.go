@@ -25,9 +25,9 @@ type decoded struct {
 	value  any
 }
 
-// decodeRequest runs Decode on a request with body, read through rd (nil: body as it is) and
-// with Content-Length size.
-func decodeRequest(body []byte, rd io.Reader, size int64, release bool) decoded {
+// decodeRequest runs Decode (c nil) or c.Decode on a request with body, read through rd (nil:
+// body as it is) and with Content-Length size.
+func decodeRequest(c *Codec, body []byte, rd io.Reader, size int64, release bool) decoded {
 	if rd == nil {
 		rd = bytes.NewReader(body)
 	}
@@ -38,19 +38,28 @@ func decodeRequest(body []byte, rd io.Reader, size int64, release bool) decoded 
 	if release {
 		v = &shardapi.ReleaseRequest{}
 	}
-	ok := Decode(rec, req, v)
+	decode := Decode
+	if c != nil {
+		decode = c.Decode
+	}
+	ok := decode(rec, req, v)
 	return decoded{ok: ok, code: rec.Code, header: rec.Header(), body: rec.Body.String(), value: v}
 }
 
-// sameAsStreaming decodes body through the fast path (its Content-Length known, read through rd)
-// and through the streaming decoding (no Content-Length), and fails the test unless both did the
-// same. It returns what the fast path did.
-func sameAsStreaming(t *testing.T, body []byte, rd io.Reader, release bool) decoded {
+// sameAsStreaming decodes body through the fast path (its Content-Length known, read chunk bytes
+// at a time), once with c's buffers and once without, and through the streaming decoding (no
+// Content-Length), and fails the test unless all did the same. It returns what the fast path did
+// with c's buffers.
+func sameAsStreaming(t *testing.T, c *Codec, body []byte, chunk int, release bool) decoded {
 	t.Helper()
-	fast := decodeRequest(body, rd, int64(len(body)), release)
-	ref := decodeRequest(body, nil, -1, release)
+	fast := decodeRequest(c, body, &chunked{b: body, n: chunk}, int64(len(body)), release)
+	unpooled := decodeRequest(nil, body, &chunked{b: body, n: chunk}, int64(len(body)), release)
+	ref := decodeRequest(nil, body, nil, -1, release)
 	if !reflect.DeepEqual(fast, ref) {
 		t.Errorf("%.200q (release %v):\n fast      %.300v\n streaming %.300v", body, release, fast, ref)
+	}
+	if !reflect.DeepEqual(unpooled, ref) {
+		t.Errorf("%.200q (release %v):\n fast without a Codec %.300v\n streaming            %.300v", body, release, unpooled, ref)
 	}
 	return fast
 }
@@ -71,7 +80,7 @@ func (c *chunked) Read(p []byte) (int, error) {
 }
 
 // FuzzDecodeFast compares Decode's fast path with the streaming decoding on any body, read in
-// pieces of any size.
+// pieces of any size, the fast path also with the buffers a Codec kept from the bodies before.
 func FuzzDecodeFast(f *testing.F) {
 	next := time.Date(2099, 12, 31, 23, 59, 59, 999_999_999, time.FixedZone("", -(11*3600+30*60)))
 	for _, v := range []any{
@@ -93,8 +102,9 @@ func FuzzDecodeFast(f *testing.F) {
 		f.Add([]byte(s), false, uint8(3))
 		f.Add([]byte(s), true, uint8(1))
 	}
+	var c Codec
 	f.Fuzz(func(t *testing.T, body []byte, release bool, chunk uint8) {
-		sameAsStreaming(t, body, &chunked{b: body, n: int(chunk) + 1}, release)
+		sameAsStreaming(t, &c, body, int(chunk)+1, release)
 	})
 }
 
@@ -136,8 +146,10 @@ func (r *timeoutReader) Read(p []byte) (int, error) {
 
 // TestDecodeFastSameAsStreaming: the limits and errors of big or odd bodies are the same
 // through the fast path as through the streaming decoding: the item limit (at the same item),
-// bad items before it, a body cut short by a timeout, bodies longer or shorter than declared.
+// bad items before it, a body cut short by a timeout, bodies longer or shorter than declared;
+// also when one Codec's buffers are reused from body to body.
 func TestDecodeFastSameAsStreaming(t *testing.T) {
+	var c Codec
 	max := shardapi.MaxClaim
 	badAt := func(j int, bad string) func(int) string {
 		return func(i int) string {
@@ -167,7 +179,7 @@ func TestDecodeFastSameAsStreaming(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			for _, release := range []bool{false, true} {
-				got := sameAsStreaming(t, tc.body, &chunked{b: tc.body, n: 1500}, release)
+				got := sameAsStreaming(t, &c, tc.body, 1500, release)
 				if got.code != tc.wantCode {
 					t.Errorf("release %v: %d %.200s, want %d", release, got.code, got.body, tc.wantCode)
 				}
@@ -176,7 +188,7 @@ func TestDecodeFastSameAsStreaming(t *testing.T) {
 	}
 
 	body := itemsBody(3, plainItem, `]}`)
-	ref := decodeRequest(body, nil, -1, false)
+	ref := decodeRequest(nil, body, nil, -1, false)
 	for _, tc := range []struct {
 		name string
 		rd   io.Reader
@@ -186,14 +198,14 @@ func TestDecodeFastSameAsStreaming(t *testing.T) {
 		{"declared shorter", bytes.NewReader(body), int64(len(body)) - 10},
 		{"declared empty", bytes.NewReader(body), 0},
 	} {
-		fast := decodeRequest(body, tc.rd, tc.size, false)
+		fast := decodeRequest(&c, body, tc.rd, tc.size, false)
 		if !reflect.DeepEqual(fast, ref) {
 			t.Errorf("%s: fast %+v, streaming %+v", tc.name, fast, ref)
 		}
 	}
 	for _, cut := range []int{0, 5, len(body) - 1} {
-		fast := decodeRequest(body, &timeoutReader{b: body[:cut]}, int64(len(body)), false)
-		ref := decodeRequest(body, &timeoutReader{b: body[:cut]}, -1, false)
+		fast := decodeRequest(&c, body, &timeoutReader{b: body[:cut]}, int64(len(body)), false)
+		ref := decodeRequest(nil, body, &timeoutReader{b: body[:cut]}, -1, false)
 		if !reflect.DeepEqual(fast, ref) || fast.code != http.StatusRequestTimeout {
 			t.Errorf("timeout after %d bytes: fast %+v, streaming %+v", cut, fast, ref)
 		}
@@ -229,8 +241,9 @@ func TestDecodeFastTakesPlainBodies(t *testing.T) {
 }
 
 // TestWriteJSONSameAsEncoder: the hot replies are written byte for byte as json.Encoder writes
-// them, and fail as it fails.
+// them, and fail as it fails, by WriteJSON and by a Codec reusing its buffers from reply to reply.
 func TestWriteJSONSameAsEncoder(t *testing.T) {
+	var c Codec
 	tm := time.Date(2024, 2, 29, 23, 59, 59, 120000000, time.FixedZone("", 5*3600+30*60))
 	row := shardapi.ClaimedRow{Key: "a<b>&c\u2028\xff", Due: tm, Cadence: 1e-7, Route: "r", Source: "s", Urgent: true,
 		Lease: "0000000000000001", LeaseExpires: tm}
@@ -246,17 +259,22 @@ func TestWriteJSONSameAsEncoder(t *testing.T) {
 		shardapi.ReleaseResponse{Released: -1, Results: results}, (*shardapi.ReleaseResponse)(nil), (*shardapi.ClaimResponse)(nil),
 		shardapi.Error{Error: "<x>"}, map[string]string{"status": "ok"},
 	} {
-		fast := httptest.NewRecorder()
-		WriteJSON(fast, http.StatusOK, v)
 		var want bytes.Buffer
 		err := json.NewEncoder(&want).Encode(v)
-		switch {
-		case err != nil && fast.Code != http.StatusInternalServerError:
-			t.Errorf("%T: encoding/json fails (%v), WriteJSON wrote %d %s", v, err, fast.Code, fast.Body)
-		case err == nil && (fast.Code != http.StatusOK || fast.Body.String() != want.String()):
-			t.Errorf("%T: WriteJSON wrote %d\n%s\nencoding/json\n%s", v, fast.Code, fast.Body, want.String())
-		case err == nil && fast.Header().Get("Content-Type") != "application/json":
-			t.Errorf("%T: Content-Type %q", v, fast.Header().Get("Content-Type"))
+		for _, write := range []struct {
+			name string
+			f    func(http.ResponseWriter, int, any)
+		}{{"WriteJSON", WriteJSON}, {"Codec.WriteJSON", c.WriteJSON}} {
+			fast := httptest.NewRecorder()
+			write.f(fast, http.StatusOK, v)
+			switch {
+			case err != nil && fast.Code != http.StatusInternalServerError:
+				t.Errorf("%T: encoding/json fails (%v), %s wrote %d %s", v, err, write.name, fast.Code, fast.Body)
+			case err == nil && (fast.Code != http.StatusOK || fast.Body.String() != want.String()):
+				t.Errorf("%T: %s wrote %d\n%s\nencoding/json\n%s", v, write.name, fast.Code, fast.Body, want.String())
+			case err == nil && fast.Header().Get("Content-Type") != "application/json":
+				t.Errorf("%T: %s: Content-Type %q", v, write.name, fast.Header().Get("Content-Type"))
+			}
 		}
 	}
 }
@@ -274,9 +292,10 @@ func TestFormatLease(t *testing.T) {
 	}
 }
 
-// BenchmarkDecodeComplete runs Decode on a 500-row complete request (64-byte keys, as the
-// end-to-end bench's workers send): without a Content-Length it takes the streaming decoding
-// (encoding/json item by item, what every request took before), with one the fast path.
+// BenchmarkDecodeComplete runs a Codec's Decode (as the keeper's handler does) on a 500-row
+// complete request (64-byte keys, as the end-to-end bench's workers send): without a
+// Content-Length it takes the streaming decoding (encoding/json item by item, what every request
+// took before), with one the fast path, in the Codec's reused buffer.
 func BenchmarkDecodeComplete(b *testing.B) {
 	const rows = 500
 	req := shardapi.CompleteRequest{Items: make([]shardapi.Completion, rows)}
@@ -291,12 +310,13 @@ func BenchmarkDecodeComplete(b *testing.B) {
 		b.Run(path.name, func(b *testing.B) {
 			b.ReportAllocs()
 			rd := bytes.NewReader(body)
+			var c Codec
 			for b.Loop() {
 				rd.Reset(body)
 				r := httptest.NewRequest(http.MethodPost, "/v1/complete", rd)
 				r.ContentLength = path.size
 				var got shardapi.CompleteRequest
-				if !Decode(httptest.NewRecorder(), r, &got) || len(got.Items) != rows {
+				if !c.Decode(httptest.NewRecorder(), r, &got) || len(got.Items) != rows {
 					b.Fatal("not decoded")
 				}
 			}
