@@ -15,7 +15,7 @@ import (
 
 // runSchema is `renderqueue schema migrate --dsn ...`: apply the embedded schema migrations.
 func runSchema(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	const usage = "usage: renderqueue schema migrate --dsn DSN [--partitions N] [--timeout 5m]"
+	const usage = "usage: renderqueue schema migrate --dsn DSN [--version N] [--partitions N] [--timeout 5m]"
 	if len(args) > 0 && (args[0] == "-h" || args[0] == "--help" || args[0] == "-help" || args[0] == "help") {
 		_, _ = fmt.Fprintln(stderr, usage)
 		return flag.ErrHelp
@@ -26,11 +26,22 @@ func runSchema(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	}
 	fs := flag.NewFlagSet("schema migrate", flag.ContinueOnError)
 	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		_, _ = fmt.Fprintln(stderr, usage)
+		_, _ = fmt.Fprintf(stderr, "\nApplies the embedded schema migrations the database lacks, up to the newest this binary knows\n"+
+			"(version %d) or to --version, in one transaction; running it again applies nothing. Migrations\n"+
+			"only go up: a --version below the database's fails and changes nothing.\n", postgres.SchemaVersion())
+		fs.PrintDefaults()
+	}
 	dsn := fs.String("dsn", os.Getenv("RENDERQUEUE_DSN"), "PostgreSQL connection string (default $RENDERQUEUE_DSN)")
 	timeout := fs.Duration("timeout", 5*time.Minute, "give up after this long")
 	partitions := fs.Int("partitions", 0, "create render_schedule as N hash partitions of the key (2..1024; only when the schema is created; docs/scale.md)")
+	version := fs.Int("version", 0, fmt.Sprintf("migrate up to this schema version (1..%d; not below the database's), 0: the newest", postgres.SchemaVersion()))
 	if err := fs.Parse(args[1:]); err != nil {
 		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
 	if strings.TrimSpace(*dsn) == "" {
 		return errors.New("--dsn (or RENDERQUEUE_DSN) is required")
@@ -42,7 +53,7 @@ func runSchema(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return err
 	}
 	defer func() { _ = st.Close() }()
-	res, err := postgres.MigratePoolWith(ctx, st.Pool(), postgres.MigrateOptions{Partitions: *partitions})
+	res, err := postgres.MigratePoolWith(ctx, st.Pool(), postgres.MigrateOptions{Partitions: *partitions, Version: *version})
 	if err != nil {
 		return err
 	}

@@ -90,8 +90,9 @@ type MigrateOptions struct {
 	// asking for it on an existing schema with another layout fails and changes nothing. 0 takes
 	// an existing schema as it is (and creates one table).
 	Partitions int
-	// Version, when not 0, is the version to migrate to (migrations after it are not applied; a
-	// schema already past it is left as it is). 0 migrates to SchemaVersion.
+	// Version, when not 0, is the version to migrate to: migrations after it are not applied.
+	// It must be within 1..SchemaVersion and not below the database's version (migrations only go
+	// up); another fails and changes nothing. 0 migrates to SchemaVersion.
 	Version int
 }
 
@@ -114,7 +115,7 @@ func MigratePoolWith(ctx context.Context, pool *pgxpool.Pool, opts MigrateOption
 		return res, err
 	}
 	if opts.Version < 0 || opts.Version > ms[len(ms)-1].Version {
-		return res, fmt.Errorf("version %d: want 0 (the newest) or 1..%d", opts.Version, ms[len(ms)-1].Version)
+		return res, fmt.Errorf("schema version %d: want 0 (the newest) or 1..%d (the newest this binary knows)", opts.Version, ms[len(ms)-1].Version)
 	}
 	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", int64(migrationLockID)); err != nil {
@@ -132,6 +133,9 @@ func MigratePoolWith(ctx context.Context, pool *pgxpool.Pool, opts MigrateOption
 		res.To = res.From
 		if latest := ms[len(ms)-1].Version; res.From > latest {
 			return fmt.Errorf("database schema is at version %d, newer than this binary's %d: upgrade renderqueue", res.From, latest)
+		}
+		if opts.Version > 0 && opts.Version < res.From {
+			return fmt.Errorf("schema version %d: the database is already at version %d, and migrations only go up", opts.Version, res.From)
 		}
 		if res.From > 0 && opts.Partitions > 0 {
 			var parts int

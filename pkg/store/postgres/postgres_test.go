@@ -213,7 +213,8 @@ func TestWriterRev(t *testing.T) {
 	}
 }
 
-// TestSchemaVersion: migrations are recorded, and rerunning applies nothing.
+// TestSchemaVersion: migrations are recorded, and rerunning applies nothing; MigrateOptions.Version
+// migrates up to a version and refuses one it cannot migrate to.
 func TestSchemaVersion(t *testing.T) {
 	st, _ := openTestStore(t, Options{})
 	res, err := MigratePool(context.Background(), st.pool)
@@ -223,22 +224,53 @@ func TestSchemaVersion(t *testing.T) {
 	if res.From != SchemaVersion() || res.To != SchemaVersion() || len(res.Applied) != 0 {
 		t.Errorf("second migration: %+v, want a no-op at version %d", res, SchemaVersion())
 	}
-	// MigrateOptions.Version stops at a version; a schema past it is left as it is
+	// MigrateOptions.Version stops at a version, and the same version again applies nothing; a
+	// version below the schema's, a negative one or one past the newest fails and changes nothing
 	plain := pgtest.NewDatabase(t)
 	pool, err := pgxpool.New(context.Background(), plain)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer pool.Close()
-	for _, step := range []struct{ version, from, to int }{{2, 0, 2}, {1, 2, 2}, {0, 2, SchemaVersion()}} {
+	for _, step := range []struct {
+		version, from, to int
+		err               string
+	}{
+		{SchemaVersion() + 1, 0, 0, "want 0 (the newest) or 1.."},
+		{2, 0, 2, ""}, {2, 2, 2, ""},
+		{1, 2, 2, "already at version 2"},
+		{-1, 2, 2, "want 0 (the newest) or 1.."},
+		{SchemaVersion() + 1, 2, 2, "want 0 (the newest) or 1.."},
+		{0, 2, SchemaVersion(), ""},
+		{SchemaVersion() - 1, SchemaVersion(), SchemaVersion(), fmt.Sprintf("already at version %d", SchemaVersion())},
+	} {
 		res, err := MigratePoolWith(context.Background(), pool, MigrateOptions{Version: step.version})
-		if err != nil || res.From != step.from || res.To != step.to {
+		switch {
+		case step.err == "" && (err != nil || res.From != step.from || res.To != step.to):
 			t.Errorf("migrating to version %d: %+v, %v; want from %d to %d", step.version, res, err, step.from, step.to)
+		case step.err != "" && (err == nil || !strings.Contains(err.Error(), step.err)):
+			t.Errorf("migrating to version %d at version %d: %+v, %v; want an error saying %q", step.version, step.from, res, err, step.err)
+		}
+		if now := recordedVersion(t, pool); now != step.to {
+			t.Errorf("after migrating to version %d: the schema is at version %d, want %d", step.version, now, step.to)
 		}
 	}
-	if _, err := MigratePoolWith(context.Background(), pool, MigrateOptions{Version: SchemaVersion() + 1}); err == nil {
-		t.Errorf("migrating to version %d: no error", SchemaVersion()+1)
+}
+
+// recordedVersion is the schema version recorded in the database: 0 without the table of
+// versions.
+func recordedVersion(t *testing.T, pool *pgxpool.Pool) int {
+	t.Helper()
+	var v int
+	var exists bool
+	err := pool.QueryRow(context.Background(), `SELECT to_regclass('renderqueue_schema_migrations') IS NOT NULL`).Scan(&exists)
+	if err == nil && exists {
+		err = pool.QueryRow(context.Background(), `SELECT coalesce(max(version), 0) FROM renderqueue_schema_migrations`).Scan(&v)
 	}
+	if err != nil {
+		t.Fatalf("reading the schema version: %v", err)
+	}
+	return v
 }
 
 // TestCompletionsAreHOT measures that completions are heap-only-tuple updates: 20,000 rows,
