@@ -307,11 +307,17 @@ func BenchmarkHOT(b *testing.B) {
 //
 //	shipped           the statement and schema as they are
 //	rev-trigger       the statement leaves rev to the PL/pgSQL row trigger (before schema 3)
-//	no-change-events  the change-event trigger disabled (what signing and NOTIFY cost)
+//	no-notify         the change-event trigger builds and signs its payloads but sends none
+//	                  (what pg_notify costs, by difference with shipped)
+//	empty-trigger     the change-event trigger does nothing: the statement still collects its
+//	                  transition table (what building and signing the payloads costs, by
+//	                  difference with no-notify)
+//	no-change-events  the change-event trigger disabled (what collecting the rows costs, by
+//	                  difference with empty-trigger)
 //	btree-lookup      also without the key's hash index: rows found through the primary key's
 //	                  btree (before schema 5)
 //
-// The variants change the table, so they run in this order on a database of their own.
+// The variants change the schema, so they run in this order on a database of their own.
 func BenchmarkCompleteStatement(b *testing.B) {
 	st, keys := stmtDB.fill(b, 1_000_000)
 	ctx := context.Background()
@@ -319,6 +325,7 @@ func BenchmarkCompleteStatement(b *testing.B) {
 	if revTriggerSQL == completeSQL {
 		b.Fatal("completeSQL no longer stamps rev itself: update this benchmark")
 	}
+	noNotifySQL, emptyTriggerSQL := notifyVariants(b)
 	exec := func(b *testing.B, sql string) {
 		b.Helper()
 		if _, err := st.pool.Exec(ctx, sql); err != nil {
@@ -332,6 +339,8 @@ func BenchmarkCompleteStatement(b *testing.B) {
 	}{
 		{"shipped", completeSQL, ""},
 		{"rev-trigger", revTriggerSQL, ""},
+		{"no-notify", completeSQL, noNotifySQL},
+		{"empty-trigger", completeSQL, emptyTriggerSQL},
 		{"no-change-events", completeSQL, "ALTER TABLE render_schedule DISABLE TRIGGER render_schedule_notify_update"},
 		{"btree-lookup", completeSQL, "DROP INDEX IF EXISTS render_schedule_key_lookup"},
 	} {
@@ -391,4 +400,34 @@ func BenchmarkCompleteStatement(b *testing.B) {
 			}
 		})
 	}
+}
+
+// notifyVariants returns the change-event trigger function of the newest migration that defines
+// it, rewritten to build and sign its payloads without sending them (noNotify), and one that does
+// nothing (empty), as statements replacing the schema's function.
+func notifyVariants(b *testing.B) (noNotify, empty string) {
+	b.Helper()
+	ms, err := Migrations()
+	if err != nil {
+		b.Fatal(err)
+	}
+	const head = "CREATE OR REPLACE FUNCTION render_schedule_notify() RETURNS trigger"
+	var fn string
+	for _, m := range ms {
+		if i := strings.Index(m.SQL, head); i >= 0 {
+			end := strings.Index(m.SQL[i:], "$fn$;")
+			if end < 0 {
+				b.Fatalf("%s: render_schedule_notify() has no end", m.Name)
+			}
+			fn = m.SQL[i : i+end+len("$fn$")]
+		}
+	}
+	send := "PERFORM pg_notify(p.channel, '2' || ts || ','"
+	noNotify = strings.Replace(fn, send, "PERFORM octet_length(p.channel || '2' || ts || ','", 1)
+	if fn == "" || noNotify == fn {
+		b.Fatal("render_schedule_notify() no longer sends as this benchmark expects: update it")
+	}
+	body := fn[strings.Index(fn, "$fn$"):]
+	empty = strings.Replace(fn, body, "$fn$ BEGIN RETURN NULL; END $fn$", 1)
+	return noNotify, empty
 }
