@@ -335,6 +335,7 @@ func (s *Shard) Walk(ctx context.Context, full bool) WalkReport {
 			n := min(len(rows), walkStepRows)
 			s.mu.Lock()
 			now := s.clock()
+			s.core.Prefetch(n, func(i int) string { return rows[i].Key })
 			for i := range rows[:n] {
 				s.core.WalkRow(now, rows[i])
 			}

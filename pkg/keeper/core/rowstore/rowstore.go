@@ -98,6 +98,27 @@ func (s *Store) FindFrom(key string, id uint32) (uint32, bool) {
 	return s.Find(key)
 }
 
+// Prefetch reads what a lookup of key reads first: its index entry and, when that entry's
+// fingerprint matches, the record and key bytes it points to. It changes nothing. Called for
+// each key of a batch before the batch is looked up, it lets the memory reads of different keys
+// overlap, where lookups one by one wait for each other's cache misses (most of a lookup's time
+// once the index is larger than the CPU's caches). The result only keeps the reads from being
+// optimised away.
+func (s *Store) Prefetch(key string) uint32 {
+	ix := &s.index
+	if ix.n == 0 {
+		return 0
+	}
+	h := maphash.String(ix.seed, key)
+	e := ix.slots[h&ix.mask()]
+	if e != 0 && e&^idMask == entry(h, 0)&^idMask {
+		r := s.recs.at(e&idMask - 1)
+		c := s.keys.chunks[r.keyOff/arenaChunk]
+		return e + uint32(c[r.keyOff%arenaChunk])
+	}
+	return e
+}
+
 // Add holds a new record for key (not held) and returns its id: flag Held set, everything else
 // zero. The caller makes sure fewer than MaxRows records are held.
 func (s *Store) Add(key string) uint32 {

@@ -146,3 +146,48 @@ func TestFindFrom(t *testing.T) {
 		t.Error("FindFrom found a removed key at its freed record")
 	}
 }
+
+// TestPrefetchChangesNothing reads ahead keys held, removed, never held and empty, in an empty
+// store, a populated one and one emptied again, and checks that the store is as it was: every
+// lookup the same, the invariants intact.
+func TestPrefetchChangesNothing(t *testing.T) {
+	s := New()
+	keys := []string{"", "k0", "k1", "k50", "gone", "never", strings.Repeat("x", 300)}
+	check := func(stage string) {
+		t.Helper()
+		type found struct {
+			id uint32
+			ok bool
+		}
+		before := map[string]found{}
+		for _, k := range keys {
+			id, ok := s.Find(k)
+			before[k] = found{id, ok}
+		}
+		n := s.Len()
+		for _, k := range keys {
+			s.Prefetch(k)
+		}
+		if s.Len() != n {
+			t.Errorf("%s: Len %d after Prefetch, was %d", stage, s.Len(), n)
+		}
+		for _, k := range keys {
+			if id, ok := s.Find(k); (found{id, ok}) != before[k] {
+				t.Errorf("%s: Find(%q) = %d, %v after Prefetch, was %+v", stage, k, id, ok, before[k])
+			}
+		}
+		if err := s.Check(); err != nil {
+			t.Errorf("%s: %v", stage, err)
+		}
+	}
+	check("empty")
+	for i := range 100 {
+		s.Add(fmt.Sprintf("k%d", i))
+	}
+	s.Add(strings.Repeat("x", 300))
+	gone := s.Add("gone")
+	s.Remove(gone)
+	check("populated")
+	s.Each(func(id uint32, _ *Rec) { s.Remove(id) })
+	check("emptied")
+}
