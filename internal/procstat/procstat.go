@@ -1,5 +1,6 @@
-// Package procstat reads a process's CPU time from Linux's /proc, for the benchmarks that say
-// where CPU goes (pkg/bench, the store's statement benchmark).
+// Package procstat reads a process's and the machine's CPU time from Linux's /proc, for the
+// benchmarks that say where CPU goes and how much of it the hypervisor took (pkg/bench, the
+// store's statement benchmark, the keeper's load and latency benchmarks).
 package procstat
 
 import (
@@ -38,31 +39,66 @@ func CPU(pid int) (time.Duration, bool) {
 	return time.Duration(utime+stime) * time.Second / clockTicks, true
 }
 
-// Machine returns the busy and total CPU time of the machine so far, from /proc/stat (false
-// when it cannot be read).
-func Machine() (busy, total time.Duration, ok bool) {
+// Times is the machine's CPU time so far, summed over its CPUs.
+type Times struct {
+	// Busy is the time the CPUs ran something: user, nice, system, irq and softirq (a guest's
+	// time is counted within user and nice).
+	Busy time.Duration
+	// Steal is the time the CPUs were ready to run but the hypervisor ran something else (the
+	// virtual machine's host is busy): waits that no code here can avoid, which show as latency.
+	Steal time.Duration
+	// Total is all of it: busy, idle, iowait and steal.
+	Total time.Duration
+}
+
+// Sub returns the times between an earlier reading a and t.
+func (t Times) Sub(a Times) Times {
+	return Times{Busy: t.Busy - a.Busy, Steal: t.Steal - a.Steal, Total: t.Total - a.Total}
+}
+
+// StealShare returns the share of Total that was stolen, 0..1 (0 for no time).
+func (t Times) StealShare() float64 {
+	if t.Total <= 0 {
+		return 0
+	}
+	return float64(t.Steal) / float64(t.Total)
+}
+
+// Machine returns the machine's CPU times so far, from /proc/stat (false when it cannot be
+// read).
+func Machine() (Times, bool) {
 	b, err := os.ReadFile("/proc/stat")
 	if err != nil {
-		return 0, 0, false
+		return Times{}, false
 	}
-	line, _, _ := strings.Cut(string(b), "\n")
+	return parseStat(string(b))
+}
+
+// parseStat reads the first line of /proc/stat: "cpu" and, in USER_HZ ticks, user nice system
+// idle iowait irq softirq steal guest guest_nice (older kernels stop earlier).
+func parseStat(stat string) (Times, bool) {
+	line, _, _ := strings.Cut(stat, "\n")
 	f := strings.Fields(line)
 	if len(f) < 5 || f[0] != "cpu" {
-		return 0, 0, false
+		return Times{}, false
 	}
-	var sum, idle int64
+	var busy, steal, total int64
 	for i, v := range f[1:] {
 		n, err := strconv.ParseInt(v, 10, 64)
-		if err != nil {
-			return 0, 0, false
+		if err != nil || n < 0 {
+			return Times{}, false
 		}
-		if i == 7 || i == 8 { // guest time is already counted in user
+		switch i {
+		case 3, 4: // idle, iowait
+		case 7: // steal
+			steal += n
+		case 8, 9: // guest, guest_nice: already counted in user and nice
 			continue
+		default:
+			busy += n
 		}
-		sum += n
-		if i == 3 || i == 4 { // idle, iowait
-			idle += n
-		}
+		total += n
 	}
-	return time.Duration(sum-idle) * time.Second / clockTicks, time.Duration(sum) * time.Second / clockTicks, true
+	tick := func(n int64) time.Duration { return time.Duration(n) * time.Second / clockTicks }
+	return Times{Busy: tick(busy), Steal: tick(steal), Total: tick(total)}, true
 }

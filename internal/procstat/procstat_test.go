@@ -31,13 +31,42 @@ func TestCPUOfThisProcess(t *testing.T) {
 
 }
 
-// TestMachine: the machine's busy time is at most its total, and both are read.
+// TestMachine: the machine's times are read, and busy and stolen time are parts of the total.
 func TestMachine(t *testing.T) {
-	busy, total, ok := Machine()
+	m, ok := Machine()
 	if !ok {
 		t.Skip("no /proc/stat here")
 	}
-	if total <= 0 || busy < 0 || busy > total {
-		t.Errorf("busy %v of %v", busy, total)
+	if m.Total <= 0 || m.Busy < 0 || m.Steal < 0 || m.Busy+m.Steal > m.Total {
+		t.Errorf("busy %v and steal %v of %v", m.Busy, m.Steal, m.Total)
+	}
+}
+
+// TestParseStat reads /proc/stat's first line field by field: steal is its own, guest time is
+// not counted twice, and a line that is not the machine's is refused.
+func TestParseStat(t *testing.T) {
+	for _, tc := range []struct {
+		stat string
+		want Times // in ticks of 10 ms
+		ok   bool
+	}{
+		// user nice system idle iowait irq softirq steal guest guest_nice
+		{"cpu  100 20 30 400 50 6 7 80 9 1\ncpu0 1 2 3 4 5 6 7 8 9 1\n", Times{Busy: 163, Steal: 80, Total: 693}, true},
+		// an older kernel: no steal or guest fields
+		{"cpu 100 20 30 400 50\n", Times{Busy: 150, Total: 600}, true},
+		{"cpu0 100 20 30 400 50 6 7 80 9 1\n", Times{}, false}, // one CPU's line, not the machine's
+		{"cpu 100 20\n", Times{}, false},                       // too short
+		{"cpu 100 20 x 400 50\n", Times{}, false},              // not a number
+		{"", Times{}, false},
+	} {
+		got, ok := parseStat(tc.stat)
+		want := Times{Busy: tc.want.Busy * 10 * time.Millisecond, Steal: tc.want.Steal * 10 * time.Millisecond,
+			Total: tc.want.Total * 10 * time.Millisecond}
+		if ok != tc.ok || (ok && got != want) {
+			t.Errorf("parseStat(%q) = %+v, %v; want %+v, %v", tc.stat, got, ok, want, tc.ok)
+		}
+	}
+	if s := (Times{Steal: time.Second, Total: 4 * time.Second}).StealShare(); s != 0.25 {
+		t.Errorf("StealShare = %v, want 0.25", s)
 	}
 }

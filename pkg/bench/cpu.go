@@ -35,7 +35,7 @@ type cpuSample struct {
 	keeper    time.Duration
 	self      time.Duration
 	pg        map[int]time.Duration // by PostgreSQL process
-	busy, all time.Duration
+	machine   procstat.Times
 	pgOK      bool
 	keeperOK  bool
 	machineOK bool
@@ -60,7 +60,7 @@ func sampleCPU(ctx context.Context, q querier, keeperPID int) cpuSample {
 		s.keeper, s.keeperOK = procstat.CPU(keeperPID)
 	}
 	s.self, _ = procstat.CPU(os.Getpid())
-	s.busy, s.all, s.machineOK = procstat.Machine()
+	s.machine, s.machineOK = procstat.Machine()
 	rows, err := q.Query(ctx, "SELECT pid FROM pg_stat_activity")
 	if err != nil {
 		return s
@@ -87,14 +87,14 @@ func sampleCPU(ctx context.Context, q querier, keeperPID int) cpuSample {
 // cpuUse is the CPU a run used, by whom.
 type cpuUse struct {
 	Keeper, Clients, Postgres time.Duration
-	// Busy is the machine's busy CPU time and Total its CPU time available over the run.
-	Busy, Total time.Duration
+	// Machine is the machine's CPU time over the run: busy, stolen by the hypervisor, in all.
+	Machine procstat.Times
 	// KeeperOK, PostgresOK and MachineOK say which figures were measured.
 	KeeperOK, PostgresOK, MachineOK bool
 }
 
 func cpuBetween(a, b cpuSample) cpuUse {
-	u := cpuUse{Keeper: b.keeper - a.keeper, Clients: b.self - a.self, Busy: b.busy - a.busy, Total: b.all - a.all,
+	u := cpuUse{Keeper: b.keeper - a.keeper, Clients: b.self - a.self, Machine: b.machine.Sub(a.machine),
 		KeeperOK: a.keeperOK && b.keeperOK, PostgresOK: a.pgOK && b.pgOK, MachineOK: a.machineOK && b.machineOK}
 	for pid, d := range b.pg {
 		u.Postgres += d - a.pg[pid] // a process that started during the run counts whole

@@ -17,7 +17,7 @@ func (r Report) Write(w io.Writer) error {
 	fmt.Fprintf(&b, "keeper loaded %d rows in %v\n\n", r.Rows, r.KeeperLoad.Round(time.Millisecond))
 	tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
 	row := func(format string, a ...any) { _, _ = fmt.Fprintf(tw, format, a...) }
-	row("%s\n", "queue\tshape\trows/s\tclaim p50\tclaim p99\tcomplete p50\tcomplete p99\tverified\tCPU µs/row (keeper, clients, PostgreSQL)\tmachine busy\t")
+	row("%s\n", "queue\tshape\trows/s\tclaim p50\tclaim p99\tcomplete p50\tcomplete p99\tverified\tCPU µs/row (keeper, clients, PostgreSQL)\tmachine busy, stolen\t")
 	line := func(name string, res RunResult) {
 		verified := fmt.Sprintf("%d/%d", res.Verified, res.Completed)
 		note := ""
@@ -80,9 +80,12 @@ func cpuPerRow(r RunResult) string {
 	return fmt.Sprintf("%s, %s, %s", per(r.CPU.Keeper, r.CPU.KeeperOK), per(r.CPU.Clients, true), per(r.CPU.Postgres, r.CPU.PostgresOK))
 }
 
+// busy is the machine's busy share over the run and the share the hypervisor stole (time the
+// CPUs were ready to run and the host ran something else: a run's latencies include it).
 func busy(c cpuUse) string {
-	if !c.MachineOK || c.Total <= 0 {
+	m := c.Machine
+	if !c.MachineOK || m.Total <= 0 {
 		return "n/a"
 	}
-	return fmt.Sprintf("%.0f%%", 100*float64(c.Busy)/float64(c.Total))
+	return fmt.Sprintf("%.0f%%, stolen %.0f%%", 100*float64(m.Busy)/float64(m.Total), 100*m.StealShare())
 }

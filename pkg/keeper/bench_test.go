@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/renderqueue/renderqueue/internal/procstat"
 	"github.com/renderqueue/renderqueue/pkg/keeper/core"
 	"github.com/renderqueue/renderqueue/pkg/keeper/core/coretest"
 	"github.com/renderqueue/renderqueue/pkg/keeper/coverage"
@@ -79,6 +80,10 @@ type claimStats struct {
 	claimed    int
 	overruns   int // claim rounds that started late because the previous one overran Every
 	maxLockGap time.Duration
+	// machine is the machine's CPU time over the run (ok: it was read): the time stolen by the
+	// hypervisor shows in the latencies, whatever the code does.
+	machine   procstat.Times
+	machineOK bool
 }
 
 func (s *claimStats) quantile(v []time.Duration, q float64) time.Duration {
@@ -96,6 +101,11 @@ func (l claimLoad) run(stop <-chan struct{}) *claimStats {
 		mu    sync.Mutex
 		stats = &claimStats{}
 	)
+	m0, ok0 := procstat.Machine()
+	defer func() {
+		m1, ok1 := procstat.Machine()
+		stats.machine, stats.machineOK = m1.Sub(m0), ok0 && ok1
+	}()
 	rev := int64(1 << 40) // above every rev of the core
 	var revMu sync.Mutex
 	nextRev := func(k int) int64 {
@@ -245,6 +255,9 @@ func (s *claimStats) report(b *testing.B, secs float64) {
 	b.ReportMetric(float64(s.events)/secs, "events/s")
 	b.ReportMetric(float64(s.maxLockGap.Microseconds())/1000, "max-lock-wait-ms")
 	b.ReportMetric(float64(s.overruns), "overruns")
+	if s.machineOK {
+		b.ReportMetric(100*s.machine.StealShare(), "steal-%")
+	}
 }
 
 // benchClaimSeconds is how long each BenchmarkClaimLatency run lasts (BENCH_CLAIM_SECONDS,

@@ -10,6 +10,7 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/renderqueue/renderqueue/internal/procstat"
 	"github.com/renderqueue/renderqueue/pkg/keeper/core/coretest"
 	"github.com/renderqueue/renderqueue/pkg/store/postgres"
 	"github.com/renderqueue/renderqueue/pkg/store/postgres/pgtest"
@@ -75,6 +76,8 @@ func BenchmarkShardLoad(b *testing.B) {
 			b.Run("load", func(b *testing.B) {
 				var total, cpu time.Duration
 				var heap float64
+				var machine procstat.Times
+				machineOK := true
 				for b.Loop() {
 					if sh != nil {
 						_ = sh.sub.Close()
@@ -86,6 +89,7 @@ func BenchmarkShardLoad(b *testing.B) {
 						b.Fatal(err)
 					}
 					start, cpu0 := time.Now(), processCPU()
+					m0, ok0 := procstat.Machine()
 					if err := sh.Subscribe(ctx); err != nil {
 						b.Fatal(err)
 					}
@@ -93,6 +97,10 @@ func BenchmarkShardLoad(b *testing.B) {
 					took := time.Since(start)
 					total += took
 					cpu += processCPU() - cpu0
+					m1, ok1 := procstat.Machine()
+					d := m1.Sub(m0)
+					machine = procstat.Times{Busy: machine.Busy + d.Busy, Steal: machine.Steal + d.Steal, Total: machine.Total + d.Total}
+					machineOK = machineOK && ok0 && ok1
 					if rep.Failed || rep.Partial || rep.Counts.Scanned != n || !sh.Ready() || sh.core.Held() != n {
 						b.Fatalf("load: %+v held %d", rep, sh.core.Held())
 					}
@@ -104,6 +112,10 @@ func BenchmarkShardLoad(b *testing.B) {
 				b.ReportMetric(heap, "heap-B/row")
 				// this process: the keeper and the store's decoding of the rows (PostgreSQL apart)
 				b.ReportMetric(cpu.Seconds()/float64(b.N), "keeper-cpu-s")
+				if machineOK {
+					// the machine's CPU time the hypervisor gave to others meanwhile
+					b.ReportMetric(100*machine.StealShare(), "steal-%")
+				}
 			})
 			if sh == nil {
 				return
