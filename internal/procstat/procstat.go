@@ -56,6 +56,11 @@ func (t Times) Sub(a Times) Times {
 	return Times{Busy: t.Busy - a.Busy, Steal: t.Steal - a.Steal, Total: t.Total - a.Total}
 }
 
+// Add returns the times of t and d together (two spans of a run).
+func (t Times) Add(d Times) Times {
+	return Times{Busy: t.Busy + d.Busy, Steal: t.Steal + d.Steal, Total: t.Total + d.Total}
+}
+
 // StealShare returns the share of Total that was stolen, 0..1 (0 for no time).
 func (t Times) StealShare() float64 {
 	if t.Total <= 0 {

@@ -66,6 +66,10 @@ func TestParseStat(t *testing.T) {
 			t.Errorf("parseStat(%q) = %+v, %v; want %+v, %v", tc.stat, got, ok, want, tc.ok)
 		}
 	}
+	a, b := Times{Busy: 1, Steal: 2, Total: 10}, Times{Busy: 3, Steal: 5, Total: 20}
+	if a.Add(b).Sub(b) != a || b.Sub(a) != (Times{Busy: 2, Steal: 3, Total: 10}) {
+		t.Errorf("Add and Sub: %+v, %+v", a.Add(b), b.Sub(a))
+	}
 	if s := (Times{Steal: time.Second, Total: 4 * time.Second}).StealShare(); s != 0.25 {
 		t.Errorf("StealShare = %v, want 0.25", s)
 	}

@@ -98,8 +98,7 @@ func BenchmarkShardLoad(b *testing.B) {
 					total += took
 					cpu += processCPU() - cpu0
 					m1, ok1 := procstat.Machine()
-					d := m1.Sub(m0)
-					machine = procstat.Times{Busy: machine.Busy + d.Busy, Steal: machine.Steal + d.Steal, Total: machine.Total + d.Total}
+					machine = machine.Add(m1.Sub(m0))
 					machineOK = machineOK && ok0 && ok1
 					if rep.Failed || rep.Partial || rep.Counts.Scanned != n || !sh.Ready() || sh.core.Held() != n {
 						b.Fatalf("load: %+v held %d", rep, sh.core.Held())
