@@ -28,19 +28,41 @@ type leasedRev struct {
 	rev int64
 }
 
-// sweepLeased forgets the leases that are no longer current (expired, released, completed or
-// gone with their row) once the map has doubled since the last sweep, so it stays as large as
-// the leases in flight, in amortised constant time per claim. Caller holds mu.
-func (s *Shard) sweepLeased(now time.Time) {
-	if len(s.leased) < max(1024, 2*s.leasedSwept) {
+// startLeaseSweep starts forgetting the leases that are no longer current (expired, released,
+// completed or gone with their row) once the map has doubled since the last sweep, so that it
+// stays about as large as the leases in flight, in amortised constant time per claim. Checking a
+// lease takes a key lookup, so the sweep runs in steps (sweepLeases) on a goroutine of its own,
+// one sweep at a time: claims wait for at most one step, not for the whole map. Caller holds mu.
+func (s *Shard) startLeaseSweep() {
+	if s.leaseSweeping || len(s.leased) < max(1024, 2*s.leasedSwept) {
 		return
 	}
-	for tok, l := range s.leased {
-		if s.core.CheckLease(now, l.key, tok) != nil {
-			delete(s.leased, tok)
-		}
+	s.leaseSweeping = true
+	tokens := make([]uint64, 0, len(s.leased))
+	for tok := range s.leased {
+		tokens = append(tokens, tok)
 	}
+	go s.sweepLeases(tokens)
+}
+
+// sweepLeases forgets those of tokens whose leases are no longer current, walkStepRows per hold
+// of the lock. A lease that is not current never becomes current again, so one found so in any
+// step may go; leases granted meanwhile wait for the next sweep.
+func (s *Shard) sweepLeases(tokens []uint64) {
+	for lo := 0; lo < len(tokens); lo += walkStepRows {
+		s.mu.Lock()
+		now := s.clock()
+		for _, tok := range tokens[lo:min(lo+walkStepRows, len(tokens))] {
+			if l, ok := s.leased[tok]; ok && s.core.CheckLease(now, l.key, tok) != nil {
+				delete(s.leased, tok)
+			}
+		}
+		s.unlockStep()
+	}
+	s.mu.Lock()
 	s.leasedSwept = len(s.leased)
+	s.leaseSweeping = false
+	s.mu.Unlock()
 }
 
 // Claim leases up to n due rows for leaseFor (the default lease when 0).
@@ -58,7 +80,7 @@ func (s *Shard) Claim(now time.Time, n int, leaseFor time.Duration) ([]core.Clai
 	for i := range rows {
 		s.leased[rows[i].Lease] = leasedRev{key: rows[i].Key, rev: rows[i].Rev}
 	}
-	s.sweepLeased(now)
+	s.startLeaseSweep()
 	s.mu.Unlock()
 	s.m.Claimed(now, rows, time.Since(start))
 	return rows, nil

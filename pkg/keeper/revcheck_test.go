@@ -180,7 +180,8 @@ func TestCompletionRacesProducer(t *testing.T) {
 }
 
 // TestLeasedRevsStayBounded: the revs remembered per lease are forgotten once their leases
-// expire, so the map stays within twice the leases in flight however many claims are made.
+// expire, so the map stays within twice the leases in flight however many claims are made; the
+// leases still current are kept (they complete).
 func TestLeasedRevsStayBounded(t *testing.T) {
 	e := newShardEnv(t, allSlots(0))
 	const n = 2000
@@ -197,11 +198,79 @@ func TestLeasedRevsStayBounded(t *testing.T) {
 		if err != nil || len(claimed) != n {
 			t.Fatalf("round %d: claimed %d: %v", round, len(claimed), err)
 		}
+		waitLeaseSweep(t, e.sh)        // a sweep the claim started runs beside the claims, in steps
 		now = now.Add(2 * time.Minute) // every lease expires
 	}
 	e.sh.mu.Lock()
+	remembered := len(e.sh.leased)
+	e.sh.mu.Unlock()
+	if remembered > 2*n {
+		t.Fatalf("%d lease revs remembered after 10 rounds of %d expired leases", remembered, n)
+	}
+	// the leases still current are kept: claim once more and complete
+	e.clock.Set(now)
+	claimed, err := e.sh.Claim(now, n, time.Minute)
+	if err != nil || len(claimed) != n {
+		t.Fatalf("last round: claimed %d: %v", len(claimed), err)
+	}
+	items := make([]CompleteItem, len(claimed))
+	for i, c := range claimed {
+		items[i] = CompleteItem{Key: c.Key, Lease: c.Lease}
+	}
+	results, err := e.sh.Complete(e.ctx, items)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, err := range results {
+		if err != nil {
+			t.Fatalf("completing %s after the sweeps: %v", items[i].Key, err)
+		}
+	}
+}
+
+// waitLeaseSweep waits until no sweep of the shard's leases is running.
+func waitLeaseSweep(t *testing.T, sh *Shard) {
+	t.Helper()
+	eventually(t, "the lease sweep to end", 20*time.Second, func() bool {
+		sh.mu.Lock()
+		defer sh.mu.Unlock()
+		return !sh.leaseSweeping
+	})
+}
+
+// TestLeaseSweepKeepsCurrentLeases: a sweep (which runs in steps, beside the claims) forgets the
+// expired leases and keeps the current ones, among them those of the claim that started it.
+func TestLeaseSweepKeepsCurrentLeases(t *testing.T) {
+	e := newShardEnv(t, allSlots(0))
+	const n = 4000
+	rows := make([]schedule.Row, n)
+	for i := range rows {
+		rows[i] = srow(fmt.Sprintf("https://example.com/s/%04d", i), t0.Add(-time.Hour), time.Hour)
+	}
+	e.upsert(rows...)
+	e.sh.Walk(e.ctx, true)
+	e.clock.Set(t0)
+	if _, err := e.sh.Claim(t0, n, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	waitLeaseSweep(t, e.sh) // the first claim's sweep: every lease current, all kept
+	// every lease expires; the next claim leases the rows again and, the map having doubled,
+	// starts a sweep of the n expired leases and its own n: it must keep its own
+	later := t0.Add(2 * time.Minute)
+	e.clock.Set(later)
+	again, err := e.sh.Claim(later, n, time.Minute)
+	if err != nil || len(again) != n {
+		t.Fatalf("claimed %d again: %v", len(again), err)
+	}
+	waitLeaseSweep(t, e.sh)
+	e.sh.mu.Lock()
 	defer e.sh.mu.Unlock()
-	if len(e.sh.leased) > 2*n {
-		t.Fatalf("%d lease revs remembered after 10 rounds of %d expired leases", len(e.sh.leased), n)
+	if len(e.sh.leased) != n {
+		t.Errorf("%d leases remembered after the sweep, want the %d current ones", len(e.sh.leased), n)
+	}
+	for _, c := range again {
+		if _, ok := e.sh.leased[c.Lease]; !ok {
+			t.Fatalf("the current lease of %s was forgotten", c.Key)
+		}
 	}
 }

@@ -160,8 +160,9 @@ type Shard struct {
 	fullWanted   bool          // the walk Run does on wake must be full (gap resumed, window changed)
 
 	// leased remembers, by lease token, the key and rev each lease was given for (leases.go).
-	leased      map[uint64]leasedRev
-	leasedSwept int // len(leased) after its last sweep
+	leased        map[uint64]leasedRev
+	leasedSwept   int  // len(leased) after its last sweep
+	leaseSweeping bool // a sweep of leased is running (startLeaseSweep)
 
 	// The subscription follows the slot set in the background (resubscribe), so that a database
 	// outage never holds up the run loop: subWant is the set it must follow (version subSeq),
