@@ -183,14 +183,8 @@ func TestCompletionRacesProducer(t *testing.T) {
 // expire, so the map stays within twice the leases in flight however many claims are made; the
 // leases still current are kept (they complete).
 func TestLeasedRevsStayBounded(t *testing.T) {
-	e := newShardEnv(t, allSlots(0))
 	const n = 2000
-	rows := make([]schedule.Row, n)
-	for i := range rows {
-		rows[i] = srow(fmt.Sprintf("https://example.com/b/%04d", i), t0.Add(-time.Hour), time.Hour)
-	}
-	e.upsert(rows...)
-	e.sh.Walk(e.ctx, true)
+	e := loadedDueShard(t, n)
 	now := t0
 	for round := range 10 {
 		e.clock.Set(now)
@@ -228,6 +222,19 @@ func TestLeasedRevsStayBounded(t *testing.T) {
 	}
 }
 
+// loadedDueShard returns a standalone shard that has loaded n rows, all due an hour ago.
+func loadedDueShard(t *testing.T, n int) *shardEnv {
+	t.Helper()
+	e := newShardEnv(t, allSlots(0))
+	rows := make([]schedule.Row, n)
+	for i := range rows {
+		rows[i] = srow(fmt.Sprintf("https://example.com/due/%05d", i), t0.Add(-time.Hour), time.Hour)
+	}
+	e.upsert(rows...)
+	e.sh.Walk(e.ctx, true)
+	return e
+}
+
 // waitLeaseSweep waits until no sweep of the shard's leases is running.
 func waitLeaseSweep(t *testing.T, sh *Shard) {
 	t.Helper()
@@ -241,14 +248,8 @@ func waitLeaseSweep(t *testing.T, sh *Shard) {
 // TestLeaseSweepKeepsCurrentLeases: a sweep (which runs in steps, beside the claims) forgets the
 // expired leases and keeps the current ones, among them those of the claim that started it.
 func TestLeaseSweepKeepsCurrentLeases(t *testing.T) {
-	e := newShardEnv(t, allSlots(0))
 	const n = 4000
-	rows := make([]schedule.Row, n)
-	for i := range rows {
-		rows[i] = srow(fmt.Sprintf("https://example.com/s/%04d", i), t0.Add(-time.Hour), time.Hour)
-	}
-	e.upsert(rows...)
-	e.sh.Walk(e.ctx, true)
+	e := loadedDueShard(t, n)
 	e.clock.Set(t0)
 	if _, err := e.sh.Claim(t0, n, time.Minute); err != nil {
 		t.Fatal(err)
