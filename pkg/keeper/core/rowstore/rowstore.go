@@ -111,7 +111,7 @@ func (s *Store) Prefetch(key string) uint32 {
 	}
 	h := maphash.String(ix.seed, key)
 	e := ix.slots[h&ix.mask()]
-	if e != 0 && e&^idMask == entry(h, 0)&^idMask {
+	if e != 0 && e&^idMask == fingerprint(h) {
 		r := s.recs.at(e&idMask - 1)
 		c := s.keys.chunks[r.keyOff/arenaChunk]
 		return e + uint32(c[r.keyOff%arenaChunk])
@@ -285,6 +285,10 @@ const (
 
 func entry(h uint64, id uint32) uint32 { return uint32(h>>(64-(32-idBits)))<<idBits | (id + 1) }
 
+// fingerprint is the part of an entry for key hash h that does not depend on the record: what a
+// probe compares before it reads a record.
+func fingerprint(h uint64) uint32 { return entry(h, 0) &^ idMask }
+
 func (ix *index) mask() uint64 { return uint64(len(ix.slots) - 1) }
 
 // find returns the record id holding key, or false.
@@ -294,7 +298,7 @@ func (ix *index) find(rs *rows, ar *arena, key string) (uint32, bool) {
 	}
 	m := ix.mask()
 	h := maphash.String(ix.seed, key)
-	fp := entry(h, 0) &^ idMask
+	fp := fingerprint(h)
 	for i := h & m; ; i = (i + 1) & m {
 		s := ix.slots[i]
 		if s == 0 {
@@ -328,7 +332,7 @@ func (ix *index) insert(rs *rows, ar *arena, key string, id uint32) {
 func (ix *index) remove(rs *rows, ar *arena, key string) {
 	m := ix.mask()
 	h := maphash.String(ix.seed, key)
-	fp := entry(h, 0) &^ idMask
+	fp := fingerprint(h)
 	i := h & m
 	for {
 		s := ix.slots[i]
