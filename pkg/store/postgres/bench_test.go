@@ -353,10 +353,7 @@ func BenchmarkCompleteStatement(b *testing.B) {
 				b.Fatal(err)
 			}
 			defer conn.Release()
-			var pid int
-			if err := conn.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
-				b.Fatal(err)
-			}
+			pid := int(conn.Conn().PgConn().PID()) // the backend serving this connection
 			rng := rand.New(rand.NewPCG(5, 6))
 			const batch = 500
 			statement := func() {
