@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -26,6 +27,12 @@ func serveLimited(t *testing.T, sh *Shard, l httpserve.Limits) string {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return serveLimitedOn(t, sh, l, ln)
+}
+
+// serveLimitedOn is serveLimited on the listener ln.
+func serveLimitedOn(t *testing.T, sh *Shard, l httpserve.Limits, ln net.Listener) string {
+	t.Helper()
 	srv := httpserve.NewServer(sh.Handler(HandlerOptions{Token: "t", Limits: l}), l)
 	go func() { _ = srv.Serve(ln) }()
 	t.Cleanup(func() { _ = srv.Close() })
@@ -94,9 +101,24 @@ func TestSlowReaderIsCutOff(t *testing.T) {
 	e := newShardEnv(t, allSlots(0))
 	e.upsert(bigRows(shardapi.MaxClaim)...)
 	e.sh.Walk(e.ctx, true)
-	addr := serveLimited(t, e.sh, httpserve.Limits{WriteTimeout: 300 * time.Millisecond, MaxInFlight: 1})
-	// a claim of 10,000 rows with 2 kB keys: a 21 MB reply, more than the socket buffers hold
-	c, err := net.Dial("tcp", addr)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := serveLimitedOn(t, e.sh, httpserve.Limits{WriteTimeout: 300 * time.Millisecond, MaxInFlight: 1}, smallSendBuffers{ln})
+	// A claim of 10,000 rows with 2 kB keys: a 21 MB reply. Both ends' socket buffers are set
+	// small, so the reply cannot be written in full unread whatever the host's TCP autotuning
+	// allows (with net.ipv4.tcp_rmem up to 32 MB, a receive buffer can hold all of it).
+	d := net.Dialer{Control: func(_, _ string, rc syscall.RawConn) error {
+		var serr error
+		if err := rc.Control(func(fd uintptr) {
+			serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, smallSocketBuffer)
+		}); err != nil {
+			return err
+		}
+		return serr
+	}}
+	c, err := d.Dial("tcp", addr)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -105,16 +127,47 @@ func TestSlowReaderIsCutOff(t *testing.T) {
 	if _, err := fmt.Fprintf(c, "POST /v1/claim HTTP/1.1\r\nHost: shard\r\nAuthorization: Bearer t\r\nContent-Length: %d\r\n\r\n%s", len(body), body); err != nil {
 		t.Fatal(err)
 	}
+	// The first bytes of the reply (or the connection's end) arrive only once the server has
+	// admitted the claim: before that, a probe below could take the one slot itself and pass
+	// while the claim still waits, and the claim's reply would then be read in full.
+	_ = c.SetReadDeadline(time.Now().Add(20 * time.Second))
+	first := make([]byte, 12)
+	n, err := io.ReadFull(c, first)
+	if err != nil && !errors.Is(err, io.EOF) && !errors.Is(err, io.ErrUnexpectedEOF) {
+		t.Fatalf("waiting for the claim's reply to start: %v", err)
+	}
+	if n > 0 && !strings.HasPrefix("HTTP/1.1 200", string(first[:n])) {
+		t.Fatalf("the claim's reply starts %q", first[:n])
+	}
 	// the handler finishes (its write fails at the deadline) and frees the one slot
 	eventually(t, "the slot to be free", 20*time.Second, func() bool {
 		code, _ := postJSON(t, "http://"+addr, "/v1/release", `{"items":[{"key":"x","lease":"0000000000000001"}]}`)
 		return code == http.StatusOK
 	})
 	// and the reply the client did not read is cut short: the connection is closed
-	got := readUntilClosed(t, c)
+	got := string(first[:n]) + readUntilClosed(t, c)
 	if len(got) >= shardapi.MaxClaim*schedule.MaxKeyBytes {
 		t.Fatalf("the whole reply (%d bytes) was written to a client that did not read", len(got))
 	}
+}
+
+// smallSocketBuffer is the socket buffer size TestSlowReaderIsCutOff sets at both ends.
+const smallSocketBuffer = 64 << 10
+
+// smallSendBuffers is a listener whose accepted connections have a send buffer of
+// smallSocketBuffer bytes (the kernel's autotuning no longer grows it).
+type smallSendBuffers struct{ net.Listener }
+
+// Accept accepts a connection and sets its send buffer.
+func (l smallSendBuffers) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if tc, ok := c.(*net.TCPConn); ok {
+		if err := tc.SetWriteBuffer(smallSocketBuffer); err != nil {
+			_ = c.Close()
+			return nil, fmt.Errorf("setting the send buffer: %w", err)
+		}
+	}
+	return c, err
 }
 
 // bigRows returns n due rows with keys of the longest allowed length.
