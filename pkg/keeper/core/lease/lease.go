@@ -1,50 +1,37 @@
 // Package lease is the keeper core's lease table: which held records are leased to a worker,
 // under which token and until when. Tokens are handed out in sequence after a starting value (the
 // service starts it at random, so tokens of an earlier process are not accepted by a later one).
-// Expiries wait in a min-heap, so the leases that expired are found without a scan; an entry of a
-// lease that was extended, released or handed out again is skipped when its time comes. Records
-// are named by id; the table knows nothing else of them.
+// The leases wait in a min-heap by expiry, so the leases that expired are found without a scan;
+// each lease knows its place in the heap, so a lease that ends (its render completed or
+// released) or is extended leaves or moves in the heap at once. The table's size follows the
+// leases in flight, not the leases granted over a lease duration: until December 2026 an ended
+// lease stayed in the heap until its expiry, so at 40,000 claimed rows a second and a one-minute
+// lease the heap held millions of dead entries and grew by copying tens of megabytes in the
+// claim that outgrew it. Records are named by id; the table knows nothing else of them.
 //
 // The package is pure: no I/O, no clock, no goroutines (TestCoreIsPure in package core).
 package lease
 
-import "container/heap"
-
 // Table is the lease table. It is not safe for concurrent use.
 type Table struct {
-	leases map[uint32]lease
-	expiry expiryHeap // min-heap by expires; entries whose lease changed are skipped
-	last   uint64     // the last token handed out
+	byID map[uint32]int32 // record id -> its lease's index in slab
+	slab []lease          // the leases, and ended ones waiting in free to be reused
+	free []int32          // indexes of slab not in use
+	heap []int32          // indexes of slab, a min-heap by expires
+	last uint64           // the last token handed out
 }
 
 // lease is a claimed record's lease.
 type lease struct {
+	id      uint32
+	pos     int32 // its index in heap
 	token   uint64
 	expires int64 // ms
 }
 
-type leaseExpiry struct {
-	expires int64
-	id      uint32
-	token   uint64
-}
-
-type expiryHeap []leaseExpiry
-
-func (h expiryHeap) Len() int           { return len(h) }
-func (h expiryHeap) Less(i, j int) bool { return h[i].expires < h[j].expires }
-func (h expiryHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
-func (h *expiryHeap) Push(x any)        { *h = append(*h, x.(leaseExpiry)) }
-func (h *expiryHeap) Pop() any {
-	old := *h
-	x := old[len(old)-1]
-	*h = old[:len(old)-1]
-	return x
-}
-
 // NewTable returns an empty table whose tokens follow after: the first handed out is after + 1.
 func NewTable(after uint64) *Table {
-	return &Table{leases: map[uint32]lease{}, last: after}
+	return &Table{byID: map[uint32]int32{}, last: after}
 }
 
 // Grant leases record id (not leased) until expiresMs and returns the lease's token.
@@ -58,38 +45,114 @@ func (t *Table) Grant(id uint32, expiresMs int64) uint64 {
 // would have.
 func (t *Table) Extend(id uint32, token uint64, expiresMs int64) { t.set(id, token, expiresMs) }
 
+// set makes record id's lease (token) expire at expiresMs, adding it when id has none.
 func (t *Table) set(id uint32, token uint64, expiresMs int64) {
-	t.leases[id] = lease{token: token, expires: expiresMs}
-	heap.Push(&t.expiry, leaseExpiry{expires: expiresMs, id: id, token: token})
+	if i, ok := t.byID[id]; ok {
+		l := &t.slab[i]
+		l.token = token
+		if expiresMs < l.expires {
+			l.expires = expiresMs
+			t.up(int(l.pos))
+		} else {
+			l.expires = expiresMs
+			t.down(int(l.pos))
+		}
+		return
+	}
+	var i int32
+	if n := len(t.free); n > 0 {
+		i, t.free = t.free[n-1], t.free[:n-1]
+	} else {
+		i = int32(len(t.slab))
+		t.slab = append(t.slab, lease{})
+	}
+	t.slab[i] = lease{id: id, pos: int32(len(t.heap)), token: token, expires: expiresMs}
+	t.byID[id] = i
+	t.heap = append(t.heap, i)
+	t.up(len(t.heap) - 1)
 }
 
 // Current says whether token is record id's current lease.
 func (t *Table) Current(id uint32, token uint64) bool {
-	l, ok := t.leases[id]
-	return ok && l.token == token
+	i, ok := t.byID[id]
+	return ok && t.slab[i].token == token
 }
 
 // Leased says whether record id is leased.
 func (t *Table) Leased(id uint32) bool {
-	_, ok := t.leases[id]
+	_, ok := t.byID[id]
 	return ok
 }
 
 // End ends record id's lease, if it has one.
-func (t *Table) End(id uint32) { delete(t.leases, id) }
+func (t *Table) End(id uint32) {
+	if i, ok := t.byID[id]; ok {
+		t.remove(i)
+	}
+}
 
 // Len returns the number of leases.
-func (t *Table) Len() int { return len(t.leases) }
+func (t *Table) Len() int { return len(t.byID) }
 
 // Expire ends every lease that expired at or before nowMs and calls fn with each one's record id,
 // after it has ended, in the order of their expiry.
 func (t *Table) Expire(nowMs int64, fn func(id uint32)) {
-	for len(t.expiry) > 0 && t.expiry[0].expires <= nowMs {
-		e := heap.Pop(&t.expiry).(leaseExpiry)
-		// an extended lease has a later entry of its own: only the current expiry ends it
-		if l, ok := t.leases[e.id]; ok && l.token == e.token && l.expires <= nowMs {
-			delete(t.leases, e.id)
-			fn(e.id)
+	for len(t.heap) > 0 && t.slab[t.heap[0]].expires <= nowMs {
+		id := t.slab[t.heap[0]].id
+		t.remove(t.heap[0])
+		fn(id)
+	}
+}
+
+// remove takes lease i out of the heap and the index and frees its place in slab.
+func (t *Table) remove(i int32) {
+	l := &t.slab[i]
+	delete(t.byID, l.id)
+	pos, last := int(l.pos), len(t.heap)-1
+	if pos != last {
+		t.swap(pos, last)
+	}
+	t.heap = t.heap[:last]
+	if pos != last {
+		t.down(pos)
+		t.up(pos)
+	}
+	t.free = append(t.free, i)
+}
+
+func (t *Table) less(a, b int) bool { return t.slab[t.heap[a]].expires < t.slab[t.heap[b]].expires }
+
+func (t *Table) swap(a, b int) {
+	t.heap[a], t.heap[b] = t.heap[b], t.heap[a]
+	t.slab[t.heap[a]].pos = int32(a)
+	t.slab[t.heap[b]].pos = int32(b)
+}
+
+func (t *Table) up(j int) {
+	for j > 0 {
+		i := (j - 1) / 2
+		if !t.less(j, i) {
+			return
 		}
+		t.swap(i, j)
+		j = i
+	}
+}
+
+func (t *Table) down(i int) {
+	n := len(t.heap)
+	for {
+		j := 2*i + 1
+		if j >= n {
+			return
+		}
+		if r := j + 1; r < n && t.less(r, j) {
+			j = r
+		}
+		if !t.less(j, i) {
+			return
+		}
+		t.swap(i, j)
+		i = j
 	}
 }

@@ -1,6 +1,7 @@
 package lease
 
 import (
+	"math/rand/v2"
 	"slices"
 	"testing"
 )
@@ -50,5 +51,83 @@ func TestTable(t *testing.T) {
 	}
 	if tok := tb.Grant(1, 2000); tok != tok5+1 {
 		t.Fatalf("token %d after %d", tok, tok5)
+	}
+}
+
+// TestTableMatchesReference runs random grants, extensions, ends and expiries on a table and on
+// a plain map, and checks after each step that both hold the same leases, that Expire ends the
+// same ones in the order of their expiry, and that the heap holds exactly the leases in flight.
+func TestTableMatchesReference(t *testing.T) {
+	type ref struct {
+		token   uint64
+		expires int64
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	tb := NewTable(0)
+	want := map[uint32]ref{}
+	now := int64(0)
+	for step := range 200_000 {
+		id := uint32(rng.IntN(300))
+		switch op := rng.IntN(10); {
+		case op < 4: // a claim of a record not leased
+			if _, ok := want[id]; !ok {
+				exp := now + int64(rng.IntN(50))
+				want[id] = ref{tb.Grant(id, exp), exp}
+			}
+		case op < 5: // an extension of a current lease
+			if r, ok := want[id]; ok {
+				exp := now + int64(rng.IntN(50))
+				tb.Extend(id, r.token, exp)
+				want[id] = ref{r.token, exp}
+			}
+		case op < 8: // a completion or release
+			tb.End(id)
+			delete(want, id)
+		default: // time passes
+			now += int64(rng.IntN(5))
+			var wantIDs []uint32
+			for id, r := range want {
+				if r.expires <= now {
+					wantIDs = append(wantIDs, id)
+				}
+			}
+			got := expire(tb, now)
+			for i := 1; i < len(got); i++ {
+				if want[got[i-1]].expires > want[got[i]].expires {
+					t.Fatalf("step %d: Expire out of order: %v", step, got)
+				}
+			}
+			slices.Sort(got)
+			slices.Sort(wantIDs)
+			if !slices.Equal(got, wantIDs) {
+				t.Fatalf("step %d: expired %v, want %v", step, got, wantIDs)
+			}
+			for _, id := range wantIDs {
+				delete(want, id)
+			}
+		}
+		if tb.Len() != len(want) || len(tb.heap) != len(want) || len(tb.slab)-len(tb.free) != len(want) {
+			t.Fatalf("step %d: %d leases, heap %d, slab %d in use; want %d", step, tb.Len(), len(tb.heap), len(tb.slab)-len(tb.free), len(want))
+		}
+		for id, r := range want {
+			if !tb.Current(id, r.token) || tb.Current(id, r.token+1) {
+				t.Fatalf("step %d: lease of %d (token %d) not current", step, id, r.token)
+			}
+		}
+	}
+}
+
+// TestEndedLeasesLeaveTheTable: a million leases granted and ended, at most 100 in flight, leave
+// a table sized for 100, not for a million.
+func TestEndedLeasesLeaveTheTable(t *testing.T) {
+	tb := NewTable(0)
+	for i := range 1_000_000 {
+		tb.Grant(uint32(i), int64(60_000+i))
+		if i >= 100 {
+			tb.End(uint32(i - 100))
+		}
+	}
+	if tb.Len() != 100 || len(tb.heap) != 100 || len(tb.slab) > 101 || cap(tb.heap) > 256 {
+		t.Fatalf("%d leases: heap %d (cap %d), slab %d", tb.Len(), len(tb.heap), cap(tb.heap), len(tb.slab))
 	}
 }
