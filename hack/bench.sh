@@ -6,6 +6,7 @@
 #                           1M always runs). At 10M: about 1 min to build each 10M-row core and
 #                           6 min to write the 10M-row table; needs ~4 GB of memory.
 #   BENCH_CLAIM_SECONDS=10  length of each BenchmarkClaimLatency run
+#   BENCH_WALK_RATE=100000  rows/s of BenchmarkShardLoad's paced re-walk (0: unpaced)
 #   BENCH_E2E_ROWS=1000000  rows of `renderqueue bench` (0 skips it)
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -2,7 +2,9 @@ package keeper
 
 import (
 	"context"
+	"os"
 	"runtime"
+	"strconv"
 	"syscall"
 	"testing"
 	"time"
@@ -57,7 +59,8 @@ func loadBenchTable(tb testing.TB, ctx context.Context, dsn string, n int) {
 // table's estimate). It reports the load time, rows/s and the live heap per held row. Then
 // .../rewalk walks all the rows again while the load of BenchmarkClaimLatency runs (claims and
 // completions, /v1/status every 100 ms, 20,000 events/s) and reports the walk's time and the claim
-// latency during it.
+// latency during it. The re-walk verifies, so it is paced as the keeper command paces it
+// (DefaultVerifyWalkRate; BENCH_WALK_RATE=0 for an unpaced one).
 func BenchmarkShardLoad(b *testing.B) {
 	for _, n := range coretest.Sizes(b) {
 		b.Run(coretest.SizeName(n), func(b *testing.B) {
@@ -84,7 +87,7 @@ func BenchmarkShardLoad(b *testing.B) {
 						sh = nil
 					}
 					before := coretest.LiveHeap()
-					sh, err = NewShard(Options{Name: "bench", Store: st, Log: logr.Discard()}, allSlots(0))
+					sh, err = NewShard(Options{Name: "bench", Store: st, Log: logr.Discard(), VerifyWalkRate: benchWalkRate(b)}, allSlots(0))
 					if err != nil {
 						b.Fatal(err)
 					}
@@ -140,6 +143,20 @@ func BenchmarkShardLoad(b *testing.B) {
 			runtime.KeepAlive(sh)
 		})
 	}
+}
+
+// benchWalkRate is the verification walks' rate of BenchmarkShardLoad's shard: the keeper
+// command's default, or BENCH_WALK_RATE (rows/s; 0: unpaced).
+func benchWalkRate(tb testing.TB) int {
+	v := os.Getenv("BENCH_WALK_RATE")
+	if v == "" {
+		return DefaultVerifyWalkRate
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 0 {
+		tb.Fatalf("BENCH_WALK_RATE=%q: want a number of rows a second (0: unpaced)", v)
+	}
+	return n
 }
 
 // processCPU returns the CPU time this process has used (user + system).

@@ -102,6 +102,11 @@ type Options struct {
 	Log logr.Logger
 	// Metrics, when set, receives the shard's Prometheus event metrics (shardmetrics.New).
 	Metrics *shardmetrics.Metrics
+	// VerifyWalkRate is the most rows a second a verification walk reads: a full walk while the
+	// shard is exact and no slots are arriving pauses between its steps to keep to it (see
+	// walkPacer). 0: every walk reads as fast as the store sends. The load and the walks that
+	// repair a gap or prepare slots are never paced.
+	VerifyWalkRate int
 }
 
 // Defaults of Options.ConnectBackoffMin and ConnectBackoffMax.
@@ -140,6 +145,10 @@ type Shard struct {
 	openBackoff *backoff
 
 	walkMu sync.Mutex // one walk at a time
+	// walkRate is Options.VerifyWalkRate; pause waits between the steps of a paced walk
+	// (sleepCtx; tests record the pauses instead).
+	walkRate int
+	pause    func(ctx context.Context, d time.Duration)
 
 	statusMu   sync.Mutex // guards lastStatus; one status computation at a time
 	lastStatus *shardapi.Status
@@ -182,6 +191,9 @@ func NewShard(opts Options, s Settings) (*Shard, error) {
 	if opts.Store == nil && opts.Open == nil {
 		return nil, errors.New("shard: no store (Options.Store or Options.Open)")
 	}
+	if opts.VerifyWalkRate < 0 {
+		return nil, fmt.Errorf("shard: verify walk rate %d rows/s is negative", opts.VerifyWalkRate)
+	}
 	if opts.ConnectBackoffMin <= 0 {
 		opts.ConnectBackoffMin = DefaultConnectBackoffMin
 	}
@@ -199,6 +211,7 @@ func NewShard(opts Options, s Settings) (*Shard, error) {
 	}
 	sh := &Shard{
 		name: opts.Name, st: opts.Store, open: opts.Open, clock: opts.Clock, log: opts.Log, m: opts.Metrics,
+		walkRate: opts.VerifyWalkRate, pause: sleepCtx,
 		openBackoff: newBackoff(opts.ConnectBackoffMin, opts.ConnectBackoffMax),
 		core:        c, settings: s, cov: coverage.New(s.Window, s.Epoch), wake: make(chan struct{}, 1), leased: map[uint64]leasedRev{},
 		resub: make(chan struct{}, 1),
@@ -322,6 +335,7 @@ func (s *Shard) Walk(ctx context.Context, full bool) WalkReport {
 	s.mu.Unlock()
 
 	var unread []int
+	pacer := walkPacer{rate: s.walkRate}
 	res, err := s.st.Walk(ctx, slots, func(item store.WalkItem) error {
 		if item.End {
 			if item.Err != nil {
@@ -340,8 +354,12 @@ func (s *Shard) Walk(ctx context.Context, full bool) WalkReport {
 			for i := range rows[:n] {
 				s.core.WalkRow(now, rows[i])
 			}
+			paced := full && pacer.rate > 0 && s.verifying(now)
 			s.unlockStep()
 			rows = rows[n:]
+			if d := pacer.step(paced, n, s.clock()); d > 0 {
+				s.pause(ctx, d)
+			}
 		}
 		return nil
 	})
@@ -390,6 +408,13 @@ func (s *Shard) Walk(ctx context.Context, full bool) WalkReport {
 			"admitted", rep.Counts.Admitted, "repaired", rep.Counts.Repaired, "seconds", rep.FinishedAt.Sub(start).Seconds())
 	}
 	return rep
+}
+
+// verifying says whether a full walk running at now only verifies what the shard holds, so it
+// may be paced (walkPacer): no slots are arriving and the shard is exact (loaded, no gap since the
+// last full walk began, before its edge, the last walk whole, every owned slot walked).
+func (s *Shard) verifying(now time.Time) bool {
+	return s.settings.Incoming.IsEmpty() && s.cov.Complete(now) && s.cov.Exact(now, s.ownedWalked())
 }
 
 // walkStepRows is how many walked rows, change events or completions the shard applies per hold

@@ -1,0 +1,167 @@
+package keeper
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
+
+	"github.com/renderqueue/renderqueue/pkg/schedule"
+	"github.com/renderqueue/renderqueue/pkg/store"
+	"github.com/renderqueue/renderqueue/pkg/store/memstore"
+)
+
+// TestWalkPacerStep checks the pauses of a pacer at 1,000 rows a second, step by step.
+func TestWalkPacerStep(t *testing.T) {
+	ms := func(n int) time.Time { return t0.Add(time.Duration(n) * time.Millisecond) }
+	p := walkPacer{rate: 1000}
+	for i, st := range []struct {
+		paced bool      // the step's walk verifies
+		n     int       // rows in the step
+		now   time.Time // when the step ended
+		want  time.Duration
+	}{
+		{true, 100, ms(0), 0},                        // the first step begins the stretch
+		{true, 100, ms(20), 80 * time.Millisecond},   // 100 rows should take 100 ms; 20 passed
+		{true, 100, ms(100), 100 * time.Millisecond}, // 200 rows: 200 ms; 100 passed
+		{true, 100, ms(400), 0},                      // behind the rate (300 rows, 400 ms): no pause
+		{false, 100, ms(401), 0},                     // not verifying: no pause, the stretch ends
+		{true, 100, ms(402), 0},                      // a new stretch begins
+		{true, 50, ms(412), 40 * time.Millisecond},   // 50 rows of it: 50 ms; 10 passed
+		{true, 5000, ms(452), 5 * time.Second},       // 5,050 rows: 5.05 s; 50 ms passed
+	} {
+		if got := p.step(st.paced, st.n, st.now); got != st.want {
+			t.Fatalf("step %d: pause %v, want %v", i, got, st.want)
+		}
+	}
+	if d := (&walkPacer{}).step(true, 1000, ms(0)); d != 0 {
+		t.Fatalf("rate 0 paused %v", d)
+	}
+}
+
+// pacedShard returns a loaded shard over a memstore holding n due rows, walking at most rate rows a
+// second, on a fake clock that its pauses advance; pauses collects them. onPause, when set, runs
+// at each pause.
+func pacedShard(t *testing.T, n, rate int, settings Settings) (sh *Shard, pauses *[]time.Duration, onPause *func()) {
+	t.Helper()
+	ctx := context.Background()
+	st := memstore.New(memstore.Options{})
+	rows := make([]schedule.Row, n)
+	for i := range rows {
+		rows[i] = srow(fmt.Sprintf("https://x.example/%d", i), t0.Add(-time.Hour), time.Hour)
+	}
+	if _, err := st.Upsert(ctx, rows); err != nil {
+		t.Fatal(err)
+	}
+	clock := &fakeClock{now: t0}
+	sh, err := NewShard(Options{Name: "paced", Store: st, Clock: clock.Now, Log: logr.Discard(), VerifyWalkRate: rate}, settings)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pauses, onPause = new([]time.Duration), new(func())
+	sh.pause = func(_ context.Context, d time.Duration) {
+		*pauses = append(*pauses, d)
+		clock.Set(clock.Now().Add(d))
+		if *onPause != nil {
+			(*onPause)()
+		}
+	}
+	if rep := sh.Walk(ctx, true); rep.Failed || sh.core.Held() != n {
+		t.Fatalf("load: %+v, held %d", rep, sh.core.Held())
+	}
+	if len(*pauses) != 0 {
+		t.Fatalf("the load paused %d times", len(*pauses))
+	}
+	return sh, pauses, onPause
+}
+
+func sum(ds []time.Duration) (s time.Duration) {
+	for _, d := range ds {
+		s += d
+	}
+	return s
+}
+
+// TestVerificationWalkIsPaced: a re-walk of an exact shard keeps to the rate (its rows after the
+// first step take rows/rate on the clock); a walk after a gap, one while slots arrive, and the
+// rest of a walk during which a gap opens are not paced.
+func TestVerificationWalkIsPaced(t *testing.T) {
+	const n, rate = 10_000, 1000
+	ctx := context.Background()
+
+	t.Run("verifying", func(t *testing.T) {
+		sh, pauses, _ := pacedShard(t, n, rate, allSlots(0))
+		rep := sh.Walk(ctx, true)
+		if rep.Failed || rep.Counts.Scanned != n {
+			t.Fatalf("re-walk: %+v", rep)
+		}
+		// the first step's rows are not paced; the others take rows/rate
+		lo, hi := time.Duration(n-walkStepRows)*time.Second/rate, time.Duration(n)*time.Second/rate
+		if got := sum(*pauses); got < lo || got > hi {
+			t.Fatalf("paused %v in %d pauses, want %v..%v", got, len(*pauses), lo, hi)
+		}
+		if took := rep.FinishedAt.Sub(rep.StartedAt); took != sum(*pauses) {
+			t.Fatalf("the walk took %v on the clock, paused %v", took, sum(*pauses))
+		}
+	})
+
+	t.Run("after a gap", func(t *testing.T) {
+		sh, pauses, _ := pacedShard(t, n, rate, allSlots(0))
+		sh.HandleBatch(store.Batch{Kind: store.KindGap, Err: errors.New("injected")})
+		sh.HandleBatch(store.Batch{Kind: store.KindResumed})
+		if rep := sh.Walk(ctx, true); rep.Failed || len(*pauses) != 0 {
+			t.Fatalf("the repair walk paused %d times (%+v)", len(*pauses), rep)
+		}
+		if !sh.Status(sh.clock()).Exact {
+			t.Fatal("not exact after the repair walk")
+		}
+		if sh.Walk(ctx, true); len(*pauses) == 0 {
+			t.Fatal("the next verification walk did not pause")
+		}
+	})
+
+	t.Run("a gap midway", func(t *testing.T) {
+		sh, pauses, onPause := pacedShard(t, n, rate, allSlots(0))
+		*onPause = func() {
+			if len(*pauses) == 3 {
+				sh.HandleBatch(store.Batch{Kind: store.KindGap, Err: errors.New("injected")})
+			}
+		}
+		if rep := sh.Walk(ctx, true); rep.Failed || len(*pauses) != 3 {
+			t.Fatalf("paused %d times, want 3 (none after the gap): %+v", len(*pauses), rep)
+		}
+	})
+
+	t.Run("slots arriving", func(t *testing.T) {
+		settings := allSlots(0)
+		settings.Owned, settings.Incoming = schedule.SlotSet{}, schedule.SlotSet{}
+		for sl := range schedule.NumSlots {
+			if sl < schedule.NumSlots/2 {
+				settings.Owned.Add(sl)
+			} else {
+				settings.Incoming.Add(sl)
+			}
+		}
+		sh, pauses, _ := pacedShard(t, n, rate, settings)
+		if rep := sh.Walk(ctx, true); rep.Failed || len(*pauses) != 0 {
+			t.Fatalf("a walk with incoming slots paused %d times (%+v)", len(*pauses), rep)
+		}
+	})
+
+	t.Run("rate 0", func(t *testing.T) {
+		sh, pauses, _ := pacedShard(t, n, 0, allSlots(0))
+		if sh.Walk(ctx, true); len(*pauses) != 0 {
+			t.Fatalf("paused %d times at rate 0", len(*pauses))
+		}
+	})
+}
+
+// TestNegativeWalkRateIsRefused: a negative rate is an error, not an unpaced walk.
+func TestNegativeWalkRateIsRefused(t *testing.T) {
+	if _, err := NewShard(Options{Store: memstore.New(memstore.Options{}), VerifyWalkRate: -1}, allSlots(0)); err == nil {
+		t.Fatal("a negative walk rate was accepted")
+	}
+}
