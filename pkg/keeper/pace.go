@@ -25,7 +25,8 @@ type walkPacer struct {
 
 // step accounts n rows walked by now and returns how long to pause before the next step: the
 // time the stretch's rows should have taken at rate, less the time they took. paced false (the
-// walk does not verify) ends the stretch and returns 0; a later paced step begins a new one.
+// walk does not verify) ends the stretch and returns 0; a later paced step begins a new one. A
+// stretch more than maxPaceLag behind its rate begins again.
 func (p *walkPacer) step(paced bool, n int, now time.Time) time.Duration {
 	if !paced || p.rate <= 0 {
 		p.on = false
@@ -36,8 +37,18 @@ func (p *walkPacer) step(paced bool, n int, now time.Time) time.Duration {
 		return 0 // the first step's rows were read before the stretch began
 	}
 	p.rows += n
-	return max(0, time.Duration(float64(p.rows)/float64(p.rate)*float64(time.Second))-now.Sub(p.since))
+	d := time.Duration(float64(p.rows)/float64(p.rate)*float64(time.Second)) - now.Sub(p.since)
+	if d < -maxPaceLag {
+		// behind the rate (PostgreSQL was slow): begin again rather than catch up in a burst
+		p.since, p.rows = now, 0
+		return 0
+	}
+	return max(0, d)
 }
+
+// maxPaceLag is how far behind its rate a paced walk may fall before its stretch begins again:
+// the most it may then read in a burst to catch up.
+const maxPaceLag = 100 * time.Millisecond
 
 // sleepCtx pauses for d or until ctx ends.
 func sleepCtx(ctx context.Context, d time.Duration) {

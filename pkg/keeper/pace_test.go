@@ -28,10 +28,12 @@ func TestWalkPacerStep(t *testing.T) {
 		{true, 100, ms(20), 80 * time.Millisecond},   // 100 rows should take 100 ms; 20 passed
 		{true, 100, ms(100), 100 * time.Millisecond}, // 200 rows: 200 ms; 100 passed
 		{true, 100, ms(400), 0},                      // behind the rate (300 rows, 400 ms): no pause
-		{false, 100, ms(401), 0},                     // not verifying: no pause, the stretch ends
-		{true, 100, ms(402), 0},                      // a new stretch begins
-		{true, 50, ms(412), 40 * time.Millisecond},   // 50 rows of it: 50 ms; 10 passed
-		{true, 5000, ms(452), 5 * time.Second},       // 5,050 rows: 5.05 s; 50 ms passed
+		{true, 100, ms(600), 0},                      // 200 ms behind (400 rows, 600 ms): begins again
+		{true, 100, ms(620), 80 * time.Millisecond},  // 100 rows since: 100 ms; 20 passed, not 220 ms behind
+		{false, 100, ms(701), 0},                     // not verifying: no pause, the stretch ends
+		{true, 100, ms(802), 0},                      // a new stretch begins
+		{true, 50, ms(812), 40 * time.Millisecond},   // 50 rows of it: 50 ms; 10 passed
+		{true, 5000, ms(852), 5 * time.Second},       // 5,050 rows: 5.05 s; 50 ms passed
 	} {
 		if got := p.step(st.paced, st.n, st.now); got != st.want {
 			t.Fatalf("step %d: pause %v, want %v", i, got, st.want)
