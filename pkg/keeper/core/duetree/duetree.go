@@ -746,7 +746,7 @@ func (f *Forest) Flush(t *Tree) {
 		return
 	}
 	fresh := f.stillPending(t, t.pending[:0])
-	slices.SortFunc(fresh, f.Compare)
+	f.sortEntries(fresh)
 	fresh = slices.CompactFunc(fresh, func(a, b Entry) bool { return a.ID() == b.ID() })
 	for _, e := range fresh {
 		f.rec.Built(e.ID())
@@ -771,6 +771,59 @@ func (f *Forest) Flush(t *Tree) {
 	t.pending = nil
 	f.build(t, all)
 }
+
+// sortEntries sorts es as Compare orders them, faster than a comparison sort when es is long (a
+// load's pending list holds millions): by due step with a radix sort, least significant digit
+// first and only over the bits the steps in es span, then each run of entries due in one step by
+// Compare (runs are short: a step is 16 ms). The radix sort needs a scratch copy of es.
+func (f *Forest) sortEntries(es []Entry) {
+	if len(es) < radixMinEntries {
+		slices.SortFunc(es, f.Compare)
+		return
+	}
+	lo, hi := es[0]>>dueShift, es[0]>>dueShift
+	for _, e := range es {
+		lo, hi = min(lo, e>>dueShift), max(hi, e>>dueShift)
+	}
+	span := uint64(hi - lo)
+	src, dst := es, make([]Entry, len(es))
+	for shift := 0; shift < 64 && span>>shift > 0; shift += radixBits {
+		var at [1 << radixBits]int
+		for _, e := range src {
+			at[(uint64(e>>dueShift-lo)>>shift)&radixMask]++
+		}
+		sum := 0
+		for d, c := range at {
+			at[d], sum = sum, sum+c
+		}
+		for _, e := range src {
+			d := (uint64(e>>dueShift-lo) >> shift) & radixMask
+			dst[at[d]] = e
+			at[d]++
+		}
+		src, dst = dst, src
+	}
+	if &src[0] != &es[0] {
+		copy(es, src)
+	}
+	for i := 0; i < len(es); {
+		j := i + 1
+		for j < len(es) && es[j]>>dueShift == es[i]>>dueShift {
+			j++
+		}
+		if j-i > 1 {
+			slices.SortFunc(es[i:j], f.Compare)
+		}
+		i = j
+	}
+}
+
+// The radix sort of sortEntries: digits of radixBits bits, for lists of radixMinEntries or more.
+const (
+	radixBits       = 11
+	radixMask       = 1<<radixBits - 1
+	radixMinEntries = 4096
+)
 
 // stillPending appends to out the entries of t's pending list that still stand for their records
 // (Records.Pending, and due in the same step as when added), each with its lease as it is now; an

@@ -287,3 +287,33 @@ func TestBulkBuild(t *testing.T) {
 		}
 	}
 }
+
+// TestSortEntriesMatchesCompare: sortEntries orders lists long and short, spread over years or
+// crowded into a few steps (ties broken by the records), leased or not, as a sort by Compare does.
+func TestSortEntriesMatchesCompare(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 8))
+	for _, tc := range []struct {
+		n      int   // entries
+		spanMs int64 // their due times spread over [t0Ms, t0Ms+spanMs)
+	}{
+		{10, 1000}, {5000, 16}, {5000, 1000}, {100_000, 96 * 3600 * 1000}, {100_000, 40 * 365 * 24 * 3600 * 1000}, {20_000, 0},
+	} {
+		m := newTestRecords(tc.n)
+		f := NewForest(m)
+		es := make([]Entry, tc.n)
+		for i := range es {
+			due := int64(t0Ms)
+			if tc.spanMs > 0 {
+				due += rng.Int64N(tc.spanMs)
+			}
+			m.recs[i] = &testRec{due: due, leased: rng.IntN(3) == 0}
+			es[i] = m.entry(uint32(i))
+		}
+		want := slices.Clone(es)
+		slices.SortFunc(want, f.Compare)
+		f.sortEntries(es)
+		if !slices.Equal(es, want) {
+			t.Fatalf("%d entries over %d ms: sortEntries differs from a sort by Compare", tc.n, tc.spanMs)
+		}
+	}
+}
