@@ -787,7 +787,7 @@ func (f *Forest) sortEntries(es []Entry) {
 	}
 	span := uint64(hi - lo)
 	src, dst := es, make([]Entry, len(es))
-	for shift := 0; shift < 64 && span>>shift > 0; shift += radixBits {
+	for shift := 0; span>>shift > 0; shift += radixBits {
 		var at [1 << radixBits]int
 		for _, e := range src {
 			at[(uint64(e>>dueShift-lo)>>shift)&radixMask]++
@@ -808,7 +808,7 @@ func (f *Forest) sortEntries(es []Entry) {
 	}
 	for i := 0; i < len(es); {
 		j := i + 1
-		for j < len(es) && es[j]>>dueShift == es[i]>>dueShift {
+		for j < len(es) && sameStep(es[j], es[i]) {
 			j++
 		}
 		if j-i > 1 {
