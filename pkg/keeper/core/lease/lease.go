@@ -49,14 +49,8 @@ func (t *Table) Extend(id uint32, token uint64, expiresMs int64) { t.set(id, tok
 func (t *Table) set(id uint32, token uint64, expiresMs int64) {
 	if i, ok := t.byID[id]; ok {
 		l := &t.slab[i]
-		l.token = token
-		if expiresMs < l.expires {
-			l.expires = expiresMs
-			t.up(int(l.pos))
-		} else {
-			l.expires = expiresMs
-			t.down(int(l.pos))
-		}
+		l.token, l.expires = token, expiresMs
+		t.fix(int(l.pos))
 		return
 	}
 	var i int32
@@ -114,10 +108,15 @@ func (t *Table) remove(i int32) {
 	}
 	t.heap = t.heap[:last]
 	if pos != last {
-		t.down(pos)
-		t.up(pos)
+		t.fix(pos)
 	}
 	t.free = append(t.free, i)
+}
+
+// fix moves the lease at heap position i to its place after its expiry changed.
+func (t *Table) fix(i int) {
+	t.down(i)
+	t.up(i)
 }
 
 func (t *Table) less(a, b int) bool { return t.slab[t.heap[a]].expires < t.slab[t.heap[b]].expires }
