@@ -45,9 +45,8 @@ func TestWalkPacerStep(t *testing.T) {
 }
 
 // pacedShard returns a loaded shard over a memstore holding n due rows, walking at most rate rows a
-// second, on a fake clock that its pauses advance; pauses collects them. onPause, when set, runs
-// at each pause.
-func pacedShard(t *testing.T, n, rate int, settings Settings) (sh *Shard, pauses *[]time.Duration, onPause *func()) {
+// second, on a fake clock that its pauses advance; pauses collects them.
+func pacedShard(t *testing.T, n, rate int, settings Settings) (sh *Shard, pauses *[]time.Duration) {
 	t.Helper()
 	ctx := context.Background()
 	st := memstore.New(memstore.Options{})
@@ -63,13 +62,10 @@ func pacedShard(t *testing.T, n, rate int, settings Settings) (sh *Shard, pauses
 	if err != nil {
 		t.Fatal(err)
 	}
-	pauses, onPause = new([]time.Duration), new(func())
+	pauses = new([]time.Duration)
 	sh.pause = func(_ context.Context, d time.Duration) {
 		*pauses = append(*pauses, d)
 		clock.Set(clock.Now().Add(d))
-		if *onPause != nil {
-			(*onPause)()
-		}
 	}
 	if rep := sh.Walk(ctx, true); rep.Failed || sh.core.Held() != n {
 		t.Fatalf("load: %+v, held %d", rep, sh.core.Held())
@@ -77,7 +73,7 @@ func pacedShard(t *testing.T, n, rate int, settings Settings) (sh *Shard, pauses
 	if len(*pauses) != 0 {
 		t.Fatalf("the load paused %d times", len(*pauses))
 	}
-	return sh, pauses, onPause
+	return sh, pauses
 }
 
 func sum(ds []time.Duration) (s time.Duration) {
@@ -95,7 +91,7 @@ func TestVerificationWalkIsPaced(t *testing.T) {
 	ctx := context.Background()
 
 	t.Run("verifying", func(t *testing.T) {
-		sh, pauses, _ := pacedShard(t, n, rate, allSlots(0))
+		sh, pauses := pacedShard(t, n, rate, allSlots(0))
 		rep := sh.Walk(ctx, true)
 		if rep.Failed || rep.Counts.Scanned != n {
 			t.Fatalf("re-walk: %+v", rep)
@@ -111,7 +107,7 @@ func TestVerificationWalkIsPaced(t *testing.T) {
 	})
 
 	t.Run("after a gap", func(t *testing.T) {
-		sh, pauses, _ := pacedShard(t, n, rate, allSlots(0))
+		sh, pauses := pacedShard(t, n, rate, allSlots(0))
 		sh.HandleBatch(store.Batch{Kind: store.KindGap, Err: errors.New("injected")})
 		sh.HandleBatch(store.Batch{Kind: store.KindResumed})
 		if rep := sh.Walk(ctx, true); rep.Failed || len(*pauses) != 0 {
@@ -126,8 +122,10 @@ func TestVerificationWalkIsPaced(t *testing.T) {
 	})
 
 	t.Run("a gap midway", func(t *testing.T) {
-		sh, pauses, onPause := pacedShard(t, n, rate, allSlots(0))
-		*onPause = func() {
+		sh, pauses := pacedShard(t, n, rate, allSlots(0))
+		pause := sh.pause
+		sh.pause = func(ctx context.Context, d time.Duration) {
+			pause(ctx, d)
 			if len(*pauses) == 3 {
 				sh.HandleBatch(store.Batch{Kind: store.KindGap, Err: errors.New("injected")})
 			}
@@ -147,14 +145,14 @@ func TestVerificationWalkIsPaced(t *testing.T) {
 				settings.Incoming.Add(sl)
 			}
 		}
-		sh, pauses, _ := pacedShard(t, n, rate, settings)
+		sh, pauses := pacedShard(t, n, rate, settings)
 		if rep := sh.Walk(ctx, true); rep.Failed || len(*pauses) != 0 {
 			t.Fatalf("a walk with incoming slots paused %d times (%+v)", len(*pauses), rep)
 		}
 	})
 
 	t.Run("rate 0", func(t *testing.T) {
-		sh, pauses, _ := pacedShard(t, n, 0, allSlots(0))
+		sh, pauses := pacedShard(t, n, 0, allSlots(0))
 		if sh.Walk(ctx, true); len(*pauses) != 0 {
 			t.Fatalf("paused %d times at rate 0", len(*pauses))
 		}
