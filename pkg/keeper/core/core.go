@@ -405,11 +405,7 @@ func (c *Core) lookupFound(key string, heldID uint32) (id uint32, held bool, rev
 // ahead, the misses of different keys overlap. Batches of about 128 keys keep what is read
 // within the caches until it is used.
 func (c *Core) Prefetch(n int, key func(i int) string) {
-	var sum uint32
-	for i := range n {
-		sum += c.rows.Prefetch(key(i))
-	}
-	c.prefetched += sum
+	c.prefetched += c.rows.Prefetch(n, key)
 }
 
 // Apply applies one row (walked or from an event) at time now.

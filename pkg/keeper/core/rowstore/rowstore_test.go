@@ -147,12 +147,15 @@ func TestFindFrom(t *testing.T) {
 	}
 }
 
-// TestPrefetchChangesNothing reads ahead keys held, removed, never held and empty, in an empty
-// store, a populated one and one emptied again, and checks that the store is as it was: every
+// TestPrefetchChangesNothing reads ahead keys held, removed, never held and empty, more than
+// one pass's worth, in an empty store, a populated one and one emptied again, and checks that the store is as it was: every
 // lookup the same, the invariants intact.
 func TestPrefetchChangesNothing(t *testing.T) {
 	s := New()
 	keys := []string{"", "k0", "k1", "k50", "gone", "never", strings.Repeat("x", 300)}
+	for i := range 300 { // more than one pass of Prefetch, held and not
+		keys = append(keys, fmt.Sprintf("k%d", i))
+	}
 	check := func(stage string) {
 		t.Helper()
 		type found struct {
@@ -165,9 +168,7 @@ func TestPrefetchChangesNothing(t *testing.T) {
 			before[k] = found{id, ok}
 		}
 		n := s.Len()
-		for _, k := range keys {
-			s.Prefetch(k)
-		}
+		s.Prefetch(len(keys), func(i int) string { return keys[i] })
 		if s.Len() != n {
 			t.Errorf("%s: Len %d after Prefetch, was %d", stage, s.Len(), n)
 		}
