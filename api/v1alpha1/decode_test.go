@@ -8,6 +8,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/serializer"
+	"k8s.io/utils/ptr"
 
 	rqv1 "github.com/renderqueue/renderqueue/api/v1alpha1"
 )
@@ -117,6 +118,10 @@ func TestValidateStoredObjects(t *testing.T) {
 		{"lease of 25h", func(rq *rqv1.RenderQueue) { rq.Spec.LeaseDuration = d(25 * time.Hour) }, "spec.leaseDuration"},
 		{"window of 2ns", func(rq *rqv1.RenderQueue) { rq.Spec.Window = d(2) }, "spec.window"},
 		{"verify interval of 1ms", func(rq *rqv1.RenderQueue) { rq.Spec.VerifyInterval = d(time.Millisecond) }, "spec.verifyInterval"},
+		{"a negative walk rate", func(rq *rqv1.RenderQueue) { rq.Spec.VerifyWalkRate = ptr.To[int32](-1) }, "spec.verifyWalkRate"},
+		{"a walk rate over the maximum", func(rq *rqv1.RenderQueue) {
+			rq.Spec.VerifyWalkRate = ptr.To[int32](rqv1.MaxVerifyWalkRate + 1)
+		}, "spec.verifyWalkRate"},
 		{"no shards", func(rq *rqv1.RenderQueue) { rq.Spec.Shards = 0 }, "spec.shards"},
 		{"a name whose 12th shard Pod would have 64 characters", func(rq *rqv1.RenderQueue) {
 			rq.Name, rq.Spec.Shards = strings.Repeat("w", 55), 12

@@ -15,6 +15,9 @@ const (
 	MaxShards = 256
 	// DefaultVerifyInterval is the default spec.verifyInterval.
 	DefaultVerifyInterval = 60 * time.Minute
+	// DefaultVerifyWalkRate is the default spec.verifyWalkRate, rows a second (the keeper's
+	// keeper.DefaultVerifyWalkRate).
+	DefaultVerifyWalkRate = 100_000
 	// DefaultLeaseDuration is the default spec.leaseDuration.
 	DefaultLeaseDuration = 5 * time.Minute
 	// DefaultSubmittedBoost is the default spec.priority.submittedBoost.
@@ -108,6 +111,15 @@ func (s *RenderQueueSpec) VerifyIntervalDuration() time.Duration {
 		return DefaultVerifyInterval
 	}
 	return s.VerifyInterval.Duration
+}
+
+// VerifyWalkRateValue is spec.verifyWalkRate, rows a second; DefaultVerifyWalkRate when unset,
+// 0 for unpaced walks.
+func (s *RenderQueueSpec) VerifyWalkRateValue() int {
+	if s.VerifyWalkRate == nil {
+		return DefaultVerifyWalkRate
+	}
+	return int(*s.VerifyWalkRate)
 }
 
 // LeaseDurationValue is spec.leaseDuration; DefaultLeaseDuration when unset.

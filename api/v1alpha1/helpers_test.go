@@ -4,6 +4,7 @@ import (
 	"testing"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 )
 
 func TestPriorityValues(t *testing.T) {
@@ -37,6 +38,22 @@ func TestDurationDefaults(t *testing.T) {
 		s.LeaseDurationValue() != DefaultLeaseDuration {
 		t.Errorf("unset durations: window %v verify %v lease %v", s.WindowDuration(),
 			s.VerifyIntervalDuration(), s.LeaseDurationValue())
+	}
+}
+
+func TestVerifyWalkRateValue(t *testing.T) {
+	for _, c := range []struct {
+		rate *int32
+		want int
+	}{
+		{nil, DefaultVerifyWalkRate}, // unset: the default
+		{ptr.To[int32](0), 0},        // unpaced
+		{ptr.To[int32](2_500_000), 2_500_000},
+	} {
+		s := RenderQueueSpec{VerifyWalkRate: c.rate}
+		if got := s.VerifyWalkRateValue(); got != c.want {
+			t.Errorf("VerifyWalkRateValue(%v) = %d, want %d", ptr.Deref(c.rate, -1), got, c.want)
+		}
 	}
 }
 

@@ -12,7 +12,8 @@ import (
 // server to what the keeper handles (no value a Go time.Duration cannot hold gets in). They are
 // pointers so that Go clients leave them unset (and the API server applies the default) rather
 // than sending "0s"; read them with the WindowDuration, VerifyIntervalDuration and
-// LeaseDurationValue methods.
+// LeaseDurationValue methods (and spec.verifyWalkRate, a pointer for the same reason, with
+// VerifyWalkRateValue).
 type RenderQueueSpec struct {
 	// Shards is the number of keeper shards (Pods named <name>-shard-<i>), 1..256. The 1024 hash
 	// slots are spread evenly over them; changing it rebalances slots with a two-phase handoff.
@@ -42,6 +43,21 @@ type RenderQueueSpec struct {
 	// +kubebuilder:validation:XValidation:rule="self.matches('^(0|(([0-9]{1,5}([.][0-9]*)?|[.][0-9]+)h|([0-9]{1,7}([.][0-9]*)?|[.][0-9]+)m|([0-9]{1,9}([.][0-9]*)?|[.][0-9]+)s|([0-9]{1,12}([.][0-9]*)?|[.][0-9]+)ms|([0-9]{1,15}([.][0-9]*)?|[.][0-9]+)(us|µs|μs)|([0-9]{1,18}([.][0-9]*)?|[.][0-9]+)ns)+)$') && (duration(self) == duration('0s') || (duration(self) >= duration('10s') && duration(self) <= duration('8760h')))",message="verifyInterval must be 0 or a duration from 10s to 8760h, such as 60m"
 	// +optional
 	VerifyInterval *metav1.Duration `json:"verifyInterval,omitempty"`
+
+	// VerifyWalkRate is the most rows a second a shard's verification walk reads (a full walk
+	// while the shard is exact and no slots are arriving): the walk pauses between its steps to
+	// keep to it, so that it leaves CPU to claims and spreads its reads on PostgreSQL. The load
+	// and the walks that repair a gap or prepare incoming slots are never paced. Defaults to
+	// 100000 (a 10M-row shard verifies in about 100 s); 0 reads as fast as PostgreSQL sends; at
+	// most 100000000. Raise it when a shard holds so many rows, or verifies so often, that a walk
+	// at this rate would take about as long as verifyInterval (rows / rate should stay well below
+	// it, or walks run back to back). A change reaches running shards without a restart and
+	// applies from their next walk.
+	// +kubebuilder:default=100000
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=100000000
+	// +optional
+	VerifyWalkRate *int32 `json:"verifyWalkRate,omitempty"`
 
 	// Priority tunes the claim order.
 	// +kubebuilder:default={}

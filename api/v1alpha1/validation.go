@@ -14,7 +14,7 @@ import (
 	kjson "sigs.k8s.io/json"
 )
 
-// Bounds the API server enforces (the CEL rules of renderqueue_types.go) and Validate checks
+// Bounds the API server enforces (the rules of renderqueue_types.go) and Validate checks
 // again in Go, for objects stored before the rules were tightened.
 const (
 	// MaxNameLength is the longest RenderQueue name: its shard Pods are named
@@ -25,6 +25,8 @@ const (
 	MinWindow, MaxWindow = time.Minute, 8760 * time.Hour
 	// MinVerifyInterval and MaxVerifyInterval bound a non-zero spec.verifyInterval.
 	MinVerifyInterval, MaxVerifyInterval = 10 * time.Second, 8760 * time.Hour
+	// MaxVerifyWalkRate bounds spec.verifyWalkRate (rows a second; 0 is unpaced).
+	MaxVerifyWalkRate = 100_000_000
 	// MinLeaseDuration and MaxLeaseDuration bound spec.leaseDuration (the keeper's longest
 	// lease a claim may ask for is 24h too).
 	MinLeaseDuration, MaxLeaseDuration = time.Second, 24 * time.Hour
@@ -92,10 +94,10 @@ func (rq *RenderQueue) DecodeErr() error {
 }
 
 // Validate checks what the operator and the keeper rely on: the object decoded whole
-// (DecodeErr), its name gives valid child names, the durations are within their bounds, the
-// Secret references are Secret names and keys, the image has no whitespace. The API server
-// enforces the same rules on every write since they were added; Validate catches objects stored
-// before. The error names each field.
+// (DecodeErr), its name gives valid child names, the durations and the verification walk rate
+// are within their bounds, the Secret references are Secret names and keys, the image has no
+// whitespace. The API server enforces the same rules on every write since they were added;
+// Validate catches objects stored before. The error names each field.
 func (rq *RenderQueue) Validate() error {
 	if err := rq.DecodeErr(); err != nil {
 		return err
@@ -123,6 +125,10 @@ func (rq *RenderQueue) Validate() error {
 	errs = append(errs, durationBounds(spec.Child("window"), s.Window, true, MinWindow, MaxWindow)...)
 	errs = append(errs, durationBounds(spec.Child("verifyInterval"), s.VerifyInterval, true, MinVerifyInterval, MaxVerifyInterval)...)
 	errs = append(errs, durationBounds(spec.Child("leaseDuration"), s.LeaseDuration, false, MinLeaseDuration, MaxLeaseDuration)...)
+	if r := s.VerifyWalkRate; r != nil && (*r < 0 || *r > MaxVerifyWalkRate) {
+		errs = append(errs, field.Invalid(spec.Child("verifyWalkRate"), *r,
+			fmt.Sprintf("must be from 0 (unpaced) to %d rows a second", MaxVerifyWalkRate)))
+	}
 	for i, f := range s.Priority.Floors {
 		p := spec.Child("priority", "floors").Index(i).Child("cadence")
 		c := f.Cadence

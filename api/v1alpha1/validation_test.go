@@ -91,7 +91,7 @@ var _ = AfterSuite(func() {
 // goChecked says whether RenderQueue.Validate, the Go mirror of the rules the operator and the
 // keeper rely on (for objects stored before the rules), checks field.
 func goChecked(field string) bool {
-	for _, p := range []string{"metadata.name", "spec.shards", "spec.window", "spec.verifyInterval", "spec.leaseDuration",
+	for _, p := range []string{"metadata.name", "spec.shards", "spec.window", "spec.verifyInterval", "spec.verifyWalkRate", "spec.leaseDuration",
 		"spec.store", "spec.image"} {
 		if field == p || strings.HasPrefix(field, p+".") || strings.HasPrefix(field, p+"[") {
 			return true
@@ -161,6 +161,12 @@ var _ = Describe("RenderQueue validation", func() {
 		Entry("verifyInterval just under 10s", "verifyInterval", "9s", "spec.verifyInterval", verifyMsg),
 		Entry("verifyInterval over a year", "verifyInterval", "8761h", "spec.verifyInterval", verifyMsg),
 		Entry("verifyInterval that overflows", "verifyInterval", "2562048h", "spec.verifyInterval", verifyMsg),
+
+		Entry("negative verifyWalkRate", "verifyWalkRate", int64(-1), "spec.verifyWalkRate", "should be greater than or equal to 0"),
+		Entry("verifyWalkRate over the maximum", "verifyWalkRate", int64(rqv1.MaxVerifyWalkRate+1), "spec.verifyWalkRate", "should be less than or equal to 100000000"),
+		Entry("verifyWalkRate past an int32", "verifyWalkRate", int64(1<<31), "spec.verifyWalkRate", "should be less than or equal to 100000000"),
+		Entry("fractional verifyWalkRate", "verifyWalkRate", 1.5, "spec.verifyWalkRate", "must be of type integer"),
+		Entry("verifyWalkRate as a string", "verifyWalkRate", "100000", "spec.verifyWalkRate", "must be of type integer"),
 
 		Entry("zero leaseDuration", "leaseDuration", "0s", "spec.leaseDuration", leaseMsg),
 		Entry("negative leaseDuration", "leaseDuration", "-30s", "spec.leaseDuration", leaseMsg),
@@ -251,6 +257,9 @@ var _ = Describe("RenderQueue validation", func() {
 		Entry("verifyInterval 0", "verifyInterval", "0s"),
 		Entry("verifyInterval of 10s", "verifyInterval", "10s"),
 		Entry("verifyInterval of a year", "verifyInterval", "8760h"),
+		Entry("verifyWalkRate 0 (unpaced)", "verifyWalkRate", int64(0)),
+		Entry("verifyWalkRate of 1", "verifyWalkRate", int64(1)),
+		Entry("verifyWalkRate at the maximum", "verifyWalkRate", int64(rqv1.MaxVerifyWalkRate)),
 		Entry("leaseDuration of 1s", "leaseDuration", "1s"),
 		Entry("leaseDuration of 1000ms", "leaseDuration", "1000ms"),
 		Entry("leaseDuration of 24h", "leaseDuration", "24h"),
@@ -442,6 +451,8 @@ var _ = Describe("RenderQueue validation", func() {
 		Expect(rq.Spec.Window.Duration).To(BeZero())
 		Expect(rq.Spec.VerifyInterval).NotTo(BeNil())
 		Expect(rq.Spec.VerifyInterval.Duration).To(Equal(rqv1.DefaultVerifyInterval))
+		Expect(rq.Spec.VerifyWalkRate).To(HaveValue(BeEquivalentTo(rqv1.DefaultVerifyWalkRate)))
+		Expect(rq.Spec.VerifyWalkRateValue()).To(Equal(rqv1.DefaultVerifyWalkRate))
 		Expect(rq.Spec.LeaseDuration).NotTo(BeNil())
 		Expect(rq.Spec.LeaseDuration.Duration).To(Equal(rqv1.DefaultLeaseDuration))
 		Expect(rq.Spec.Priority.SubmittedBoost).To(Equal(rqv1.DefaultSubmittedBoost))

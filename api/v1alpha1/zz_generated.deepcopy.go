@@ -194,6 +194,11 @@ func (in *RenderQueueSpec) DeepCopyInto(out *RenderQueueSpec) {
 		*out = new(v1.Duration)
 		**out = **in
 	}
+	if in.VerifyWalkRate != nil {
+		in, out := &in.VerifyWalkRate, &out.VerifyWalkRate
+		*out = new(int32)
+		**out = **in
+	}
 	in.Priority.DeepCopyInto(&out.Priority)
 	if in.LeaseDuration != nil {
 		in, out := &in.LeaseDuration, &out.LeaseDuration
