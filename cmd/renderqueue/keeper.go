@@ -70,7 +70,7 @@ func runKeeper(ctx context.Context, args []string, _, stderr io.Writer) error {
 	}
 	verify := fs.Duration("verify-interval", rqv1.DefaultVerifyInterval, "time between verification walks (clamped to window/3)")
 	lease := fs.Duration("lease", rqv1.DefaultLeaseDuration, "default lease of a claim")
-	walkRate := fs.Int("verify-walk-rate", keeper.DefaultVerifyWalkRate, "most rows a second a verification walk reads, so it leaves CPU to claims and spreads its reads on PostgreSQL (0 = unpaced); the load and walks that repair a gap or prepare slots are never paced")
+	walkRate := fs.Int("verify-walk-rate", rqv1.DefaultVerifyWalkRate, "most rows a second a verification walk reads, so it leaves CPU to claims and spreads its reads on PostgreSQL (0 = unpaced); the load and walks that repair a gap or prepare slots are never paced")
 	boost := fs.Float64("submitted-boost", defBoost, "score multiplier for rows from a sitemap")
 	urgentShare := fs.Float64("urgent-max-share", defShare, "most of a claim batch urgent rows may take while other rows are due")
 	var floors cli.FloorFlags
@@ -140,7 +140,7 @@ func runKeeper(ctx context.Context, args []string, _, stderr io.Writer) error {
 		src = w
 	} else {
 		settings := keeper.Settings{
-			Window: *window, VerifyInterval: *verify, LeaseDuration: *lease,
+			Window: *window, VerifyInterval: *verify, VerifyWalkRate: *walkRate, LeaseDuration: *lease,
 			SubmittedBoost: *boost, UrgentMaxShare: *urgentShare, Floors: floors, Reschedule: resched.Policy,
 			Owned: schedule.AllSlots(),
 		}
@@ -149,7 +149,7 @@ func runKeeper(ctx context.Context, args []string, _, stderr io.Writer) error {
 		}
 		src = keeper.StaticSource{Settings: settings}
 	}
-	return serveShard(ctx, log, *dsn, *name, *listen, token, limits, certs, src, *walkRate)
+	return serveShard(ctx, log, *dsn, *name, *listen, token, limits, certs, src)
 }
 
 // storeConnectTimeout bounds one attempt to open the store (a host that drops packets would
@@ -161,7 +161,7 @@ const storeConnectTimeout = 15 * time.Second
 // /healthz, and /v1/status as unready with the error; /readyz waits for the load. With certs it
 // serves HTTPS with their certificate.
 func serveShard(ctx context.Context, log logr.Logger, dsn, name, listen, token string, limits httpserve.Limits,
-	certs *httpserve.CertFiles, src keeper.SettingsSource, walkRate int) error {
+	certs *httpserve.CertFiles, src keeper.SettingsSource) error {
 	settings, err := src.Initial(ctx)
 	if err != nil {
 		return fmt.Errorf("reading the shard's settings: %w", err)
@@ -188,7 +188,6 @@ func serveShard(ctx context.Context, log logr.Logger, dsn, name, listen, token s
 		buildinfo.NewCollector("keeper", buildinfo.Read(version)))
 	shard, err := keeper.NewShard(keeper.Options{
 		Name: name, Open: open, Log: log.WithName("keeper"), Metrics: shardmetrics.New(reg),
-		VerifyWalkRate: walkRate,
 	}, settings)
 	if err != nil {
 		return err
@@ -208,7 +207,7 @@ func serveShard(ctx context.Context, log logr.Logger, dsn, name, listen, token s
 		serve = func() error { return srv.ServeTLS(ln, "", "") }
 	}
 	log.Info("Keeper serving", "shard", name, "listen", ln.Addr().String(), "window", settings.Window,
-		"walkInterval", settings.WalkInterval(), "auth", token != "", "tls", certs != nil)
+		"walkInterval", settings.WalkInterval(), "verifyWalkRate", settings.VerifyWalkRate, "auth", token != "", "tls", certs != nil)
 
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()

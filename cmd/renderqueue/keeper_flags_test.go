@@ -6,8 +6,8 @@ import (
 	"testing"
 )
 
-// TestKeeperPolicyFlags: bad floors and reschedule policies stop the standalone keeper before it
-// connects to anything.
+// TestKeeperPolicyFlags: bad floors, reschedule policies and walk rates stop the standalone keeper
+// before it connects to anything.
 func TestKeeperPolicyFlags(t *testing.T) {
 	base := []string{"keeper", "--dsn", "host=/nonexistent", "--insecure-no-auth"}
 	for _, c := range []struct {
@@ -20,6 +20,7 @@ func TestKeeperPolicyFlags(t *testing.T) {
 		{[]string{"--floor", "1h/submitted=0.6", "--floor", "24h/submitted=0.6"}, "must not sum past 1"},
 		{[]string{"--floor", "1h/submitted=0.1,60m/submitted=0.1"}, "more than one floor"},
 		{[]string{"--reschedule", "phase"}, "unknown reschedule policy"},
+		{[]string{"--verify-walk-rate", "-1"}, "--verify-walk-rate -1 is negative"},
 	} {
 		var out, errb bytes.Buffer
 		if code := run(append(append([]string{}, base...), c.args...), &out, &errb); code == 0 || !strings.Contains(errb.String(), c.want) {

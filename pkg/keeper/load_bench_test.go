@@ -87,7 +87,9 @@ func BenchmarkShardLoad(b *testing.B) {
 						sh = nil
 					}
 					before := coretest.LiveHeap()
-					sh, err = NewShard(Options{Name: "bench", Store: st, Log: logr.Discard(), VerifyWalkRate: benchWalkRate(b)}, allSlots(0))
+					settings := allSlots(0)
+					settings.VerifyWalkRate = benchWalkRate(b)
+					sh, err = NewShard(Options{Name: "bench", Store: st, Log: logr.Discard()}, settings)
 					if err != nil {
 						b.Fatal(err)
 					}

@@ -5,8 +5,9 @@ import (
 	"time"
 )
 
-// DefaultVerifyWalkRate is the keeper command's Options.VerifyWalkRate: a shard of 10M rows
-// verifies them in 100 s, against a default verify interval of an hour.
+// DefaultVerifyWalkRate is the default Settings.VerifyWalkRate of the keeper command and of a
+// RenderQueue (its spec.verifyWalkRate, rqv1.DefaultVerifyWalkRate): a shard of 10M rows verifies
+// them in 100 s, against a default verify interval of an hour.
 const DefaultVerifyWalkRate = 100_000
 
 // walkPacer keeps a verification walk to at most rate rows a second, in pauses between the

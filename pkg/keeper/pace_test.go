@@ -45,7 +45,7 @@ func TestWalkPacerStep(t *testing.T) {
 }
 
 // pacedShard returns a loaded shard over a memstore holding n due rows, walking at most rate rows a
-// second, on a fake clock that its pauses advance; pauses collects them.
+// second (settings' VerifyWalkRate), on a fake clock that its pauses advance; pauses collects them.
 func pacedShard(t *testing.T, n, rate int, settings Settings) (sh *Shard, pauses *[]time.Duration) {
 	t.Helper()
 	ctx := context.Background()
@@ -58,7 +58,8 @@ func pacedShard(t *testing.T, n, rate int, settings Settings) (sh *Shard, pauses
 		t.Fatal(err)
 	}
 	clock := &fakeClock{now: t0}
-	sh, err := NewShard(Options{Name: "paced", Store: st, Clock: clock.Now, Log: logr.Discard(), VerifyWalkRate: rate}, settings)
+	settings.VerifyWalkRate = rate
+	sh, err := NewShard(Options{Name: "paced", Store: st, Clock: clock.Now, Log: logr.Discard()}, settings)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -159,9 +160,51 @@ func TestVerificationWalkIsPaced(t *testing.T) {
 	})
 }
 
-// TestNegativeWalkRateIsRefused: a negative rate is an error, not an unpaced walk.
+// TestWalkRateFollowsSettings: settings that change the rate of a running shard pace its next
+// walks at the new rate (a settings source such as the RenderQueue's spec.verifyWalkRate changes
+// it without a restart); 0 stops the pauses, and a rate given again brings them back.
+func TestWalkRateFollowsSettings(t *testing.T) {
+	const n = 10_000
+	ctx := context.Background()
+	sh, pauses := pacedShard(t, n, 1000, allSlots(0))
+	for _, rate := range []int{1000, 4000, 0, 250} {
+		settings := allSlots(0)
+		settings.VerifyWalkRate = rate
+		if err := sh.UpdateSettings(ctx, settings); err != nil {
+			t.Fatal(err)
+		}
+		*pauses = nil
+		rep := sh.Walk(ctx, true)
+		if rep.Failed || rep.Counts.Scanned != n {
+			t.Fatalf("rate %d: walk %+v", rate, rep)
+		}
+		if rate == 0 {
+			if len(*pauses) != 0 {
+				t.Fatalf("rate 0: paused %d times", len(*pauses))
+			}
+			continue
+		}
+		// as in TestVerificationWalkIsPaced: the rows after the first step take rows/rate
+		lo, hi := time.Duration(n-walkStepRows)*time.Second/time.Duration(rate), time.Duration(n)*time.Second/time.Duration(rate)
+		if got := sum(*pauses); got < lo || got > hi {
+			t.Fatalf("rate %d: paused %v in %d pauses, want %v..%v", rate, got, len(*pauses), lo, hi)
+		}
+	}
+}
+
+// TestNegativeWalkRateIsRefused: a negative rate is an error, not an unpaced walk, at the start
+// and in new settings (which leave the shard at its rate).
 func TestNegativeWalkRateIsRefused(t *testing.T) {
-	if _, err := NewShard(Options{Store: memstore.New(memstore.Options{}), VerifyWalkRate: -1}, allSlots(0)); err == nil {
+	bad := allSlots(0)
+	bad.VerifyWalkRate = -1
+	if _, err := NewShard(Options{Store: memstore.New(memstore.Options{})}, bad); err == nil {
 		t.Fatal("a negative walk rate was accepted")
+	}
+	sh, pauses := pacedShard(t, 1000, 1000, allSlots(0))
+	if err := sh.UpdateSettings(context.Background(), bad); err == nil {
+		t.Fatal("settings with a negative walk rate were adopted")
+	}
+	if sh.Walk(context.Background(), true); len(*pauses) == 0 {
+		t.Fatal("the shard stopped pacing after refusing a negative rate")
 	}
 }

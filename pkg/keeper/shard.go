@@ -33,6 +33,12 @@ type Settings struct {
 	VerifyInterval time.Duration
 	// LeaseDuration is the default lease of a claim.
 	LeaseDuration time.Duration
+	// VerifyWalkRate is the most rows a second a verification walk reads: a full walk while the
+	// shard is exact and no slots are arriving pauses between its steps to keep to it (see
+	// walkPacer). 0: every walk reads as fast as the store sends. The load and the walks that
+	// repair a gap or prepare slots are never paced. A walk keeps the rate it started with; a
+	// change applies from the next walk.
+	VerifyWalkRate int
 	// SubmittedBoost, UrgentMaxShare, Floors and Reschedule are the claim policy (see policy.Config).
 	SubmittedBoost float64
 	UrgentMaxShare float64
@@ -55,6 +61,9 @@ func (s Settings) Validate() error {
 	}
 	if s.LeaseDuration <= 0 {
 		errs = append(errs, fmt.Errorf("leaseDuration %v must be positive", s.LeaseDuration))
+	}
+	if s.VerifyWalkRate < 0 {
+		errs = append(errs, fmt.Errorf("verifyWalkRate %d rows/s is negative", s.VerifyWalkRate))
 	}
 	for _, sl := range s.Owned.Slots() {
 		if s.Incoming.Has(sl) {
@@ -102,11 +111,6 @@ type Options struct {
 	Log logr.Logger
 	// Metrics, when set, receives the shard's Prometheus event metrics (shardmetrics.New).
 	Metrics *shardmetrics.Metrics
-	// VerifyWalkRate is the most rows a second a verification walk reads: a full walk while the
-	// shard is exact and no slots are arriving pauses between its steps to keep to it (see
-	// walkPacer). 0: every walk reads as fast as the store sends. The load and the walks that
-	// repair a gap or prepare slots are never paced.
-	VerifyWalkRate int
 }
 
 // Defaults of Options.ConnectBackoffMin and ConnectBackoffMax.
@@ -145,10 +149,8 @@ type Shard struct {
 	openBackoff *backoff
 
 	walkMu sync.Mutex // one walk at a time
-	// walkRate is Options.VerifyWalkRate; pause waits between the steps of a paced walk
-	// (sleepCtx; tests record the pauses instead).
-	walkRate int
-	pause    func(ctx context.Context, d time.Duration)
+	// pause waits between the steps of a paced walk (sleepCtx; tests record the pauses instead).
+	pause func(ctx context.Context, d time.Duration)
 
 	statusMu   sync.Mutex // guards lastStatus; one status computation at a time
 	lastStatus *shardapi.Status
@@ -191,9 +193,6 @@ func NewShard(opts Options, s Settings) (*Shard, error) {
 	if opts.Store == nil && opts.Open == nil {
 		return nil, errors.New("shard: no store (Options.Store or Options.Open)")
 	}
-	if opts.VerifyWalkRate < 0 {
-		return nil, fmt.Errorf("shard: verify walk rate %d rows/s is negative", opts.VerifyWalkRate)
-	}
 	if opts.ConnectBackoffMin <= 0 {
 		opts.ConnectBackoffMin = DefaultConnectBackoffMin
 	}
@@ -211,7 +210,7 @@ func NewShard(opts Options, s Settings) (*Shard, error) {
 	}
 	sh := &Shard{
 		name: opts.Name, st: opts.Store, open: opts.Open, clock: opts.Clock, log: opts.Log, m: opts.Metrics,
-		walkRate: opts.VerifyWalkRate, pause: sleepCtx,
+		pause:       sleepCtx,
 		openBackoff: newBackoff(opts.ConnectBackoffMin, opts.ConnectBackoffMax),
 		core:        c, settings: s, cov: coverage.New(s.Window, s.Epoch), wake: make(chan struct{}, 1), leased: map[uint64]leasedRev{},
 		resub: make(chan struct{}, 1),
@@ -332,10 +331,10 @@ func (s *Shard) Walk(ctx context.Context, full bool) WalkReport {
 	}
 	s.walkingSince = start
 	started := s.cov.WalkStarting(start, full)
+	pacer := walkPacer{rate: s.settings.VerifyWalkRate} // the rate when the walk starts
 	s.mu.Unlock()
 
 	var unread []int
-	pacer := walkPacer{rate: s.walkRate}
 	res, err := s.st.Walk(ctx, slots, func(item store.WalkItem) error {
 		if item.End {
 			if item.Err != nil {
@@ -476,11 +475,11 @@ func (s *Shard) ownedWalked() bool {
 	return true
 }
 
-// UpdateSettings adopts new settings: policy at once; slots that left are dropped, slots that
-// arrive are held (incoming) or served (owned). Once subscribed, the subscription follows the
-// slot set in the background (Run's resubscriber: it may wait for the database), and walks wait
-// until it does. A walk is requested when slots arrived or the window changed. It never waits for
-// the database.
+// UpdateSettings adopts new settings: policy at once, the verification walk rate from the next
+// walk; slots that left are dropped, slots that arrive are held (incoming) or served (owned).
+// Once subscribed, the subscription follows the slot set in the background (Run's resubscriber:
+// it may wait for the database), and walks wait until it does. A walk is requested when slots
+// arrived or the window changed. It never waits for the database.
 func (s *Shard) UpdateSettings(ctx context.Context, ns Settings) error {
 	if err := ns.Validate(); err != nil {
 		return fmt.Errorf("shard settings: %w", err)

@@ -1,7 +1,7 @@
 // Package kubesource is the keeper shard's settings source inside Kubernetes: it watches the
 // shard's own RenderQueue object (and nothing else — its RBAC allows just that object) and turns
-// its spec (window, verifyInterval, leaseDuration, priority: boost, urgent share, floors,
-// reschedule) and status.membership (the shard's owned and incoming slots and the epoch) into
+// its spec (window, verifyInterval, verifyWalkRate, leaseDuration, priority: boost, urgent share,
+// floors, reschedule) and status.membership (the shard's owned and incoming slots and the epoch) into
 // keeper.Settings, as CloudNativePG's instance manager watches its own Cluster.
 package kubesource
 
@@ -52,6 +52,7 @@ func SettingsFor(rq *rqv1.RenderQueue, shard string) (keeper.Settings, error) {
 	s := keeper.Settings{
 		Window:         rq.Spec.WindowDuration(),
 		VerifyInterval: rq.Spec.VerifyIntervalDuration(),
+		VerifyWalkRate: rq.Spec.VerifyWalkRateValue(),
 		LeaseDuration:  rq.Spec.LeaseDurationValue(),
 		SubmittedBoost: boost,
 		UrgentMaxShare: share,

@@ -2,6 +2,7 @@ package kubesource
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -13,6 +14,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
@@ -67,6 +69,7 @@ func TestSettingsFor(t *testing.T) {
 			rq.Spec.Priority.Floors = []rqv1.Floor{{Cadence: metav1.Duration{Duration: time.Hour}, Source: "crawler", Share: "0.1"}}
 		}, "", "", "priority.floors[0]"},
 		{"bad reschedule", func(rq *rqv1.RenderQueue) { rq.Spec.Priority.Reschedule = "Sometimes" }, "", "", "unknown reschedule policy"},
+		{"a walk rate stored before the CRD's bounds", func(rq *rqv1.RenderQueue) { rq.Spec.VerifyWalkRate = ptr.To[int32](-5) }, "", "", "spec.verifyWalkRate"},
 	}
 	for _, tc := range cases {
 		rq := testRQ()
@@ -91,6 +94,19 @@ func TestSettingsFor(t *testing.T) {
 		if s.Window != 24*time.Hour || s.SubmittedBoost != 2 || s.UrgentMaxShare != 0.2 || s.LeaseDuration != 5*time.Minute ||
 			s.Floors != nil || s.Reschedule != policy.KeepPhase {
 			t.Errorf("%s: policy %+v", tc.name, s)
+		}
+		// spec.verifyWalkRate unset: the keeper's default (the API's default is the keeper's)
+		if s.VerifyWalkRate != keeper.DefaultVerifyWalkRate {
+			t.Errorf("%s: walk rate %d, want the default %d", tc.name, s.VerifyWalkRate, keeper.DefaultVerifyWalkRate)
+		}
+	}
+
+	for _, rate := range []int32{0, 1, 2_500_000, rqv1.MaxVerifyWalkRate} {
+		rq := testRQ()
+		rq.Spec.VerifyWalkRate = &rate
+		s, err := SettingsFor(rq, "web-shard-1")
+		if err != nil || s.VerifyWalkRate != int(rate) {
+			t.Errorf("spec.verifyWalkRate %d: settings rate %d, %v", rate, s.VerifyWalkRate, err)
 		}
 	}
 
@@ -145,7 +161,7 @@ func TestSourceFollowsItsRenderQueue(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if s.Window != 24*time.Hour || !s.Owned.IsEmpty() {
+	if s.Window != 24*time.Hour || !s.Owned.IsEmpty() || s.VerifyWalkRate != keeper.DefaultVerifyWalkRate {
 		t.Fatalf("initial %+v", s)
 	}
 	ch := make(chan keeper.Settings, 4)
@@ -194,4 +210,18 @@ func TestSourceFollowsItsRenderQueue(t *testing.T) {
 		return len(s.Floors) == 1 && s.Floors[0] == (policy.Floor{Cadence: 96 * time.Hour, Source: schedule.SourceDiscovered, Share: 0.05}) &&
 			s.Reschedule == policy.AfterRender && s.Epoch == 3
 	})
+
+	// so does a new verification walk rate, and 0 (unpaced)
+	for _, rate := range []int32{2_000_000, 0} {
+		if err := c.Get(ctx, client.ObjectKeyFromObject(rq), rq); err != nil {
+			t.Fatal(err)
+		}
+		rq.Spec.VerifyWalkRate = ptr.To(rate)
+		if err := c.Update(ctx, rq); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(fmt.Sprintf("walk rate %d", rate), func(s keeper.Settings) bool {
+			return s.VerifyWalkRate == int(rate) && s.Epoch == 3 && s.Reschedule == policy.AfterRender
+		})
+	}
 }
