@@ -162,7 +162,8 @@ func TestVerificationWalkIsPaced(t *testing.T) {
 
 // TestWalkRateFollowsSettings: settings that change the rate of a running shard pace its next
 // walks at the new rate (a settings source such as the RenderQueue's spec.verifyWalkRate changes
-// it without a restart); 0 stops the pauses, and a rate given again brings them back.
+// it without a restart); 0 stops the pauses, and a rate given again brings them back. The status
+// reports the rate.
 func TestWalkRateFollowsSettings(t *testing.T) {
 	const n = 10_000
 	ctx := context.Background()
@@ -172,6 +173,9 @@ func TestWalkRateFollowsSettings(t *testing.T) {
 		settings.VerifyWalkRate = rate
 		if err := sh.UpdateSettings(ctx, settings); err != nil {
 			t.Fatal(err)
+		}
+		if got := sh.Status(sh.clock()).VerifyWalkRate; got == nil || *got != rate {
+			t.Fatalf("rate %d: the status reports %v", rate, got)
 		}
 		*pauses = nil
 		rep := sh.Walk(ctx, true)

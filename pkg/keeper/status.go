@@ -68,6 +68,7 @@ func (s *Shard) Status(now time.Time) shardapi.Status {
 		Exact:          exact,
 		Window:         settings.Window.Seconds(),
 		VerifyInterval: settings.VerifyInterval.Seconds(),
+		VerifyWalkRate: &settings.VerifyWalkRate,
 		Membership: shardapi.Membership{
 			Epoch:         settings.Epoch,
 			Owned:         schedule.FormatSlots(settings.Owned),

@@ -20,13 +20,17 @@ const (
 
 // Status is the body of GET /v1/status.
 type Status struct {
-	Shard          string     `json:"shard"`
-	AsOf           time.Time  `json:"asOf"`
-	Status         string     `json:"status"`
-	Complete       bool       `json:"complete"`
-	Exact          bool       `json:"exact"`
-	Window         float64    `json:"window"`
-	VerifyInterval float64    `json:"verifyInterval"`
+	Shard          string    `json:"shard"`
+	AsOf           time.Time `json:"asOf"`
+	Status         string    `json:"status"`
+	Complete       bool      `json:"complete"`
+	Exact          bool      `json:"exact"`
+	Window         float64   `json:"window"`
+	VerifyInterval float64   `json:"verifyInterval"`
+	// VerifyWalkRate is the most rows a second the shard's verification walks read (0: unpaced),
+	// as its settings say now (a walk in progress keeps the rate it started with). Absent (nil)
+	// from keepers that predate it.
+	VerifyWalkRate *int       `json:"verifyWalkRate,omitempty"`
 	Edge           *time.Time `json:"edge"`
 	// EdgeAheadSeconds is edge − asOf; negative when the edge lags behind the clock. Absent
 	// (null) before the first walk finished, or when the window is 0 and the edge is unbounded.

@@ -32,8 +32,15 @@ func Write(w io.Writer, st shardapi.Status) error {
 	if st.Window > 0 {
 		window = Seconds(st.Window)
 	}
-	p.f("  window %s, verify interval %s; membership epoch %d, owned %s", window, Seconds(st.VerifyInterval),
-		st.Membership.Epoch, orDash(st.Membership.Owned))
+	p.f("  window %s, verify interval %s", window, Seconds(st.VerifyInterval))
+	switch r := st.VerifyWalkRate; {
+	case r == nil: // a keeper that predates the field
+	case *r == 0:
+		p.f(" (walks unpaced)")
+	default:
+		p.f(" (walks at %s rows/s)", num(*r))
+	}
+	p.f("; membership epoch %d, owned %s", st.Membership.Epoch, orDash(st.Membership.Owned))
 	if st.Membership.Incoming != "" {
 		p.f(", incoming %s", st.Membership.Incoming)
 	}

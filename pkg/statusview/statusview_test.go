@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 
+	"k8s.io/utils/ptr"
+
 	"github.com/renderqueue/renderqueue/pkg/shardapi"
 )
 
@@ -12,7 +14,7 @@ import (
 const canned = `{
   "shard": "web-shard-1", "asOf": "2026-11-29T12:00:00.000Z",
   "status": "queued", "complete": true, "exact": true,
-  "window": 86400, "verifyInterval": 3600,
+  "window": 86400, "verifyInterval": 3600, "verifyWalkRate": 100000,
   "edge": "2026-11-30T11:20:00Z", "edgeAheadSeconds": 84000,
   "gap": null,
   "membership": {"epoch": 7, "owned": "0-340", "incoming": "", "preparedEpoch": 7},
@@ -34,7 +36,7 @@ const canned = `{
 }`
 
 const want = `shard web-shard-1 — status QUEUED, exact yes, complete yes (as of 2026-11-29 12:00:00.000Z)
-  window 24h, verify interval 1h; membership epoch 7, owned 0-340
+  window 24h, verify interval 1h (walks at 100,000 rows/s); membership epoch 7, owned 0-340
   edge      2026-11-30 11:20:00.000Z (23h20m ahead)
   rows      held 181,234, owned not held 512,998 (as of 2026-11-29 11:40:00.000Z), invalid 3
   due       4,211 (leased 120)
@@ -102,6 +104,27 @@ func TestWriteTroubles(t *testing.T) {
 	for _, s := range []string{"edge      none yet", "last walk none yet"} {
 		if !strings.Contains(b2.String(), s) {
 			t.Errorf("missing %q in:\n%s", s, b2.String())
+		}
+	}
+}
+
+// TestWriteWalkRate: the verification walk rate beside the verify interval, "unpaced" at 0, and
+// nothing from a keeper that does not report it.
+func TestWriteWalkRate(t *testing.T) {
+	for _, c := range []struct {
+		rate *int
+		want string
+	}{
+		{ptr.To(2_500_000), "verify interval 1h (walks at 2,500,000 rows/s); membership"},
+		{ptr.To(0), "verify interval 1h (walks unpaced); membership"},
+		{nil, "verify interval 1h; membership"},
+	} {
+		var b strings.Builder
+		if err := Write(&b, shardapi.Status{Shard: "s", Status: "unready", VerifyInterval: 3600, VerifyWalkRate: c.rate}); err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(b.String(), c.want) {
+			t.Errorf("missing %q in:\n%s", c.want, b.String())
 		}
 	}
 }
