@@ -1,9 +1,6 @@
 package keeper
 
-import (
-	"context"
-	"time"
-)
+import "time"
 
 // DefaultVerifyWalkRate is the default Settings.VerifyWalkRate of the keeper command and of a
 // RenderQueue (its spec.verifyWalkRate, rqv1.DefaultVerifyWalkRate): a shard of 10M rows verifies
@@ -50,13 +47,3 @@ func (p *walkPacer) step(paced bool, n int, now time.Time) time.Duration {
 // maxPaceLag is how far behind its rate a paced walk may fall before its stretch begins again:
 // the most it may then read in a burst to catch up.
 const maxPaceLag = 100 * time.Millisecond
-
-// sleepCtx pauses for d or until ctx ends.
-func sleepCtx(ctx context.Context, d time.Duration) {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-	case <-ctx.Done():
-	}
-}

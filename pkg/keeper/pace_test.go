@@ -44,7 +44,8 @@ func TestWalkPacerStep(t *testing.T) {
 	}
 }
 
-// pacedShard returns a loaded shard over a memstore holding n due rows, walking at most rate rows a
+// pacedShard returns a loaded shard over a memstore holding n due rows (those of the slots the
+// settings hold are held), walking at most rate rows a
 // second (settings' VerifyWalkRate), on a fake clock that its pauses advance; pauses collects them.
 func pacedShard(t *testing.T, n, rate int, settings Settings) (sh *Shard, pauses *[]time.Duration) {
 	t.Helper()
@@ -68,8 +69,14 @@ func pacedShard(t *testing.T, n, rate int, settings Settings) (sh *Shard, pauses
 		*pauses = append(*pauses, d)
 		clock.Set(clock.Now().Add(d))
 	}
-	if rep := sh.Walk(ctx, true); rep.Failed || sh.core.Held() != n {
-		t.Fatalf("load: %+v, held %d", rep, sh.core.Held())
+	held := 0 // the rows of the slots the settings hold
+	for _, r := range rows {
+		if sl := r.Slot(); settings.Owned.Has(sl) || settings.Incoming.Has(sl) {
+			held++
+		}
+	}
+	if rep := sh.Walk(ctx, true); rep.Failed || sh.core.Held() != held {
+		t.Fatalf("load: %+v, held %d, want %d", rep, sh.core.Held(), held)
 	}
 	if len(*pauses) != 0 {
 		t.Fatalf("the load paused %d times", len(*pauses))
@@ -158,6 +165,55 @@ func TestVerificationWalkIsPaced(t *testing.T) {
 			t.Fatalf("paused %d times at rate 0", len(*pauses))
 		}
 	})
+}
+
+// TestPacedWalkAdoptsSettings: settings sent to Run while a paced walk runs apply at its next
+// pause, not when it ends (at 100,000 rows/s a walk of 10M rows lasts 100 s). Here a slot
+// leaves and another arrives: the walk stops pausing (slots are arriving), finishes, and vouches
+// neither for the slot that left nor for the one that arrived.
+func TestPacedWalkAdoptsSettings(t *testing.T) {
+	const n, rate = 10_000, 1000
+	ctx := context.Background()
+	const left, arriving = 7, 9
+	first := allSlots(0)
+	first.Owned.Remove(arriving)
+	sh, pauses := pacedShard(t, n, rate, first)
+	updates := make(chan Settings, 1)
+	sh.mu.Lock()
+	sh.adopt = updates // as Run does
+	sh.mu.Unlock()
+	next := first
+	next.Epoch = 2
+	next.Owned.Remove(left)
+	next.Incoming.Add(arriving)
+	var adopted bool
+	fake := sh.pause
+	sh.pause = func(ctx context.Context, d time.Duration) {
+		fake(ctx, d) // recorded, and the fake clock advanced
+		if len(*pauses) == 3 {
+			updates <- next
+			wait, cancel := context.WithTimeout(ctx, 10*time.Second) // a bound, should it not adopt them
+			sh.pauseAdopting(wait, time.Hour)                        // returns once it has adopted them
+			cancel()
+			sh.mu.Lock()
+			adopted = sh.settings.Epoch == 2
+			sh.mu.Unlock()
+		}
+	}
+	rep := sh.Walk(ctx, true)
+	if !adopted {
+		t.Fatal("the settings were not adopted during the pause")
+	}
+	if rep.Failed || len(*pauses) != 3 {
+		t.Fatalf("paused %d times, want 3 (none once slots arrive): %+v", len(*pauses), rep)
+	}
+	if sh.core.WalkedBefore(left) || sh.core.WalkedBefore(arriving) {
+		t.Fatalf("walked before: slot %d that left %v, slot %d that arrived %v", left, sh.core.WalkedBefore(left),
+			arriving, sh.core.WalkedBefore(arriving))
+	}
+	if !sh.core.WalkedBefore(0) {
+		t.Fatal("slot 0 not walked")
+	}
 }
 
 // TestWalkRateFollowsSettings: settings that change the rate of a running shard pace its next

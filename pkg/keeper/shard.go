@@ -149,7 +149,8 @@ type Shard struct {
 	openBackoff *backoff
 
 	walkMu sync.Mutex // one walk at a time
-	// pause waits between the steps of a paced walk (sleepCtx; tests record the pauses instead).
+	// pause waits between the steps of a paced walk (pauseAdopting; tests record the pauses
+	// instead).
 	pause func(ctx context.Context, d time.Duration)
 
 	statusMu   sync.Mutex // guards lastStatus; one status computation at a time
@@ -158,6 +159,8 @@ type Shard struct {
 	mu       sync.Mutex
 	core     *core.Core
 	settings Settings
+	// adopt is Run's settings channel, which a paced walk's pauses read (nil outside Run).
+	adopt <-chan Settings
 	// cov holds the rules of what the shard vouches for: loaded, edge, gaps, complete, exact,
 	// prepared.
 	cov          *coverage.Ledger
@@ -210,11 +213,11 @@ func NewShard(opts Options, s Settings) (*Shard, error) {
 	}
 	sh := &Shard{
 		name: opts.Name, st: opts.Store, open: opts.Open, clock: opts.Clock, log: opts.Log, m: opts.Metrics,
-		pause:       sleepCtx,
 		openBackoff: newBackoff(opts.ConnectBackoffMin, opts.ConnectBackoffMax),
 		core:        c, settings: s, cov: coverage.New(s.Window, s.Epoch), wake: make(chan struct{}, 1), leased: map[uint64]leasedRev{},
 		resub: make(chan struct{}, 1),
 	}
+	sh.pause = sh.pauseAdopting
 	for _, sl := range s.Owned.Slots() {
 		c.SetSlot(sl, core.SlotOwned)
 	}
@@ -577,6 +580,14 @@ func (s *Shard) resubscribing() bool {
 // resumes or slots arrive), and adopts settings from updates — at once, even while the database
 // is unreachable. It returns when ctx ends.
 func (s *Shard) Run(ctx context.Context, updates <-chan Settings) error {
+	s.mu.Lock()
+	s.adopt = updates
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		s.adopt = nil
+		s.mu.Unlock()
+	}()
 	if err := s.connect(ctx, updates); err != nil {
 		return err
 	}
@@ -699,6 +710,30 @@ func (s *Shard) connect(ctx context.Context, updates <-chan Settings) error {
 		s.log.Error(err, "Cannot open the store; the shard is unready, retrying", "shard", s.name, "retryIn", wait)
 		if !s.sleepAdopting(ctx, updates, wait) {
 			return ctx.Err()
+		}
+	}
+}
+
+// pauseAdopting is a paced walk's pause: it waits d, or until it has adopted settings sent to
+// Run, or until ctx ends. A verification walk paced over minutes thus does not hold back
+// membership changes: settings apply mid-walk (slots that leave leave the walk too; see
+// core.Core.SetSlots), and slots that arrive end the pacing (verifying), so the walk finishes at
+// full speed and the run loop walks the arriving slots next. Other settings leave the pacing as
+// it was: the next pause makes up for this one's early end. Unpaced walks never pause: settings
+// wait for their end.
+func (s *Shard) pauseAdopting(ctx context.Context, d time.Duration) {
+	s.mu.Lock()
+	updates := s.adopt
+	s.mu.Unlock()
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	case ns := <-updates:
+		if err := s.UpdateSettings(ctx, ns); err != nil {
+			s.setErr(err)
+			s.log.Error(err, "Rejected new settings", "shard", s.name)
 		}
 	}
 }

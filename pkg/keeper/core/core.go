@@ -312,6 +312,7 @@ func (c *Core) SetSlots(states *[schedule.NumSlots]SlotState) {
 	for s := range c.slots {
 		if leaving(uint16(s)) {
 			c.walked[s] = false
+			c.walk.leave(s)
 		}
 	}
 	for k, v := range c.invalid {

@@ -61,6 +61,18 @@ type walkState struct {
 	read [schedule.NumSlots]bool
 }
 
+// leave takes slot s, which left the shard while the walk ran (its rows are dropped), out of the
+// walk: finishing, the walk vouches for nothing in it. Rows held in s again later are marked seen
+// as they come, so the slot's rows are all alike when the walk ends, as between walks. No-op on a
+// nil walk.
+func (w *walkState) leave(s int) {
+	if w == nil {
+		return
+	}
+	w.slots[s], w.read[s] = false, false
+	w.seen[s], w.sweepSlot[s] = 0, sweepNone
+}
+
 type sweepAction uint8
 
 const (

@@ -89,6 +89,9 @@ type WalkStart struct {
 	// Full: the walk reads every owned and incoming slot (otherwise only arriving slots).
 	Full  bool
 	epoch int64
+	// window is the window the walk started under: rows it read before a change of the window
+	// were held or not by the old one.
+	window time.Duration
 	// gapSeq and gapActive are the gap count and whether a gap lasted when the walk started.
 	gapSeq    int
 	gapActive bool
@@ -96,7 +99,7 @@ type WalkStart struct {
 
 // WalkStarting records that a walk starts at now and returns what OnWalkFinished needs.
 func (l *Ledger) WalkStarting(now time.Time, full bool) WalkStart {
-	return WalkStart{At: now, Full: full, epoch: l.epoch, gapSeq: l.gap.Seq, gapActive: l.gapActive}
+	return WalkStart{At: now, Full: full, epoch: l.epoch, window: l.window, gapSeq: l.gap.Seq, gapActive: l.gapActive}
 }
 
 // WalkEnd is how a walk ended.
@@ -111,7 +114,8 @@ type WalkEnd struct {
 }
 
 // OnWalkFinished records the end of the walk that started as w. A full walk that did not fail
-// sets the edge to its start plus the window, marks the shard loaded, and covers every gap that
+// sets the edge to its start plus the window (unless the window changed while it ran: then the
+// edge stays unknown until the next full walk), marks the shard loaded, and covers every gap that
 // had ended before it started. A walk that did not fail prepares the epoch it started in when
 // every incoming slot has been walked and the epoch is still current. It returns true when this
 // walk was the load (the first full walk to finish).
@@ -122,7 +126,9 @@ func (l *Ledger) OnWalkFinished(w WalkStart, end WalkEnd) (firstLoad bool) {
 	}
 	if w.Full {
 		firstLoad = !l.loaded
-		l.edge = core.Edge{Known: true, Unbounded: l.window == 0, At: w.At.Add(l.window)}
+		if w.window == l.window {
+			l.edge = core.Edge{Known: true, Unbounded: l.window == 0, At: w.At.Add(l.window)}
+		}
 		l.loaded = true
 		if !w.gapActive {
 			l.coveredGapSeq = w.gapSeq

@@ -280,6 +280,18 @@ func TestSettings(t *testing.T) {
 	if e := l.Edge(); !e.At.Equal(t0.Add(4*time.Minute + 2*time.Hour)) {
 		t.Fatalf("edge %v, want the walk's start + the new window", e.At)
 	}
+	// the window changes while a full walk runs (a paced walk adopts settings): the walk held
+	// rows by the old window, so it vouches for no edge; the next full walk does
+	w = l.WalkStarting(t0.Add(5*time.Minute), true)
+	l.OnSettings(3*time.Hour, 5, false, false)
+	l.OnWalkFinished(w, WalkEnd{})
+	if l.Edge().Known || l.Complete(t0.Add(6*time.Minute)) {
+		t.Fatalf("after a walk across a window change: edge %+v", l.Edge())
+	}
+	l.OnWalkFinished(l.WalkStarting(t0.Add(7*time.Minute), true), WalkEnd{})
+	if e := l.Edge(); !e.At.Equal(t0.Add(7*time.Minute + 3*time.Hour)) {
+		t.Fatalf("edge %v, want the next walk's start + the new window", e.At)
+	}
 }
 
 // TestEdgeLag: one episode per passing of the edge; none without a bounded edge.
