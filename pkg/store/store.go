@@ -93,7 +93,9 @@ type WalkItem struct {
 	// Segment is the segment the rows belong to: a run of adjacent slots, walked as one key
 	// range (schedule.Run.HashRange).
 	Segment schedule.Run
-	// Rows are rows of the segment's slots in (key_hash, key) order. Empty when End is set.
+	// Rows are rows of the segment's slots in (key_hash, key) order. Empty when End is set. A
+	// store may carve the rows' keys from memory shared by many keys: a caller that keeps a key
+	// on its own for long should keep a copy (strings.Clone), or it keeps the others' memory too.
 	Rows []schedule.Row
 	// End marks the last item of the segment.
 	End bool

@@ -37,6 +37,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/renderqueue/renderqueue/pkg/keeper/core/duetree"
@@ -181,6 +182,8 @@ type Core struct {
 	invalid map[string]known
 	// tombstones holds, while a walk runs, keys whose latest known version is not held.
 	tombstones map[string]known
+	// (Both keep copies of the keys they are given: a walked row's key may share its memory
+	// with thousands of others, which a map entry would keep alive.)
 
 	leases *lease.Table
 
@@ -459,7 +462,7 @@ func (c *Core) apply(nowMs int64, row *schedule.Row, heldID uint32) Outcome {
 			c.removeRow(id)
 		}
 		c.forget(row.Key)
-		c.invalid[row.Key] = known{rev: row.Rev, slot: uint16(slot)}
+		c.setInvalid(row.Key, row.Rev, slot)
 		return Outcome{Result: Invalid, WasHeld: held, Reason: reason}
 	}
 	delete(c.invalid, row.Key)
@@ -478,7 +481,7 @@ func (c *Core) apply(nowMs int64, row *schedule.Row, heldID uint32) Outcome {
 		if held {
 			c.removeRow(id)
 		}
-		c.invalid[row.Key] = known{rev: row.Rev, slot: uint16(slot)}
+		c.setInvalid(row.Key, row.Rev, slot)
 		return Outcome{Result: Invalid, WasHeld: held, Reason: fmt.Sprintf("more than %d distinct (cadence, source, urgent) classes", maxGroups)}
 	}
 	ri, ok := c.routeOf(row.Route)
@@ -486,7 +489,7 @@ func (c *Core) apply(nowMs int64, row *schedule.Row, heldID uint32) Outcome {
 		if held {
 			c.removeRow(id)
 		}
-		c.invalid[row.Key] = known{rev: row.Rev, slot: uint16(slot)}
+		c.setInvalid(row.Key, row.Rev, slot)
 		return Outcome{Result: Invalid, WasHeld: held, Reason: fmt.Sprintf("more than %d distinct routes", maxRoutes)}
 	}
 	if held {
@@ -550,8 +553,13 @@ func (c *Core) Delete(now time.Time, key string, slot int, rev int64) Outcome {
 // remember records, while a walk runs, that key's newest rev is not held.
 func (c *Core) remember(key string, rev int64, slot int) {
 	if c.walk != nil {
-		c.tombstones[key] = known{rev: rev, slot: uint16(slot)}
+		c.tombstones[strings.Clone(key)] = known{rev: rev, slot: uint16(slot)}
 	}
+}
+
+// setInvalid records that key's latest known version (rev) is invalid.
+func (c *Core) setInvalid(key string, rev int64, slot int) {
+	c.invalid[strings.Clone(key)] = known{rev: rev, slot: uint16(slot)}
 }
 
 func (c *Core) forget(key string) {

@@ -25,8 +25,8 @@ func pgMicrosToTime(v int64) time.Time {
 	return columns.MicrosToTime(v + pgEpochMicros)
 }
 
-// decodeRow decodes one binary-format row of rowColumns.
-func decodeRow(vals [][]byte, routes columns.Interner, r *schedule.Row) error {
+// decodeRow decodes one binary-format row of rowColumns, its key through keys.
+func decodeRow(vals [][]byte, keys *columns.Strings, routes columns.Interner, r *schedule.Row) error {
 	if len(vals) != 8 {
 		return fmt.Errorf("row has %d columns, want 8", len(vals))
 	}
@@ -34,7 +34,7 @@ func decodeRow(vals [][]byte, routes columns.Interner, r *schedule.Row) error {
 		return fmt.Errorf("malformed row (column sizes %d,%d,%d,%d,%d,%d,%d,%d)",
 			len(vals[0]), len(vals[1]), len(vals[2]), len(vals[3]), len(vals[4]), len(vals[5]), len(vals[6]), len(vals[7]))
 	}
-	r.Key = string(vals[0])
+	r.Key = keys.Get(vals[0])
 	r.KeyHash = int64(binary.BigEndian.Uint64(vals[1]))
 	switch len(vals[2]) {
 	case 8:

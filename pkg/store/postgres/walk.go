@@ -130,6 +130,7 @@ type walker struct {
 	out    chan<- walkMsg
 	free   chan []schedule.Row
 	routes columns.Interner
+	keys   columns.Strings // walked keys share blocks: the keeper copies those it holds
 	conn   *pgxpool.Conn
 }
 
@@ -280,7 +281,7 @@ func (w *walker) page(ctx context.Context, i int, c *cursor) (int, error) {
 			rows = w.buffer()
 		}
 		rows = append(rows, schedule.Row{})
-		if err := decodeRow(rr.Values(), w.routes, &rows[len(rows)-1]); err != nil {
+		if err := decodeRow(rr.Values(), &w.keys, w.routes, &rows[len(rows)-1]); err != nil {
 			rows = rows[:len(rows)-1]
 			decodeErr = err
 			continue

@@ -63,3 +63,32 @@ func (in Interner) GetString(b string) string {
 	}
 	return s
 }
+
+// Strings copies decoded bytes into strings carved from shared blocks, so a walk of a million
+// keys makes a few hundred allocations instead of a million. A string keeps its whole block
+// alive: use it for strings that are copied elsewhere (the keeper copies every held key into its
+// own arena) or dropped soon, and clone one before keeping it long on its own
+// (strings.Clone). The zero Strings is ready to use; it is not safe for concurrent use.
+type Strings struct {
+	b strings.Builder
+}
+
+// stringsBlock is the size of Strings' blocks; longer strings get their own allocation.
+const stringsBlock = 64 << 10
+
+// Get returns b as a string.
+func (s *Strings) Get(b []byte) string {
+	if len(b) == 0 {
+		return ""
+	}
+	if len(b) > stringsBlock/8 {
+		return string(b)
+	}
+	if s.b.Cap()-s.b.Len() < len(b) {
+		s.b = strings.Builder{} // a new block: the strings of the old one stay as they are
+		s.b.Grow(stringsBlock)
+	}
+	n := s.b.Len()
+	s.b.Write(b)
+	return s.b.String()[n:] // the bytes up to n are never written again
+}
