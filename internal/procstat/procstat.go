@@ -69,6 +69,14 @@ func (t Times) StealShare() float64 {
 	return float64(t.Steal) / float64(t.Total)
 }
 
+// BusyShare returns the share of Total the CPUs were busy, 0..1 (0 for no time).
+func (t Times) BusyShare() float64 {
+	if t.Total <= 0 {
+		return 0
+	}
+	return float64(t.Busy) / float64(t.Total)
+}
+
 // Machine returns the machine's CPU times so far, from /proc/stat (false when it cannot be
 // read).
 func Machine() (Times, bool) {

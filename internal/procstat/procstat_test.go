@@ -73,4 +73,10 @@ func TestParseStat(t *testing.T) {
 	if s := (Times{Steal: time.Second, Total: 4 * time.Second}).StealShare(); s != 0.25 {
 		t.Errorf("StealShare = %v, want 0.25", s)
 	}
+	if s := (Times{Busy: 3 * time.Second, Total: 4 * time.Second}).BusyShare(); s != 0.75 {
+		t.Errorf("BusyShare = %v, want 0.75", s)
+	}
+	if s := (Times{}).BusyShare(); s != 0 {
+		t.Errorf("BusyShare of no time = %v, want 0", s)
+	}
 }

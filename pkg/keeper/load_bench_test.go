@@ -119,6 +119,10 @@ func BenchmarkShardLoad(b *testing.B) {
 				if machineOK {
 					// the machine's CPU time the hypervisor gave to others meanwhile
 					b.ReportMetric(100*machine.StealShare(), "steal-%")
+					// the machine's CPU time outside this process: PostgreSQL's walk backends, mostly
+					b.ReportMetric((machine.Busy-cpu).Seconds()/float64(b.N), "other-cpu-s")
+					// how busy the machine's CPUs were: below 100, the load waited on something
+					b.ReportMetric(100*machine.BusyShare(), "busy-%")
 				}
 			})
 			if sh == nil {
