@@ -8,17 +8,47 @@
 #   BENCH_CLAIM_SECONDS=10  length of each BenchmarkClaimLatency run
 #   BENCH_WALK_RATE=100000  rows/s of BenchmarkShardLoad's paced re-walk (0: unpaced)
 #   BENCH_E2E_ROWS=1000000  rows of `renderqueue bench` (0 skips it)
+#   BENCH_SHARED_BUFFERS=4GB  the throwaway cluster's shared_buffers (default 512MB; the 10M
+#                           figures in docs/benchmarks.md use 4GB)
+#   BENCH_HUGEPAGES=1       as root: reserve huge pages for those shared buffers (vm.nr_hugepages,
+#                           given back at the end), so PostgreSQL uses them (docs/scale.md)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 started_pg=""
-cleanup() { if [ -n "$started_pg" ]; then hack/postgres.sh stop "$RENDERQUEUE_TEST_DSN" >/dev/null 2>&1 || true; fi; }
+hugepages_before=""
+cleanup() {
+  if [ -n "$started_pg" ]; then hack/postgres.sh stop "$RENDERQUEUE_TEST_DSN" >/dev/null 2>&1 || true; fi
+  if [ -n "$hugepages_before" ]; then echo "$hugepages_before" > /proc/sys/vm/nr_hugepages || true; fi
+}
 trap cleanup EXIT
+if [ -n "${BENCH_SHARED_BUFFERS:-}" ]; then
+  export RENDERQUEUE_PG_SHARED_BUFFERS=$BENCH_SHARED_BUFFERS
+fi
+if [ "${BENCH_HUGEPAGES:-}" = 1 ]; then
+  [ "$(id -u)" = 0 ] || { echo "bench.sh: BENCH_HUGEPAGES=1 needs root (it sets vm.nr_hugepages)" >&2; exit 1; }
+  [ -z "${RENDERQUEUE_TEST_DSN:-}" ] || { echo "bench.sh: BENCH_HUGEPAGES=1 starts its own cluster: unset RENDERQUEUE_TEST_DSN" >&2; exit 1; }
+  sb=${RENDERQUEUE_PG_SHARED_BUFFERS:-512MB}
+  case "$sb" in
+    *GB) mb=$(( ${sb%GB} * 1024 )) ;;
+    *MB) mb=${sb%MB} ;;
+    *) echo "bench.sh: BENCH_SHARED_BUFFERS=$sb: give it in MB or GB" >&2; exit 1 ;;
+  esac
+  want=$(( mb / 2 + mb / 20 + 64 )) # 2 MB pages: the buffers, plus PostgreSQL's other shared memory
+  hugepages_before=$(cat /proc/sys/vm/nr_hugepages)
+  if [ "$hugepages_before" -lt "$want" ]; then
+    echo "$want" > /proc/sys/vm/nr_hugepages
+  else
+    hugepages_before=""
+  fi
+  echo "bench.sh: $(cat /proc/sys/vm/nr_hugepages) huge pages reserved for shared_buffers=$sb"
+fi
 if [ -z "${RENDERQUEUE_TEST_DSN:-}" ] && [ -x hack/postgres.sh ]; then
   RENDERQUEUE_TEST_DSN=$(hack/postgres.sh start | tail -n 1)
   export RENDERQUEUE_TEST_DSN
   started_pg=1
 fi
 echo "bench.sh: $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg), BENCH_ROWS=${BENCH_ROWS:-1M}"
+echo "bench.sh: PostgreSQL shared_buffers $(psql "$RENDERQUEUE_TEST_DSN" -Atc 'SHOW shared_buffers' 2>/dev/null || echo '?'), huge pages in use: $(awk '/HugePages_Rsvd|HugePages_Total|HugePages_Free/ {printf "%s %s ", $1, $2}' /proc/meminfo)"
 # The keeper core's benchmarks run for a time; the others do a fixed amount of work per iteration
 # (timed loads and walks, a claim-latency run of BENCH_CLAIM_SECONDS), so one iteration each.
 go test -run '^$' -bench 'BenchmarkKeeper|BenchmarkStatus' -benchtime "${BENCHTIME:-2s}" -timeout 60m "$@" ./pkg/keeper/ ./pkg/keeper/core/

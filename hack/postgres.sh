@@ -18,6 +18,11 @@
 # databases, which may mean ending an autovacuum worker). The cluster is tuned for throwaway use: fsync, synchronous_commit and full_page_writes are OFF
 # (a crash loses data, which is fine for a cluster deleted after the run; it also makes commit
 # latency figures from benchmarks optimistic compared with a durable server).
+#
+#   RENDERQUEUE_PG_SHARED_BUFFERS  the cluster's shared_buffers (default 512MB; the 10M-row
+#                                  benchmarks use 4GB, hack/bench.sh). The server uses huge pages
+#                                  for them when the machine has enough reserved (huge_pages =
+#                                  try, PostgreSQL's default; vm.nr_hugepages).
 set -euo pipefail
 
 base=${RENDERQUEUE_PG_BASE:-/tmp/renderqueue-pg}
@@ -91,7 +96,7 @@ cmd_start() {
 listen_addresses = '127.0.0.1'
 unix_socket_directories = '$dir'
 max_connections = 200
-shared_buffers = 512MB
+shared_buffers = ${RENDERQUEUE_PG_SHARED_BUFFERS:-512MB}
 work_mem = 16MB
 maintenance_work_mem = 256MB
 fsync = off
