@@ -737,7 +737,14 @@ func (f *Forest) visitRec(node uint32, h, lo, hi int, fn func(e Entry)) {
 // AddPending adds entry e to t in bulk: it is appended to t's pending list and built into the
 // tree, with the rest of the list, when t is next read or flushed. While it waits, its record may
 // leave t (Records.Pending then says so) and be added again, by AddPending or Insert.
-func (f *Forest) AddPending(t *Tree, e Entry) { t.pending = append(t.pending, e) }
+func (f *Forest) AddPending(t *Tree, e Entry) {
+	if len(t.pending) == cap(t.pending) {
+		// double it: append grows a long slice by about a quarter, so a load's list of millions
+		// would be copied (and fresh memory touched) about four times over
+		t.pending = slices.Grow(t.pending, max(len(t.pending), 1024))
+	}
+	t.pending = append(t.pending, e)
+}
 
 // Flush builds t's pending entries into it: the valid ones sorted, merged with the entries the tree
 // holds, and the tree rebuilt bottom-up with its nodes packed 7/8 full (room for later inserts).
