@@ -130,7 +130,9 @@ func BenchmarkShardLoad(b *testing.B) {
 			}
 			defer func() { _ = sh.sub.Close() }()
 			b.Run("rewalk", func(b *testing.B) {
+				walks := 0
 				for b.Loop() {
+					walks++
 					stop := make(chan struct{})
 					statsc := make(chan *claimStats, 1)
 					go func() { statsc <- defaultClaimLoad(sh, n).run(stop) }()
@@ -144,6 +146,10 @@ func BenchmarkShardLoad(b *testing.B) {
 					}
 					b.ReportMetric(took.Seconds(), "s/walk")
 					stats.report(b, took.Seconds())
+					// the metrics are the last walk's; with -benchtime Nx each walk is logged (the
+					// first after the load has been the slower one)
+					b.Logf("re-walk %d: %.1f s, claim p99 %v (p50 %v, max %v)", walks, took.Seconds(),
+						stats.quantile(stats.claims, 0.99), stats.quantile(stats.claims, 0.50), stats.quantile(stats.claims, 1))
 				}
 			})
 			runtime.KeepAlive(sh)
