@@ -65,7 +65,7 @@ func (in Interner) GetString(b string) string {
 }
 
 // Strings copies decoded bytes into strings carved from shared blocks, so a walk of a million
-// keys makes a few hundred allocations instead of a million. A string keeps its whole block
+// 64-byte keys makes about a thousand allocations instead of a million. A string keeps its whole block
 // alive: use it for strings that are copied elsewhere (the keeper copies every held key into its
 // own arena) or dropped soon, and clone one before keeping it long on its own
 // (strings.Clone). The zero Strings is ready to use; it is not safe for concurrent use.
