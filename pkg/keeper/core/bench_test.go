@@ -62,6 +62,31 @@ func BenchmarkKeeperApply(b *testing.B) {
 			}
 			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "events/s")
 		})
+		// as the shard applies a batch of events: 128 at a time, read ahead first or not
+		for _, readAhead := range []bool{false, true} {
+			b.Run(fmt.Sprintf("%s/step=128/readahead=%v", coretest.SizeName(n), readAhead), func(b *testing.B) {
+				const step = 128
+				for i := 0; i < b.N; i++ {
+					if next+step > nEvents {
+						b.StopTimer()
+						for j := range events {
+							events[j].Rev += nEvents
+						}
+						next = 0
+						b.StartTimer()
+					}
+					evs := events[next : next+step]
+					if readAhead {
+						c.Prefetch(step, func(i int) string { return evs[i].Key })
+					}
+					for j := range evs {
+						c.Apply(now, evs[j])
+					}
+					next += step
+				}
+				b.ReportMetric(float64(b.N*step)/b.Elapsed().Seconds(), "events/s")
+			})
+		}
 	}
 }
 
