@@ -660,10 +660,7 @@ func (s *Shard) Run(ctx context.Context, updates <-chan Settings) error {
 			}
 			return err
 		case ns := <-updates:
-			if err := s.UpdateSettings(ctx, ns); err != nil {
-				s.setErr(err)
-				s.log.Error(err, "Rejected new settings", "shard", s.name)
-			}
+			s.adoptSettings(ctx, ns)
 		case <-s.wake:
 			s.mu.Lock()
 			if s.subPending { // asked again once the subscription follows
@@ -717,6 +714,15 @@ func (s *Shard) connect(ctx context.Context, updates <-chan Settings) error {
 	}
 }
 
+// adoptSettings adopts settings received from Run's source (UpdateSettings); settings it refuses are
+// logged and kept in the status as the shard's error, and the shard stays as it was.
+func (s *Shard) adoptSettings(ctx context.Context, ns Settings) {
+	if err := s.UpdateSettings(ctx, ns); err != nil {
+		s.setErr(err)
+		s.log.Error(err, "Rejected new settings", "shard", s.name)
+	}
+}
+
 // pauseAdopting is a paced walk's pause: it waits d, or until it has adopted settings sent to
 // Run, or until ctx ends. A verification walk paced over minutes thus does not hold back
 // membership changes: settings apply mid-walk (slots that leave leave the walk too; see
@@ -734,10 +740,7 @@ func (s *Shard) pauseAdopting(ctx context.Context, d time.Duration) {
 	case <-ctx.Done():
 	case <-t.C:
 	case ns := <-updates:
-		if err := s.UpdateSettings(ctx, ns); err != nil {
-			s.setErr(err)
-			s.log.Error(err, "Rejected new settings", "shard", s.name)
-		}
+		s.adoptSettings(ctx, ns)
 	}
 }
 
@@ -750,10 +753,7 @@ func (s *Shard) sleepAdopting(ctx context.Context, updates <-chan Settings, d ti
 		case <-ctx.Done():
 			return false
 		case ns := <-updates:
-			if err := s.UpdateSettings(ctx, ns); err != nil {
-				s.setErr(err)
-				s.log.Error(err, "Rejected new settings", "shard", s.name)
-			}
+			s.adoptSettings(ctx, ns)
 		case <-t.C:
 			return true
 		}
