@@ -8,6 +8,7 @@ import (
 	"runtime"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -177,6 +178,9 @@ type Shard struct {
 	leased        map[uint64]leasedRev
 	leasedSwept   int  // len(leased) after its last sweep
 	leaseSweeping bool // a sweep of leased is running (startLeaseSweep)
+	// claimKeyBytes is the key bytes per row of the last claim that got rows, for sizing the next
+	// claim's buffers before it takes the lock (Claim).
+	claimKeyBytes atomic.Int64
 
 	// The subscription follows the slot set in the background (resubscribe), so that a database
 	// outage never holds up the run loop: subWant is the set it must follow (version subSeq),

@@ -3,6 +3,7 @@ package core
 import (
 	"errors"
 	"math"
+	"strings"
 	"time"
 
 	"github.com/renderqueue/renderqueue/pkg/keeper/core/policy"
@@ -55,46 +56,72 @@ const (
 // reserved rows (see Floor; among them by score), then by score, ties by due then key. Rows in
 // incoming slots and leased rows are never claimed.
 func (c *Core) Claim(now time.Time, n int, leaseFor time.Duration) []Claimed {
+	var out []Claimed
+	if n > 0 {
+		out = make([]Claimed, 0, min(n, 1024))
+	}
+	return c.ClaimInto(now, n, leaseFor, out, new(strings.Builder))
+}
+
+// ClaimInto claims as Claim does, appending the claimed rows to out and writing their keys to
+// keys: each Claimed.Key is a part of keys.String(), so a caller who gives out and keys room
+// enough (Grow) allocates nothing in the claim. That matters under a lock that others wait for:
+// an allocation may fault on fresh heap pages or assist the garbage collector. Both grow when
+// they are too small. It returns out with the claimed rows appended.
+func (c *Core) ClaimInto(now time.Time, n int, leaseFor time.Duration, out []Claimed, keys *strings.Builder) []Claimed {
 	nowMs := now.UnixMilli()
 	c.expireLeases(nowMs)
 	if n <= 0 {
-		return nil
+		return out
 	}
-	out := make([]Claimed, 0, min(n, 1024))
+	co := claimOut{rows: out, keys: keys}
+	c.claimRows(nowMs, n, leaseFor, &co)
+	return co.rows
+}
+
+// claimOut is where a claim puts its rows and their keys.
+type claimOut struct {
+	rows []Claimed
+	keys *strings.Builder
+}
+
+// claimRows claims up to n rows into co.
+func (c *Core) claimRows(nowMs int64, n int, leaseFor time.Duration, co *claimOut) {
+	base := len(co.rows)
+	taken := func() int { return len(co.rows) - base }
 	urgentCap := int(math.Floor(c.cfg.UrgentMaxShare * float64(n)))
-	for len(out) < urgentCap {
-		if !c.claimBest(nowMs, phaseUrgent, leaseFor, &out) {
+	for taken() < urgentCap {
+		if !c.claimBest(nowMs, phaseUrgent, leaseFor, co) {
 			break
 		}
 	}
 	if len(c.floors) > 0 {
-		m := float64(n - len(out))
+		m := float64(n - taken())
 		for i := range c.floors {
 			f := &c.floors[i]
 			f.credit += c.cfg.Floors[i].Share * m
 			f.quota = int(min(math.Floor(f.credit), float64(n)))
 			f.taken = 0
 		}
-		for len(out) < n {
-			if !c.claimBest(nowMs, phaseFloor, leaseFor, &out) {
+		for taken() < n {
+			if !c.claimBest(nowMs, phaseFloor, leaseFor, co) {
 				break
 			}
 		}
 	}
-	for len(out) < n {
-		if !c.claimBest(nowMs, phaseScore, leaseFor, &out) {
+	for taken() < n {
+		if !c.claimBest(nowMs, phaseScore, leaseFor, co) {
 			break
 		}
 	}
-	for len(out) < n {
-		if !c.claimBest(nowMs, phaseUrgent, leaseFor, &out) {
+	for taken() < n {
+		if !c.claimBest(nowMs, phaseUrgent, leaseFor, co) {
 			break
 		}
 	}
 	if len(c.floors) > 0 {
 		c.settleFloors(nowMs)
 	}
-	return out
 }
 
 // settleFloors charges each floor's credit with the rows its class got in the claim just made:
@@ -121,7 +148,7 @@ func (c *Core) settleFloors(nowMs int64) {
 }
 
 // claimBest claims the best due row among the groups of phase p.
-func (c *Core) claimBest(nowMs int64, p phase, leaseFor time.Duration, out *[]Claimed) bool {
+func (c *Core) claimBest(nowMs int64, p phase, leaseFor time.Duration, co *claimOut) bool {
 	var best *group
 	var bestID uint32
 	var bestScore float64
@@ -162,8 +189,10 @@ func (c *Core) claimBest(nowMs int64, p phase, leaseFor time.Duration, out *[]Cl
 	r.Set(flagLeased)
 	expires := nowMs + leaseFor.Milliseconds()
 	token := c.leases.Grant(bestID, expires)
-	*out = append(*out, Claimed{
-		Key:          string(c.rows.Key(r)),
+	off := co.keys.Len()
+	co.keys.Write(c.rows.Key(r))
+	co.rows = append(co.rows, Claimed{
+		Key:          co.keys.String()[off:], // a Builder's strings stay as they are when it grows
 		Slot:         int(r.Slot),
 		Due:          time.UnixMilli(r.Due()).UTC(),
 		Cadence:      time.Duration(best.cadenceMs) * time.Millisecond,

@@ -3,6 +3,7 @@ package core
 import (
 	"errors"
 	"fmt"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -517,5 +518,53 @@ func TestSlotLeavingMidWalk(t *testing.T) {
 	}
 	if err := checkCore(c); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestClaimInto: ClaimInto claims what Claim claims, its keys stay right while its Builder grows
+// under them, and with room enough it allocates nothing per row (the shard calls it under its
+// lock).
+func TestClaimInto(t *testing.T) {
+	mk := func() *Core {
+		c := newCore(t, policy.Config{})
+		for i := range 300 {
+			key := fmt.Sprintf("k%0*d", 1+i%40, i) // keys of 2 to 41 bytes
+			c.Apply(t0, row(key, t0.Add(-time.Duration(i)*time.Second), time.Hour, 1))
+		}
+		return c
+	}
+	want := mk().Claim(t0, 100, time.Minute)
+	// a Builder far too small: it grows a dozen times under the keys already handed out
+	var keys strings.Builder
+	keys.Grow(1)
+	got := mk().ClaimInto(t0, 100, time.Minute, []Claimed{{Key: "before"}}, &keys)
+	if got[0].Key != "before" {
+		t.Fatalf("ClaimInto changed what out held: %q", got[0].Key)
+	}
+	if g, w := keysOf(got[1:]), keysOf(want); g != w {
+		t.Fatalf("ClaimInto claimed\n%s\nwant\n%s", g, w)
+	}
+	c := mk()
+	c.Claim(t0, 300, time.Minute) // the lease table at its size; the leases expire below
+	now := t0.Add(2 * time.Minute)
+	var mallocs uint64
+	for i := range 3 {
+		out := make([]Claimed, 0, 50)
+		var keys strings.Builder
+		keys.Grow(50 * 41)
+		var m0, m1 runtime.MemStats
+		runtime.ReadMemStats(&m0)
+		out = c.ClaimInto(now, 50, time.Minute, out, &keys)
+		runtime.ReadMemStats(&m1)
+		if len(out) != 50 {
+			t.Fatalf("claimed %d rows, want 50", len(out))
+		}
+		if i > 0 { // the first also expires the 300 leases, whose rows go back to their trees
+			mallocs = max(mallocs, m1.Mallocs-m0.Mallocs)
+		}
+	}
+	// a string per key would be 50
+	if mallocs != 0 {
+		t.Errorf("ClaimInto of 50 rows with room enough allocated %d times, want none", mallocs)
 	}
 }
