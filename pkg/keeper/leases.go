@@ -4,8 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
+	"unsafe"
 
 	"github.com/renderqueue/renderqueue/pkg/keeper/core"
 	"github.com/renderqueue/renderqueue/pkg/keeper/shardmetrics"
@@ -74,22 +74,41 @@ const maxClaimRoom = 1024
 // rows (claimKeyBytes).
 const defaultClaimKeyBytes = 64
 
+// claimBuffers returns room for a claim of n rows: its rows and its keys (claimKeyBytes per row),
+// both written once so that the claim, under the lock, writes to memory already in place. The
+// Go heap grows into fresh memory (for a while after a load, by hundreds of MB); the first write
+// to a fresh page faults, and under the lock every claim waits for it.
+func (s *Shard) claimBuffers(n int) ([]core.Claimed, claimKeys) {
+	rows := make([]core.Claimed, n)
+	clear(rows)
+	perRow := s.claimKeyBytes.Load()
+	if perRow == 0 {
+		perRow = defaultClaimKeyBytes
+	}
+	b := make([]byte, n*int(perRow))
+	clear(b)
+	return rows[:0], claimKeys{b: b[:0]}
+}
+
+// claimKeys makes a claim's keys as strings over one buffer.
+type claimKeys struct{ b []byte }
+
+// add copies key to the buffer and returns it as a string over the copy. Those bytes are never
+// written again: a later add writes past them, or to a new buffer when this one is full.
+func (k *claimKeys) add(key []byte) string {
+	off := len(k.b)
+	k.b = append(k.b, key...)
+	return unsafe.String(unsafe.SliceData(k.b[off:]), len(key))
+}
+
 // Claim leases up to n due rows for leaseFor (the default lease when 0).
 func (s *Shard) Claim(now time.Time, n int, leaseFor time.Duration) ([]core.Claimed, error) {
 	start := time.Now()
-	// the claim's rows and keys are allocated before the lock: under it, an allocation may fault
-	// on fresh heap pages or assist the garbage collector while every claim waits (the first
-	// minutes after a load, while the heap grows, showed it)
+	// the claim's rows and keys are allocated and written before the lock (claimBuffers)
 	var rows []core.Claimed
-	var keys strings.Builder
+	var keys claimKeys
 	if n > 0 {
-		room := min(n, maxClaimRoom)
-		rows = make([]core.Claimed, 0, room)
-		perRow := s.claimKeyBytes.Load()
-		if perRow == 0 {
-			perRow = defaultClaimKeyBytes
-		}
-		keys.Grow(room * int(perRow))
+		rows, keys = s.claimBuffers(min(n, maxClaimRoom))
 	}
 	s.mu.Lock()
 	if !s.cov.Loaded() {
@@ -99,7 +118,7 @@ func (s *Shard) Claim(now time.Time, n int, leaseFor time.Duration) ([]core.Clai
 	if leaseFor == 0 {
 		leaseFor = s.settings.LeaseDuration
 	}
-	rows = s.core.ClaimInto(now, n, leaseFor, rows, &keys)
+	rows = s.core.ClaimInto(now, n, leaseFor, rows, keys.add)
 	for i := range rows {
 		s.leased[rows[i].Lease] = leasedRev{key: rows[i].Key, rev: rows[i].Rev}
 	}
@@ -107,7 +126,7 @@ func (s *Shard) Claim(now time.Time, n int, leaseFor time.Duration) ([]core.Clai
 	s.mu.Unlock()
 	if len(rows) > 0 {
 		// a little more than the mean, so that a claim of slightly longer keys still fits
-		s.claimKeyBytes.Store(int64(keys.Len()/len(rows) + 8))
+		s.claimKeyBytes.Store(int64(len(keys.b)/len(rows) + 8))
 	}
 	s.m.Claimed(now, rows, time.Since(start))
 	return rows, nil

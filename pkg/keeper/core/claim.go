@@ -3,7 +3,6 @@ package core
 import (
 	"errors"
 	"math"
-	"strings"
 	"time"
 
 	"github.com/renderqueue/renderqueue/pkg/keeper/core/policy"
@@ -60,29 +59,29 @@ func (c *Core) Claim(now time.Time, n int, leaseFor time.Duration) []Claimed {
 	if n > 0 {
 		out = make([]Claimed, 0, min(n, 1024))
 	}
-	return c.ClaimInto(now, n, leaseFor, out, new(strings.Builder))
+	return c.ClaimInto(now, n, leaseFor, out, func(k []byte) string { return string(k) })
 }
 
-// ClaimInto claims as Claim does, appending the claimed rows to out and writing their keys to
-// keys: each Claimed.Key is a part of keys.String(), so a caller who gives out and keys room
-// enough (Grow) allocates nothing in the claim. That matters under a lock that others wait for:
-// an allocation may fault on fresh heap pages or assist the garbage collector. Both grow when
-// they are too small. It returns out with the claimed rows appended.
-func (c *Core) ClaimInto(now time.Time, n int, leaseFor time.Duration, out []Claimed, keys *strings.Builder) []Claimed {
+// ClaimInto claims as Claim does, appending the claimed rows to out, and makes each row's key
+// with keyString (from bytes the core owns: keyString must copy them). So a caller can claim
+// under a lock without allocating under it: out with room enough, and keyString copying into a
+// buffer made beforehand. (Under a lock others wait for, an allocation may fault on fresh heap
+// pages or assist the garbage collector.) It returns out with the claimed rows appended.
+func (c *Core) ClaimInto(now time.Time, n int, leaseFor time.Duration, out []Claimed, keyString func([]byte) string) []Claimed {
 	nowMs := now.UnixMilli()
 	c.expireLeases(nowMs)
 	if n <= 0 {
 		return out
 	}
-	co := claimOut{rows: out, keys: keys}
+	co := claimOut{rows: out, keyString: keyString}
 	c.claimRows(nowMs, n, leaseFor, &co)
 	return co.rows
 }
 
-// claimOut is where a claim puts its rows and their keys.
+// claimOut is where a claim puts its rows, and how it makes their keys.
 type claimOut struct {
-	rows []Claimed
-	keys *strings.Builder
+	rows      []Claimed
+	keyString func([]byte) string
 }
 
 // claimRows claims up to n rows into co.
@@ -189,10 +188,8 @@ func (c *Core) claimBest(nowMs int64, p phase, leaseFor time.Duration, co *claim
 	r.Set(flagLeased)
 	expires := nowMs + leaseFor.Milliseconds()
 	token := c.leases.Grant(bestID, expires)
-	off := co.keys.Len()
-	co.keys.Write(c.rows.Key(r))
 	co.rows = append(co.rows, Claimed{
-		Key:          co.keys.String()[off:], // a Builder's strings stay as they are when it grows
+		Key:          co.keyString(c.rows.Key(r)),
 		Slot:         int(r.Slot),
 		Due:          time.UnixMilli(r.Due()).UTC(),
 		Cadence:      time.Duration(best.cadenceMs) * time.Millisecond,

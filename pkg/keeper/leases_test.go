@@ -1,0 +1,38 @@
+package keeper
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+)
+
+// TestClaimKeys: the strings claimKeys hands out keep their bytes while the buffer fills and is
+// replaced under them.
+func TestClaimKeys(t *testing.T) {
+	keys := claimKeys{b: make([]byte, 0, 8)} // far too small: replaced many times
+	var want, got []string
+	for i := range 200 {
+		k := fmt.Sprintf("%s%d", strings.Repeat("k", i%50), i)
+		want = append(want, k)
+		got = append(got, keys.add([]byte(k)))
+	}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Fatalf("key %d is %q, want %q", i, got[i], want[i])
+		}
+	}
+}
+
+// TestClaimBuffers: a claim's buffers have room for its rows and, after a claim, for keys a
+// little longer than the last claim's.
+func TestClaimBuffers(t *testing.T) {
+	s := &Shard{}
+	rows, keys := s.claimBuffers(10)
+	if len(rows) != 0 || cap(rows) != 10 || len(keys.b) != 0 || cap(keys.b) < 10*defaultClaimKeyBytes {
+		t.Fatalf("claimBuffers(10) = rows len %d cap %d, keys len %d cap %d", len(rows), cap(rows), len(keys.b), cap(keys.b))
+	}
+	s.claimKeyBytes.Store(200)
+	if _, keys := s.claimBuffers(10); cap(keys.b) < 2000 {
+		t.Fatalf("with 200 key bytes a row, claimBuffers(10) has key room %d, want 2000", cap(keys.b))
+	}
+}
