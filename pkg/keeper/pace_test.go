@@ -216,6 +216,75 @@ func TestPacedWalkAdoptsSettings(t *testing.T) {
 	}
 }
 
+// TestUnpacedWalkAdoptsSettings: a full walk after the load that is not paced adopts settings
+// between its steps, with what TestPacedWalkAdoptsSettings checks: the slot that left is left
+// unwalked, the slot that arrived is walked next, the others are walked.
+func TestUnpacedWalkAdoptsSettings(t *testing.T) {
+	const n = 10_000
+	ctx := context.Background()
+	const left, arriving = 7, 9
+	first := allSlots(0)
+	first.Owned.Remove(arriving)
+	sh, pauses := pacedShard(t, n, 0, first)
+	next := first
+	next.Epoch = 2
+	next.Owned.Remove(left)
+	next.Incoming.Add(arriving)
+	updates := make(chan Settings, 1)
+	updates <- next // waiting when the walk starts: Walk itself must take it
+	sh.mu.Lock()
+	sh.adopt = updates // as Run does
+	sh.mu.Unlock()
+	rep := sh.Walk(ctx, true)
+	if rep.Failed || len(*pauses) != 0 {
+		t.Fatalf("walk %+v, paused %d times", rep, len(*pauses))
+	}
+	sh.mu.Lock()
+	epoch := sh.settings.Epoch
+	sh.mu.Unlock()
+	if epoch != 2 {
+		t.Fatalf("the settings were not adopted during the walk: epoch %d", epoch)
+	}
+	if sh.core.WalkedBefore(left) || sh.core.WalkedBefore(arriving) {
+		t.Fatalf("walked before: slot %d that left %v, slot %d that arrived %v", left, sh.core.WalkedBefore(left),
+			arriving, sh.core.WalkedBefore(arriving))
+	}
+	if !sh.core.WalkedBefore(0) {
+		t.Fatal("slot 0 not walked")
+	}
+}
+
+// TestLoadHoldsSettings: the load adopts no settings before it ends (its rows are sorted into
+// their trees at its end); they wait for Run.
+func TestLoadHoldsSettings(t *testing.T) {
+	ctx := context.Background()
+	st := memstore.New(memstore.Options{})
+	rows := make([]schedule.Row, 1000)
+	for i := range rows {
+		rows[i] = srow(fmt.Sprintf("https://x.example/%d", i), t0.Add(-time.Hour), time.Hour)
+	}
+	if _, err := st.Upsert(ctx, rows); err != nil {
+		t.Fatal(err)
+	}
+	sh, err := NewShard(Options{Name: "load", Store: st, Log: logr.Discard()}, allSlots(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	next := allSlots(0)
+	next.Epoch = 2
+	updates := make(chan Settings, 1)
+	updates <- next
+	sh.mu.Lock()
+	sh.adopt = updates
+	sh.mu.Unlock()
+	if rep := sh.Walk(ctx, true); rep.Failed || rep.Counts.Scanned != len(rows) {
+		t.Fatalf("load: %+v", rep)
+	}
+	if len(updates) != 1 {
+		t.Fatal("the load took the settings")
+	}
+}
+
 // TestWalkRateFollowsSettings: settings that change the rate of a running shard pace its next
 // walks at the new rate (a settings source such as the RenderQueue's spec.verifyWalkRate changes
 // it without a restart); 0 stops the pauses, and a rate given again brings them back. The status

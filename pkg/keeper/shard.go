@@ -160,7 +160,8 @@ type Shard struct {
 	mu       sync.Mutex
 	core     *core.Core
 	settings Settings
-	// adopt is Run's settings channel, which a paced walk's pauses read (nil outside Run).
+	// adopt is Run's settings channel, which a full walk after the load reads between its steps
+	// (a paced one in its pauses; nil outside Run).
 	adopt <-chan Settings
 	// cov holds the rules of what the shard vouches for: loaded, edge, gaps, complete, exact,
 	// prepared.
@@ -342,6 +343,13 @@ func (s *Shard) Walk(ctx context.Context, full bool) WalkReport {
 	s.walkingSince = start
 	started := s.cov.WalkStarting(start, full)
 	pacer := walkPacer{rate: s.settings.VerifyWalkRate} // the rate when the walk starts
+	// A full walk after the load adopts settings between its steps (paced ones in their pauses),
+	// so that a slot handoff does not wait for a walk of millions of rows. The load does not: its
+	// rows are sorted into their trees at its end (bulk), and the shard serves nothing until then.
+	var updates <-chan Settings
+	if full && !bulk {
+		updates = s.adopt
+	}
 	s.mu.Unlock()
 
 	var unread []int
@@ -368,6 +376,12 @@ func (s *Shard) Walk(ctx context.Context, full bool) WalkReport {
 			rows = rows[n:]
 			if d := pacer.step(paced, n, s.clock()); d > 0 {
 				s.pause(ctx, d)
+			} else if updates != nil {
+				select {
+				case ns := <-updates:
+					s.adoptSettings(ctx, ns)
+				default:
+				}
 			}
 		}
 		return nil
