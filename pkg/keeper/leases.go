@@ -70,6 +70,34 @@ func (s *Shard) sweepLeases(tokens []uint64) {
 // claim grows its buffers under it.
 const maxClaimRoom = 1024
 
+// minClaimRoom is the rows a claim makes room for, at least, after a claim that got fewer rows
+// than it asked for (claimRoom).
+const minClaimRoom = 64
+
+// claimRoom is the rows a claim of n makes room for before it takes the lock: n, up to
+// maxClaimRoom, or, when the last claim got fewer rows than it asked for, twice those (at least
+// minClaimRoom), so that workers polling a queue with little due do not make room for rows that
+// are not there. A claim that gets more grows its buffers under the lock.
+func (s *Shard) claimRoom(n int) int {
+	room := min(n, maxClaimRoom)
+	if short := s.claimShort.Load(); short > 0 {
+		room = min(room, int(short))
+	}
+	return room
+}
+
+// noteClaimed records that a claim of n got got rows, for claimRoom.
+func (s *Shard) noteClaimed(n, got int) {
+	if n <= 0 {
+		return
+	}
+	short := int64(0) // got what it asked for: the next claim makes room for all it asks
+	if got < n {
+		short = int64(max(2*got, minClaimRoom))
+	}
+	s.claimShort.Store(short)
+}
+
 // defaultClaimKeyBytes is the key bytes per row a claim allocates room for before any claim got
 // rows (claimKeyBytes).
 const defaultClaimKeyBytes = 64
@@ -90,7 +118,8 @@ func (s *Shard) claimBuffers(n int) ([]core.Claimed, claimKeys) {
 	return rows[:0], claimKeys{b: b[:0]}
 }
 
-// claimKeys makes a claim's keys as strings over one buffer.
+// claimKeys makes a claim's keys as strings over one buffer. A key the shard keeps (leased)
+// keeps its claim's buffer alive: at most one claim's keys per lease not yet forgotten.
 type claimKeys struct{ b []byte }
 
 // add copies key to the buffer and returns it as a string over the copy. Those bytes are never
@@ -108,7 +137,7 @@ func (s *Shard) Claim(now time.Time, n int, leaseFor time.Duration) ([]core.Clai
 	var rows []core.Claimed
 	var keys claimKeys
 	if n > 0 {
-		rows, keys = s.claimBuffers(min(n, maxClaimRoom))
+		rows, keys = s.claimBuffers(s.claimRoom(n))
 	}
 	s.mu.Lock()
 	if !s.cov.Loaded() {
@@ -128,6 +157,7 @@ func (s *Shard) Claim(now time.Time, n int, leaseFor time.Duration) ([]core.Clai
 		// a little more than the mean, so that a claim of slightly longer keys still fits
 		s.claimKeyBytes.Store(int64(len(keys.b)/len(rows) + 8))
 	}
+	s.noteClaimed(n, len(rows))
 	s.m.Claimed(now, rows, time.Since(start))
 	return rows, nil
 }

@@ -36,3 +36,26 @@ func TestClaimBuffers(t *testing.T) {
 		t.Fatalf("with 200 key bytes a row, claimBuffers(10) has key room %d, want 2000", cap(keys.b))
 	}
 }
+
+// TestClaimRoom: a claim makes room for all it asks (up to maxClaimRoom) while claims get what
+// they ask for, and for twice what the last one got (at least minClaimRoom) after one got less.
+func TestClaimRoom(t *testing.T) {
+	s := &Shard{}
+	for _, step := range []struct {
+		lastAsked, lastGot int // the last claim (0 asked: none yet)
+		n, want            int // the room a claim of n makes
+	}{
+		{0, 0, 500, 500},            // no claim yet: all
+		{0, 0, 5000, maxClaimRoom},  // never more than maxClaimRoom
+		{500, 500, 500, 500},        // it got all it asked
+		{500, 0, 500, minClaimRoom}, // nothing due: little room
+		{500, 100, 500, 200},        // some: twice that
+		{500, 100, 150, 150},        // never more than asked
+		{100, 100, 500, 500},        // the queue filled again
+	} {
+		s.noteClaimed(step.lastAsked, step.lastGot)
+		if got := s.claimRoom(step.n); got != step.want {
+			t.Errorf("after a claim of %d that got %d: claimRoom(%d) = %d, want %d", step.lastAsked, step.lastGot, step.n, got, step.want)
+		}
+	}
+}

@@ -182,6 +182,9 @@ type Shard struct {
 	// claimKeyBytes is the key bytes per row of the last claim that got rows, for sizing the next
 	// claim's buffers before it takes the lock (Claim).
 	claimKeyBytes atomic.Int64
+	// claimShort is, when the last claim got fewer rows than it asked for, the rows the next one
+	// makes room for (claimRoom); 0 otherwise.
+	claimShort atomic.Int64
 
 	// The subscription follows the slot set in the background (resubscribe), so that a database
 	// outage never holds up the run loop: subWant is the set it must follow (version subSeq),
