@@ -167,6 +167,34 @@ func TestVerificationWalkIsPaced(t *testing.T) {
 	})
 }
 
+// The slots of a handoff during a walk (handoffSettings): one leaves the shard, one arrives.
+const handoffLeft, handoffArriving = 7, 9
+
+// handoffSettings returns the settings a walk starts with (every slot owned but handoffArriving)
+// and those sent to it midway (epoch 2: handoffLeft gone, handoffArriving incoming).
+func handoffSettings() (first, next Settings) {
+	first = allSlots(0)
+	first.Owned.Remove(handoffArriving)
+	next = first
+	next.Epoch = 2
+	next.Owned.Remove(handoffLeft)
+	next.Incoming.Add(handoffArriving)
+	return first, next
+}
+
+// checkHandoffWalked checks what a walk that adopted handoffSettings' next midway walked: not the
+// slot that left nor the one that arrived (it is walked next), and the others.
+func checkHandoffWalked(t *testing.T, sh *Shard) {
+	t.Helper()
+	if sh.core.WalkedBefore(handoffLeft) || sh.core.WalkedBefore(handoffArriving) {
+		t.Fatalf("walked before: slot %d that left %v, slot %d that arrived %v", handoffLeft, sh.core.WalkedBefore(handoffLeft),
+			handoffArriving, sh.core.WalkedBefore(handoffArriving))
+	}
+	if !sh.core.WalkedBefore(0) {
+		t.Fatal("slot 0 not walked")
+	}
+}
+
 // TestPacedWalkAdoptsSettings: settings sent to Run while a paced walk runs apply at its next
 // pause, not when it ends (at 100,000 rows/s a walk of 10M rows lasts 100 s). Here a slot
 // leaves and another arrives: the walk stops pausing (slots are arriving), finishes, and vouches
@@ -174,18 +202,12 @@ func TestVerificationWalkIsPaced(t *testing.T) {
 func TestPacedWalkAdoptsSettings(t *testing.T) {
 	const n, rate = 10_000, 1000
 	ctx := context.Background()
-	const left, arriving = 7, 9
-	first := allSlots(0)
-	first.Owned.Remove(arriving)
+	first, next := handoffSettings()
 	sh, pauses := pacedShard(t, n, rate, first)
 	updates := make(chan Settings, 1)
 	sh.mu.Lock()
 	sh.adopt = updates // as Run does
 	sh.mu.Unlock()
-	next := first
-	next.Epoch = 2
-	next.Owned.Remove(left)
-	next.Incoming.Add(arriving)
 	var adopted bool
 	fake := sh.pause
 	sh.pause = func(ctx context.Context, d time.Duration) {
@@ -207,13 +229,7 @@ func TestPacedWalkAdoptsSettings(t *testing.T) {
 	if rep.Failed || len(*pauses) != 3 {
 		t.Fatalf("paused %d times, want 3 (none once slots arrive): %+v", len(*pauses), rep)
 	}
-	if sh.core.WalkedBefore(left) || sh.core.WalkedBefore(arriving) {
-		t.Fatalf("walked before: slot %d that left %v, slot %d that arrived %v", left, sh.core.WalkedBefore(left),
-			arriving, sh.core.WalkedBefore(arriving))
-	}
-	if !sh.core.WalkedBefore(0) {
-		t.Fatal("slot 0 not walked")
-	}
+	checkHandoffWalked(t, sh)
 }
 
 // TestUnpacedWalkAdoptsSettings: a full walk after the load that is not paced adopts settings
@@ -222,14 +238,8 @@ func TestPacedWalkAdoptsSettings(t *testing.T) {
 func TestUnpacedWalkAdoptsSettings(t *testing.T) {
 	const n = 10_000
 	ctx := context.Background()
-	const left, arriving = 7, 9
-	first := allSlots(0)
-	first.Owned.Remove(arriving)
+	first, next := handoffSettings()
 	sh, pauses := pacedShard(t, n, 0, first)
-	next := first
-	next.Epoch = 2
-	next.Owned.Remove(left)
-	next.Incoming.Add(arriving)
 	updates := make(chan Settings, 1)
 	updates <- next // waiting when the walk starts: Walk itself must take it
 	sh.mu.Lock()
@@ -245,13 +255,7 @@ func TestUnpacedWalkAdoptsSettings(t *testing.T) {
 	if epoch != 2 {
 		t.Fatalf("the settings were not adopted during the walk: epoch %d", epoch)
 	}
-	if sh.core.WalkedBefore(left) || sh.core.WalkedBefore(arriving) {
-		t.Fatalf("walked before: slot %d that left %v, slot %d that arrived %v", left, sh.core.WalkedBefore(left),
-			arriving, sh.core.WalkedBefore(arriving))
-	}
-	if !sh.core.WalkedBefore(0) {
-		t.Fatal("slot 0 not walked")
-	}
+	checkHandoffWalked(t, sh)
 }
 
 // TestLoadHoldsSettings: the load adopts no settings before it ends (its rows are sorted into
