@@ -258,6 +258,56 @@ func TestUnpacedWalkAdoptsSettings(t *testing.T) {
 	checkHandoffWalked(t, sh)
 }
 
+// TestWalkAdoptingNewEpochPrepares: a full walk that is reading incoming slots for the first time
+// adopts, midway, settings of a new epoch with the same slots. The ledger lets a walk prepare only
+// the epoch it started in, so the new epoch is prepared by the walk the shard then asks for at
+// once — not at the next verification, an hour later, while the handoff waits for it.
+func TestWalkAdoptingNewEpochPrepares(t *testing.T) {
+	const n = 10_000
+	ctx := context.Background()
+	first, next := handoffSettings()
+	sh, _ := pacedShard(t, n, 0, first)
+	if err := sh.UpdateSettings(ctx, next); err != nil { // epoch 2: handoffArriving incoming
+		t.Fatal(err)
+	}
+	select { // the walk the arrival asked for is this test's
+	case <-sh.wake:
+	default:
+	}
+	bumped := next
+	bumped.Epoch = 3 // the same slots
+	updates := make(chan Settings, 1)
+	updates <- bumped
+	sh.mu.Lock()
+	sh.adopt = updates // as Run does
+	sh.mu.Unlock()
+	if rep := sh.Walk(ctx, true); rep.Failed {
+		t.Fatalf("walk: %+v", rep)
+	}
+	prepared := func() int64 {
+		sh.mu.Lock()
+		defer sh.mu.Unlock()
+		if sh.settings.Epoch != 3 {
+			t.Fatalf("epoch %d: the walk did not adopt the settings", sh.settings.Epoch)
+		}
+		return sh.cov.Prepared()
+	}
+	if prepared() == 3 {
+		return
+	}
+	select {
+	case <-sh.wake:
+	default:
+		t.Fatalf("epoch 3 is not prepared (prepared %d) and no walk was asked for", prepared())
+	}
+	if rep := sh.Walk(ctx, false); rep.Failed { // the walk Run does on wake
+		t.Fatalf("walk: %+v", rep)
+	}
+	if got := prepared(); got != 3 {
+		t.Fatalf("prepared %d after the walk asked for, want 3", got)
+	}
+}
+
 // TestLoadHoldsSettings: the load adopts no settings before it ends (its rows are sorted into
 // their trees at its end); they wait for Run.
 func TestLoadHoldsSettings(t *testing.T) {
