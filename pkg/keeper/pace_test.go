@@ -259,9 +259,9 @@ func TestUnpacedWalkAdoptsSettings(t *testing.T) {
 }
 
 // TestWalkAdoptingNewEpochPrepares: a full walk that is reading incoming slots for the first time
-// adopts, midway, settings of a new epoch with the same slots. The ledger lets a walk prepare only
-// the epoch it started in, so the new epoch is prepared by the walk the shard then asks for at
-// once — not at the next verification, an hour later, while the handoff waits for it.
+// adopts, midway, settings of a new epoch with the same slots. The new epoch is prepared when the
+// walk ends (coverage: nothing arrived since it started), or at the latest by a walk the shard
+// asks for at once — not at the next verification, an hour later, while the handoff waits.
 func TestWalkAdoptingNewEpochPrepares(t *testing.T) {
 	const n = 10_000
 	ctx := context.Background()

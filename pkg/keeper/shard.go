@@ -345,7 +345,6 @@ func (s *Shard) Walk(ctx context.Context, full bool) WalkReport {
 	}
 	s.walkingSince = start
 	started := s.cov.WalkStarting(start, full)
-	epoch := s.settings.Epoch
 	pacer := walkPacer{rate: s.settings.VerifyWalkRate} // the rate when the walk starts
 	// A full walk after the load adopts settings between its steps (paced ones in their pauses),
 	// so that a slot handoff does not wait for a walk of millions of rows. The load does not: its
@@ -415,12 +414,6 @@ func (s *Shard) Walk(ctx context.Context, full bool) WalkReport {
 	}
 	rep.FinishedAt = s.clock()
 	firstLoad := s.cov.OnWalkFinished(started, coverage.WalkEnd{Failed: rep.Failed, Partial: rep.Partial, IncomingWalked: s.allIncomingWalked()})
-	if !rep.Failed && s.settings.Epoch != epoch && s.cov.Prepared() < s.settings.Epoch && !s.settings.Incoming.IsEmpty() {
-		// Settings of a new epoch came midway, and a walk prepares only the epoch it started in:
-		// the incoming slots are walked again now, not at the next verification (the handoff
-		// waits for them).
-		s.requestWalk()
-	}
 	if full && !rep.Failed {
 		s.ownedNotHeld, s.ownedAsOf = rep.Counts, start
 	}

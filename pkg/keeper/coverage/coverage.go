@@ -48,6 +48,8 @@ type Ledger struct {
 	lastPartial bool
 	// prepared is the highest epoch whose incoming slots are fully walked.
 	prepared int64
+	// arrivals counts the settings with which slots arrived (OnSettings).
+	arrivals int
 	// pastEdge: an edge-lag episode is in progress.
 	pastEdge bool
 }
@@ -95,11 +97,13 @@ type WalkStart struct {
 	// gapSeq and gapActive are the gap count and whether a gap lasted when the walk started.
 	gapSeq    int
 	gapActive bool
+	// arrivals is the ledger's count of settings with slots arriving when the walk started.
+	arrivals int
 }
 
 // WalkStarting records that a walk starts at now and returns what OnWalkFinished needs.
 func (l *Ledger) WalkStarting(now time.Time, full bool) WalkStart {
-	return WalkStart{At: now, Full: full, epoch: l.epoch, window: l.window, gapSeq: l.gap.Seq, gapActive: l.gapActive}
+	return WalkStart{At: now, Full: full, epoch: l.epoch, window: l.window, gapSeq: l.gap.Seq, gapActive: l.gapActive, arrivals: l.arrivals}
 }
 
 // WalkEnd is how a walk ended.
@@ -116,8 +120,9 @@ type WalkEnd struct {
 // OnWalkFinished records the end of the walk that started as w. A full walk that did not fail
 // sets the edge to its start plus the window (unless the window changed while it ran: then the
 // edge stays unknown until the next full walk), marks the shard loaded, and covers every gap that
-// had ended before it started. A walk that did not fail prepares the epoch it started in when
-// every incoming slot has been walked and the epoch is still current. It returns true when this
+// had ended before it started. A walk that did not fail prepares the current epoch when every
+// incoming slot has been walked and no slot arrived since it started (the epoch may have changed
+// meanwhile: a shard adopts settings during a long walk). It returns true when this
 // walk was the load (the first full walk to finish).
 func (l *Ledger) OnWalkFinished(w WalkStart, end WalkEnd) (firstLoad bool) {
 	l.lastPartial = end.Partial
@@ -134,8 +139,10 @@ func (l *Ledger) OnWalkFinished(w WalkStart, end WalkEnd) (firstLoad bool) {
 			l.coveredGapSeq = w.gapSeq
 		}
 	}
-	if w.epoch == l.epoch && end.IncomingWalked {
-		l.prepared = w.epoch
+	// the current epoch: the one the walk started in, or a later one (settings adopted midway)
+	// with which no slot arrived, since the walk read every slot held then
+	if end.IncomingWalked && (w.epoch == l.epoch || w.arrivals == l.arrivals) {
+		l.prepared = max(l.prepared, l.epoch)
 	}
 	return firstLoad
 }
@@ -156,6 +163,9 @@ func (l *Ledger) OnSettings(window time.Duration, epoch int64, arrived, incoming
 		l.prepared = max(l.prepared, epoch)
 	}
 	l.epoch = epoch
+	if arrived {
+		l.arrivals++
+	}
 	return windowChanged
 }
 

@@ -232,9 +232,27 @@ func TestGaps(t *testing.T) {
 	}
 }
 
+// TestEpochDuringWalk: settings of a new epoch that a shard adopts during a walk, with no slot
+// arriving, are prepared when the walk ends with every incoming slot walked; with slots arriving
+// they are not (TestSettings).
+func TestEpochDuringWalk(t *testing.T) {
+	l := New(time.Hour, 1)
+	l.OnWalkFinished(l.WalkStarting(t0, true), WalkEnd{IncomingWalked: true})
+	l.OnSettings(time.Hour, 2, true, false) // slots arrive (incoming)
+	w := l.WalkStarting(t0.Add(time.Minute), false)
+	l.OnSettings(time.Hour, 3, false, false) // midway; the incoming slots are being walked
+	if l.Prepared() != 1 {
+		t.Fatalf("prepared %d before the walk ends", l.Prepared())
+	}
+	l.OnWalkFinished(w, WalkEnd{IncomingWalked: true})
+	if l.Prepared() != 3 {
+		t.Fatalf("prepared %d by a walk during which nothing arrived, want 3", l.Prepared())
+	}
+}
+
 // TestSettings: a new window voids the edge; a new epoch is prepared at once only when nothing
-// arrived and every incoming slot has been walked, and a walk prepares only the epoch it started
-// in.
+// arrived and every incoming slot has been walked, and a walk during which slots arrived prepares
+// no epoch.
 func TestSettings(t *testing.T) {
 	l := New(time.Hour, 1)
 	l.OnWalkFinished(l.WalkStarting(t0, true), WalkEnd{IncomingWalked: true})
