@@ -65,7 +65,7 @@ func pacedShard(t *testing.T, n, rate int, settings Settings) (sh *Shard, pauses
 		t.Fatal(err)
 	}
 	pauses = new([]time.Duration)
-	sh.pause = func(_ context.Context, d time.Duration) {
+	sh.pause = func(_ context.Context, d time.Duration, _ <-chan Settings) {
 		*pauses = append(*pauses, d)
 		clock.Set(clock.Now().Add(d))
 	}
@@ -132,8 +132,8 @@ func TestVerificationWalkIsPaced(t *testing.T) {
 	t.Run("a gap midway", func(t *testing.T) {
 		sh, pauses := pacedShard(t, n, rate, allSlots(0))
 		pause := sh.pause
-		sh.pause = func(ctx context.Context, d time.Duration) {
-			pause(ctx, d)
+		sh.pause = func(ctx context.Context, d time.Duration, updates <-chan Settings) {
+			pause(ctx, d, updates)
 			if len(*pauses) == 3 {
 				sh.HandleBatch(store.Batch{Kind: store.KindGap, Err: errors.New("injected")})
 			}
@@ -210,12 +210,12 @@ func TestPacedWalkAdoptsSettings(t *testing.T) {
 	sh.mu.Unlock()
 	var adopted bool
 	fake := sh.pause
-	sh.pause = func(ctx context.Context, d time.Duration) {
-		fake(ctx, d) // recorded, and the fake clock advanced
+	sh.pause = func(ctx context.Context, d time.Duration, walkUpdates <-chan Settings) {
+		fake(ctx, d, walkUpdates) // recorded, and the fake clock advanced
 		if len(*pauses) == 3 {
 			updates <- next
 			wait, cancel := context.WithTimeout(ctx, 10*time.Second) // a bound, should it not adopt them
-			sh.pauseAdopting(wait, time.Hour)                        // returns once it has adopted them
+			sh.pauseAdopting(wait, time.Hour, walkUpdates)           // returns once it has adopted them
 			cancel()
 			sh.mu.Lock()
 			adopted = sh.settings.Epoch == 2

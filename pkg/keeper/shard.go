@@ -150,9 +150,9 @@ type Shard struct {
 	openBackoff *backoff
 
 	walkMu sync.Mutex // one walk at a time
-	// pause waits between the steps of a paced walk (pauseAdopting; tests record the pauses
-	// instead).
-	pause func(ctx context.Context, d time.Duration)
+	// pause waits between the steps of a paced walk, adopting settings from the walk's updates
+	// (pauseAdopting; tests record the pauses instead).
+	pause func(ctx context.Context, d time.Duration, updates <-chan Settings)
 
 	statusMu   sync.Mutex // guards lastStatus; one status computation at a time
 	lastStatus *shardapi.Status
@@ -378,7 +378,7 @@ func (s *Shard) Walk(ctx context.Context, full bool) WalkReport {
 			s.unlockStep()
 			rows = rows[n:]
 			if d := pacer.step(paced, n, s.clock()); d > 0 {
-				s.pause(ctx, d)
+				s.pause(ctx, d, updates)
 			} else if updates != nil {
 				select {
 				case ns := <-updates:
@@ -744,17 +744,14 @@ func (s *Shard) adoptSettings(ctx context.Context, ns Settings) {
 	}
 }
 
-// pauseAdopting is a paced walk's pause: it waits d, or until it has adopted settings sent to
-// Run, or until ctx ends. A verification walk paced over minutes thus does not hold back
+// pauseAdopting is a paced walk's pause: it waits d, or until it has adopted settings from updates
+// (Run's, as the walk read them when it started), or until ctx ends. A verification walk paced over minutes thus does not hold back
 // membership changes: settings apply mid-walk (slots that leave leave the walk too; see
 // core.Core.SetSlots), and slots that arrive end the pacing (verifying), so the walk finishes at
 // full speed and the run loop walks the arriving slots next. Other settings leave the pacing as
-// it was: the next pause makes up for this one's early end. Unpaced walks never pause: settings
-// wait for their end.
-func (s *Shard) pauseAdopting(ctx context.Context, d time.Duration) {
-	s.mu.Lock()
-	updates := s.adopt
-	s.mu.Unlock()
+// it was: the next pause makes up for this one's early end. (Unpaced walks take settings
+// between their steps without waiting; see Walk.)
+func (s *Shard) pauseAdopting(ctx context.Context, d time.Duration, updates <-chan Settings) {
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
