@@ -195,6 +195,25 @@ func checkHandoffWalked(t *testing.T, sh *Shard) {
 	}
 }
 
+// runUpdates gives sh a settings channel as Run does, holding pending (at most one).
+func runUpdates(sh *Shard, pending ...Settings) chan Settings {
+	updates := make(chan Settings, 1)
+	for _, ns := range pending {
+		updates <- ns
+	}
+	sh.mu.Lock()
+	sh.adopt = updates
+	sh.mu.Unlock()
+	return updates
+}
+
+// epochOf returns the epoch of sh's settings.
+func epochOf(sh *Shard) int64 {
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	return sh.settings.Epoch
+}
+
 // TestPacedWalkAdoptsSettings: settings sent to Run while a paced walk runs apply at its next
 // pause, not when it ends (at 100,000 rows/s a walk of 10M rows lasts 100 s). Here a slot
 // leaves and another arrives: the walk stops pausing (slots are arriving), finishes, and vouches
@@ -204,10 +223,7 @@ func TestPacedWalkAdoptsSettings(t *testing.T) {
 	ctx := context.Background()
 	first, next := handoffSettings()
 	sh, pauses := pacedShard(t, n, rate, first)
-	updates := make(chan Settings, 1)
-	sh.mu.Lock()
-	sh.adopt = updates // as Run does
-	sh.mu.Unlock()
+	updates := runUpdates(sh)
 	var adopted bool
 	fake := sh.pause
 	sh.pause = func(ctx context.Context, d time.Duration, walkUpdates <-chan Settings) {
@@ -217,9 +233,7 @@ func TestPacedWalkAdoptsSettings(t *testing.T) {
 			wait, cancel := context.WithTimeout(ctx, 10*time.Second) // a bound, should it not adopt them
 			sh.pauseAdopting(wait, time.Hour, walkUpdates)           // returns once it has adopted them
 			cancel()
-			sh.mu.Lock()
-			adopted = sh.settings.Epoch == 2
-			sh.mu.Unlock()
+			adopted = epochOf(sh) == 2
 		}
 	}
 	rep := sh.Walk(ctx, true)
@@ -240,19 +254,12 @@ func TestUnpacedWalkAdoptsSettings(t *testing.T) {
 	ctx := context.Background()
 	first, next := handoffSettings()
 	sh, pauses := pacedShard(t, n, 0, first)
-	updates := make(chan Settings, 1)
-	updates <- next // waiting when the walk starts: Walk itself must take it
-	sh.mu.Lock()
-	sh.adopt = updates // as Run does
-	sh.mu.Unlock()
+	runUpdates(sh, next) // waiting when the walk starts: Walk itself must take it
 	rep := sh.Walk(ctx, true)
 	if rep.Failed || len(*pauses) != 0 {
 		t.Fatalf("walk %+v, paused %d times", rep, len(*pauses))
 	}
-	sh.mu.Lock()
-	epoch := sh.settings.Epoch
-	sh.mu.Unlock()
-	if epoch != 2 {
+	if epoch := epochOf(sh); epoch != 2 {
 		t.Fatalf("the settings were not adopted during the walk: epoch %d", epoch)
 	}
 	checkHandoffWalked(t, sh)
@@ -276,20 +283,16 @@ func TestWalkAdoptingNewEpochPrepares(t *testing.T) {
 	}
 	bumped := next
 	bumped.Epoch = 3 // the same slots
-	updates := make(chan Settings, 1)
-	updates <- bumped
-	sh.mu.Lock()
-	sh.adopt = updates // as Run does
-	sh.mu.Unlock()
+	runUpdates(sh, bumped)
 	if rep := sh.Walk(ctx, true); rep.Failed {
 		t.Fatalf("walk: %+v", rep)
 	}
 	prepared := func() int64 {
+		if epoch := epochOf(sh); epoch != 3 {
+			t.Fatalf("epoch %d: the walk did not adopt the settings", epoch)
+		}
 		sh.mu.Lock()
 		defer sh.mu.Unlock()
-		if sh.settings.Epoch != 3 {
-			t.Fatalf("epoch %d: the walk did not adopt the settings", sh.settings.Epoch)
-		}
 		return sh.cov.Prepared()
 	}
 	if prepared() == 3 {
@@ -326,11 +329,7 @@ func TestLoadHoldsSettings(t *testing.T) {
 	}
 	next := allSlots(0)
 	next.Epoch = 2
-	updates := make(chan Settings, 1)
-	updates <- next
-	sh.mu.Lock()
-	sh.adopt = updates
-	sh.mu.Unlock()
+	updates := runUpdates(sh, next)
 	if rep := sh.Walk(ctx, true); rep.Failed || rep.Counts.Scanned != len(rows) {
 		t.Fatalf("load: %+v", rep)
 	}
