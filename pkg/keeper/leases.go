@@ -86,10 +86,15 @@ func (s *Shard) claimRoom(n int) int {
 	return room
 }
 
-// noteClaimed records that a claim of n got got rows, for claimRoom.
-func (s *Shard) noteClaimed(n, got int) {
+// noteClaimed records, for the next claim's buffers (claimRoom, claimBuffers), that a claim of n
+// rows got got of them, whose keys took keyBytes.
+func (s *Shard) noteClaimed(n, got, keyBytes int) {
 	if n <= 0 {
 		return
+	}
+	if got > 0 {
+		// a little more than the mean, so that a claim of slightly longer keys still fits
+		s.claimKeyBytes.Store(int64(keyBytes/got + 8))
 	}
 	short := int64(0) // got what it asked for: the next claim makes room for all it asks
 	if got < n {
@@ -103,20 +108,33 @@ func (s *Shard) noteClaimed(n, got int) {
 const defaultClaimKeyBytes = 64
 
 // claimBuffers returns room for a claim of n rows: its rows and its keys (claimKeyBytes per row),
-// both written once so that the claim, under the lock, writes to memory already in place. The
-// Go heap grows into fresh memory (for a while after a load, by hundreds of MB); the first write
-// to a fresh page faults, and under the lock every claim waits for it.
+// with every memory page of both written once, so that the claim, under the lock, writes to
+// memory already in place. The Go heap grows into fresh memory (for a while after a load, by
+// hundreds of MB), which make does not write to; the first write to a fresh page faults, and
+// under the lock every claim waits for it. (One write per page: reused memory make has zeroed
+// already.)
 func (s *Shard) claimBuffers(n int) ([]core.Claimed, claimKeys) {
 	rows := make([]core.Claimed, n)
-	clear(rows)
+	for i := 0; i < n; i += claimedPerPage {
+		rows[i] = core.Claimed{}
+	}
 	perRow := s.claimKeyBytes.Load()
 	if perRow == 0 {
 		perRow = defaultClaimKeyBytes
 	}
 	b := make([]byte, n*int(perRow))
-	clear(b)
+	for i := 0; i < len(b); i += pageBytes {
+		b[i] = 0
+	}
 	return rows[:0], claimKeys{b: b[:0]}
 }
+
+// pageBytes is the size of a memory page (the smallest; larger pages are touched all the more).
+const pageBytes = 4096
+
+// claimedPerPage is how many Claimed records fit in a page: writing every claimedPerPage-th one
+// writes to every page of a slice of them.
+const claimedPerPage = max(1, pageBytes/int(unsafe.Sizeof(core.Claimed{})))
 
 // claimKeys makes a claim's keys as strings over one buffer. A key the shard keeps (leased)
 // keeps its claim's buffer alive: at most one claim's keys per lease not yet forgotten.
@@ -153,11 +171,7 @@ func (s *Shard) Claim(now time.Time, n int, leaseFor time.Duration) ([]core.Clai
 	}
 	s.startLeaseSweep()
 	s.mu.Unlock()
-	if len(rows) > 0 {
-		// a little more than the mean, so that a claim of slightly longer keys still fits
-		s.claimKeyBytes.Store(int64(len(keys.b)/len(rows) + 8))
-	}
-	s.noteClaimed(n, len(rows))
+	s.noteClaimed(n, len(rows), len(keys.b))
 	s.m.Claimed(now, rows, time.Since(start))
 	return rows, nil
 }

@@ -31,7 +31,7 @@ func TestClaimBuffers(t *testing.T) {
 	if len(rows) != 0 || cap(rows) != 10 || len(keys.b) != 0 || cap(keys.b) < 10*defaultClaimKeyBytes {
 		t.Fatalf("claimBuffers(10) = rows len %d cap %d, keys len %d cap %d", len(rows), cap(rows), len(keys.b), cap(keys.b))
 	}
-	s.claimKeyBytes.Store(200)
+	s.noteClaimed(10, 10, 10*192) // 192 key bytes a row, 200 with the margin
 	if _, keys := s.claimBuffers(10); cap(keys.b) < 2000 {
 		t.Fatalf("with 200 key bytes a row, claimBuffers(10) has key room %d, want 2000", cap(keys.b))
 	}
@@ -53,7 +53,7 @@ func TestClaimRoom(t *testing.T) {
 		{500, 100, 150, 150},        // never more than asked
 		{100, 100, 500, 500},        // the queue filled again
 	} {
-		s.noteClaimed(step.lastAsked, step.lastGot)
+		s.noteClaimed(step.lastAsked, step.lastGot, 64*step.lastGot)
 		if got := s.claimRoom(step.n); got != step.want {
 			t.Errorf("after a claim of %d that got %d: claimRoom(%d) = %d, want %d", step.lastAsked, step.lastGot, step.n, got, step.want)
 		}
