@@ -84,6 +84,8 @@ type claimStats struct {
 	// hypervisor shows in the latencies, whatever the code does.
 	machine   procstat.Times
 	machineOK bool
+	// runtime is what the Go runtime did over the run (readRuntime at both ends).
+	runtime0, runtime1 runtimeSample
 }
 
 func (s *claimStats) quantile(v []time.Duration, q float64) time.Duration {
@@ -102,9 +104,11 @@ func (l claimLoad) run(stop <-chan struct{}) *claimStats {
 		stats = &claimStats{}
 	)
 	m0, ok0 := procstat.Machine()
+	stats.runtime0 = readRuntime()
 	defer func() {
 		m1, ok1 := procstat.Machine()
 		stats.machine, stats.machineOK = m1.Sub(m0), ok0 && ok1
+		stats.runtime1 = readRuntime()
 	}()
 	// Above every rev of the core, and above every rev of an earlier run on the same shard (a run
 	// uses well under a million revs a second): a run that replayed revs the core already holds
@@ -264,7 +268,9 @@ func (s *claimStats) report(b *testing.B, secs float64) {
 	b.ReportMetric(float64(s.overruns), "overruns")
 	if s.machineOK {
 		b.ReportMetric(100*s.machine.StealShare(), "steal-%")
+		b.ReportMetric(100*s.machine.BusyShare(), "busy-%")
 	}
+	s.runtime0.report(b, s.runtime1)
 }
 
 // benchClaimSeconds is how long each BenchmarkClaimLatency run lasts (BENCH_CLAIM_SECONDS,
