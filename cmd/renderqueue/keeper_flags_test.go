@@ -21,6 +21,7 @@ func TestKeeperPolicyFlags(t *testing.T) {
 		{[]string{"--floor", "1h/submitted=0.1,60m/submitted=0.1"}, "more than one floor"},
 		{[]string{"--reschedule", "phase"}, "unknown reschedule policy"},
 		{[]string{"--verify-walk-rate", "-1"}, "--verify-walk-rate -1 is negative"},
+		{[]string{"--procs", "-1"}, "--procs -1 is negative"},
 	} {
 		var out, errb bytes.Buffer
 		if code := run(append(append([]string{}, base...), c.args...), &out, &errb); code == 0 || !strings.Contains(errb.String(), c.want) {
@@ -48,5 +49,32 @@ func TestKeeperHTTPLimitFlags(t *testing.T) {
 		if code := run(append(append([]string{}, base...), c.args...), &out, &errb); code == 0 || !strings.Contains(errb.String(), c.want) {
 			t.Errorf("keeper %v: code %d, stderr %q, want %q", c.args, code, errb.String(), c.want)
 		}
+	}
+}
+
+// TestKeeperProcs: the keeper's GOMAXPROCS comes from --procs when given, else from $GOMAXPROCS
+// when set, else defaultKeeperProcs.
+func TestKeeperProcs(t *testing.T) {
+	for _, c := range []struct {
+		name      string
+		flagSet   bool   // --procs given
+		flagValue int    // its value (the default when not given)
+		env       string // $GOMAXPROCS
+		wantSet   int    // what the keeper sets (0: the runtime's value stands)
+		wantFrom  string
+	}{
+		{name: "nothing given", flagValue: defaultKeeperProcs, wantSet: 1, wantFrom: "the keeper's default"},
+		{name: "the environment", flagValue: defaultKeeperProcs, env: "4", wantSet: 0, wantFrom: "$GOMAXPROCS"},
+		{name: "the flag", flagSet: true, flagValue: 3, wantSet: 3, wantFrom: "--procs"},
+		{name: "the flag over the environment", flagSet: true, flagValue: 2, env: "4", wantSet: 2, wantFrom: "--procs"},
+		{name: "0: the runtime's choice", flagSet: true, flagValue: 0, wantSet: 0, wantFrom: "the Go runtime (--procs 0)"},
+		{name: "0 with the environment", flagSet: true, flagValue: 0, env: "4", wantSet: 0, wantFrom: "the Go runtime (--procs 0)"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			set, from := keeperProcs(c.flagSet, c.flagValue, c.env)
+			if set != c.wantSet || from != c.wantFrom {
+				t.Errorf("keeperProcs(%v, %d, %q) = %d, %q; want %d, %q", c.flagSet, c.flagValue, c.env, set, from, c.wantSet, c.wantFrom)
+			}
+		})
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -79,6 +80,10 @@ func TestKeeperWithoutItsDatabase(t *testing.T) {
 	go func() {
 		done <- runKeeper(ctx, []string{"--dsn", dsn, "--listen", listen, "--insecure-no-auth", "--name", "s0"}, io.Discard, &stderr)
 	}()
+	// the keeper runs Go code on one thread unless told otherwise (defaultKeeperProcs); the
+	// test binary gets its own setting back
+	prevProcs := runtime.GOMAXPROCS(0)
+	t.Cleanup(func() { runtime.GOMAXPROCS(prevProcs) })
 	get := func(path string) (int, []byte) {
 		resp, err := http.Get(base + path)
 		if err != nil {
@@ -99,6 +104,12 @@ func TestKeeperWithoutItsDatabase(t *testing.T) {
 		return st
 	}
 	waitFor(t, done, &stderr, "the connection error in /v1/status", func() bool { return status().Error != "" })
+	if got := runtime.GOMAXPROCS(0); got != 1 {
+		t.Errorf("GOMAXPROCS = %d while the keeper runs, want 1", got)
+	}
+	if want := `gomaxprocs=1 from="the keeper's default"`; !strings.Contains(stderr.String(), want) {
+		t.Errorf("the keeper's log does not say %s:\n%s", want, stderr.String())
+	}
 	st0 := status()
 	if st0.Status != shardapi.StatusUnready || st0.Exact || st0.Complete || st0.Shard != "s0" {
 		t.Errorf("status without a database: %+v", st0)
@@ -144,7 +155,7 @@ func TestKeeperWithABadDSN(t *testing.T) {
 	done := make(chan error, 1)
 	var stderr syncBuffer
 	go func() {
-		done <- runKeeper(ctx, []string{"--dsn", "postgres://u:s3cret-pw@db:notaport/x", "--listen", listen, "--insecure-no-auth"}, io.Discard, &stderr)
+		done <- runKeeper(ctx, []string{"--dsn", "postgres://u:s3cret-pw@db:notaport/x", "--listen", listen, "--insecure-no-auth", "--procs", "0"}, io.Discard, &stderr)
 	}()
 	var st shardapi.Status
 	waitFor(t, done, &stderr, "the DSN error in /v1/status", func() bool {

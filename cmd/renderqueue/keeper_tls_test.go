@@ -48,7 +48,7 @@ func TestKeeperServesTLS(t *testing.T) {
 	var stderr syncBuffer
 	go func() {
 		done <- runKeeper(ctx, []string{"--dsn", "host=/nonexistent", "--listen", listen, "--insecure-no-auth",
-			"--tls-cert-file", certFile, "--tls-key-file", keyFile}, io.Discard, &stderr)
+			"--tls-cert-file", certFile, "--tls-key-file", keyFile, "--procs", "0"}, io.Discard, &stderr)
 	}()
 	roots := x509.NewCertPool()
 	roots.AppendCertsFromPEM(ca.Bundle)
@@ -155,7 +155,7 @@ func TestWorkerSimOverTLS(t *testing.T) {
 	var keeperLog syncBuffer
 	go func() {
 		done <- runKeeper(ctx, []string{"--dsn", dsn, "--listen", listen, "--token-file", tokenFile,
-			"--tls-cert-file", certFile, "--tls-key-file", keyFile}, io.Discard, &keeperLog)
+			"--tls-cert-file", certFile, "--tls-key-file", keyFile, "--procs", "0"}, io.Discard, &keeperLog)
 	}()
 
 	workerSim := func(ca string, stop func(progress string) bool) (string, string) {
