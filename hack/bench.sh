@@ -7,6 +7,8 @@
 #                           6 min to write the 10M-row table; needs ~4 GB of memory.
 #   BENCH_CLAIM_SECONDS=10  length of each BenchmarkClaimLatency run
 #   BENCH_WALK_RATE=100000  rows/s of BenchmarkShardLoad's paced re-walk (0: unpaced)
+#   BENCH_CPU=1             GOMAXPROCS of BenchmarkClaimLatency and BenchmarkShardLoad (go test
+#                           -cpu; a list such as 1,2 runs each): 1, as the keeper runs (--procs)
 #   BENCH_E2E_ROWS=1000000  rows of `renderqueue bench` (0 skips it)
 #   BENCH_SHARED_BUFFERS=4GB  the throwaway cluster's shared_buffers (default 512MB; the 10M
 #                           figures in docs/benchmarks.md use 4GB)
@@ -52,7 +54,8 @@ echo "bench.sh: PostgreSQL shared_buffers $(psql "$RENDERQUEUE_TEST_DSN" -Atc 'S
 # The keeper core's benchmarks run for a time; the others do a fixed amount of work per iteration
 # (timed loads and walks, a claim-latency run of BENCH_CLAIM_SECONDS), so one iteration each.
 go test -run '^$' -bench 'BenchmarkKeeper|BenchmarkStatus' -benchtime "${BENCHTIME:-2s}" -timeout 60m "$@" ./pkg/keeper/ ./pkg/keeper/core/
-go test -run '^$' -bench 'BenchmarkClaimLatency|BenchmarkShardLoad' -benchtime 1x -timeout 60m "$@" ./pkg/keeper/
+# The shard's concurrent benchmarks run with the keeper's GOMAXPROCS (renderqueue keeper --procs).
+go test -run '^$' -bench 'BenchmarkClaimLatency|BenchmarkShardLoad' -benchtime 1x -cpu "${BENCH_CPU:-1}" -timeout 60m "$@" ./pkg/keeper/
 go test -run '^$' -bench 'BenchmarkSimulate' -benchtime 3x "$@" ./pkg/simulate/
 go test -run '^$' -bench 'BenchmarkWalk|BenchmarkComplete$|BenchmarkEventLatency|BenchmarkHOT' -benchtime 1x "$@" ./pkg/store/...
 # What one completion costs PostgreSQL, taken apart (docs/benchmarks.md, "End to end").

@@ -60,8 +60,8 @@ func apiPolicyDefaults() (boost, share float64, resched policy.Reschedule, err e
 // wait: a claim that finds the lock held by a goroutine on the other thread waits until that
 // thread runs again, and on a machine whose CPUs are shared (PostgreSQL, other pods, a
 // hypervisor) it may not for milliseconds. With one, the holder is the thread that runs: at
-// 10M rows a claim's p99 falls from 1.5–2.1 ms to 0.4–0.5 ms, and from 2.5–4.5 ms to 0.6–0.9 ms
-// during a re-walk, with the same end-to-end throughput (docs/benchmarks.md, "One thread").
+// 10M rows a claim's p99 during a re-walk falls from 2.3–4.5 ms to 0.5–1.0 ms, with the same
+// end-to-end throughput (docs/benchmarks.md, "One thread").
 const defaultKeeperProcs = 1
 
 // keeperProcs decides the keeper's GOMAXPROCS from --procs (flagSet says whether it was given)

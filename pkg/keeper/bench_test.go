@@ -295,7 +295,8 @@ func defaultClaimLoad(sh *Shard, n int) claimLoad {
 
 // BenchmarkClaimLatency measures Shard.Claim latency (lock wait included) on a shard whose rows
 // are all due, while claimers complete what they claim, /v1/status is computed every 100 ms and
-// change events are applied at 20,000/s (defaultClaimLoad), for BENCH_CLAIM_SECONDS.
+// change events are applied at 20,000/s (defaultClaimLoad), for BENCH_CLAIM_SECONDS. Run it
+// with -cpu 1, as hack/bench.sh does: the keeper runs Go code on one thread (its --procs).
 func BenchmarkClaimLatency(b *testing.B) {
 	for _, n := range coretest.Sizes(b) {
 		sh := benchShard(b, n, time.Now(), true)

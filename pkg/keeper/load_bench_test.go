@@ -60,7 +60,8 @@ func loadBenchTable(tb testing.TB, ctx context.Context, dsn string, n int) {
 // .../rewalk walks all the rows again while the load of BenchmarkClaimLatency runs (claims and
 // completions, /v1/status every 100 ms, 20,000 events/s) and reports the walk's time and the claim
 // latency during it. The re-walk verifies, so it is paced as the keeper command paces it
-// (DefaultVerifyWalkRate; BENCH_WALK_RATE=0 for an unpaced one).
+// (DefaultVerifyWalkRate; BENCH_WALK_RATE=0 for an unpaced one). Run it with -cpu 1, as
+// hack/bench.sh does: the keeper runs Go code on one thread (its --procs).
 func BenchmarkShardLoad(b *testing.B) {
 	for _, n := range coretest.Sizes(b) {
 		b.Run(coretest.SizeName(n), func(b *testing.B) {
