@@ -110,7 +110,7 @@ func runKeeper(ctx context.Context, args []string, _, stderr io.Writer) error {
 	tlsCert := fs.String("tls-cert-file", "", "serve HTTPS with the PEM certificate (chain) of this file, reloaded when it changes (with --tls-key-file)")
 	tlsKey := fs.String("tls-key-file", "", "the PEM key of --tls-cert-file")
 	verbose := fs.Bool("v", false, "log walks and other details")
-	procs := fs.Int("procs", defaultKeeperProcs, "most threads running the keeper's Go code at once (GOMAXPROCS; default 1 unless $GOMAXPROCS is set; 0 = the Go runtime's choice: the CPUs or the container's CPU limit, at least 2). A shard's work runs under one lock: more threads make claims wait on each other (docs/benchmarks.md)")
+	procs := fs.Int("procs", defaultKeeperProcs, "most threads running the keeper's Go code at once (GOMAXPROCS; default 1 unless $GOMAXPROCS is set; 0 = the Go runtime's choice: $GOMAXPROCS, else the CPUs or the container's CPU limit). A shard's work runs under one lock: with more, claims wait for holders whose thread is not running (docs/benchmarks.md, \"One thread\")")
 	rqName := fs.String("renderqueue", "", "take settings and slots from this RenderQueue (in Kubernetes; default: standalone, all slots)")
 	namespace := fs.String("namespace", os.Getenv("POD_NAMESPACE"), "namespace of --renderqueue (default $POD_NAMESPACE)")
 	var limits httpserve.Limits

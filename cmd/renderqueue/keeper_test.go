@@ -77,13 +77,13 @@ func TestKeeperWithoutItsDatabase(t *testing.T) {
 
 	done := make(chan error, 1)
 	var stderr syncBuffer
+	// the keeper runs Go code on one thread unless told otherwise (defaultKeeperProcs); the
+	// test binary gets its own setting back (read before the keeper changes it)
+	prevProcs := runtime.GOMAXPROCS(0)
+	t.Cleanup(func() { runtime.GOMAXPROCS(prevProcs) })
 	go func() {
 		done <- runKeeper(ctx, []string{"--dsn", dsn, "--listen", listen, "--insecure-no-auth", "--name", "s0"}, io.Discard, &stderr)
 	}()
-	// the keeper runs Go code on one thread unless told otherwise (defaultKeeperProcs); the
-	// test binary gets its own setting back
-	prevProcs := runtime.GOMAXPROCS(0)
-	t.Cleanup(func() { runtime.GOMAXPROCS(prevProcs) })
 	get := func(path string) (int, []byte) {
 		resp, err := http.Get(base + path)
 		if err != nil {

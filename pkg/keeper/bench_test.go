@@ -84,7 +84,7 @@ type claimStats struct {
 	// hypervisor shows in the latencies, whatever the code does.
 	machine   procstat.Times
 	machineOK bool
-	// runtime is what the Go runtime did over the run (readRuntime at both ends).
+	// runtime0 and runtime1 are the Go runtime's metrics at the run's start and end (readRuntime).
 	runtime0, runtime1 runtimeSample
 }
 

@@ -14,7 +14,7 @@ const (
 	rtSchedLatencies = iota // how long goroutines waited, runnable, to run
 	rtGCPauses              // the collector's stop-the-world pauses
 	rtGCCycles              // collections
-	rtMutexWait             // how long goroutines waited for any sync.Mutex
+	rtMutexWait             // how long goroutines waited for any sync.Mutex or RWMutex, or a lock of the runtime's
 	rtCount
 )
 
@@ -57,7 +57,7 @@ func histQuantile(a, b *metrics.Float64Histogram, q float64) float64 {
 }
 
 // report adds to b what the runtime did between the readings a and end: the scheduler's
-// latency p99 (goroutines runnable but not running: both Ps busy, or their threads not running),
+// latency p99 (goroutines runnable but not running: every P busy, or its thread not running),
 // the collections and their longest pause, and the total wait for mutexes.
 func (a runtimeSample) report(b *testing.B, end runtimeSample) {
 	if len(a) != rtCount || len(end) != rtCount {
