@@ -122,6 +122,8 @@ func TestValidateStoredObjects(t *testing.T) {
 		{"a walk rate over the maximum", func(rq *rqv1.RenderQueue) {
 			rq.Spec.VerifyWalkRate = ptr.To[int32](rqv1.MaxVerifyWalkRate + 1)
 		}, "spec.verifyWalkRate"},
+		{"negative procs", func(rq *rqv1.RenderQueue) { rq.Spec.Procs = ptr.To[int32](-1) }, "spec.procs"},
+		{"procs over the maximum", func(rq *rqv1.RenderQueue) { rq.Spec.Procs = ptr.To[int32](rqv1.MaxProcs + 1) }, "spec.procs"},
 		{"no shards", func(rq *rqv1.RenderQueue) { rq.Spec.Shards = 0 }, "spec.shards"},
 		{"a name whose 12th shard Pod would have 64 characters", func(rq *rqv1.RenderQueue) {
 			rq.Name, rq.Spec.Shards = strings.Repeat("w", 55), 12

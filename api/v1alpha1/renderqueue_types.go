@@ -94,6 +94,19 @@ type RenderQueueSpec struct {
 	// +optional
 	Resources corev1.ResourceRequirements `json:"resources,omitempty"`
 
+	// Procs is how many threads run the keeper's Go code at once (its GOMAXPROCS; `renderqueue
+	// keeper --procs`). Unset: 1, the keeper's default. A shard's work runs under one lock, and
+	// with one thread the goroutine holding it is the one running, which keeps the claims' tail
+	// short; a shard then uses about one core and completes at most about 80,000 rows a second
+	// (docs/scale.md). Raise it for a shard that must go past that (add shards first), or that
+	// spends much time outside the lock (TLS handshakes of many short-lived clients). 0 leaves the
+	// choice to the Go runtime: the container's CPU limit (rounded up), else the node's CPUs. At
+	// most 256. Changing it replaces the shards one at a time, like a new image does.
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=256
+	// +optional
+	Procs *int32 `json:"procs,omitempty"`
+
 	// NodeSelector of the shard Pods.
 	// +optional
 	NodeSelector map[string]string `json:"nodeSelector,omitempty"`

@@ -27,6 +27,9 @@ const (
 	MinVerifyInterval, MaxVerifyInterval = 10 * time.Second, 8760 * time.Hour
 	// MaxVerifyWalkRate bounds spec.verifyWalkRate (rows a second; 0 is unpaced).
 	MaxVerifyWalkRate = 100_000_000
+	// MaxProcs bounds spec.procs (threads running the keeper's Go code; 0 is the Go runtime's
+	// choice).
+	MaxProcs = 256
 	// MinLeaseDuration and MaxLeaseDuration bound spec.leaseDuration (the keeper's longest
 	// lease a claim may ask for is 24h too).
 	MinLeaseDuration, MaxLeaseDuration = time.Second, 24 * time.Hour
@@ -94,9 +97,9 @@ func (rq *RenderQueue) DecodeErr() error {
 }
 
 // Validate checks what the operator and the keeper rely on: the object decoded whole
-// (DecodeErr), its name gives valid child names, the durations and the verification walk rate
-// are within their bounds, the Secret references are Secret names and keys, the image has no
-// whitespace. The API server enforces the same rules on every write since they were added;
+// (DecodeErr), its name gives valid child names, the durations, the verification walk rate and
+// procs are within their bounds, the Secret references are Secret names and keys, the image has
+// no whitespace. The API server enforces the same rules on every write since they were added;
 // Validate catches objects stored before. The error names each field.
 func (rq *RenderQueue) Validate() error {
 	if err := rq.DecodeErr(); err != nil {
@@ -128,6 +131,10 @@ func (rq *RenderQueue) Validate() error {
 	if r := s.VerifyWalkRate; r != nil && (*r < 0 || *r > MaxVerifyWalkRate) {
 		errs = append(errs, field.Invalid(spec.Child("verifyWalkRate"), *r,
 			fmt.Sprintf("must be from 0 (unpaced) to %d rows a second", MaxVerifyWalkRate)))
+	}
+	if p := s.Procs; p != nil && (*p < 0 || *p > MaxProcs) {
+		errs = append(errs, field.Invalid(spec.Child("procs"), *p,
+			fmt.Sprintf("must be from 0 (the Go runtime's choice) to %d threads", MaxProcs)))
 	}
 	for i, f := range s.Priority.Floors {
 		p := spec.Child("priority", "floors").Index(i).Child("cadence")

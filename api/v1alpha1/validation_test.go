@@ -92,7 +92,7 @@ var _ = AfterSuite(func() {
 // keeper rely on (for objects stored before the rules), checks field.
 func goChecked(field string) bool {
 	for _, p := range []string{"metadata.name", "spec.shards", "spec.window", "spec.verifyInterval", "spec.verifyWalkRate", "spec.leaseDuration",
-		"spec.store", "spec.image"} {
+		"spec.procs", "spec.store", "spec.image"} {
 		if field == p || strings.HasPrefix(field, p+".") || strings.HasPrefix(field, p+"[") {
 			return true
 		}
@@ -167,6 +167,11 @@ var _ = Describe("RenderQueue validation", func() {
 		Entry("verifyWalkRate past an int32", "verifyWalkRate", int64(1<<31), "spec.verifyWalkRate", "should be less than or equal to 100000000"),
 		Entry("fractional verifyWalkRate", "verifyWalkRate", 1.5, "spec.verifyWalkRate", "must be of type integer"),
 		Entry("verifyWalkRate as a string", "verifyWalkRate", "100000", "spec.verifyWalkRate", "must be of type integer"),
+
+		Entry("negative procs", "procs", int64(-1), "spec.procs", "should be greater than or equal to 0"),
+		Entry("procs over the maximum", "procs", int64(rqv1.MaxProcs+1), "spec.procs", "should be less than or equal to 256"),
+		Entry("fractional procs", "procs", 1.5, "spec.procs", "must be of type integer"),
+		Entry("procs as a string", "procs", "2", "spec.procs", "must be of type integer"),
 
 		Entry("zero leaseDuration", "leaseDuration", "0s", "spec.leaseDuration", leaseMsg),
 		Entry("negative leaseDuration", "leaseDuration", "-30s", "spec.leaseDuration", leaseMsg),
@@ -260,6 +265,9 @@ var _ = Describe("RenderQueue validation", func() {
 		Entry("verifyWalkRate 0 (unpaced)", "verifyWalkRate", int64(0)),
 		Entry("verifyWalkRate of 1", "verifyWalkRate", int64(1)),
 		Entry("verifyWalkRate at the maximum", "verifyWalkRate", int64(rqv1.MaxVerifyWalkRate)),
+		Entry("procs 0 (the Go runtime's choice)", "procs", int64(0)),
+		Entry("procs of 1", "procs", int64(1)),
+		Entry("procs at the maximum", "procs", int64(rqv1.MaxProcs)),
 		Entry("leaseDuration of 1s", "leaseDuration", "1s"),
 		Entry("leaseDuration of 1000ms", "leaseDuration", "1000ms"),
 		Entry("leaseDuration of 24h", "leaseDuration", "24h"),

@@ -207,6 +207,11 @@ func (in *RenderQueueSpec) DeepCopyInto(out *RenderQueueSpec) {
 	}
 	out.Store = in.Store
 	in.Resources.DeepCopyInto(&out.Resources)
+	if in.Procs != nil {
+		in, out := &in.Procs, &out.Procs
+		*out = new(int32)
+		**out = **in
+	}
 	if in.NodeSelector != nil {
 		in, out := &in.NodeSelector, &out.NodeSelector
 		*out = make(map[string]string, len(*in))

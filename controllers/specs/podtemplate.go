@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"maps"
+	"strconv"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -41,9 +42,11 @@ func KeeperImage(rq *rqv1.RenderQueue, operatorImage string) string {
 	return operatorImage
 }
 
-// keeperArgs are the keeper's arguments in the Pod named podName.
+// keeperArgs are the keeper's arguments in the Pod named podName. --procs is passed only when
+// spec.procs is set, so that shards of a RenderQueue without it keep their template hash (and
+// their Pods) across the operator upgrade that added the field.
 func keeperArgs(rq *rqv1.RenderQueue, podName string) []string {
-	return []string{
+	args := []string{
 		"keeper",
 		"--renderqueue", rq.Name,
 		"--namespace", rq.Namespace,
@@ -51,6 +54,10 @@ func keeperArgs(rq *rqv1.RenderQueue, podName string) []string {
 		"--listen", fmt.Sprintf(":%d", KeeperPort),
 		"--token-file", TokenMountPath + "/" + TokenKey,
 	}
+	if p := rq.Spec.Procs; p != nil {
+		args = append(args, "--procs", strconv.Itoa(int(*p)))
+	}
+	return args
 }
 
 // shardPodSpec is the PodSpec of the shard Pod named podName.

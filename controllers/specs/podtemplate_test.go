@@ -1,6 +1,7 @@
 package specs
 
 import (
+	"slices"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
@@ -142,6 +143,8 @@ func TestPodTemplateHashCoversPodFields(t *testing.T) {
 		"topologySpread nodeTaintsPolicy": func(s *rqv1.RenderQueueSpec) {
 			s.TopologySpreadConstraints[0].NodeTaintsPolicy = nil
 		},
+		"procs 1 (the keeper's default, but set)": func(s *rqv1.RenderQueueSpec) { s.Procs = ptr.To[int32](1) },
+		"procs 0": func(s *rqv1.RenderQueueSpec) { s.Procs = ptr.To[int32](0) },
 	} {
 		rq := podFields(templateQueue())
 		change(&rq.Spec)
@@ -178,5 +181,37 @@ func TestPodTemplateHash(t *testing.T) {
 	rq3.Spec.Shards = 7
 	if h != PodTemplateHash(rq3, "img:v1") {
 		t.Error("spec.shards changes the hash (it must not replace Pods)")
+	}
+}
+
+// TestKeeperProcsArg: spec.procs reaches the keeper as --procs, and only when set (unset, the
+// keeper's own default of one thread applies and the arguments are those of before the field).
+func TestKeeperProcsArg(t *testing.T) {
+	for _, c := range []struct {
+		procs *int32   // spec.procs
+		want  []string // the arguments after --token-file
+	}{
+		{nil, nil}, // unset: no flag
+		{ptr.To[int32](1), []string{"--procs", "1"}}, // the default, written out
+		{ptr.To[int32](0), []string{"--procs", "0"}}, // the Go runtime's choice
+		{ptr.To[int32](4), []string{"--procs", "4"}},
+	} {
+		rq := templateQueue()
+		rq.Spec.Procs = c.procs
+		pod := ShardPod(rq, "img", "web-shard-0", PodTemplateHash(rq, "img"))
+		args := pod.Spec.Containers[0].Args
+		i := slices.Index(args, "--token-file")
+		if i < 0 || i+2 > len(args) {
+			t.Fatalf("procs %v: no --token-file in %q", ptr.Deref(c.procs, -1), args)
+		}
+		if got := args[i+2:]; !slices.Equal(got, c.want) {
+			t.Errorf("procs %v: arguments after --token-file %q, want %q", ptr.Deref(c.procs, -1), got, c.want)
+		}
+	}
+	// Setting it replaces the shards: the hash covers it.
+	rq := templateQueue()
+	rq.Spec.Procs = ptr.To[int32](2)
+	if PodTemplateHash(rq, "img") == PodTemplateHash(templateQueue(), "img") {
+		t.Error("spec.procs does not change the template hash, so running shards would keep their thread count")
 	}
 }
