@@ -202,16 +202,22 @@ func (e *env) kubectl(args ...string) string {
 // with the last reason cond gave.
 func eventually(t *testing.T, timeout, interval time.Duration, what string, cond func() (bool, string)) {
 	t.Helper()
+	if err := waitFor(timeout, interval, what, cond); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// waitFor polls cond every interval until it reports true; after timeout it returns an error
+// with the last reason cond gave.
+func waitFor(timeout, interval time.Duration, what string, cond func() (bool, string)) error {
 	deadline := time.Now().Add(timeout)
-	last := ""
 	for {
 		ok, why := cond()
 		if ok {
-			return
+			return nil
 		}
-		last = why
 		if time.Now().After(deadline) {
-			t.Fatalf("%s: not after %s; last: %s", what, timeout, last)
+			return fmt.Errorf("%s: not after %s; last: %s", what, timeout, why)
 		}
 		time.Sleep(interval)
 	}
