@@ -4,6 +4,12 @@ import (
 	"bytes"
 	"strings"
 	"testing"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+
+	rqv1 "github.com/renderqueue/renderqueue/api/v1alpha1"
+	"github.com/renderqueue/renderqueue/controllers/specs"
 )
 
 // TestKeeperPolicyFlags: bad floors, reschedule policies and walk rates stop the standalone keeper
@@ -76,5 +82,32 @@ func TestKeeperProcs(t *testing.T) {
 				t.Errorf("keeperProcs(%v, %d, %q) = %d, %q; want %d, %q", c.flagSet, c.flagValue, c.env, set, from, c.wantSet, c.wantFrom)
 			}
 		})
+	}
+}
+
+// TestShardPodArgsAreKeeperFlags: the arguments the operator gives a shard's keeper container
+// (controllers/specs, with every optional flag it may add) are flags `renderqueue keeper` takes:
+// it parses them and stops at the missing DSN, not at a flag.
+func TestShardPodArgsAreKeeperFlags(t *testing.T) {
+	t.Setenv("RENDERQUEUE_DSN", "")
+	for _, c := range []struct {
+		name string
+		edit func(*rqv1.RenderQueueSpec)
+	}{
+		{"defaults", func(*rqv1.RenderQueueSpec) {}},
+		{"procs and TLS", func(s *rqv1.RenderQueueSpec) {
+			s.Procs = ptr.To[int32](2)
+			s.TLS.Mode = rqv1.ShardTLSOperatorIssued
+		}},
+	} {
+		rq := &rqv1.RenderQueue{ObjectMeta: metav1.ObjectMeta{Name: "web", Namespace: "prod"},
+			Spec: rqv1.RenderQueueSpec{Shards: 1, Store: rqv1.Store{SecretRef: rqv1.SecretKeyRef{Name: "pg"}}}}
+		c.edit(&rq.Spec)
+		pod := specs.ShardPod(rq, "img", "web-shard-0", specs.PodTemplateHash(rq, "img"))
+		args := pod.Spec.Containers[0].Args
+		var out, errb bytes.Buffer
+		if code := run(args, &out, &errb); code == 0 || !strings.Contains(errb.String(), "--dsn (or RENDERQUEUE_DSN) is required") {
+			t.Errorf("%s: renderqueue %q: code %d, stderr %q, want it to stop at the missing DSN", c.name, args, code, errb.String())
+		}
 	}
 }
