@@ -100,8 +100,9 @@ type RenderQueueSpec struct {
 	// short; a shard then uses about one core and completes at most about 80,000 rows a second
 	// (docs/scale.md). Raise it for a shard that must go past that (add shards first), or that
 	// spends much time outside the lock (TLS handshakes of many short-lived clients). 0 leaves the
-	// choice to the Go runtime: the container's CPU limit (rounded up), else the node's CPUs. At
-	// most 256. Changing it replaces the shards one at a time, like a new image does.
+	// choice to the Go runtime: the container's CPU limit rounded up (and at least 2), else the
+	// node's CPUs. At most 256. Changing it replaces the shards one at a time, like a new image
+	// does.
 	// +kubebuilder:validation:Minimum=0
 	// +kubebuilder:validation:Maximum=256
 	// +optional
