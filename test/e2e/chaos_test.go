@@ -139,61 +139,9 @@ type chaos struct {
 	writeErrs  int
 	samples    []sampleRec
 	cases      []caseRec
-	failure    string // the first failure, logged again at the very end (see fail)
-}
-
-// fail records msg as the test's first failure unless one is recorded. TestChaos logs it again
-// as its last line, after the process logs dumped on failure, which would otherwise bury the
-// message far from the end of the output (where a CI summary shows it).
-func (ch *chaos) fail(t *testing.T, msg string) {
-	ch.mu.Lock()
-	defer ch.mu.Unlock()
-	if ch.failure == "" {
-		ch.failure = t.Name() + ": " + msg
-	}
-}
-
-// fatalf is t.Fatalf, recording the message (fail).
-func (ch *chaos) fatalf(t *testing.T, format string, args ...any) {
-	t.Helper()
-	msg := fmt.Sprintf(format, args...)
-	ch.fail(t, msg)
-	t.Fatal(msg)
-}
-
-// fatal is t.Fatal, recording the message (fail).
-func (ch *chaos) fatal(t *testing.T, args ...any) {
-	t.Helper()
-	msg := fmt.Sprint(args...)
-	ch.fail(t, msg)
-	t.Fatal(msg)
-}
-
-// errorf is t.Errorf, recording the message (fail).
-func (ch *chaos) errorf(t *testing.T, format string, args ...any) {
-	t.Helper()
-	msg := fmt.Sprintf(format, args...)
-	ch.fail(t, msg)
-	t.Error(msg)
-}
-
-// eventually is the package's eventually, recording the failure (fail).
-func (ch *chaos) eventually(t *testing.T, timeout, interval time.Duration, what string, cond func() (bool, string)) {
-	t.Helper()
-	if err := waitFor(timeout, interval, what, cond); err != nil {
-		ch.fatal(t, err)
-	}
 }
 
 func TestChaos(t *testing.T) {
-	var ch *chaos
-	t.Cleanup(func() { // registered first, so it runs last: after the logs dumped on failure
-		if t.Failed() && ch != nil {
-			ch.mu.Lock()
-			defer ch.mu.Unlock()
-			t.Logf("TestChaos failed; the first failure: %s", or(ch.failure, "not recorded: see above"))
-		}
-	})
 	e := startEnv(t)
 	var duration time.Duration
 	if d := os.Getenv("CHAOS_DURATION"); d != "" {
@@ -202,16 +150,8 @@ func TestChaos(t *testing.T) {
 			t.Fatalf("CHAOS_DURATION=%q: want a positive Go duration such as 30m", d)
 		}
 	}
-	ch = &chaos{e: e, horizon: chaosHorizon(duration), leases: map[string][]*leaseRec{}, refused: map[string]int{}}
-	step := func(name string, f func(t *testing.T)) {
-		if !t.Run(name, func(st *testing.T) { e.t = st; f(st) }) {
-			e.t = t
-			// a failure the step did not record (through the env's helpers): name the step
-			ch.fail(t, fmt.Sprintf("step %s failed; its message is in its --- FAIL block above", name))
-			t.Fatalf("step %s failed; stopping", name)
-		}
-		e.t = t
-	}
+	ch := &chaos{e: e, horizon: chaosHorizon(duration), leases: map[string][]*leaseRec{}, refused: map[string]int{}}
+	step := func(name string, f func(t *testing.T)) { e.runSteps(t, []envStep{{name, f}}) }
 	t.Cleanup(func() {
 		if ch.pool != nil {
 			ch.pool.Close()
@@ -273,7 +213,7 @@ func (ch *chaos) setup(t *testing.T) {
 		{"seed", "--dsn", dsn, "--rows", fmt.Sprint(chaosRows), "--overdue", fmt.Sprint(chaosOverdue), "--progress", "0"},
 	} {
 		if out, err := execOut(e.bin, args...); err != nil {
-			ch.fatalf(t, "renderqueue %s: %v\n%s", args[0], err, out)
+			ch.e.fatalf(t, "renderqueue %s: %v\n%s", args[0], err, out)
 		}
 	}
 	e.sql(fmt.Sprintf(`UPDATE render_schedule SET due_at = now() + interval '%d seconds'
@@ -287,14 +227,14 @@ func (ch *chaos) setup(t *testing.T) {
 	e.sql(`CREATE TRIGGER chaos_audit AFTER INSERT OR UPDATE ON render_schedule FOR EACH ROW EXECUTE FUNCTION chaos_audit()`)
 	var err error
 	if ch.pool, err = pgxpool.New(context.Background(), dsn); err != nil {
-		ch.fatalf(t, "connecting to PostgreSQL: %v", err)
+		ch.e.fatalf(t, "connecting to PostgreSQL: %v", err)
 	}
 	rows, err := ch.pool.Query(context.Background(), `SELECT key FROM render_schedule`)
 	if err != nil {
-		ch.fatal(t, err)
+		ch.e.fatalf(t, "%v", err)
 	}
 	if ch.keys, err = pgx.CollectRows(rows, pgx.RowTo[string]); err != nil {
-		ch.fatal(t, err)
+		ch.e.fatalf(t, "%v", err)
 	}
 	t.Logf("seeded %d rows, %d due; audit trigger on render_schedule", len(ch.keys), e.sqlDue())
 
@@ -318,7 +258,7 @@ spec:
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	if out, err := e.c.Kubectl(ctx, []byte(manifest), "apply", "-f", "-"); err != nil {
-		ch.fatalf(t, "%v\n%s", err, out)
+		ch.e.fatalf(t, "%v\n%s", err, out)
 	}
 	e.kubectl("wait", "--for=condition=Ready", "--timeout=120s", "renderqueue/"+queueName)
 	e.exactAndTrue(2*time.Minute, 3)
@@ -339,16 +279,16 @@ func (ch *chaos) startLoad(t *testing.T) {
 	defer cancel()
 	sec, err := e.c.Client.CoreV1().Secrets(namespace).Get(ctx, queueName+"-api-token", metav1.GetOptions{})
 	if err != nil {
-		ch.fatalf(t, "reading the API token: %v", err)
+		ch.e.fatalf(t, "reading the API token: %v", err)
 	}
 	disc, err := discovery.RenderQueue(e.c.RESTConfig, namespace, queueName)
 	if err != nil {
-		ch.fatal(t, err)
+		ch.e.fatalf(t, "%v", err)
 	}
 	cl, err := client.New(client.Options{Discovery: disc, Token: string(sec.Data["token"]), Batch: chaosBatch,
 		HTTPClient: &http.Client{Timeout: 15 * time.Second}})
 	if err != nil {
-		ch.fatal(t, err)
+		ch.e.fatalf(t, "%v", err)
 	}
 	ch.cl = cl
 	for i := range chaosWorkers {
@@ -509,7 +449,7 @@ func (ch *chaos) sample(t *testing.T, why string) {
 	paused := time.Now()
 	want := ch.sqlDue(t)
 	var st rqv1.RenderQueueStatus
-	ch.eventually(t, sampleTimeout, 250*time.Millisecond, fmt.Sprintf("sample %q: the queue settled, exact and at the SQL count %d", why, want), func() (bool, string) {
+	ch.e.eventually(t, sampleTimeout, 250*time.Millisecond, fmt.Sprintf("sample %q: the queue settled, exact and at the SQL count %d", why, want), func() (bool, string) {
 		st = ch.e.queue().Status
 		return !st.Membership.HandoffInProgress() && st.DueExact && st.Due == want && st.ReadyShards == st.CurrentShards,
 			fmt.Sprintf("due=%d exact=%v handoff=%s ready=%d/%d; %s", st.Due, st.DueExact, handoffString(st.Membership.Handoff), st.ReadyShards, st.CurrentShards, conds(st.Conditions))
@@ -526,7 +466,7 @@ func (ch *chaos) sqlDue(t *testing.T) int64 {
 	defer cancel()
 	var n int64
 	if err := ch.pool.QueryRow(ctx, `SELECT count(*) FROM render_schedule WHERE due_at <= now()`).Scan(&n); err != nil {
-		ch.fatalf(t, "counting due rows: %v", err)
+		ch.e.fatalf(t, "counting due rows: %v", err)
 	}
 	return n
 }
@@ -537,11 +477,11 @@ func (ch *chaos) lockTable(t *testing.T) (unlock func()) {
 	ctx := context.Background()
 	conn, err := pgx.Connect(ctx, ch.e.c.Postgres.DSN)
 	if err != nil {
-		ch.fatalf(t, "connecting to PostgreSQL: %v", err)
+		ch.e.fatalf(t, "connecting to PostgreSQL: %v", err)
 	}
 	if _, err := conn.Exec(ctx, `BEGIN; LOCK TABLE render_schedule IN ACCESS EXCLUSIVE MODE`); err != nil {
 		_ = conn.Close(ctx)
-		ch.fatalf(t, "locking render_schedule: %v", err)
+		ch.e.fatalf(t, "locking render_schedule: %v", err)
 	}
 	var once sync.Once
 	unlock = func() {
@@ -565,7 +505,7 @@ func (ch *chaos) scale(n int) {
 // returns the status that shows it.
 func (ch *chaos) waitPreparing(t *testing.T, after int64) rqv1.RenderQueueStatus {
 	var st rqv1.RenderQueueStatus
-	ch.eventually(t, prepareTimeout, preparePoll, fmt.Sprintf("a prepare above epoch %d", after), func() (bool, string) {
+	ch.e.eventually(t, prepareTimeout, preparePoll, fmt.Sprintf("a prepare above epoch %d", after), func() (bool, string) {
 		st = ch.e.queue().Status
 		h := st.Membership.Handoff
 		return h != nil && h.State == rqv1.HandoffPreparing && h.PrepareEpoch > after,
@@ -578,7 +518,7 @@ func (ch *chaos) waitPreparing(t *testing.T, after int64) rqv1.RenderQueueStatus
 // (preparing true) or already finished, its prepare never seen; it returns the status that shows
 // it.
 func (ch *chaos) waitHandoff(t *testing.T, after int64) (st rqv1.RenderQueueStatus, preparing bool) {
-	ch.eventually(t, prepareTimeout, preparePoll, fmt.Sprintf("a handoff above epoch %d", after), func() (bool, string) {
+	ch.e.eventually(t, prepareTimeout, preparePoll, fmt.Sprintf("a handoff above epoch %d", after), func() (bool, string) {
 		st = ch.e.queue().Status
 		h := st.Membership.Handoff
 		return h != nil && h.PrepareEpoch > after,
@@ -597,7 +537,7 @@ func handoffString(h *rqv1.HandoffStatus) string {
 // waitSettled waits until the queue runs n ready shards with the membership settled and exact.
 func (ch *chaos) waitSettled(t *testing.T, n int) rqv1.RenderQueueStatus {
 	var st rqv1.RenderQueueStatus
-	ch.eventually(t, settleTimeout, 500*time.Millisecond, fmt.Sprintf("the queue settled at %d shards", n), func() (bool, string) {
+	ch.e.eventually(t, settleTimeout, 500*time.Millisecond, fmt.Sprintf("the queue settled at %d shards", n), func() (bool, string) {
 		st = ch.e.queue().Status
 		return !st.Membership.HandoffInProgress() && int(st.CurrentShards) == n && int(st.ReadyShards) == n &&
 				len(st.Membership.Assignment) == n && st.DueExact,
@@ -613,7 +553,7 @@ func (ch *chaos) roles(t *testing.T, st rqv1.RenderQueueStatus) (givers, receive
 	for _, a := range st.Membership.Assignment {
 		s, err := schedule.ParseSlots(a.Slots)
 		if err != nil {
-			ch.fatalf(t, "slots of %s: %v", a.Shard, err)
+			ch.e.fatalf(t, "slots of %s: %v", a.Shard, err)
 		}
 		owned[a.Shard] = s
 	}
@@ -621,7 +561,7 @@ func (ch *chaos) roles(t *testing.T, st rqv1.RenderQueueStatus) (givers, receive
 	for _, in := range st.Membership.Incoming {
 		s, err := schedule.ParseSlots(in.Slots)
 		if err != nil {
-			ch.fatalf(t, "incoming slots of %s: %v", in.Shard, err)
+			ch.e.fatalf(t, "incoming slots of %s: %v", in.Shard, err)
 		}
 		if s.Len() == 0 {
 			continue
@@ -647,7 +587,7 @@ func (ch *chaos) roles(t *testing.T, st rqv1.RenderQueueStatus) (givers, receive
 func (ch *chaos) kill(t *testing.T, ns, pod string) int {
 	pid, err := ch.e.c.Runner.KillPod(ns, pod, syscall.SIGKILL)
 	if err != nil {
-		ch.fatalf(t, "kill -9 %s/%s: %v", ns, pod, err)
+		ch.e.fatalf(t, "kill -9 %s/%s: %v", ns, pod, err)
 	}
 	return pid
 }
@@ -660,7 +600,7 @@ func (ch *chaos) caseKillGiver(t *testing.T) string {
 	st := ch.waitPreparing(t, before)
 	givers, receivers := ch.roles(t, st)
 	if len(givers) == 0 {
-		ch.fatalf(t, "the prepare at epoch %d has no giver", st.Membership.Handoff.PrepareEpoch)
+		ch.e.fatalf(t, "the prepare at epoch %d has no giver", st.Membership.Handoff.PrepareEpoch)
 	}
 	victim := givers[len(givers)-1]
 	pid := ch.kill(t, namespace, victim)
@@ -682,7 +622,7 @@ func (ch *chaos) caseKillReceiver(t *testing.T) string {
 	st := ch.waitPreparing(t, before)
 	_, receivers := ch.roles(t, st)
 	if len(receivers) == 0 {
-		ch.fatalf(t, "the prepare at epoch %d has no receiver", st.Membership.Handoff.PrepareEpoch)
+		ch.e.fatalf(t, "the prepare at epoch %d has no receiver", st.Membership.Handoff.PrepareEpoch)
 	}
 	victim := receivers[len(receivers)-1]
 	url := ""
@@ -692,7 +632,7 @@ func (ch *chaos) caseKillReceiver(t *testing.T) string {
 		}
 	}
 	walking := "no status"
-	ch.eventually(t, 30*time.Second, 50*time.Millisecond, victim+" walking its incoming slots", func() (bool, string) {
+	ch.e.eventually(t, 30*time.Second, 50*time.Millisecond, victim+" walking its incoming slots", func() (bool, string) {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		defer cancel()
 		ss, err := client.GetStatus(ctx, &http.Client{}, url)
@@ -716,7 +656,7 @@ func (ch *chaos) leader(t *testing.T) (holder, pod string) {
 	defer cancel()
 	l, err := ch.e.c.Client.CoordinationV1().Leases(operatorNS).Get(ctx, leaderLease, metav1.GetOptions{})
 	if err != nil {
-		ch.fatalf(t, "reading the leader Lease: %v", err)
+		ch.e.fatalf(t, "reading the leader Lease: %v", err)
 	}
 	if l.Spec.HolderIdentity == nil {
 		return "", ""
@@ -735,13 +675,13 @@ func (ch *chaos) caseKillOperator(t *testing.T) string {
 	st := ch.waitPreparing(t, before)
 	holder, pod := ch.leader(t)
 	if pod == "" {
-		ch.fatal(t, "no operator holds the leader Lease")
+		ch.e.fatalf(t, "no operator holds the leader Lease")
 	}
 	pid := ch.kill(t, operatorNS, pod)
 	t.Logf("prepare epoch %d: killed the leading operator %s (pod %s, pid %d)", st.Membership.Handoff.PrepareEpoch, holder, pod, pid)
 	unlock()
 	var next, nextPod string
-	ch.eventually(t, 2*time.Minute, 250*time.Millisecond, "another operator process to lead", func() (bool, string) {
+	ch.e.eventually(t, 2*time.Minute, 250*time.Millisecond, "another operator process to lead", func() (bool, string) {
 		next, nextPod = ch.leader(t)
 		return next != "" && next != holder, "holder " + next
 	})
@@ -766,7 +706,7 @@ func (ch *chaos) caseRestartPostgres(t *testing.T) string {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	if err := ch.e.c.Postgres.Pause(ctx); err != nil {
-		ch.fatal(t, err)
+		ch.e.fatalf(t, "%v", err)
 	}
 	unlock() // its connection is gone
 	resumed := false
@@ -776,13 +716,13 @@ func (ch *chaos) caseRestartPostgres(t *testing.T) string {
 		}
 	}()
 	down := time.Now()
-	ch.eventually(t, 60*time.Second, 250*time.Millisecond, "the queue to turn inexact", func() (bool, string) {
+	ch.e.eventually(t, 60*time.Second, 250*time.Millisecond, "the queue to turn inexact", func() (bool, string) {
 		s := ch.e.queue().Status
 		return !s.DueExact, fmt.Sprintf("due=%d exact=%v", s.Due, s.DueExact)
 	})
 	mid := ch.e.queue().Status
 	if err := ch.e.c.Postgres.Resume(ctx); err != nil {
-		ch.fatal(t, err)
+		ch.e.fatalf(t, "%v", err)
 	}
 	resumed = true
 	t.Logf("prepare epoch %d: PostgreSQL down for %s (handoff %s)", st.Membership.Handoff.PrepareEpoch,
@@ -827,7 +767,7 @@ func (ch *chaos) caseRescaleInFlight(t *testing.T) string {
 		if landed {
 			inFlight++
 		} else if i == 1 {
-			ch.fatalf(t, "the change to %d shards was written after the prepare at epoch %d finished (held by the lock): %s", chain[i], epoch, handoffString(now.Membership.Handoff))
+			ch.e.fatalf(t, "the change to %d shards was written after the prepare at epoch %d finished (held by the lock): %s", chain[i], epoch, handoffString(now.Membership.Handoff))
 		}
 		how := "in flight"
 		switch {
@@ -853,7 +793,7 @@ func (ch *chaos) verify(t *testing.T) {
 	defer cancel()
 	rows, err := ch.pool.Query(ctx, `SELECT key, due_at FROM chaos_audit WHERE due_at IS NOT NULL`)
 	if err != nil {
-		ch.fatal(t, err)
+		ch.e.fatalf(t, "%v", err)
 	}
 	written := map[string]map[int64]bool{}
 	var key string
@@ -865,7 +805,7 @@ func (ch *chaos) verify(t *testing.T) {
 		written[key][due.UnixMicro()] = true
 		return nil
 	}); err != nil {
-		ch.fatalf(t, "reading the audit: %v", err)
+		ch.e.fatalf(t, "reading the audit: %v", err)
 	}
 	ch.mu.Lock()
 	defer ch.mu.Unlock()
@@ -899,7 +839,7 @@ func (ch *chaos) verify(t *testing.T) {
 				}
 				if a.outcome == "acknowledged" && b.outcome == "acknowledged" {
 					bothAcked++
-					ch.errorf(t, "key %s acknowledged twice for overlapping leases (%s from %s, %s from %s)", k, a.lease, a.shard, b.lease, b.shard)
+					ch.e.errorf(t, "key %s acknowledged twice for overlapping leases (%s from %s, %s from %s)", k, a.lease, a.shard, b.lease, b.shard)
 				}
 				details = append(details, fmt.Sprintf("%s: leased by %s at %s (%s at %s), again by %s at %s (%s)", k,
 					a.shard, a.claimed.Format("15:04:05.000"), or(a.outcome, "never answered"), a.ended.Format("15:04:05.000"),
@@ -924,7 +864,7 @@ func (ch *chaos) verify(t *testing.T) {
 		}
 	}
 	if acked != len(ch.acks) {
-		ch.errorf(t, "%d leases acknowledged, %d acknowledgements recorded", acked, len(ch.acks))
+		ch.e.errorf(t, "%d leases acknowledged, %d acknowledgements recorded", acked, len(ch.acks))
 	}
 	var refused []string
 	for r, n := range ch.refused {
@@ -952,15 +892,15 @@ func (ch *chaos) verify(t *testing.T) {
 	t.Log(summary)
 	if p := os.Getenv("CHAOS_SUMMARY"); p != "" {
 		if err := os.WriteFile(p, []byte(summary), 0o644); err != nil {
-			ch.errorf(t, "writing CHAOS_SUMMARY: %v", err)
+			ch.e.errorf(t, "writing CHAOS_SUMMARY: %v", err)
 		}
 	}
 	for i, a := range missing {
 		if i == 10 {
-			ch.errorf(t, "... and %d more", len(missing)-10)
+			ch.e.errorf(t, "... and %d more", len(missing)-10)
 			break
 		}
-		ch.errorf(t, "acknowledged completion not persisted: key %s next due %s (lease %s)", a.key, a.nextDue.Format(time.RFC3339Nano), a.lease)
+		ch.e.errorf(t, "acknowledged completion not persisted: key %s next due %s (lease %s)", a.key, a.nextDue.Format(time.RFC3339Nano), a.lease)
 	}
 	if len(ch.acks) == 0 {
 		t.Error("no completion was acknowledged: the workers did nothing")

@@ -182,7 +182,7 @@ func (e *env) enableConsole(t *testing.T) string {
 func (e *env) consoleURL(t *testing.T) string {
 	t.Helper()
 	var base string
-	eventually(t, 3*time.Minute, time.Second, "a Ready operator Pod serving the console", func() (bool, string) {
+	e.eventually(t, 3*time.Minute, time.Second, "a Ready operator Pod serving the console", func() (bool, string) {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		d, err := e.c.Client.AppsV1().Deployments(operatorNS).Get(ctx, "renderqueue-operator", metav1.GetOptions{})
@@ -212,7 +212,7 @@ func (e *env) consoleURL(t *testing.T) string {
 		return false, "operator Pods: " + strings.Join(seen, ", ")
 	})
 	// The console answers (401: it wants its token) once the Pod's process has bound it.
-	eventually(t, time.Minute, 500*time.Millisecond, "the console to answer at "+base, func() (bool, string) {
+	e.eventually(t, time.Minute, 500*time.Millisecond, "the console to answer at "+base, func() (bool, string) {
 		resp, err := http.Get(base + "api/v1/queues")
 		if err != nil {
 			return false, err.Error()
@@ -277,7 +277,7 @@ func (e *env) stepConsole(t *testing.T) {
 		badge, _ := browsertest.TextNow(ctx, "#summary .card.big .badge")
 		return due, badge
 	}
-	eventually(t, 30*time.Second, 500*time.Millisecond, "the console to show the exact status.due", func() (bool, string) {
+	e.eventually(t, 30*time.Second, 500*time.Millisecond, "the console to show the exact status.due", func() (bool, string) {
 		st := e.queue().Status
 		due, badge := shownDue()
 		return st.DueExact && due == formatCount(st.Due) && badge == "exact",
@@ -298,7 +298,7 @@ func (e *env) stepConsole(t *testing.T) {
 		}
 	}()
 	t.Log("PostgreSQL stopped")
-	eventually(t, 90*time.Second, 500*time.Millisecond, "the console to mark an inexact shard and the count a lower bound", func() (bool, string) {
+	e.eventually(t, 90*time.Second, 500*time.Millisecond, "the console to mark an inexact shard and the count a lower bound", func() (bool, string) {
 		st := e.queue().Status
 		inexact, err := browsertest.Eval[[]string](ctx,
 			`Array.from(document.querySelectorAll('tr[data-shard][data-exact="false"] td.exact .badge')).map(b => b.closest("tr").dataset.shard + ":" + b.textContent.trim())`)

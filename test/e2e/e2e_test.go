@@ -23,6 +23,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -184,6 +185,65 @@ type env struct {
 	bin  string
 	c    *cluster.Cluster
 	k8s  client.Client
+
+	mu      sync.Mutex
+	failure string // the first failure recorded (fail), repeated as the test's last line
+}
+
+// fail records msg, with the name of the test that failed, as the first failure unless one is.
+// A failed test's last line repeats it: the process logs dumped on failure (dumpLogs) come after
+// the message and would bury it far from the end of the output, where a CI summary shows it.
+func (e *env) fail(t *testing.T, msg string) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.failure == "" {
+		e.failure = t.Name() + ": " + msg
+	}
+}
+
+// fatalf is t.Fatalf, recording the message (fail).
+func (e *env) fatalf(t *testing.T, format string, args ...any) {
+	t.Helper()
+	msg := fmt.Sprintf(format, args...)
+	e.fail(t, msg)
+	t.Fatal(msg)
+}
+
+// errorf is t.Errorf, recording the message (fail).
+func (e *env) errorf(t *testing.T, format string, args ...any) {
+	t.Helper()
+	msg := fmt.Sprintf(format, args...)
+	e.fail(t, msg)
+	t.Error(msg)
+}
+
+// eventually polls cond every interval until it reports true, failing the test after timeout
+// with the last reason cond gave (recorded: fail).
+func (e *env) eventually(t *testing.T, timeout, interval time.Duration, what string, cond func() (bool, string)) {
+	t.Helper()
+	if err := waitFor(timeout, interval, what, cond); err != nil {
+		e.fatalf(t, "%v", err)
+	}
+}
+
+// runSteps runs steps as subtests of t in order, stopping at the first that fails.
+func (e *env) runSteps(t *testing.T, steps []envStep) {
+	t.Helper()
+	for _, s := range steps {
+		if !t.Run(s.name, func(st *testing.T) { e.t = st; s.run(st) }) {
+			e.t = t
+			// a failure the step did not record: name the step at least
+			e.fail(t, fmt.Sprintf("step %s failed; its message is in its --- FAIL block above", s.name))
+			t.Fatalf("step %s failed; stopping", s.name)
+		}
+		e.t = t
+	}
+}
+
+// envStep is one step of runSteps.
+type envStep struct {
+	name string
+	run  func(t *testing.T)
 }
 
 // kubectl runs kubectl and fails the test on error.
@@ -193,18 +253,9 @@ func (e *env) kubectl(args ...string) string {
 	defer cancel()
 	out, err := e.c.Kubectl(ctx, nil, args...)
 	if err != nil {
-		e.t.Fatalf("%v\n%s", err, out)
+		e.fatalf(e.t, "%v\n%s", err, out)
 	}
 	return out
-}
-
-// eventually polls cond every interval until it reports true, failing the test after timeout
-// with the last reason cond gave.
-func eventually(t *testing.T, timeout, interval time.Duration, what string, cond func() (bool, string)) {
-	t.Helper()
-	if err := waitFor(timeout, interval, what, cond); err != nil {
-		t.Fatal(err)
-	}
 }
 
 // waitFor polls cond every interval until it reports true; after timeout it returns an error
@@ -223,13 +274,14 @@ func waitFor(timeout, interval time.Duration, what string, cond func() (bool, st
 	}
 }
 
-// consistently polls cond every interval for d, failing the test as soon as it reports false.
-func consistently(t *testing.T, d, interval time.Duration, what string, cond func() (bool, string)) {
+// consistently polls cond every interval for d, failing the test as soon as it reports false
+// (recorded: fail).
+func (e *env) consistently(t *testing.T, d, interval time.Duration, what string, cond func() (bool, string)) {
 	t.Helper()
 	deadline := time.Now().Add(d)
 	for time.Now().Before(deadline) {
 		if ok, why := cond(); !ok {
-			t.Fatalf("%s: broke: %s", what, why)
+			e.fatalf(t, "%s: broke: %s", what, why)
 		}
 		time.Sleep(interval)
 	}
@@ -241,7 +293,7 @@ func (e *env) queue() *rqv1.RenderQueue {
 	defer cancel()
 	var rq rqv1.RenderQueue
 	if err := e.k8s.Get(ctx, client.ObjectKey{Namespace: namespace, Name: queueName}, &rq); err != nil {
-		e.t.Fatalf("reading RenderQueue %s: %v", queueName, err)
+		e.fatalf(e.t, "reading RenderQueue %s: %v", queueName, err)
 	}
 	return &rq
 }
@@ -253,12 +305,12 @@ func (e *env) sqlDue() int64 {
 	defer cancel()
 	conn, err := pgx.Connect(ctx, e.c.Postgres.DSN)
 	if err != nil {
-		e.t.Fatalf("connecting to PostgreSQL: %v", err)
+		e.fatalf(e.t, "connecting to PostgreSQL: %v", err)
 	}
 	defer func() { _ = conn.Close(context.Background()) }()
 	var n int64
 	if err := conn.QueryRow(ctx, `SELECT count(*) FROM render_schedule WHERE due_at <= now()`).Scan(&n); err != nil {
-		e.t.Fatalf("counting due rows: %v", err)
+		e.fatalf(e.t, "counting due rows: %v", err)
 	}
 	return n
 }
@@ -269,12 +321,12 @@ func (e *env) sql(q string) int64 {
 	defer cancel()
 	conn, err := pgx.Connect(ctx, e.c.Postgres.DSN)
 	if err != nil {
-		e.t.Fatalf("connecting to PostgreSQL: %v", err)
+		e.fatalf(e.t, "connecting to PostgreSQL: %v", err)
 	}
 	defer func() { _ = conn.Close(context.Background()) }()
 	tag, err := conn.Exec(ctx, q)
 	if err != nil {
-		e.t.Fatalf("%s: %v", q, err)
+		e.fatalf(e.t, "%s: %v", q, err)
 	}
 	return tag.RowsAffected()
 }
@@ -284,7 +336,7 @@ func (e *env) sql(q string) int64 {
 func (e *env) exactAndTrue(timeout time.Duration, wantShards int) {
 	e.t.Helper()
 	want := e.sqlDue()
-	eventually(e.t, timeout, 500*time.Millisecond, fmt.Sprintf("RenderQueue exact with due=%d and %d ready shards", want, wantShards), func() (bool, string) {
+	e.eventually(e.t, timeout, 500*time.Millisecond, fmt.Sprintf("RenderQueue exact with due=%d and %d ready shards", want, wantShards), func() (bool, string) {
 		rq := e.queue()
 		st := rq.Status
 		why := fmt.Sprintf("due=%d dueExact=%v ready=%d/%d handoff=%s conditions=%s", st.Due, st.DueExact, st.ReadyShards, st.CurrentShards, handoffState(&st.Membership), conds(st.Conditions))
@@ -307,7 +359,7 @@ func (e *env) hpa() *autoscalingv2.HorizontalPodAutoscaler {
 	defer cancel()
 	h, err := e.c.Client.AutoscalingV2().HorizontalPodAutoscalers(namespace).Get(ctx, workers, metav1.GetOptions{})
 	if err != nil {
-		e.t.Fatalf("reading the HPA: %v", err)
+		e.fatalf(e.t, "reading the HPA: %v", err)
 	}
 	return h
 }
@@ -318,7 +370,7 @@ func (e *env) workerReplicas() int32 {
 	defer cancel()
 	d, err := e.c.Client.AppsV1().Deployments(namespace).Get(ctx, workers, metav1.GetOptions{})
 	if err != nil {
-		e.t.Fatalf("reading the worker Deployment: %v", err)
+		e.fatalf(e.t, "reading the worker Deployment: %v", err)
 	}
 	if d.Spec.Replicas == nil {
 		return 1
@@ -413,10 +465,15 @@ func startEnv(t *testing.T) *env {
 	}
 	e.c = c
 	t.Cleanup(func() {
-		if t.Failed() {
-			e.dumpLogs()
+		if !t.Failed() {
+			c.Stop()
+			return
 		}
+		e.dumpLogs()
 		c.Stop()
+		e.mu.Lock()
+		defer e.mu.Unlock()
+		t.Logf("%s failed; the first failure: %s", t.Name(), or(e.failure, "not recorded: see the first --- FAIL block above"))
 	})
 	scheme := runtime.NewScheme()
 	if err := clientgoscheme.AddToScheme(scheme); err != nil {
@@ -434,10 +491,7 @@ func startEnv(t *testing.T) *env {
 // TestEndToEnd is the user's day with real parts; see the package documentation.
 func TestEndToEnd(t *testing.T) {
 	e := startEnv(t)
-	steps := []struct {
-		name string
-		run  func(t *testing.T)
-	}{
+	e.runSteps(t, []envStep{
 		{"seed", e.stepSeed},
 		{"install", e.stepInstall},
 		{"ready", e.stepReady},
@@ -454,14 +508,7 @@ func TestEndToEnd(t *testing.T) {
 		{"missing-secret", e.stepMissingSecret},
 		{"bad-dsn", e.stepBadDSN},
 		{"workers", e.stepWorkers},
-	}
-	for _, s := range steps {
-		if !t.Run(s.name, func(t *testing.T) { e.t = t; s.run(t) }) {
-			e.t = t
-			t.Fatalf("step %s failed; stopping", s.name)
-		}
-		e.t = t
-	}
+	})
 }
 
 // stepSeed migrates the schema and seeds rows, then clears the band of rows due between 10
@@ -523,7 +570,7 @@ func (e *env) operatorPod() *corev1.Pod {
 	defer cancel()
 	pods, err := e.c.Client.CoreV1().Pods(operatorNS).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/component=operator"})
 	if err != nil {
-		e.t.Fatalf("listing the operator Pods: %v", err)
+		e.fatalf(e.t, "listing the operator Pods: %v", err)
 	}
 	var live []corev1.Pod
 	for _, p := range pods.Items {
@@ -532,7 +579,7 @@ func (e *env) operatorPod() *corev1.Pod {
 		}
 	}
 	if len(live) != 1 {
-		e.t.Fatalf("%d operator Pods, want 1", len(live))
+		e.fatalf(e.t, "%d operator Pods, want 1", len(live))
 	}
 	return &live[0]
 }
@@ -583,7 +630,7 @@ func (e *env) stepHPA(t *testing.T) {
 	t.Logf("APIService v1beta1.external.metrics.k8s.io Available through Service %s → EndpointSlice → operator Pod %s", metricsAPISvc, op.Status.PodIP)
 	due := e.sqlDue()
 	var raw string
-	eventually(t, 30*time.Second, 500*time.Millisecond, "renderqueue_due through the aggregator", func() (bool, string) {
+	e.eventually(t, 30*time.Second, 500*time.Millisecond, "renderqueue_due through the aggregator", func() (bool, string) {
 		out, err := e.c.Kubectl(ctx, nil, "get", "--raw", metricPath("renderqueue_due"))
 		raw = out
 		if err != nil {
@@ -629,7 +676,7 @@ spec:
 	// The decision (4 workers), then a status that shows the value: the HPA's first status after
 	// a rescale still averages over the replicas it had, so wait for the one after.
 	wantAvg := due * 1000 / hpaTarget // milli-units per worker
-	eventually(t, 60*time.Second, time.Second, "the HPA to scale the workers on renderqueue_due and show the value", func() (bool, string) {
+	e.eventually(t, 60*time.Second, time.Second, "the HPA to scale the workers on renderqueue_due and show the value", func() (bool, string) {
 		h := e.hpa()
 		active := hpaCondition(h, autoscalingv2.ScalingActive)
 		if h.Status.DesiredReplicas != hpaTarget || h.Status.CurrentReplicas != hpaTarget || e.workerReplicas() != hpaTarget ||
@@ -664,7 +711,7 @@ func (e *env) stepScale(t *testing.T) {
 	var samples, inexact []sample
 	var wrong []sample // due != SQL count while flagged inexact
 	sawRebalancing := false
-	eventually(t, 3*time.Minute, 250*time.Millisecond, "the rebalance to 4 shards to settle", func() (bool, string) {
+	e.eventually(t, 3*time.Minute, 250*time.Millisecond, "the rebalance to 4 shards to settle", func() (bool, string) {
 		st := e.queue().Status
 		s := sample{n: len(samples) + 1, due: st.Due, exact: st.DueExact, epoch: st.Membership.Epoch, handoff: handoffState(&st.Membership)}
 		if c := meta.FindStatusCondition(st.Conditions, rqv1.ConditionExact); c != nil {
@@ -713,7 +760,7 @@ func (e *env) stepKillKeeper(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("killed %s (pid %d, %s)", pod, pid, before.IP)
-	eventually(t, 60*time.Second, 250*time.Millisecond, pod+" restarted and Ready", func() (bool, string) {
+	e.eventually(t, 60*time.Second, 250*time.Millisecond, pod+" restarted and Ready", func() (bool, string) {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		p, err := e.c.Client.CoreV1().Pods(namespace).Get(ctx, pod, metav1.GetOptions{})
@@ -746,7 +793,7 @@ func (e *env) stepDeletePod(t *testing.T) {
 	}
 	e.kubectl("delete", "pod", pod, "--wait=true")
 	t.Logf("deleted pod %s (uid %s, pid %d)", pod, before.UID, before.Pid)
-	eventually(t, 90*time.Second, 250*time.Millisecond, pod+" recreated, running and Ready", func() (bool, string) {
+	e.eventually(t, 90*time.Second, 250*time.Millisecond, pod+" recreated, running and Ready", func() (bool, string) {
 		p, ok := e.c.Runner.Process(namespace, pod)
 		if !ok || p.UID == before.UID || p.Pid == 0 {
 			return false, fmt.Sprintf("runner: %+v", p)
@@ -787,13 +834,13 @@ func (e *env) stepPostgresOutage(t *testing.T) {
 		}
 	}()
 	t.Log("PostgreSQL stopped")
-	eventually(t, 60*time.Second, 500*time.Millisecond, "the queue to turn inexact", func() (bool, string) {
+	e.eventually(t, 60*time.Second, 500*time.Millisecond, "the queue to turn inexact", func() (bool, string) {
 		st := e.queue().Status
 		c := meta.FindStatusCondition(st.Conditions, rqv1.ConditionExact)
 		return !st.DueExact && c != nil && c.Status == metav1.ConditionFalse, conds(st.Conditions)
 	})
 	t.Logf("kubectl describe renderqueue (PostgreSQL down):\n%s", e.kubectl("describe", "renderqueue", queueName))
-	eventually(t, 30*time.Second, 500*time.Millisecond, "renderqueue_due to fail", func() (bool, string) {
+	e.eventually(t, 30*time.Second, 500*time.Millisecond, "renderqueue_due to fail", func() (bool, string) {
 		out, err := e.c.Kubectl(ctx, nil, "get", "--raw", metricPath("renderqueue_due"))
 		if err == nil {
 			return false, "still served: " + out
@@ -801,12 +848,12 @@ func (e *env) stepPostgresOutage(t *testing.T) {
 		t.Logf("renderqueue_due while inexact: %v", err)
 		return true, ""
 	})
-	eventually(t, 60*time.Second, time.Second, "the HPA to report it cannot get the metric", func() (bool, string) {
+	e.eventually(t, 60*time.Second, time.Second, "the HPA to report it cannot get the metric", func() (bool, string) {
 		h := e.hpa()
 		c := hpaCondition(h, autoscalingv2.ScalingActive)
 		return c != nil && c.Status == corev1.ConditionFalse && strings.Contains(c.Reason, "FailedGet"), hpaSummary(h)
 	})
-	consistently(t, 10*time.Second, time.Second, "the HPA holding the workers", func() (bool, string) {
+	e.consistently(t, 10*time.Second, time.Second, "the HPA holding the workers", func() (bool, string) {
 		h := e.hpa()
 		n := e.workerReplicas()
 		return n == replicas, fmt.Sprintf("workers %d → %d; %s", replicas, n, hpaSummary(h))
@@ -821,7 +868,7 @@ func (e *env) stepPostgresOutage(t *testing.T) {
 		t.Fatalf("the outage changed the true due count: %d → %d", want, got)
 	}
 	e.exactAndTrue(2*time.Minute, 4)
-	eventually(t, 60*time.Second, time.Second, "the HPA to read the metric again", func() (bool, string) {
+	e.eventually(t, 60*time.Second, time.Second, "the HPA to read the metric again", func() (bool, string) {
 		h := e.hpa()
 		c := hpaCondition(h, autoscalingv2.ScalingActive)
 		return c != nil && c.Status == corev1.ConditionTrue && e.workerReplicas() == replicas, hpaSummary(h)

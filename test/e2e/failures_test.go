@@ -45,7 +45,7 @@ func (e *env) stepMissingSecret(t *testing.T) {
 	t.Logf("deleted Secret %s and Pod %s", storeSecret, pod)
 
 	var described string
-	eventually(t, 90*time.Second, time.Second, "kubectl describe to name the missing Secret", func() (bool, string) {
+	e.eventually(t, 90*time.Second, time.Second, "kubectl describe to name the missing Secret", func() (bool, string) {
 		st := e.queue().Status
 		var shard rqv1.ShardStatus
 		for _, s := range st.Shards {
@@ -119,7 +119,7 @@ spec:
 	shard := rqv1.ShardName(name, 0)
 	addr := fmt.Sprintf("127.0.0.1:%d", port)
 	var described string
-	eventually(t, 90*time.Second, time.Second, "kubectl describe to show the keeper's database error", func() (bool, string) {
+	e.eventually(t, 90*time.Second, time.Second, "kubectl describe to show the keeper's database error", func() (bool, string) {
 		st := broken().Status
 		ready := meta.FindStatusCondition(st.Conditions, rqv1.ConditionReady)
 		if len(st.Shards) != 1 || st.Shards[0].State != "unready" || !strings.Contains(st.Shards[0].Error, addr) ||
@@ -143,7 +143,7 @@ spec:
 	defer stop()
 	t.Logf("PostgreSQL now answers on %s", addr)
 	want := e.sqlDue()
-	eventually(t, 2*time.Minute, time.Second, name+" exact with the SQL count", func() (bool, string) {
+	e.eventually(t, 2*time.Minute, time.Second, name+" exact with the SQL count", func() (bool, string) {
 		st := broken().Status
 		return st.DueExact && st.Due == want && st.ReadyShards == 1,
 			fmt.Sprintf("due=%d (SQL %d) dueExact=%v ready=%d; %s", st.Due, want, st.DueExact, st.ReadyShards, conds(st.Conditions))

@@ -531,7 +531,7 @@ func (e *env) stepPrometheus(t *testing.T, cleanup func(func())) {
 		stderr, u, promRulesFor, sd.URL, scrapeYAML)
 	api := newPromAPI(u)
 	start := time.Now()
-	eventually(t, 60*time.Second, time.Second, "Prometheus scraping the operator and every shard Pod", func() (bool, string) {
+	e.eventually(t, 60*time.Second, time.Second, "Prometheus scraping the operator and every shard Pod", func() (bool, string) {
 		return e.promTargetsMatch(api)
 	})
 	t.Logf("Prometheus scrapes the operator and the shards after %s", time.Since(start).Round(100*time.Millisecond))
@@ -548,12 +548,12 @@ func (e *env) stepPrometheusAlerts(t *testing.T) {
 		t.Fatalf("no Prometheus running (stepPrometheus did not run?): %v", err)
 	}
 	api := newPromAPI(string(b))
-	eventually(t, 30*time.Second, time.Second, "Prometheus scraping the operator and every current shard Pod", func() (bool, string) {
+	e.eventually(t, 30*time.Second, time.Second, "Prometheus scraping the operator and every current shard Pod", func() (bool, string) {
 		return e.promTargetsMatch(api)
 	})
 	e.promSeriesMatch(t, api)
 	// The queue is exact: the alert is inactive once Prometheus has scraped and evaluated that.
-	eventually(t, 30*time.Second, 500*time.Millisecond, alertInexact+" inactive while the queue is exact", func() (bool, string) {
+	e.eventually(t, 30*time.Second, 500*time.Millisecond, alertInexact+" inactive while the queue is exact", func() (bool, string) {
 		a, err := api.queueAlert(alertInexact)
 		if err != nil {
 			return false, err.Error()
@@ -584,7 +584,7 @@ func (e *env) stepPrometheusAlerts(t *testing.T) {
 	var activeAt time.Time
 	watch := func(what string, until func() bool) {
 		t.Helper()
-		eventually(t, 90*time.Second, 250*time.Millisecond, what, func() (bool, string) {
+		e.eventually(t, 90*time.Second, 250*time.Millisecond, what, func() (bool, string) {
 			st := e.queue().Status
 			if st.DueExact != exact {
 				exact = st.DueExact
@@ -731,7 +731,7 @@ func (e *env) promSeriesMatch(t *testing.T, api promAPI) {
 	t.Helper()
 	sel := fmt.Sprintf(`namespace=%q, renderqueue=%q`, namespace, queueName)
 	var report string
-	eventually(t, 30*time.Second, time.Second, "Prometheus's series to match the RenderQueue's status", func() (bool, string) {
+	e.eventually(t, 30*time.Second, time.Second, "Prometheus's series to match the RenderQueue's status", func() (bool, string) {
 		rq := e.queue()
 		st := &rq.Status
 		exact := meta.FindStatusCondition(st.Conditions, rqv1.ConditionExact)

@@ -32,7 +32,7 @@ func (e *env) stepWorkers(t *testing.T) {
 	out := e.kubectl("-n", namespace, "apply", "-k", workersWithTLS(t, e.root))
 	t.Logf("kubectl apply -k config/samples/workers (with the shard CA mounted, --tls-ca-file):\n%s", strings.TrimSpace(out))
 
-	eventually(t, 90*time.Second, 500*time.Millisecond, "the sample's worker Pods running", func() (bool, string) {
+	e.eventually(t, 90*time.Second, 500*time.Millisecond, "the sample's worker Pods running", func() (bool, string) {
 		pods, err := e.c.Client.CoreV1().Pods(namespace).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=" + workers})
 		if err != nil {
 			return false, err.Error()
@@ -50,7 +50,7 @@ func (e *env) stepWorkers(t *testing.T) {
 	t.Logf("kubectl get pods -l app.kubernetes.io/name=%s -o wide:\n%s", workers,
 		e.kubectl("-n", namespace, "get", "pods", "-l", "app.kubernetes.io/name="+workers, "-o", "wide"))
 
-	eventually(t, 2*time.Minute, time.Second, fmt.Sprintf("the workers to drain the %d due rows", before), func() (bool, string) {
+	e.eventually(t, 2*time.Minute, time.Second, fmt.Sprintf("the workers to drain the %d due rows", before), func() (bool, string) {
 		st := e.queue().Status
 		sql := e.sqlDue()
 		return sql == 0 && st.DueExact && st.Due == 0, fmt.Sprintf("SQL due %d; status due %d exact %v", sql, st.Due, st.DueExact)
@@ -59,7 +59,7 @@ func (e *env) stepWorkers(t *testing.T) {
 	t.Logf("kubectl logs -l app.kubernetes.io/name=%s --tail=3:\n%s", workers,
 		e.kubectl("-n", namespace, "logs", "-l", "app.kubernetes.io/name="+workers, "--tail=3", "--prefix"))
 
-	eventually(t, 90*time.Second, time.Second, "the sample HPA to read the drained count", func() (bool, string) {
+	e.eventually(t, 90*time.Second, time.Second, "the sample HPA to read the drained count", func() (bool, string) {
 		h, err := e.c.Client.AutoscalingV2().HorizontalPodAutoscalers(namespace).Get(ctx, workers, metav1.GetOptions{})
 		if err != nil {
 			return false, err.Error()
