@@ -41,6 +41,7 @@ import (
 
 	rqv1 "github.com/renderqueue/renderqueue/api/v1alpha1"
 	"github.com/renderqueue/renderqueue/test/e2e/cluster"
+	"github.com/renderqueue/renderqueue/test/e2e/cluster/wait"
 )
 
 const (
@@ -221,7 +222,10 @@ func (e *env) errorf(t *testing.T, format string, args ...any) {
 // with the last reason cond gave (recorded: fail).
 func (e *env) eventually(t *testing.T, timeout, interval time.Duration, what string, cond func() (bool, string)) {
 	t.Helper()
-	if err := waitFor(timeout, interval, what, cond); err != nil {
+	if err := wait.Poll(context.Background(), timeout, interval, what, func(context.Context) (bool, string, error) {
+		ok, why := cond()
+		return ok, why, nil
+	}); err != nil {
 		e.fatalf(t, "%v", err)
 	}
 }
@@ -256,22 +260,6 @@ func (e *env) kubectl(args ...string) string {
 		e.fatalf(e.t, "%v\n%s", err, out)
 	}
 	return out
-}
-
-// waitFor polls cond every interval until it reports true; after timeout it returns an error
-// with the last reason cond gave.
-func waitFor(timeout, interval time.Duration, what string, cond func() (bool, string)) error {
-	deadline := time.Now().Add(timeout)
-	for {
-		ok, why := cond()
-		if ok {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("%s: not after %s; last: %s", what, timeout, why)
-		}
-		time.Sleep(interval)
-	}
 }
 
 // consistently polls cond every interval for d, failing the test as soon as it reports false
