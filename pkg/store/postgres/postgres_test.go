@@ -166,8 +166,9 @@ func TestForeignWriters(t *testing.T) {
 }
 
 // TestWriterRev: a writer that stamps a fresh rev itself (as completions do) skips the rev
-// trigger; any other rev a writer sets (past the sequence, backwards, unchanged) is replaced by a
-// fresh one, so a row's rev never goes back and never passes the sequence.
+// trigger; a rev set backwards or unchanged is replaced by a fresh one, and a statement that sets
+// a rev past the sequence fails and writes nothing (migrations/0006_statement_rev_check.sql), so a
+// row's rev never goes back and never passes the sequence.
 func TestWriterRev(t *testing.T) {
 	st, _ := openTestStore(t, Options{})
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -193,7 +194,6 @@ func TestWriterRev(t *testing.T) {
 		{"fresh rev stamped by the writer", `due_at = now(), rev = nextval('render_schedule_rev_seq')`},
 		// the trigger stamps one
 		{"rev left alone", `due_at = now()`},
-		{"rev past the sequence", `rev = rev + 1000000`},
 		{"rev backwards", `rev = 1`},
 		{"rev unchanged", `rev = rev`},
 	} {
@@ -210,6 +210,20 @@ func TestWriterRev(t *testing.T) {
 			t.Errorf("%s: %d values taken from the sequence for one row, want 1", tc.name, taken)
 		}
 		rev = got
+	}
+	// past the sequence: refused at the statement's end, the row as it was
+	before := last()
+	_, err = st.pool.Exec(ctx, `UPDATE render_schedule SET due_at = now(), rev = rev + 1000000 WHERE key = $1`, out[0].Key)
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "23514" || !strings.Contains(pgErr.Message, "past render_schedule_rev_seq") {
+		t.Fatalf("rev past the sequence: %v, want check_violation naming the sequence", err)
+	}
+	var got int64
+	if err := st.pool.QueryRow(ctx, `SELECT rev FROM render_schedule WHERE key = $1`, out[0].Key).Scan(&got); err != nil {
+		t.Fatal(err)
+	}
+	if got != rev || last() != before {
+		t.Errorf("rev past the sequence: rev %d (sequence %d → %d), want %d unchanged", got, before, last(), rev)
 	}
 }
 
