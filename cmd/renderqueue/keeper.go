@@ -212,7 +212,7 @@ func serveShard(ctx context.Context, log logr.Logger, dsn, name, listen, token s
 	open := func(ctx context.Context) (store.Store, error) {
 		ctx, cancel := context.WithTimeout(ctx, storeConnectTimeout)
 		defer cancel()
-		st, err := postgres.Open(ctx, dsn, postgres.Options{Logger: log.WithName("store")})
+		st, err := postgres.Open(ctx, dsn, postgres.Options{Logger: log.WithName("store"), QuietCompletions: true})
 		if err != nil {
 			return nil, errors.New(databaseError(err, dsn))
 		}

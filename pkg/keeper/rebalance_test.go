@@ -27,6 +27,8 @@ type cluster struct {
 	dsn    string
 	assign membership.Assignment
 	shards map[string]*clusterShard
+	// shardsMu guards shards against the completers' reads (the test goroutine changes it)
+	shardsMu sync.Mutex
 	// writers pause (write lock) while the sampler compares with the database
 	writeMu sync.RWMutex
 }
@@ -53,7 +55,7 @@ func newCluster(t *testing.T) *cluster {
 func (c *cluster) openStore() *postgres.Store {
 	// a long idle health interval: an event left undelivered after a re-LISTEN would wait for it
 	// and fail the sample's deadline
-	st, err := postgres.Open(c.ctx, c.dsn, postgres.Options{ReconnectMin: 10 * time.Millisecond, ReconnectMax: 200 * time.Millisecond, HealthInterval: time.Minute})
+	st, err := postgres.Open(c.ctx, c.dsn, postgres.Options{ReconnectMin: 10 * time.Millisecond, ReconnectMax: 200 * time.Millisecond, HealthInterval: time.Minute, QuietCompletions: true})
 	if err != nil {
 		c.t.Fatal(err)
 	}
@@ -85,7 +87,9 @@ func (c *cluster) publish() {
 		ctx, cancel := context.WithCancel(c.ctx)
 		cs := &clusterShard{sh: sh, updates: make(chan Settings, 4), cancel: cancel, done: make(chan error, 1)}
 		go func() { cs.done <- sh.Run(ctx, cs.updates) }()
+		c.shardsMu.Lock()
 		c.shards[name] = cs
+		c.shardsMu.Unlock()
 	}
 	for name, cs := range c.shards {
 		if !inAssignment[name] {
@@ -93,7 +97,9 @@ func (c *cluster) publish() {
 			if err := <-cs.done; !errors.Is(err, context.Canceled) {
 				c.t.Errorf("shard %s stopped with %v", name, err)
 			}
+			c.shardsMu.Lock()
 			delete(c.shards, name)
+			c.shardsMu.Unlock()
 		}
 	}
 }
@@ -105,7 +111,9 @@ func (c *cluster) kill(name string) {
 	if err := <-cs.done; !errors.Is(err, context.Canceled) {
 		c.t.Errorf("shard %s stopped with %v", name, err)
 	}
+	c.shardsMu.Lock()
 	delete(c.shards, name)
+	c.shardsMu.Unlock()
 }
 
 // rebalance drives plan → prepare → wait for the receivers → commit (or rollback after timeout),
@@ -212,6 +220,39 @@ func (c *cluster) sample(when string) {
 	}
 }
 
+// complete runs a render worker until ctx ends: it claims up to 20 rows of each shard in turn
+// and completes them, half due again a minute ago (so the due set does not drain), half due an
+// hour on. The shards' stores complete quietly (QuietCompletions): a receiver preparing a slot
+// learns of the giver's completions only because its listener recorded the slot.
+func (c *cluster) complete(ctx context.Context, seed uint64) {
+	rng := rand.New(rand.NewPCG(seed, 11))
+	for ctx.Err() == nil {
+		c.writeMu.RLock()
+		c.shardsMu.Lock()
+		shards := make([]*Shard, 0, len(c.shards))
+		for _, cs := range c.shards {
+			shards = append(shards, cs.sh)
+		}
+		c.shardsMu.Unlock()
+		for _, sh := range shards {
+			claimed, err := sh.Claim(time.Now(), 20, 0)
+			if err != nil || len(claimed) == 0 {
+				continue
+			}
+			items := make([]CompleteItem, len(claimed))
+			for i, cl := range claimed {
+				next := time.Now().Add(-time.Minute)
+				if rng.IntN(2) == 0 {
+					next = time.Now().Add(time.Hour)
+				}
+				items[i] = CompleteItem{Key: cl.Key, Lease: cl.Lease, NextDue: &next}
+			}
+			_, _ = sh.Complete(ctx, items)
+		}
+		c.writeMu.RUnlock()
+	}
+}
+
 // write runs writers until ctx ends: upserts of random keys with due an hour either side of
 // now, and deletes.
 func (c *cluster) write(ctx context.Context, seed uint64) {
@@ -275,8 +316,9 @@ func TestRebalanceKeepsDueExact(t *testing.T) {
 	wctx, stopWriters := context.WithCancel(c.ctx)
 	var wg sync.WaitGroup
 	for i := 0; i < 2; i++ {
-		wg.Add(1)
+		wg.Add(2)
 		go func() { defer wg.Done(); c.write(wctx, uint64(i)) }()
+		go func() { defer wg.Done(); c.complete(wctx, uint64(i)) }()
 	}
 	defer func() { stopWriters(); wg.Wait() }()
 

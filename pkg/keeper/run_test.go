@@ -37,7 +37,7 @@ func TestRunRepairsAfterGap(t *testing.T) {
 	dsn := pgtest.NewDatabase(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	st, err := postgres.Open(ctx, dsn, postgres.Options{ReconnectMin: 10 * time.Millisecond, ReconnectMax: 100 * time.Millisecond})
+	st, err := postgres.Open(ctx, dsn, postgres.Options{ReconnectMin: 10 * time.Millisecond, ReconnectMax: 100 * time.Millisecond, QuietCompletions: true})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -111,7 +111,7 @@ func newShardEnv(t testing.TB, settings Settings) *shardEnv {
 	dsn := pgtest.NewDatabase(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
-	st, err := postgres.Open(ctx, dsn, postgres.Options{ReconnectMin: 10 * time.Millisecond, ReconnectMax: 100 * time.Millisecond})
+	st, err := postgres.Open(ctx, dsn, postgres.Options{ReconnectMin: 10 * time.Millisecond, ReconnectMax: 100 * time.Millisecond, QuietCompletions: true})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -94,6 +94,16 @@ type Options struct {
 	// no later than them are dropped as a gap. Default 524288.
 	MaxRememberedEvents int
 
+	// QuietCompletions makes Complete leave out the change events of the rows it writes whose
+	// slot no other listener holds (schema version 7, migrations/0007_quiet_completions.sql), while
+	// the store has exactly one subscription: the store's user applies what its completions wrote
+	// from Complete's results, as a keeper does, and nobody else needs those events. Rows of slots
+	// another keeper's subscription holds (a slot being handed over, a replacement loading) are
+	// sent as before. A group commit that fails without knowing whether it was written signals a
+	// gap on the subscription. Only for a role that may read the signing key (the keepers'); for
+	// any other role, and on older schemas, every row is sent.
+	QuietCompletions bool
+
 	// failSegment, when set, makes the page queries of the segments it returns true for fail in
 	// the database (a test hook).
 	failSegment func(schedule.Run) bool

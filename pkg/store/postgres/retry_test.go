@@ -203,3 +203,41 @@ func TestCompleteRetriesOnConnectionError(t *testing.T) {
 		t.Fatalf("log:\n%s", all)
 	}
 }
+
+// TestQuietCompletionLostIsAGap: a quiet group commit (QuietCompletions) killed on both attempts
+// may have written its rows without change events, so the store's subscription signals a gap
+// (then resumed); the subscriber walks.
+func TestQuietCompletionLostIsAGap(t *testing.T) {
+	st, dsn := openTestStore(t, Options{QuietCompletions: true})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	in := storetest.Row("https://example.com/quiet-lost", time.Now().Add(-time.Hour))
+	if _, err := st.Upsert(ctx, []schedule.Row{in}); err != nil {
+		t.Fatal(err)
+	}
+	sub, err := st.Subscribe(ctx, schedule.AllSlots().Slots())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = sub.Close() }()
+	b := blockCompletions(t, st, dsn, in.Key)
+	done := make(chan error, 1)
+	go func() {
+		_, err := st.Complete(ctx, []store.Completion{{Key: in.Key, Due: time.Now().Add(time.Hour)}})
+		done <- err
+	}()
+	b.kill()
+	b.kill()
+	err = <-done
+	b.release()
+	if err == nil {
+		t.Fatal("completion killed twice succeeded")
+	}
+	next, err := sub.Next(ctx)
+	if err != nil || next.Kind != store.KindGap || !strings.Contains(next.Err.Error(), "without change events") {
+		t.Fatalf("after the lost group commit: %+v %v, want a gap", next, err)
+	}
+	if next, err = sub.Next(ctx); err != nil || next.Kind != store.KindResumed {
+		t.Fatalf("after the gap: %+v %v, want resumed", next, err)
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -14,6 +15,7 @@ import (
 
 	"github.com/renderqueue/renderqueue/pkg/schedule"
 	"github.com/renderqueue/renderqueue/pkg/store"
+	"github.com/renderqueue/renderqueue/pkg/store/postgres/changes"
 	"github.com/renderqueue/renderqueue/pkg/store/postgres/internal/columns"
 )
 
@@ -374,6 +376,7 @@ func (s *Store) commitGroup(batch []*completeReq) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
+	quiet, quietPID := s.quietFor()
 	attempt := 0
 	lostConn := false // the previous attempt failed with its connection: it may have committed
 	run := func(q querier) error {
@@ -431,9 +434,17 @@ func (s *Store) commitGroup(batch []*completeReq) {
 				req.res[ii] = store.CompleteResult{Row: schedule.Row{Key: it.Key}}
 			}
 		}
-		if len(rounds) == 1 {
+		switch {
+		case quiet != nil:
+			err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+				if _, err := tx.Exec(ctx, quietSQL, strconv.FormatUint(uint64(quietPID), 10)); err != nil {
+					return err
+				}
+				return run(tx)
+			})
+		case len(rounds) == 1:
 			err = run(s.pool) // one statement: its own transaction
-		} else {
+		default:
 			err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error { return run(tx) })
 		}
 		if err == nil || attempt == 2 || ctx.Err() != nil {
@@ -449,6 +460,10 @@ func (s *Store) commitGroup(batch []*completeReq) {
 	}
 	if err != nil {
 		s.log.Error(err, "Group commit of completions failed; its requests fail", "requests", len(batch), "rounds", len(rounds))
+		if quiet != nil && isConnError(err) {
+			// it may have committed, and its rows sent no change events: the subscriber walks
+			quiet.Gap(fmt.Errorf("a group commit of %d completion request(s) failed and may have written its rows without change events: %w", len(batch), err))
+		}
 	}
 	for _, req := range batch {
 		if err != nil {
@@ -457,6 +472,31 @@ func (s *Store) commitGroup(batch []*completeReq) {
 		}
 		close(req.done)
 	}
+}
+
+// quietSQL declares, for the rest of a group commit's transaction, that the listener with this
+// backend pid (the store's subscription) needs no change events of the rows written
+// (migrations/0007_quiet_completions.sql).
+const quietSQL = `SELECT set_config('renderqueue.quiet_for', $1, true)`
+
+// quietFor returns the subscription a group commit may leave its change events out for, and its
+// listener's backend pid: with Options.QuietCompletions, the store's only subscription once it
+// has recorded its slots (schema version 7); else nil.
+func (s *Store) quietFor() (*changes.Subscription, uint32) {
+	if !s.opts.QuietCompletions {
+		return nil, 0
+	}
+	s.closeMu.Lock()
+	defer s.closeMu.Unlock()
+	if len(s.subs) != 1 {
+		return nil, 0
+	}
+	for sub := range s.subs {
+		if pid := sub.ListenerPID(); pid != 0 {
+			return sub, pid
+		}
+	}
+	return nil, 0
 }
 
 // isDeadlock reports whether err is PostgreSQL's deadlock_detected: the transaction was rolled

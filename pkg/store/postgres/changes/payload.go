@@ -33,6 +33,10 @@ const (
 	NumGroups = schedule.NumSlots / GroupSlots
 	// GroupChannelsVersion is the schema version from which events go to group channels.
 	GroupChannelsVersion = 4
+	// ListenerSlotsVersion is the schema version from which a subscription records the slots
+	// it listens to (renderqueue_listeners) and keepers' completions send the events of only
+	// those rows whose slot another listener holds.
+	ListenerSlotsVersion = 7
 )
 
 // GroupOf is the slot group of a slot: its events go to channel GroupChannel(GroupOf(slot)).

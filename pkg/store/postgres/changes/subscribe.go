@@ -148,6 +148,10 @@ type Subscription struct {
 	carried *setReq
 
 	mu sync.Mutex
+	// pid is the backend pid of the connection that last recorded its slots in
+	// renderqueue_listeners (ListenerSlotsVersion and later; 0 before the first, or on an older
+	// schema).
+	pid uint32
 	// q is the queue of events, gaps and resumptions (store.EventQueue: its bounds and how gaps of
 	// different causes combine); a lost connection is its SetLost.
 	q          *store.EventQueue
@@ -260,8 +264,37 @@ func (sub *Subscription) connect(ctx context.Context, want [schedule.NumSlots]bo
 		_ = conn.Close(context.Background())
 		return nil, err
 	}
+	if err := sub.register(ctx, conn, &want); err != nil {
+		_ = conn.Close(context.Background())
+		return nil, err
+	}
 	sub.accept = want
 	return conn, nil
+}
+
+// register records the connection's slots in renderqueue_listeners (schema version
+// ListenerSlotsVersion and later), so that a keeper's completions of rows in those slots send
+// their change events (migrations/0007_quiet_completions.sql). It returns once the record is
+// committed; that waits for the completions that decided to send no events to commit, so a walk
+// that starts after it reads what they wrote.
+func (sub *Subscription) register(ctx context.Context, conn *pgconn.PgConn, want *[schedule.NumSlots]bool) error {
+	if sub.version < ListenerSlotsVersion {
+		return nil
+	}
+	bits := make([]byte, schedule.NumSlots)
+	for sl, ok := range want {
+		bits[sl] = '0'
+		if ok {
+			bits[sl] = '1'
+		}
+	}
+	if _, err := conn.Exec(ctx, "SELECT renderqueue_listen_slots(B'"+string(bits)+"')").ReadAll(); err != nil {
+		return fmt.Errorf("recording the listener's slots: %w", err)
+	}
+	sub.mu.Lock()
+	sub.pid = conn.PID()
+	sub.mu.Unlock()
+	return nil
 }
 
 // olderVersion is the version readSchemaVersion reports for a schema without
@@ -531,6 +564,9 @@ func (sub *Subscription) handleSetSlots(ctx context.Context, conn *pgconn.PgConn
 		}
 		lctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		err := sub.relisten(lctx, conn, &req.slots)
+		if err == nil {
+			err = sub.register(lctx, conn, &req.slots)
+		}
 		cancel()
 		if err != nil {
 			// The desired set is kept for the reconnect; the caller is answered once it is active.
@@ -753,6 +789,23 @@ func (sub *Subscription) Next(ctx context.Context) (store.Batch, error) {
 			return store.Batch{}, ctx.Err()
 		}
 	}
+}
+
+// ListenerPID is the backend pid of the subscription's connection as recorded with its slots in
+// renderqueue_listeners, or 0 when the schema is older than ListenerSlotsVersion (or nothing was
+// recorded yet). After the connection is lost it is the lost connection's pid until the
+// reconnect records the new one: a listener that is gone counts for nobody.
+func (sub *Subscription) ListenerPID() uint32 {
+	sub.mu.Lock()
+	defer sub.mu.Unlock()
+	return sub.pid
+}
+
+// Gap signals a gap (then resumed) to the consumer, with cause err: events may have been lost
+// that the connection never carried — the store's own completions written without change events
+// whose outcome it does not know.
+func (sub *Subscription) Gap(err error) {
+	sub.push(qitem{kind: store.KindGap, err: err}, qitem{kind: store.KindResumed})
 }
 
 // SetSlots implements store.Subscription.
