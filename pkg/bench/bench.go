@@ -54,10 +54,11 @@ type Config struct {
 	Rows int
 	// Duration is the length of each run. Default 10s.
 	Duration time.Duration
-	// Keeper is the shape of the keeper run. Default 32 × 500.
+	// Keeper is the shape of the keeper run. Default 32 × 1000.
 	Keeper Shape
-	// SkipLocked are the shapes of the SKIP LOCKED runs. Default 4 × 100, 8 × 100, 8 × 500, 8 × 1000
-	// (each of them was the best on the 2-core development machine in some run: docs/benchmarks.md).
+	// SkipLocked are the shapes of the SKIP LOCKED runs. Default 2 × 1000, 2 × 2000, 4 × 1000,
+	// 4 × 100, 8 × 100, 8 × 1000: on the 2-core development machine the two-worker shapes were
+	// the best (docs/benchmarks.md); the others were the best of the shapes tried before them.
 	SkipLocked []Shape
 	// StartKeeper starts a standalone keeper (window 0) on the database dsn, requiring token.
 	StartKeeper func(ctx context.Context, dsn, token string) (*Keeper, error)
@@ -78,10 +79,10 @@ func (c *Config) setDefaults() {
 		c.Duration = 10 * time.Second
 	}
 	if c.Keeper == (Shape{}) {
-		c.Keeper = Shape{Workers: 32, Batch: 500}
+		c.Keeper = Shape{Workers: 32, Batch: 1000}
 	}
 	if c.SkipLocked == nil {
-		c.SkipLocked = []Shape{{4, 100}, {8, 100}, {8, 500}, {8, 1000}}
+		c.SkipLocked = []Shape{{2, 1000}, {2, 2000}, {4, 1000}, {4, 100}, {8, 100}, {8, 1000}}
 	}
 	if c.TriggerRounds == 0 {
 		c.TriggerRounds = 40
@@ -163,6 +164,25 @@ func (r Report) Ratio() float64 {
 		return 0
 	}
 	return r.Keeper.RowsPerSecond() / b
+}
+
+// PostgresPerRow is PostgreSQL's CPU per completed row of a run, and whether it was measured.
+func (r RunResult) PostgresPerRow() (time.Duration, bool) {
+	if !r.CPU.PostgresOK || r.Completed == 0 {
+		return 0, false
+	}
+	return r.CPU.Postgres / time.Duration(r.Completed), true
+}
+
+// PostgresRatio is PostgreSQL's CPU per row of the best SKIP LOCKED run over the keeper run's:
+// how much less of the database a completion through the keeper takes. False when not measured.
+func (r Report) PostgresRatio() (float64, bool) {
+	k, okK := r.Keeper.PostgresPerRow()
+	s, okS := r.BestSkipLocked().PostgresPerRow()
+	if !okK || !okS || k <= 0 {
+		return 0, false
+	}
+	return float64(s) / float64(k), true
 }
 
 // Run runs the benchmark.

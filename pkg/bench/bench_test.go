@@ -82,7 +82,7 @@ func TestRunSmall(t *testing.T) {
 	if err := rep.Write(&out); err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"keeper (HTTP)", "SKIP LOCKED", "keeper / best SKIP LOCKED", "change-event trigger"} {
+	for _, want := range []string{"keeper (HTTP)", "SKIP LOCKED", "keeper / best SKIP LOCKED", "PostgreSQL CPU per completed row", "change events of a completion"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("report lacks %q:\n%s", want, out.String())
 		}
