@@ -300,3 +300,39 @@ func TestQuietNeedsTheKeepersRole(t *testing.T) {
 		t.Fatalf("a producer reading the listeners: %v, want insufficient_privilege", err)
 	}
 }
+
+// TestMigrationToQuietCompletions: a subscription connected at schema version 6 records no slots
+// and its store's completions send their events; migrating to version 7 makes it reconnect (one
+// gap: the schema changed), record its slots, and from then on the completions are quiet.
+func TestMigrationToQuietCompletions(t *testing.T) {
+	st, _ := openAtVersion(t, changes.ListenerSlotsVersion-1, postgres.Options{QuietCompletions: true})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	w := &writer{tb: t, st: st}
+	a := w.in(5)
+	sub, err := st.Subscribe(ctx, schedule.AllSlots().Slots())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = sub.Close() }()
+	if pid := sub.(*changes.Subscription).ListenerPID(); pid != 0 {
+		t.Fatalf("at version %d the listener recorded its slots (pid %d)", changes.ListenerSlotsVersion-1, pid)
+	}
+	written := complete(t, st, a)
+	if got := eventsUntil(t, sub, written[0]); len(got) != 1 {
+		t.Fatalf("before the migration: %v", keysOf(got))
+	}
+	if res, err := postgres.MigratePool(ctx, st.Pool()); err != nil || res.To != changes.ListenerSlotsVersion {
+		t.Fatalf("migrating: %+v, %v", res, err)
+	}
+	bs := nextUntil(t, sub, func(b store.Batch) bool { return b.Kind == store.KindResumed })
+	if len(bs) != 2 || bs[0].Kind != store.KindGap || !errors.Is(bs[0].Err, changes.ErrSchemaChanged) {
+		t.Fatalf("after the migration: %+v, want one gap (the schema changed) then resumed", bs)
+	}
+	listenerPID(t, sub)
+	complete(t, st, a)
+	sentinel := w.in(5)
+	if got := eventsUntil(t, sub, sentinel); len(got) != 1 {
+		t.Fatalf("after the migration: events %v, want only the producer's", keysOf(got))
+	}
+}

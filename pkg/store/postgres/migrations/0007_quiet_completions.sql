@@ -32,7 +32,10 @@
 --                                    do not count: that keeper has lost its events already and
 --                                    walks once it is back, registered again.
 --
--- Why no event is missed (docs/design.md, "Change events"): a quiet statement takes a SHARE lock
+-- The migration ends by sending a signed "7" on rq_schema: listeners connected before it
+-- reconnect (a gap and a walk each) and record their slots then.
+--
+-- Why no event is missed (docs/design.md, "Quiet completions"): a quiet statement takes a SHARE lock
 -- on renderqueue_listeners before it reads it, and holds it to its commit; a registration writes
 -- the table, which waits for every such lock. So a listener's registration either commits before
 -- a quiet statement reads the table (which then sees it and sends that listener's rows), or
@@ -138,3 +141,8 @@ BEGIN
     EXECUTE format('ALTER FUNCTION renderqueue_listen_slots(bit) SET search_path = %s', path);
 END
 $do$;
+
+-- Every listener connected before this version has recorded no slots, and a keeper that
+-- reconnects after it would go quiet while such a listener holds the same slots: the signed "7"
+-- on rq_schema makes every current listener reconnect (a gap, then a walk), recording its slots.
+SELECT pg_notify('rq_schema', renderqueue_sign('rq_schema', '7'));
