@@ -48,7 +48,10 @@ type Store interface {
 
 	// Subscribe starts delivering the change events of the given slots. It returns once the
 	// subscription is active: every write committed after Subscribe returns is delivered, until a
-	// gap is signalled.
+	// gap is signalled — with one exception a store may be configured for: the completions it
+	// writes itself while this is its only subscription, when no other subscription (of any store)
+	// holds their slots (pkg/store/postgres, Options.QuietCompletions). Its user applies those from
+	// Complete's results, as a keeper does.
 	Subscribe(ctx context.Context, slots []int) (Subscription, error)
 
 	// Upsert inserts or replaces rows (all scheduling fields; KeyHash and Rev of the input are
