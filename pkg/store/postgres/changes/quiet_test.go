@@ -49,6 +49,20 @@ func keysOf(rows []schedule.Row) []string {
 	return out
 }
 
+// rowThenSubscription writes a row into slot 5, then subscribes st to every slot (closed with the
+// test), and returns the writer, the row and the subscription.
+func rowThenSubscription(ctx context.Context, t *testing.T, st *postgres.Store) (*writer, schedule.Row, store.Subscription) {
+	t.Helper()
+	w := &writer{tb: t, st: st}
+	a := w.in(5)
+	sub, err := st.Subscribe(ctx, schedule.AllSlots().Slots())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sub.Close() })
+	return w, a, sub
+}
+
 // listenerPID is the backend pid a subscription recorded its slots under.
 func listenerPID(t *testing.T, sub store.Subscription) uint32 {
 	t.Helper()
@@ -160,13 +174,7 @@ func TestRegistrationWaitsForQuietWrites(t *testing.T) {
 	st, dsn := openTestStore(t, postgres.Options{QuietCompletions: true})
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	w := &writer{tb: t, st: st}
-	a := w.in(5)
-	sub, err := st.Subscribe(ctx, schedule.AllSlots().Slots())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = sub.Close() }()
+	w, a, sub := rowThenSubscription(ctx, t, st)
 
 	// a keeper's completion, held open after its statement (and its trigger) ran
 	conn, err := pgx.Connect(ctx, dsn)
@@ -274,13 +282,7 @@ func TestQuietNeedsTheKeepersRole(t *testing.T) {
 	}
 	defer func() { _ = pc.Close(context.Background()) }()
 
-	w := &writer{tb: t, st: st}
-	a := w.in(5)
-	sub, err := st.Subscribe(ctx, schedule.AllSlots().Slots())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = sub.Close() }()
+	_, a, sub := rowThenSubscription(ctx, t, st)
 	if _, err := pc.Exec(ctx, `SELECT set_config('renderqueue.quiet_for', $1, false)`, strconv.FormatUint(uint64(listenerPID(t, sub)), 10)); err != nil {
 		t.Fatal(err)
 	}
@@ -308,13 +310,7 @@ func TestMigrationToQuietCompletions(t *testing.T) {
 	st, _ := openAtVersion(t, changes.ListenerSlotsVersion-1, postgres.Options{QuietCompletions: true})
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	w := &writer{tb: t, st: st}
-	a := w.in(5)
-	sub, err := st.Subscribe(ctx, schedule.AllSlots().Slots())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = sub.Close() }()
+	w, a, sub := rowThenSubscription(ctx, t, st)
 	if pid := sub.(*changes.Subscription).ListenerPID(); pid != 0 {
 		t.Fatalf("at version %d the listener recorded its slots (pid %d)", changes.ListenerSlotsVersion-1, pid)
 	}
