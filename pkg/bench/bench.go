@@ -174,17 +174,6 @@ func (r RunResult) PostgresPerRow() (time.Duration, bool) {
 	return r.CPU.Postgres / time.Duration(r.Completed), true
 }
 
-// PostgresRatio is PostgreSQL's CPU per row of the best SKIP LOCKED run over the keeper run's:
-// how much less of the database a completion through the keeper takes. False when not measured.
-func (r Report) PostgresRatio() (float64, bool) {
-	k, okK := r.Keeper.PostgresPerRow()
-	s, okS := r.BestSkipLocked().PostgresPerRow()
-	if !okK || !okS || k <= 0 {
-		return 0, false
-	}
-	return float64(s) / float64(k), true
-}
-
 // Run runs the benchmark.
 func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 	cfg.setDefaults()

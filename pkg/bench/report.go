@@ -41,10 +41,12 @@ func (r Report) Write(w io.Writer) error {
 	best := r.BestSkipLocked()
 	fmt.Fprintf(&b, "\nbest SKIP LOCKED shape: %v at %.0f rows/s\n", best.Shape, best.RowsPerSecond())
 	fmt.Fprintf(&b, "keeper / best SKIP LOCKED: %.2f×\n", r.Ratio())
-	if pr, ok := r.PostgresRatio(); ok {
-		k, _ := r.Keeper.PostgresPerRow()
-		s, _ := best.PostgresPerRow()
-		fmt.Fprintf(&b, "PostgreSQL CPU per completed row: keeper %.1f µs, best SKIP LOCKED shape %.1f µs (%.2f× less through the keeper)\n", us(k), us(s), pr)
+	// how much less of the database a completion through the keeper takes
+	if k, okK := r.Keeper.PostgresPerRow(); okK && k > 0 {
+		if s, okS := best.PostgresPerRow(); okS {
+			fmt.Fprintf(&b, "PostgreSQL CPU per completed row: keeper %.1f µs, best SKIP LOCKED shape %.1f µs (%.2f× less through the keeper)\n",
+				us(k), us(s), float64(s)/float64(k))
+		}
 	}
 	if r.TriggerWith > 0 {
 		fmt.Fprintf(&b, "change events of a completion, when sent (another keeper holds the row's slot; the keeper run above sends none): %.1f µs (the group commit's UPDATE: %.1f µs/row with them, %.1f µs/row without)\n",
