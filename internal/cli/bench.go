@@ -40,6 +40,7 @@ func Bench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	skip := fs.String("skip-locked", "2x1000,2x2000,4x1000,4x100,8x100,8x1000", "SKIP LOCKED runs: WORKERSxBATCH, comma-separated (the best counts)")
 	triggerRounds := fs.Int("trigger-rounds", 40, "batches of the trigger measurement (0: skip it)")
 	keep := fs.Bool("keep-database", false, "keep the scratch database")
+	postgresCPUs := fs.String("postgres-cpus", "", "CPU list (e.g. 0): run PostgreSQL's processes there and the keeper and the workers on the other CPUs, as if the database had a machine of its own (the server must run here; needs root or the server's user)")
 	verbose := fs.Bool("v", false, "show progress and the keeper's log on stderr")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -60,7 +61,7 @@ func Bench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	cfg := bench.Config{
 		ServerDSN: *dsn, Rows: *rows, Duration: *duration, Keeper: bench.Shape{Workers: *workers, Batch: *batch},
-		SkipLocked: shapes, TriggerRounds: *triggerRounds, KeepDatabase: *keep,
+		SkipLocked: shapes, TriggerRounds: *triggerRounds, KeepDatabase: *keep, PostgresCPUs: *postgresCPUs,
 		StartKeeper: func(ctx context.Context, dsn, token string) (*bench.Keeper, error) {
 			return startKeeperProcess(ctx, self, dsn, token, *verbose, stderr)
 		},

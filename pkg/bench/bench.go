@@ -26,7 +26,9 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"maps"
 	"net/http"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -67,6 +69,12 @@ type Config struct {
 	TriggerRounds int
 	// KeepDatabase keeps the scratch database (its name is in the report).
 	KeepDatabase bool
+	// PostgresCPUs, when set, is a Linux CPU list ("0", "0-1"): the runs place the PostgreSQL
+	// server's processes on those CPUs and this process, its workers and the keeper on the other
+	// CPUs this process may use, as if the database had a machine of its own (the server must run
+	// on this machine, and this process must be allowed to set its CPUs). The placement is undone
+	// after the runs. Empty: every process may use every CPU.
+	PostgresCPUs string
 	// Log, when set, receives progress lines.
 	Log func(format string, args ...any)
 }
@@ -114,6 +122,11 @@ func (c Config) Validate() error {
 	}
 	if len(c.SkipLocked) == 0 {
 		errs = append(errs, errors.New("no SKIP LOCKED shape"))
+	}
+	if c.PostgresCPUs != "" {
+		if _, err := parseCPUList(c.PostgresCPUs); err != nil {
+			errs = append(errs, fmt.Errorf("PostgreSQL's CPUs: %w", err))
+		}
 	}
 	if c.TriggerRounds == 1 || c.TriggerRounds == 2 {
 		errs = append(errs, fmt.Errorf("trigger rounds %d: at least 3 (or none)", c.TriggerRounds))
@@ -212,6 +225,19 @@ func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 	cfg.Log("writing %d due rows into render_schedule and bench_queue (%s)", cfg.Rows, db.name)
 	if err := prepare(ctx, pool, cfg.Rows, now); err != nil {
 		return rep, fmt.Errorf("bench: %w", err)
+	}
+	if cfg.PostgresCPUs != "" {
+		cpus, _ := parseCPUList(cfg.PostgresCPUs) // checked by Validate
+		cfg.Log("placing PostgreSQL on CPUs %s and this process (the workers, the keeper) on the others", cfg.PostgresCPUs)
+		p, err := pinCPUs(ctx, pool, cpus)
+		if err != nil {
+			return rep, fmt.Errorf("bench: %w", err)
+		}
+		defer func() {
+			if e := p.restore(); e != nil && err == nil {
+				err = fmt.Errorf("bench: %w", e)
+			}
+		}()
 	}
 
 	// the keeper
@@ -314,6 +340,7 @@ func measure(ctx context.Context, pool *pgxpool.Pool, keeperPID int, shape Shape
 	r.Elapsed = time.Since(start)
 	after := sampleCPU(ctx, pool, keeperPID)
 	r.CPU = cpuBetween(before, after)
+	r.CPUs = samplePlacement(keeperPID, slices.Collect(maps.Keys(after.pg)))
 	claim, complete, done, errs, lastErr, drained := merge(logs)
 	r.Claim, r.Complete = summarize(claim), summarize(complete)
 	r.Completed, r.Errors, r.LastError, r.Drained = len(done), errs, lastErr, drained

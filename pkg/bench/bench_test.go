@@ -82,7 +82,7 @@ func TestRunSmall(t *testing.T) {
 	if err := rep.Write(&out); err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"keeper (HTTP)", "SKIP LOCKED", "keeper / best SKIP LOCKED", "PostgreSQL CPU per completed row", "change events of a completion"} {
+	for _, want := range []string{"keeper (HTTP)", "SKIP LOCKED", "keeper / best SKIP LOCKED", "PostgreSQL CPU per completed row", "change events of a completion", "CPUs allowed: PostgreSQL "} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("report lacks %q:\n%s", want, out.String())
 		}
@@ -111,6 +111,7 @@ func TestConfigValidate(t *testing.T) {
 		{ServerDSN: "x", StartKeeper: start, Keeper: Shape{Workers: 0, Batch: 10}},
 		{ServerDSN: "x", StartKeeper: start, SkipLocked: []Shape{}},
 		{ServerDSN: "x", StartKeeper: start, TriggerRounds: 2},
+		{ServerDSN: "x", StartKeeper: start, PostgresCPUs: "0-"},
 	} {
 		c.setDefaults()
 		if err := c.Validate(); err == nil {

@@ -39,6 +39,8 @@ type RunResult struct {
 	// SELECT … FOR UPDATE SKIP LOCKED, and the UPDATE plus COMMIT).
 	Claim, Complete Latency
 	CPU             cpuUse
+	// CPUs is where its processes were allowed to run (read when it ended).
+	CPUs Placement
 	// Errors counts failed requests; LastError is one of them.
 	Errors    int
 	LastError string

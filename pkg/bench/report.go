@@ -14,7 +14,14 @@ func (r Report) Write(w io.Writer) error {
 	fmt.Fprintf(&b, "renderqueue bench: %d due rows with 64-byte keys in each queue, %v per run\n", r.Rows, r.Duration)
 	fmt.Fprintf(&b, "PostgreSQL: %s\n", firstWords(r.Server, 2))
 	fmt.Fprintf(&b, "load average (1 min): %.2f before, %.2f after\n", r.LoadBefore, r.LoadAfter)
-	fmt.Fprintf(&b, "keeper loaded %d rows in %v\n\n", r.Rows, r.KeeperLoad.Round(time.Millisecond))
+	fmt.Fprintf(&b, "keeper loaded %d rows in %v\n", r.Rows, r.KeeperLoad.Round(time.Millisecond))
+	fmt.Fprintf(&b, "CPUs allowed: %s\n", r.Keeper.CPUs)
+	for _, s := range r.SkipLocked {
+		if s.CPUs.Postgres != r.Keeper.CPUs.Postgres || s.CPUs.Clients != r.Keeper.CPUs.Clients {
+			fmt.Fprintf(&b, "CPUs allowed in the SKIP LOCKED run %v: %s\n", s.Shape, s.CPUs)
+		}
+	}
+	b.WriteString("\n")
 	tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
 	row := func(format string, a ...any) { _, _ = fmt.Fprintf(tw, format, a...) }
 	row("%s\n", "queue\tshape\trows/s\tclaim p50\tclaim p99\tcomplete p50\tcomplete p99\tverified\tCPU µs/row (keeper, clients, PostgreSQL)\tmachine busy, stolen\t")

@@ -1,0 +1,265 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// Placement is where a run's processes were allowed to run, as Linux lists CPUs ("0-1", "1"):
+// the Cpus_allowed_list of each, read from /proc while the run started. A field is empty when it
+// could not be read (no keeper in the run; a PostgreSQL server on another machine).
+type Placement struct {
+	// Postgres lists the CPUs of the server's processes; several lists joined by " / " when they
+	// differ.
+	Postgres string
+	// Keeper is the keeper process's; Clients this process's (its workers').
+	Keeper, Clients string
+}
+
+// String describes the placement for the report.
+func (p Placement) String() string {
+	or := func(s string) string {
+		if s == "" {
+			return "n/a"
+		}
+		return s
+	}
+	return fmt.Sprintf("PostgreSQL %s; keeper %s; workers %s", or(p.Postgres), or(p.Keeper), or(p.Clients))
+}
+
+// samplePlacement reads where the keeper (keeperPID, 0 for none), this process and the server's
+// processes (postgresPIDs) may run.
+func samplePlacement(keeperPID int, postgresPIDs []int) Placement {
+	var p Placement
+	if keeperPID > 0 {
+		p.Keeper = allowedCPUs(keeperPID)
+	}
+	p.Clients = allowedCPUs(os.Getpid())
+	var lists []string
+	for _, pid := range postgresPIDs {
+		if l := allowedCPUs(pid); l != "" && !slices.Contains(lists, l) {
+			lists = append(lists, l)
+		}
+	}
+	slices.Sort(lists)
+	p.Postgres = strings.Join(lists, " / ")
+	return p
+}
+
+// allowedCPUs returns the Cpus_allowed_list of process pid, or "".
+func allowedCPUs(pid int) string {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return ""
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "Cpus_allowed_list:"); ok {
+			return strings.TrimSpace(v)
+		}
+	}
+	return ""
+}
+
+// cpuSetSize is how many CPUs a unix.CPUSet holds.
+const cpuSetSize = int(unsafe.Sizeof(unix.CPUSet{})) * 8
+
+// parseCPUList parses a Linux CPU list ("0", "0-1", "0,2-3") into its CPUs, ascending.
+func parseCPUList(s string) ([]int, error) {
+	var cpus []int
+	for _, f := range strings.Split(s, ",") {
+		f = strings.TrimSpace(f)
+		lo, hi, isRange := strings.Cut(f, "-")
+		a, err := strconv.Atoi(lo)
+		if err != nil || a < 0 {
+			return nil, fmt.Errorf("CPU list %q: %q is not a CPU number or range", s, f)
+		}
+		b := a
+		if isRange {
+			if b, err = strconv.Atoi(hi); err != nil || b < a {
+				return nil, fmt.Errorf("CPU list %q: %q is not a range of CPUs", s, f)
+			}
+		}
+		for c := a; c <= b; c++ {
+			if c >= cpuSetSize {
+				return nil, fmt.Errorf("CPU list %q: CPU %d is past the last a CPU set holds (%d)", s, c, cpuSetSize-1)
+			}
+			cpus = append(cpus, c)
+		}
+	}
+	slices.Sort(cpus)
+	return slices.Compact(cpus), nil
+}
+
+// splitCPUs returns the CPU sets of a split placement: the server's (postgres, which must all be
+// among the CPUs this process may use, allowed) and the rest's (allowed less postgres, which must
+// not be empty).
+func splitCPUs(postgres []int, allowed unix.CPUSet) (pg, rest unix.CPUSet, err error) {
+	rest = allowed
+	for _, c := range postgres {
+		if !allowed.IsSet(c) {
+			return pg, rest, fmt.Errorf("CPU %d is not among the CPUs this process may use", c)
+		}
+		pg.Set(c)
+		rest.Clear(c)
+	}
+	if pg.Count() == 0 {
+		return pg, rest, errors.New("no CPU for PostgreSQL")
+	}
+	if rest.Count() == 0 {
+		return pg, rest, errors.New("no CPU is left for the keeper and the workers")
+	}
+	return pg, rest, nil
+}
+
+// pinned is a placement set by pinCPUs, to be undone.
+type pinned struct {
+	old map[int]unix.CPUSet // by thread id: the CPU set it had
+}
+
+// restore gives every thread pinCPUs moved its CPU set back (threads gone since are skipped).
+func (p *pinned) restore() error {
+	var errs []error
+	for tid, set := range p.old {
+		if err := unix.SchedSetaffinity(tid, &set); err != nil && !errors.Is(err, unix.ESRCH) {
+			errs = append(errs, fmt.Errorf("restoring the CPUs of thread %d: %w", tid, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// set moves every thread of process pid to set, remembering what each had.
+func (p *pinned) set(pid int, set unix.CPUSet) error {
+	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	if err != nil {
+		return fmt.Errorf("listing the threads of process %d: %w", pid, err)
+	}
+	for _, t := range tasks {
+		tid, err := strconv.Atoi(t.Name())
+		if err != nil {
+			continue
+		}
+		var old unix.CPUSet
+		if err := unix.SchedGetaffinity(tid, &old); err != nil {
+			if errors.Is(err, unix.ESRCH) {
+				continue // the thread ended meanwhile
+			}
+			return fmt.Errorf("reading the CPUs of process %d: %w", pid, err)
+		}
+		if err := unix.SchedSetaffinity(tid, &set); err != nil {
+			if errors.Is(err, unix.ESRCH) {
+				continue
+			}
+			return fmt.Errorf("setting the CPUs of process %d: %w", pid, err)
+		}
+		if _, seen := p.old[tid]; !seen {
+			p.old[tid] = old
+		}
+	}
+	return nil
+}
+
+// pinCPUs places the PostgreSQL server that q is connected to (its postmaster and every process
+// it has started, so also the backends it starts later) on the CPUs listed in postgres, and this
+// process (and so the keeper it starts) on the other CPUs it may use. The server must run on this
+// machine, and this process must be allowed to set its processes' CPUs (root, or the server's
+// user). On an error, nothing stays changed.
+func pinCPUs(ctx context.Context, q querier, postgres []int) (*pinned, error) {
+	var allowed unix.CPUSet
+	if err := unix.SchedGetaffinity(0, &allowed); err != nil {
+		return nil, fmt.Errorf("reading this process's CPUs: %w", err)
+	}
+	pgSet, rest, err := splitCPUs(postgres, allowed)
+	if err != nil {
+		return nil, err
+	}
+	postmaster, err := postmasterPID(ctx, q)
+	if err != nil {
+		return nil, err
+	}
+	p := &pinned{old: map[int]unix.CPUSet{}}
+	fail := func(err error) (*pinned, error) {
+		return nil, errors.Join(err, p.restore())
+	}
+	// twice: a process the postmaster started while the first pass ran is moved by the second
+	for range 2 {
+		for _, pid := range append([]int{postmaster}, childrenOf(postmaster)...) {
+			if err := p.set(pid, pgSet); err != nil {
+				return fail(fmt.Errorf("placing PostgreSQL on CPUs %v: %w", postgres, err))
+			}
+		}
+		if err := p.set(os.Getpid(), rest); err != nil {
+			return fail(fmt.Errorf("placing this process: %w", err))
+		}
+	}
+	return p, nil
+}
+
+// postmasterPID finds the server's postmaster: the parent of the backend serving q, which must be
+// a postgres process on this machine.
+func postmasterPID(ctx context.Context, q querier) (int, error) {
+	rows, err := q.Query(ctx, "SELECT pg_backend_pid()")
+	if err != nil {
+		return 0, fmt.Errorf("finding the server's processes: %w", err)
+	}
+	var backend int
+	for rows.Next() {
+		if err := rows.Scan(&backend); err != nil {
+			rows.Close()
+			return 0, fmt.Errorf("finding the server's processes: %w", err)
+		}
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return 0, fmt.Errorf("finding the server's processes: %w", err)
+	}
+	cmd, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", backend))
+	if err != nil || !strings.Contains(string(cmd), "postgres") {
+		return 0, errors.New("PostgreSQL does not run on this machine (its backend is not a process here): its CPUs cannot be set")
+	}
+	ppid := parentPID(backend)
+	if ppid <= 1 {
+		return 0, fmt.Errorf("finding the postmaster: backend %d has no parent", backend)
+	}
+	return ppid, nil
+}
+
+// parentPID returns the parent of process pid, or 0.
+func parentPID(pid int) int {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')') // the command may hold spaces and parentheses
+	if i < 0 {
+		return 0
+	}
+	f := strings.Fields(s[i+1:])
+	if len(f) < 2 {
+		return 0
+	}
+	ppid, _ := strconv.Atoi(f[1])
+	return ppid
+}
+
+// childrenOf returns the processes whose parent is pid.
+func childrenOf(pid int) []int {
+	dirs, _ := filepath.Glob("/proc/[0-9]*")
+	var out []int
+	for _, d := range dirs {
+		c, err := strconv.Atoi(filepath.Base(d))
+		if err == nil && parentPID(c) == pid {
+			out = append(out, c)
+		}
+	}
+	return out
+}

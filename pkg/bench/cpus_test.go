@@ -1,0 +1,132 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"os"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"golang.org/x/sys/unix"
+
+	"github.com/renderqueue/renderqueue/pkg/store/postgres/pgtest"
+)
+
+func TestParseCPUList(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want []int // nil: refused
+	}{
+		{"0", []int{0}},
+		{"0-1", []int{0, 1}},
+		{"3,0-1", []int{0, 1, 3}},
+		{" 1 , 1 ", []int{1}}, // spaces and repeats
+		{"", nil},
+		{"a", nil},
+		{"-1", nil},
+		{"2-1", nil},     // a backward range
+		{"0-", nil},      // an open range
+		{"1,,2", nil},    // an empty item
+		{"4096", nil},    // past what a CPU set holds
+		{"0-99999", nil}, // the same, as a range (refused before it is listed)
+	} {
+		got, err := parseCPUList(tc.in)
+		if tc.want == nil {
+			if err == nil {
+				t.Errorf("parseCPUList(%q) = %v, want an error", tc.in, got)
+			}
+			continue
+		}
+		if err != nil || !slices.Equal(got, tc.want) {
+			t.Errorf("parseCPUList(%q) = %v, %v; want %v", tc.in, got, err, tc.want)
+		}
+	}
+}
+
+func TestSplitCPUs(t *testing.T) {
+	var two unix.CPUSet
+	two.Set(0)
+	two.Set(1)
+	pg, rest, err := splitCPUs([]int{0}, two)
+	if err != nil || pg.Count() != 1 || !pg.IsSet(0) || rest.Count() != 1 || !rest.IsSet(1) {
+		t.Fatalf("splitCPUs([0], {0,1}) = %v, %v, %v; want {0}, {1}", pg, rest, err)
+	}
+	if _, _, err := splitCPUs([]int{0, 1}, two); err == nil {
+		t.Error("every CPU given to PostgreSQL: want an error (nothing left for the keeper)")
+	}
+	if _, _, err := splitCPUs([]int{5}, two); err == nil {
+		t.Error("a CPU this process may not use: want an error")
+	}
+}
+
+// TestPinCPUs places a real server on CPU 0 and this process on the rest: a backend started
+// afterwards (the postmaster's child) must be on CPU 0, this process off it; restore must undo
+// both.
+func TestPinCPUs(t *testing.T) {
+	var allowed unix.CPUSet
+	if err := unix.SchedGetaffinity(0, &allowed); err != nil || allowed.Count() < 2 || !allowed.IsSet(0) {
+		t.Skipf("needs CPU 0 and another CPU (%v, %v)", allowed, err)
+	}
+	dsn := pgtest.DSN(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	pool, err := pgxpool.New(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	selfBefore := allowedCPUs(os.Getpid())
+	postmaster, err := postmasterPID(ctx, pool)
+	if err != nil {
+		t.Skipf("the server's processes are not readable here: %v", err)
+	}
+	postmasterBefore := allowedCPUs(postmaster)
+	p, err := pinCPUs(ctx, pool, []int{0})
+	if errors.Is(err, unix.EPERM) {
+		t.Skipf("not allowed to set the server's CPUs: %v", err)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	restored := false
+	defer func() {
+		if !restored {
+			_ = p.restore()
+		}
+	}()
+	backend := func() int {
+		t.Helper()
+		conn, err := pgxpool.New(ctx, dsn) // a new pool: a backend started after the placement
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		var pid int
+		if err := conn.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
+			t.Fatal(err)
+		}
+		return pid
+	}
+	if got := allowedCPUs(backend()); got != "0" {
+		t.Errorf("a backend started after the placement may use CPUs %q, want 0", got)
+	}
+	if got := allowedCPUs(postmaster); got != "0" {
+		t.Errorf("the postmaster may use CPUs %q after the placement, want 0", got)
+	}
+	self := allowedCPUs(os.Getpid())
+	if set, err := parseCPUList(self); err != nil || slices.Contains(set, 0) {
+		t.Errorf("this process may use CPUs %q after the placement, want not 0", self)
+	}
+	if err := p.restore(); err != nil {
+		t.Fatal(err)
+	}
+	restored = true
+	if got := allowedCPUs(os.Getpid()); got != selfBefore {
+		t.Errorf("after restore this process may use CPUs %q, want %q as before", got, selfBefore)
+	}
+	if got := allowedCPUs(postmaster); got != postmasterBefore {
+		t.Errorf("after restore the postmaster may use CPUs %q, want %q as before", got, postmasterBefore)
+	}
+}
