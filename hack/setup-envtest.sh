@@ -13,7 +13,8 @@
 #      go.etcd.io/etcd/server/v3/etcdmain at the version kubernetes' go.mod uses. The result is built
 #      into a temporary directory and renamed into the cache, so a cache entry is always complete.
 #
-# The first build takes about 5-8 minutes on 2 cores; progress goes to stderr.
+# The first build takes about 6-16 minutes on 2 cores (16 on a fresh machine with an empty Go
+# build cache, December 2026); progress goes to stderr.
 # Environment: ENVTEST_K8S_VERSION overrides the version (vX.Y.Z); ENVTEST_CACHE_DIR the cache root.
 set -euo pipefail
 
@@ -83,7 +84,7 @@ export CGO_ENABLED=0
 # A developer's GOWORK or a surrounding module must not leak into the throwaway modules.
 export GOWORK=off
 
-log "building Kubernetes $version test binaries from the Go module proxy (first time: ~5-8 minutes on 2 cores)"
+log "building Kubernetes $version test binaries from the Go module proxy (first time: ~6-16 minutes on 2 cores)"
 log "downloading k8s.io/kubernetes@$version"
 kdir=$(cd "$work" && go mod download -json "k8s.io/kubernetes@$version" |
   sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')

@@ -58,9 +58,10 @@ type Config struct {
 	Duration time.Duration
 	// Keeper is the shape of the keeper run. Default 32 × 1000.
 	Keeper Shape
-	// SkipLocked are the shapes of the SKIP LOCKED runs. Default 2 × 1000, 2 × 2000, 4 × 1000,
-	// 4 × 100, 8 × 100, 8 × 1000: on the 2-core development machine the two-worker shapes were
-	// the best (docs/benchmarks.md); the others were the best of the shapes tried before them.
+	// SkipLocked are the shapes of the SKIP LOCKED runs. Default 1 × 1000, 2 × 1000, 2 × 2000,
+	// 4 × 1000, 4 × 100, 8 × 100, 8 × 1000: on the 2-core development machine the two-worker
+	// shapes were the best with the cores shared, one worker with PostgreSQL on a core of its own
+	// (PostgresCPUs; docs/benchmarks.md); the others were the best of the shapes tried before them.
 	SkipLocked []Shape
 	// StartKeeper starts a standalone keeper (window 0) on the database dsn, requiring token.
 	StartKeeper func(ctx context.Context, dsn, token string) (*Keeper, error)
@@ -90,7 +91,7 @@ func (c *Config) setDefaults() {
 		c.Keeper = Shape{Workers: 32, Batch: 1000}
 	}
 	if c.SkipLocked == nil {
-		c.SkipLocked = []Shape{{2, 1000}, {2, 2000}, {4, 1000}, {4, 100}, {8, 100}, {8, 1000}}
+		c.SkipLocked = []Shape{{1, 1000}, {2, 1000}, {2, 2000}, {4, 1000}, {4, 100}, {8, 100}, {8, 1000}}
 	}
 	if c.TriggerRounds == 0 {
 		c.TriggerRounds = 40
