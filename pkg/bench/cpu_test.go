@@ -13,19 +13,27 @@ import (
 	"github.com/renderqueue/renderqueue/pkg/store/postgres/pgtest"
 )
 
+// testPool connects to the test server (pgtest.DSN): a context of a minute, a pool closed when the
+// test ends, and the DSN.
+func testPool(t *testing.T) (context.Context, *pgxpool.Pool, string) {
+	t.Helper()
+	dsn := pgtest.DSN(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	t.Cleanup(cancel)
+	pool, err := pgxpool.New(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return ctx, pool, dsn
+}
+
 // TestSampleCPUCountsOnlyTheRun samples PostgreSQL's CPU through one connection before and
 // another after, with nothing run in between: a connection that did a second of work before the
 // first sample must not be charged to the run (it was, while the sampling backend left itself out
 // of the sample).
 func TestSampleCPUCountsOnlyTheRun(t *testing.T) {
-	dsn := pgtest.DSN(t)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	pool, err := pgxpool.New(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
+	ctx, pool, _ := testPool(t)
 	busy, err := pool.Acquire(ctx)
 	if err != nil {
 		t.Fatal(err)

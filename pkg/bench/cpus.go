@@ -123,14 +123,28 @@ func splitCPUs(postgres []int, allowed unix.CPUSet) (pg, rest unix.CPUSet, err e
 // pinned is a placement set by pinCPUs, to be undone.
 type pinned struct {
 	old map[int]unix.CPUSet // by thread id: the CPU set it had
+	// postmaster is the server's postmaster (0 until found); the processes it started after the
+	// placement get its old CPU set back too.
+	postmaster int
 }
 
-// restore gives every thread pinCPUs moved its CPU set back (threads gone since are skipped).
+// restore gives every thread pinCPUs moved its CPU set back (threads gone since are skipped), and
+// the server's processes started since (backends still connected) the postmaster's.
 func (p *pinned) restore() error {
 	var errs []error
-	for tid, set := range p.old {
+	put := func(tid int, set unix.CPUSet) {
 		if err := unix.SchedSetaffinity(tid, &set); err != nil && !errors.Is(err, unix.ESRCH) {
 			errs = append(errs, fmt.Errorf("restoring the CPUs of thread %d: %w", tid, err))
+		}
+	}
+	for tid, set := range p.old {
+		put(tid, set)
+	}
+	if set, ok := p.old[p.postmaster]; ok {
+		for _, pid := range childrenOf(p.postmaster) {
+			if _, moved := p.old[pid]; !moved {
+				put(pid, set) // PostgreSQL's processes have one thread each
+			}
 		}
 	}
 	return errors.Join(errs...)
@@ -185,7 +199,7 @@ func pinCPUs(ctx context.Context, q querier, postgres []int) (*pinned, error) {
 	if err != nil {
 		return nil, err
 	}
-	p := &pinned{old: map[int]unix.CPUSet{}}
+	p := &pinned{old: map[int]unix.CPUSet{}, postmaster: postmaster}
 	fail := func(err error) (*pinned, error) {
 		return nil, errors.Join(err, p.restore())
 	}

@@ -1,17 +1,13 @@
 package bench
 
 import (
-	"context"
 	"errors"
 	"os"
 	"slices"
 	"testing"
-	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"golang.org/x/sys/unix"
-
-	"github.com/renderqueue/renderqueue/pkg/store/postgres/pgtest"
 )
 
 func TestParseCPUList(t *testing.T) {
@@ -63,20 +59,13 @@ func TestSplitCPUs(t *testing.T) {
 
 // TestPinCPUs places a real server on CPU 0 and this process on the rest: a backend started
 // afterwards (the postmaster's child) must be on CPU 0, this process off it; restore must undo
-// both.
+// both, and give the backend started meanwhile, still connected, the postmaster's CPUs back.
 func TestPinCPUs(t *testing.T) {
 	var allowed unix.CPUSet
 	if err := unix.SchedGetaffinity(0, &allowed); err != nil || allowed.Count() < 2 || !allowed.IsSet(0) {
 		t.Skipf("needs CPU 0 and another CPU (%v, %v)", allowed, err)
 	}
-	dsn := pgtest.DSN(t)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	pool, err := pgxpool.New(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
+	ctx, pool, dsn := testPool(t)
 	selfBefore := allowedCPUs(os.Getpid())
 	postmaster, err := postmasterPID(ctx, pool)
 	if err != nil {
@@ -96,20 +85,17 @@ func TestPinCPUs(t *testing.T) {
 			_ = p.restore()
 		}
 	}()
-	backend := func() int {
-		t.Helper()
-		conn, err := pgxpool.New(ctx, dsn) // a new pool: a backend started after the placement
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer conn.Close()
-		var pid int
-		if err := conn.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
-			t.Fatal(err)
-		}
-		return pid
+	// a new pool: a backend started after the placement, kept connected past the restore
+	later, err := pgxpool.New(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
 	}
-	if got := allowedCPUs(backend()); got != "0" {
+	defer later.Close()
+	var backend int
+	if err := later.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&backend); err != nil {
+		t.Fatal(err)
+	}
+	if got := allowedCPUs(backend); got != "0" {
 		t.Errorf("a backend started after the placement may use CPUs %q, want 0", got)
 	}
 	if got := allowedCPUs(postmaster); got != "0" {
@@ -128,5 +114,8 @@ func TestPinCPUs(t *testing.T) {
 	}
 	if got := allowedCPUs(postmaster); got != postmasterBefore {
 		t.Errorf("after restore the postmaster may use CPUs %q, want %q as before", got, postmasterBefore)
+	}
+	if got := allowedCPUs(backend); got != postmasterBefore {
+		t.Errorf("after restore the backend started during the placement may use CPUs %q, want the postmaster's %q", got, postmasterBefore)
 	}
 }
