@@ -123,8 +123,8 @@ func splitCPUs(postgres []int, allowed unix.CPUSet) (pg, rest unix.CPUSet, err e
 // pinned is a placement set by pinCPUs, to be undone.
 type pinned struct {
 	old map[int]unix.CPUSet // by thread id: the CPU set it had
-	// postmaster is the server's postmaster (0 until found); the processes it started after the
-	// placement get its old CPU set back too.
+	// postmaster is the server's postmaster; the processes it started after the placement get its
+	// old CPU set back too, as this process's threads started since get this process's.
 	postmaster int
 }
 
@@ -147,20 +147,31 @@ func (p *pinned) restore() error {
 			}
 		}
 	}
+	if set, ok := p.old[os.Getpid()]; ok {
+		for _, tid := range threadsOf(os.Getpid()) {
+			if _, moved := p.old[tid]; !moved {
+				put(tid, set)
+			}
+		}
+	}
 	return errors.Join(errs...)
+}
+
+// threadsOf lists the threads of process pid (none when it is gone).
+func threadsOf(pid int) []int {
+	tasks, _ := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	var tids []int
+	for _, t := range tasks {
+		if tid, err := strconv.Atoi(t.Name()); err == nil {
+			tids = append(tids, tid)
+		}
+	}
+	return tids
 }
 
 // set moves every thread of process pid to set, remembering what each had.
 func (p *pinned) set(pid int, set unix.CPUSet) error {
-	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
-	if err != nil {
-		return fmt.Errorf("listing the threads of process %d: %w", pid, err)
-	}
-	for _, t := range tasks {
-		tid, err := strconv.Atoi(t.Name())
-		if err != nil {
-			continue
-		}
+	for _, tid := range threadsOf(pid) { // none when it ended meanwhile (a backend disconnecting)
 		var old unix.CPUSet
 		if err := unix.SchedGetaffinity(tid, &old); err != nil {
 			if errors.Is(err, unix.ESRCH) {

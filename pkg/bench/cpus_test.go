@@ -109,8 +109,10 @@ func TestPinCPUs(t *testing.T) {
 		t.Fatal(err)
 	}
 	restored = true
-	if got := allowedCPUs(os.Getpid()); got != selfBefore {
-		t.Errorf("after restore this process may use CPUs %q, want %q as before", got, selfBefore)
+	for _, tid := range threadsOf(os.Getpid()) { // threads started during the placement too
+		if got := allowedCPUs(tid); got != selfBefore {
+			t.Errorf("after restore thread %d of this process may use CPUs %q, want %q as before", tid, got, selfBefore)
+		}
 	}
 	if got := allowedCPUs(postmaster); got != postmasterBefore {
 		t.Errorf("after restore the postmaster may use CPUs %q, want %q as before", got, postmasterBefore)
