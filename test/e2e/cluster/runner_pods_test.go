@@ -20,6 +20,7 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
 
@@ -288,10 +289,11 @@ func TestRunnerPods(t *testing.T) {
 		Containers:     []corev1.Container{a, b},
 	}})
 
-	// deadline: activeDeadlineSeconds ends it. (Long enough that the process has installed its SIGTERM
-	// handler before the deadline even on a loaded machine: a SIGTERM before that ends it with 143.)
+	// deadline: activeDeadlineSeconds ends it. It is set once the process serves, so has installed
+	// its SIGTERM handler (a SIGTERM before that ends it with 143): a deadline set on a running Pod
+	// applies, as with a kubelet.
 	create(t, c, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "deadline"}, Spec: corev1.PodSpec{
-		ActiveDeadlineSeconds: ptr.To[int64](8), Containers: []corev1.Container{podtestContainer("main", "serve", "--listen", ":8080", "--term-delay", "1s")}}})
+		Containers: []corev1.Container{podtestContainer("main", "serve", "--listen", ":8080", "--term-delay", "1s")}}})
 
 	t.Run("secure", func(t *testing.T) {
 		p := eventuallyPod(t, c, "secure", 30*time.Second, "Ready", func(p *corev1.Pod) (bool, string) { return podReady(p), string(p.Status.Phase) })
@@ -540,6 +542,24 @@ func TestRunnerPods(t *testing.T) {
 	})
 
 	t.Run("active-deadline", func(t *testing.T) {
+		serving := eventuallyPod(t, c, "deadline", 30*time.Second, "a Pod IP", func(p *corev1.Pod) (bool, string) {
+			return p.Status.PodIP != "", string(p.Status.Phase)
+		})
+		err := wait.Poll(ctx, 30*time.Second, 100*time.Millisecond, "podtest serving in Pod deadline", func(ctx context.Context) (bool, string, error) {
+			resp, err := http.Get("http://" + serving.Status.PodIP + ":8080/readyz")
+			if err != nil {
+				return false, err.Error(), nil
+			}
+			_ = resp.Body.Close()
+			return resp.StatusCode == http.StatusOK, resp.Status, nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.Client.CoreV1().Pods(testNS).Patch(ctx, "deadline", types.StrategicMergePatchType,
+			[]byte(`{"spec":{"activeDeadlineSeconds":1}}`), metav1.PatchOptions{}); err != nil {
+			t.Fatalf("setting the running Pod's deadline: %v", err)
+		}
 		// The phase turns Failed when the deadline passes; the container's own status follows once
 		// it has stopped, so wait for both.
 		p := eventuallyPod(t, c, "deadline", 30*time.Second, "Failed with DeadlineExceeded, the container stopped", func(p *corev1.Pod) (bool, string) {

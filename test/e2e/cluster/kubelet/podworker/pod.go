@@ -204,13 +204,7 @@ func (w *Worker) Run(ctx context.Context) {
 		return
 	}
 	w.statusChanged()
-	if d := pod.Spec.ActiveDeadlineSeconds; d != nil {
-		deadline := time.AfterFunc(time.Duration(*d)*time.Second, func() {
-			w.node.Recorder.Eventf(w.currentPod(), corev1.EventTypeWarning, "DeadlineExceeded", "Pod was active on the node longer than the specified deadline")
-			w.setPhase(corev1.PodFailed, "DeadlineExceeded", "Pod was active on the node longer than the specified deadline")
-		})
-		defer deadline.Stop()
-	}
+	go w.enforceDeadline(runCtx)
 
 	if w.mountVolumes(runCtx) {
 		var vwg sync.WaitGroup
@@ -233,6 +227,38 @@ func (w *Worker) Run(ctx context.Context) {
 		<-runCtx.Done()
 	}
 	w.finish()
+}
+
+// enforceDeadline fails the Pod once it has been active longer than spec.activeDeadlineSeconds,
+// counted from its start time, as the kubelet does. The deadline is read again whenever the Pod
+// changes (Update kicks): the API lets a running Pod's deadline be set or shortened.
+func (w *Worker) enforceDeadline(ctx context.Context) {
+	for {
+		kicked := w.kickCh() // before reading the Pod, so that no change is missed
+		w.mu.Lock()
+		d, start := w.pod.Spec.ActiveDeadlineSeconds, w.startTime
+		w.mu.Unlock()
+		var expired <-chan time.Time
+		var timer *time.Timer
+		if d != nil && start != nil {
+			timer = time.NewTimer(time.Until(start.Add(time.Duration(*d) * time.Second)))
+			expired = timer.C
+		}
+		select {
+		case <-ctx.Done():
+		case <-kicked:
+		case <-expired:
+			w.node.Recorder.Eventf(w.currentPod(), corev1.EventTypeWarning, "DeadlineExceeded", "Pod was active on the node longer than the specified deadline")
+			w.setPhase(corev1.PodFailed, "DeadlineExceeded", "Pod was active on the node longer than the specified deadline")
+			return
+		}
+		if timer != nil {
+			timer.Stop()
+		}
+		if ctx.Err() != nil {
+			return
+		}
+	}
 }
 
 // finish releases the Pod IP and, for a deleted Pod, deletes it for good and removes its
