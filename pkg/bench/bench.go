@@ -230,11 +230,11 @@ func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 	if cfg.PostgresCPUs != "" {
 		cpus, _ := parseCPUList(cfg.PostgresCPUs) // checked by Validate
 		cfg.Log("placing PostgreSQL on CPUs %s and this process (the workers, the keeper) on the others", cfg.PostgresCPUs)
-		p, err := pinCPUs(ctx, pool, cpus)
-		if err != nil {
-			return rep, fmt.Errorf("bench: %w", err)
+		p, perr := pinCPUs(ctx, pool, cpus)
+		if perr != nil {
+			return rep, fmt.Errorf("bench: %w", perr)
 		}
-		defer func() {
+		defer func() { // err: Run's result
 			if e := p.restore(); e != nil && err == nil {
 				err = fmt.Errorf("bench: %w", e)
 			}
