@@ -1,6 +1,6 @@
-// Package procstat reads a process's and the machine's CPU time from Linux's /proc, for the
-// benchmarks that say where CPU goes and how much of it the hypervisor took (pkg/bench, the
-// store's statement benchmark, the keeper's load and latency benchmarks).
+// Package procstat reads a process's and the machine's CPU time (and a process's parent) from
+// Linux's /proc, for the benchmarks that say where CPU goes and how much of it the hypervisor took
+// (pkg/bench, the store's statement benchmark, the keeper's load and latency benchmarks).
 package procstat
 
 import (
@@ -14,21 +14,27 @@ import (
 // clockTicks is the kernel's USER_HZ, the unit of /proc CPU times (100 on Linux).
 const clockTicks = 100
 
-// CPU returns the CPU time (user + system) process pid has used, from /proc/<pid>/stat, and
-// false when that cannot be read (no such process here, or not Linux).
-func CPU(pid int) (time.Duration, bool) {
+// statFields returns the fields of /proc/<pid>/stat that follow the command (the first is the
+// state), or false when they cannot be read (no such process here, or not Linux).
+func statFields(pid int) ([]string, bool) {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
-		return 0, false
+		return nil, false
 	}
 	// the command may hold spaces and parentheses: the fields follow the last ')'
 	s := string(b)
 	i := strings.LastIndexByte(s, ')')
 	if i < 0 {
-		return 0, false
+		return nil, false
 	}
-	f := strings.Fields(s[i+1:])
-	if len(f) < 13 {
+	return strings.Fields(s[i+1:]), true
+}
+
+// CPU returns the CPU time (user + system) process pid has used, from /proc/<pid>/stat, and
+// false when that cannot be read (no such process here, or not Linux).
+func CPU(pid int) (time.Duration, bool) {
+	f, ok := statFields(pid)
+	if !ok || len(f) < 13 {
 		return 0, false
 	}
 	utime, err1 := strconv.ParseInt(f[11], 10, 64)
@@ -37,6 +43,17 @@ func CPU(pid int) (time.Duration, bool) {
 		return 0, false
 	}
 	return time.Duration(utime+stime) * time.Second / clockTicks, true
+}
+
+// Parent returns the parent of process pid, from /proc/<pid>/stat, and false when that cannot be
+// read.
+func Parent(pid int) (int, bool) {
+	f, ok := statFields(pid)
+	if !ok || len(f) < 2 {
+		return 0, false
+	}
+	ppid, err := strconv.Atoi(f[1])
+	return ppid, err == nil
 }
 
 // Times is the machine's CPU time so far, summed over its CPUs.

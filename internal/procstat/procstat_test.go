@@ -32,6 +32,18 @@ func TestCPUOfThisProcess(t *testing.T) {
 }
 
 // TestMachine: the machine's times are read, and busy and stolen time are parts of the total.
+func TestParent(t *testing.T) {
+	if _, err := os.Stat("/proc/self/stat"); err != nil {
+		t.Skip("no /proc here")
+	}
+	if got, ok := Parent(os.Getpid()); !ok || got != os.Getppid() {
+		t.Errorf("Parent(this process) = %d, %v; want %d", got, ok, os.Getppid())
+	}
+	if _, ok := Parent(-1); ok {
+		t.Error("Parent(-1): want false")
+	}
+}
+
 func TestMachine(t *testing.T) {
 	m, ok := Machine()
 	if !ok {

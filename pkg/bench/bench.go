@@ -26,9 +26,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"maps"
 	"net/http"
-	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -341,7 +339,7 @@ func measure(ctx context.Context, pool *pgxpool.Pool, keeperPID int, shape Shape
 	r.Elapsed = time.Since(start)
 	after := sampleCPU(ctx, pool, keeperPID)
 	r.CPU = cpuBetween(before, after)
-	r.CPUs = samplePlacement(keeperPID, slices.Collect(maps.Keys(after.pg)))
+	r.CPUs = after.placement
 	claim, complete, done, errs, lastErr, drained := merge(logs)
 	r.Claim, r.Complete = summarize(claim), summarize(complete)
 	r.Completed, r.Errors, r.LastError, r.Drained = len(done), errs, lastErr, drained

@@ -39,6 +39,8 @@ type cpuSample struct {
 	pgOK      bool
 	keeperOK  bool
 	machineOK bool
+	// placement is where the processes sampled may run.
+	placement Placement
 }
 
 // querier runs a query: a pool, or one of its connections.
@@ -48,14 +50,15 @@ type querier interface {
 
 // sampleCPU reads the CPU times of the keeper process (keeperPID, 0 for none), this process, the
 // PostgreSQL server's processes (found through pg_stat_activity; only when the server runs on
-// this machine) and the machine.
+// this machine) and the machine, and where those processes may run.
 //
 // The backend that runs the query is counted too: a pool may sample through one connection
 // before a run and another after it, and a backend missing from the first sample counts whole
 // (from its start) in cpuBetween, so leaving the sampler out would charge the run with all the
 // earlier work of the first sample's connection (loading the rows, resetting a queue).
-func sampleCPU(ctx context.Context, q querier, keeperPID int) cpuSample {
-	s := cpuSample{pg: map[int]time.Duration{}}
+func sampleCPU(ctx context.Context, q querier, keeperPID int) (s cpuSample) {
+	s.pg = map[int]time.Duration{}
+	defer func() { s.placement = samplePlacement(keeperPID, s.pg) }()
 	if keeperPID > 0 {
 		s.keeper, s.keeperOK = procstat.CPU(keeperPID)
 	}
@@ -72,8 +75,7 @@ func sampleCPU(ctx context.Context, q querier, keeperPID int) cpuSample {
 		if rows.Scan(&pid) != nil {
 			continue
 		}
-		cmd, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
-		if err != nil || !strings.Contains(string(cmd), "postgres") {
+		if !localPostgres(pid) {
 			s.pgOK = false // not this machine's process: the server is elsewhere
 			continue
 		}
@@ -82,6 +84,13 @@ func sampleCPU(ctx context.Context, q querier, keeperPID int) cpuSample {
 		}
 	}
 	return s
+}
+
+// localPostgres says whether pid, a server process's pid as PostgreSQL reports it, is a postgres
+// process on this machine.
+func localPostgres(pid int) bool {
+	cmd, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	return err == nil && strings.Contains(string(cmd), "postgres")
 }
 
 // cpuUse is the CPU a run used, by whom.

@@ -9,13 +9,17 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 	"unsafe"
 
+	"github.com/jackc/pgx/v5"
 	"golang.org/x/sys/unix"
+
+	"github.com/renderqueue/renderqueue/internal/procstat"
 )
 
 // Placement is where a run's processes were allowed to run, as Linux lists CPUs ("0-1", "1"):
-// the Cpus_allowed_list of each, read from /proc while the run started. A field is empty when it
+// the Cpus_allowed_list of each, read from /proc when the run ended. A field is empty when it
 // could not be read (no keeper in the run; a PostgreSQL server on another machine).
 type Placement struct {
 	// Postgres lists the CPUs of the server's processes; several lists joined by " / " when they
@@ -37,15 +41,15 @@ func (p Placement) String() string {
 }
 
 // samplePlacement reads where the keeper (keeperPID, 0 for none), this process and the server's
-// processes (postgresPIDs) may run.
-func samplePlacement(keeperPID int, postgresPIDs []int) Placement {
+// processes (the keys of postgres) may run.
+func samplePlacement(keeperPID int, postgres map[int]time.Duration) Placement {
 	var p Placement
 	if keeperPID > 0 {
 		p.Keeper = allowedCPUs(keeperPID)
 	}
 	p.Clients = allowedCPUs(os.Getpid())
 	var lists []string
-	for _, pid := range postgresPIDs {
+	for pid := range postgres {
 		if l := allowedCPUs(pid); l != "" && !slices.Contains(lists, l) {
 			lists = append(lists, l)
 		}
@@ -235,45 +239,18 @@ func postmasterPID(ctx context.Context, q querier) (int, error) {
 	if err != nil {
 		return 0, fmt.Errorf("finding the server's processes: %w", err)
 	}
-	var backend int
-	for rows.Next() {
-		if err := rows.Scan(&backend); err != nil {
-			rows.Close()
-			return 0, fmt.Errorf("finding the server's processes: %w", err)
-		}
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
+	backend, err := pgx.CollectExactlyOneRow(rows, pgx.RowTo[int])
+	if err != nil {
 		return 0, fmt.Errorf("finding the server's processes: %w", err)
 	}
-	cmd, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", backend))
-	if err != nil || !strings.Contains(string(cmd), "postgres") {
+	if !localPostgres(backend) {
 		return 0, errors.New("PostgreSQL does not run on this machine (its backend is not a process here): its CPUs cannot be set")
 	}
-	ppid := parentPID(backend)
-	if ppid <= 1 {
+	ppid, ok := procstat.Parent(backend)
+	if !ok || ppid <= 1 {
 		return 0, fmt.Errorf("finding the postmaster: backend %d has no parent", backend)
 	}
 	return ppid, nil
-}
-
-// parentPID returns the parent of process pid, or 0.
-func parentPID(pid int) int {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0
-	}
-	s := string(b)
-	i := strings.LastIndexByte(s, ')') // the command may hold spaces and parentheses
-	if i < 0 {
-		return 0
-	}
-	f := strings.Fields(s[i+1:])
-	if len(f) < 2 {
-		return 0
-	}
-	ppid, _ := strconv.Atoi(f[1])
-	return ppid
 }
 
 // childrenOf returns the processes whose parent is pid.
@@ -282,7 +259,7 @@ func childrenOf(pid int) []int {
 	var out []int
 	for _, d := range dirs {
 		c, err := strconv.Atoi(filepath.Base(d))
-		if err == nil && parentPID(c) == pid {
+		if ppid, ok := procstat.Parent(c); err == nil && ok && ppid == pid {
 			out = append(out, c)
 		}
 	}
