@@ -289,11 +289,14 @@ func TestRunnerPods(t *testing.T) {
 		Containers:     []corev1.Container{a, b},
 	}})
 
-	// deadline: activeDeadlineSeconds ends it. It is set once the process serves, so has installed
-	// its SIGTERM handler (a SIGTERM before that ends it with 143): a deadline set on a running Pod
-	// applies, as with a kubelet.
+	// deadline: activeDeadlineSeconds ends it. It is set once the Pod is Ready (podtest serves, so
+	// has installed its SIGTERM handler: a SIGTERM before that ends it with 143): a deadline set on
+	// a running Pod applies, as with a kubelet.
+	deadline := podtestContainer("main", "serve", "--listen", ":8080", "--term-delay", "1s")
+	deadline.ReadinessProbe = &corev1.Probe{ProbeHandler: corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Path: "/readyz", Port: intstr.FromString("http")}},
+		PeriodSeconds: 1}
 	create(t, c, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "deadline"}, Spec: corev1.PodSpec{
-		Containers: []corev1.Container{podtestContainer("main", "serve", "--listen", ":8080", "--term-delay", "1s")}}})
+		Containers: []corev1.Container{deadline}}})
 
 	t.Run("secure", func(t *testing.T) {
 		p := eventuallyPod(t, c, "secure", 30*time.Second, "Ready", func(p *corev1.Pod) (bool, string) { return podReady(p), string(p.Status.Phase) })
@@ -542,20 +545,7 @@ func TestRunnerPods(t *testing.T) {
 	})
 
 	t.Run("active-deadline", func(t *testing.T) {
-		serving := eventuallyPod(t, c, "deadline", 30*time.Second, "a Pod IP", func(p *corev1.Pod) (bool, string) {
-			return p.Status.PodIP != "", string(p.Status.Phase)
-		})
-		err := wait.Poll(ctx, 30*time.Second, 100*time.Millisecond, "podtest serving in Pod deadline", func(ctx context.Context) (bool, string, error) {
-			resp, err := http.Get("http://" + serving.Status.PodIP + ":8080/readyz")
-			if err != nil {
-				return false, err.Error(), nil
-			}
-			_ = resp.Body.Close()
-			return resp.StatusCode == http.StatusOK, resp.Status, nil
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
+		eventuallyPod(t, c, "deadline", 30*time.Second, "Ready", func(p *corev1.Pod) (bool, string) { return podReady(p), string(p.Status.Phase) })
 		if _, err := c.Client.CoreV1().Pods(testNS).Patch(ctx, "deadline", types.StrategicMergePatchType,
 			[]byte(`{"spec":{"activeDeadlineSeconds":1}}`), metav1.PatchOptions{}); err != nil {
 			t.Fatalf("setting the running Pod's deadline: %v", err)

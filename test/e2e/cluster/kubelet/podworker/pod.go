@@ -238,24 +238,17 @@ func (w *Worker) enforceDeadline(ctx context.Context) {
 		w.mu.Lock()
 		d, start := w.pod.Spec.ActiveDeadlineSeconds, w.startTime
 		w.mu.Unlock()
-		var expired <-chan time.Time
-		var timer *time.Timer
+		var expired <-chan time.Time // nil, never ready, without a deadline
 		if d != nil && start != nil {
-			timer = time.NewTimer(time.Until(start.Add(time.Duration(*d) * time.Second)))
-			expired = timer.C
+			expired = time.After(time.Until(start.Add(time.Duration(*d) * time.Second)))
 		}
 		select {
 		case <-ctx.Done():
+			return
 		case <-kicked:
 		case <-expired:
 			w.node.Recorder.Eventf(w.currentPod(), corev1.EventTypeWarning, "DeadlineExceeded", "Pod was active on the node longer than the specified deadline")
 			w.setPhase(corev1.PodFailed, "DeadlineExceeded", "Pod was active on the node longer than the specified deadline")
-			return
-		}
-		if timer != nil {
-			timer.Stop()
-		}
-		if ctx.Err() != nil {
 			return
 		}
 	}
