@@ -330,13 +330,9 @@ type querier interface {
 	Query(context.Context, string, ...any) (pgx.Rows, error)
 }
 
-// queryRows runs a query returning (ordinality, row columns) and hands each row to fn with its
-// 0-based ordinality.
-func queryRows(ctx context.Context, q querier, fn func(i int, r schedule.Row), sql string, args ...any) error {
-	rows, err := q.Query(ctx, sql, args...)
-	if err != nil {
-		return err
-	}
+// scanRows reads a result of (ordinality, row columns) and hands each row to fn with its 0-based
+// ordinality. It closes rows.
+func scanRows(rows pgx.Rows, fn func(i int, r schedule.Row)) error {
 	defer rows.Close()
 	for rows.Next() {
 		var i int64
@@ -349,12 +345,33 @@ func queryRows(ctx context.Context, q querier, fn func(i int, r schedule.Row), s
 	return rows.Err()
 }
 
-// commitGroup writes a group of completions in one transaction. Keys completed more than once in
-// the group are written in rounds (one UPDATE per round, each key at most once per round), in
-// arrival order, so each write gets its own rev and the last one wins.
-func (s *Store) commitGroup(batch []*completeReq) {
-	type ref struct{ req, item int }
-	var rounds [][]ref
+// queryRows runs a query returning (ordinality, row columns) and hands each row to fn with its
+// 0-based ordinality.
+func queryRows(ctx context.Context, q querier, fn func(i int, r schedule.Row), sql string, args ...any) error {
+	rows, err := q.Query(ctx, sql, args...)
+	if err != nil {
+		return err
+	}
+	return scanRows(rows, fn)
+}
+
+// groupRef is one item of a group commit: its request and its place in the request.
+type groupRef struct{ req, item int }
+
+// groupRound is one UPDATE of a group commit: each key at most once, in key order, with the
+// statement's arguments.
+type groupRound struct {
+	refs []groupRef
+	keys []string
+	dues []pgtype.Timestamptz
+	revs []int64
+}
+
+// groupRounds cuts a group into rounds: keys completed more than once in the group are written
+// in rounds (one UPDATE per round, each key at most once per round), in arrival order, so each
+// write gets its own rev and the last one wins. It also sizes each request's results.
+func groupRounds(batch []*completeReq) []groupRound {
+	var rounds []groupRound
 	round := make(map[string]int)
 	for ri, req := range batch {
 		req.res = make([]store.CompleteResult, len(req.items))
@@ -362,90 +379,143 @@ func (s *Store) commitGroup(batch []*completeReq) {
 			k := round[it.Key]
 			round[it.Key] = k + 1
 			if k == len(rounds) {
-				rounds = append(rounds, nil)
+				rounds = append(rounds, groupRound{})
 			}
-			rounds[k] = append(rounds[k], ref{ri, ii})
+			rounds[k].refs = append(rounds[k].refs, groupRef{ri, ii})
 		}
 	}
-	// Each round's rows are locked in key order, as Upsert and Delete lock theirs: writers that
-	// take the locks of several rows in one order cannot deadlock one another.
-	for _, rd := range rounds {
-		slices.SortFunc(rd, func(a, b ref) int {
+	for i := range rounds {
+		rd := &rounds[i]
+		// Each round's rows are locked in key order, as Upsert and Delete lock theirs: writers
+		// that take the locks of several rows in one order cannot deadlock one another.
+		slices.SortFunc(rd.refs, func(a, b groupRef) int {
 			return strings.Compare(batch[a.req].items[a.item].Key, batch[b.req].items[b.item].Key)
 		})
+		rd.keys = make([]string, len(rd.refs))
+		rd.dues = make([]pgtype.Timestamptz, len(rd.refs))
+		rd.revs = make([]int64, len(rd.refs))
+		for j, rf := range rd.refs {
+			it := batch[rf.req].items[rf.item]
+			rd.keys[j], rd.dues[j], rd.revs[j] = it.Key, timestamptz(it.Due, true), it.Rev
+		}
 	}
+	return rounds
+}
+
+// commitGroup writes a group of completions in one transaction (see groupRounds for keys that
+// come more than once).
+//
+// A group of one round, the usual case, is one message flight: the quiet setting (when the group
+// is quiet) and the UPDATE are sent together as a pipeline, and the Sync that ends it commits
+// both as one implicit transaction. So the group's connection never waits on this process
+// between BEGIN, the setting, the UPDATE and COMMIT, each a round trip before, which left the
+// database idle while this process, busy with its clients, came round to send the next one. The
+// rows a rev-checked write left alone are read after the commit, in a statement of their own
+// (rare: a row changed since its claim).
+func (s *Store) commitGroup(batch []*completeReq) {
+	rounds := groupRounds(batch)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	quiet, quietPID := s.quietFor()
-	attempt := 0
 	lostConn := false // the previous attempt failed with its connection: it may have committed
-	run := func(q querier) error {
-		for _, rd := range rounds {
-			keys := make([]string, len(rd))
-			dues := make([]pgtype.Timestamptz, len(rd))
-			revs := make([]int64, len(rd))
-			for j, rf := range rd {
-				it := batch[rf.req].items[rf.item]
-				keys[j], dues[j], revs[j] = it.Key, timestamptz(it.Due, true), it.Rev
+	// written records the rows a round wrote; readChanged reads the rows of its rev-checked
+	// items that it did not write: missing rows, or rows whose rev moved
+	written := func(rd *groupRound, done []bool) func(j int, r schedule.Row) {
+		return func(j int, r schedule.Row) {
+			done[j] = true
+			batch[rd.refs[j].req].res[rd.refs[j].item] = store.CompleteResult{Row: r, Found: true}
+		}
+	}
+	readChanged := func(q querier, rd *groupRound, done []bool) error {
+		var changed []int
+		for j := range rd.refs {
+			if !done[j] && rd.revs[j] != 0 {
+				changed = append(changed, j)
 			}
-			written := make([]bool, len(rd))
-			err := queryRows(ctx, q, func(j int, r schedule.Row) {
-				written[j] = true
-				batch[rd[j].req].res[rd[j].item] = store.CompleteResult{Row: r, Found: true}
-			}, completeSQL, keys, dues, revs)
-			if err != nil {
+		}
+		if len(changed) == 0 {
+			return nil
+		}
+		ckeys := make([]string, len(changed))
+		for k, j := range changed {
+			ckeys[k] = rd.keys[j]
+		}
+		return queryRows(ctx, q, func(k int, r schedule.Row) {
+			rf := rd.refs[changed[k]]
+			it := batch[rf.req].items[rf.item]
+			// On the retry, a row already as this completion writes it was written by the
+			// first attempt, whose answer was lost with its connection.
+			ours := lostConn && !r.Urgent && r.HasDue && r.Due.Equal(it.Due.Truncate(time.Microsecond))
+			batch[rf.req].res[rf.item] = store.CompleteResult{Row: r, Found: true, Changed: !ours}
+		}, changedSQL, ckeys)
+	}
+	// inTx writes every round in the transaction of q, each followed by its changed rows.
+	inTx := func(q querier) error {
+		for i := range rounds {
+			rd := &rounds[i]
+			done := make([]bool, len(rd.refs))
+			if err := queryRows(ctx, q, written(rd, done), completeSQL, rd.keys, rd.dues, rd.revs); err != nil {
 				return err
 			}
-			var changed []int // rev-checked items not written: missing rows, or rows whose rev moved
-			for j := range rd {
-				if !written[j] && revs[j] != 0 {
-					changed = append(changed, j)
-				}
-			}
-			if len(changed) == 0 {
-				continue
-			}
-			ckeys := make([]string, len(changed))
-			for k, j := range changed {
-				ckeys[k] = keys[j]
-			}
-			err = queryRows(ctx, q, func(k int, r schedule.Row) {
-				rf := rd[changed[k]]
-				it := batch[rf.req].items[rf.item]
-				// On the retry, a row already as this completion writes it was written by the
-				// first attempt, whose answer was lost with its connection.
-				ours := lostConn && !r.Urgent && r.HasDue && r.Due.Equal(it.Due.Truncate(time.Microsecond))
-				batch[rf.req].res[rf.item] = store.CompleteResult{Row: r, Found: true, Changed: !ours}
-			}, changedSQL, ckeys)
-			if err != nil {
+			if err := readChanged(q, rd, done); err != nil {
 				return err
 			}
 		}
 		return nil
+	}
+	pipelined := func() error {
+		rd := &rounds[0]
+		done := make([]bool, len(rd.refs))
+		b := &pgx.Batch{}
+		if quiet != nil {
+			b.Queue(quietSQL, strconv.FormatUint(uint64(quietPID), 10))
+		}
+		b.Queue(completeSQL, rd.keys, rd.dues, rd.revs)
+		br := s.pool.SendBatch(ctx, b)
+		err := func() error {
+			if quiet != nil {
+				if _, err := br.Exec(); err != nil {
+					return err
+				}
+			}
+			rows, err := br.Query()
+			if err != nil {
+				return err
+			}
+			return scanRows(rows, written(rd, done))
+		}()
+		// Close reads what is left up to the Sync's answer: the commit's outcome
+		if cerr := br.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			return err
+		}
+		return readChanged(s.pool, rd, done)
 	}
 	// A group that fails on a connection error (a killed backend, a failover) is written once
 	// more on another connection. A first attempt that committed before its answer was lost does
 	// no harm: an unchecked completion writes the same again, and a rev-checked one finds the rev
 	// moved and the row as it wrote it, which counts as written.
 	var err error
-	for attempt = 1; ; attempt++ {
+	for attempt := 1; ; attempt++ {
 		for _, req := range batch {
 			for ii, it := range req.items {
 				req.res[ii] = store.CompleteResult{Row: schedule.Row{Key: it.Key}}
 			}
 		}
 		switch {
+		case len(rounds) == 1:
+			err = pipelined()
 		case quiet != nil:
 			err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 				if _, err := tx.Exec(ctx, quietSQL, strconv.FormatUint(uint64(quietPID), 10)); err != nil {
 					return err
 				}
-				return run(tx)
+				return inTx(tx)
 			})
-		case len(rounds) == 1:
-			err = run(s.pool) // one statement: its own transaction
 		default:
-			err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error { return run(tx) })
+			err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error { return inTx(tx) })
 		}
 		if err == nil || attempt == 2 || ctx.Err() != nil {
 			break

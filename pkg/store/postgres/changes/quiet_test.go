@@ -167,6 +167,38 @@ func TestQuietCompletions(t *testing.T) {
 	}
 }
 
+// TestQuietSettingEndsWithTheGroup: a quiet group commit's setting lasts for its own transaction
+// only (its statements go to the server as one pipeline, committed by the Sync that ends it): no
+// connection of the pool keeps it afterwards, where a later write would go quiet with it.
+func TestQuietSettingEndsWithTheGroup(t *testing.T) {
+	st, _ := openTestStore(t, postgres.Options{QuietCompletions: true})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	w, a, sub := rowThenSubscription(ctx, t, st)
+	listenerPID(t, sub)
+	for range 3 {
+		complete(t, st, a, w.in(700))
+	}
+	conns := st.Pool().AcquireAllIdle(ctx)
+	defer func() {
+		for _, c := range conns {
+			c.Release()
+		}
+	}()
+	if len(conns) == 0 {
+		t.Fatal("no idle connection in the pool")
+	}
+	for _, c := range conns {
+		var v *string
+		if err := c.QueryRow(ctx, `SELECT current_setting('renderqueue.quiet_for', true)`).Scan(&v); err != nil {
+			t.Fatal(err)
+		}
+		if v != nil && *v != "" {
+			t.Fatalf("backend %d: renderqueue.quiet_for is %q after the group commits", c.Conn().PgConn().PID(), *v)
+		}
+	}
+}
+
 // TestRegistrationWaitsForQuietWrites: a listener recording its slots waits until a quiet write
 // that decided, before the record, to send no events has committed — so a walk that starts after
 // the registration reads that write — and the write indeed sent no event.
