@@ -30,35 +30,47 @@ func decodeRow(vals [][]byte, keys *columns.Strings, routes columns.Interner, r 
 	if len(vals) != 8 {
 		return fmt.Errorf("row has %d columns, want 8", len(vals))
 	}
-	if vals[0] == nil || len(vals[1]) != 8 || len(vals[3]) != 8 || len(vals[6]) != 1 || len(vals[7]) != 8 {
-		return fmt.Errorf("malformed row (column sizes %d,%d,%d,%d,%d,%d,%d,%d)",
-			len(vals[0]), len(vals[1]), len(vals[2]), len(vals[3]), len(vals[4]), len(vals[5]), len(vals[6]), len(vals[7]))
+	if vals[0] == nil {
+		return fmt.Errorf("malformed row (a NULL key)")
 	}
 	r.Key = keys.Get(vals[0])
-	r.KeyHash = int64(binary.BigEndian.Uint64(vals[1]))
-	switch len(vals[2]) {
+	return decodeAfterKey(vals[1:], routes, r)
+}
+
+// decodeAfterKey decodes the binary-format columns of rowColumns after key (7 of them) into r,
+// whose Key is set already.
+func decodeAfterKey(vals [][]byte, routes columns.Interner, r *schedule.Row) error {
+	if len(vals) != 7 {
+		return fmt.Errorf("key %q: %d columns after the key, want 7", r.Key, len(vals))
+	}
+	if len(vals[0]) != 8 || len(vals[2]) != 8 || len(vals[5]) != 1 || len(vals[6]) != 8 {
+		return fmt.Errorf("key %q: malformed row (column sizes after the key %d,%d,%d,%d,%d,%d,%d)", r.Key,
+			len(vals[0]), len(vals[1]), len(vals[2]), len(vals[3]), len(vals[4]), len(vals[5]), len(vals[6]))
+	}
+	r.KeyHash = int64(binary.BigEndian.Uint64(vals[0]))
+	switch len(vals[1]) {
 	case 8:
-		r.Due = pgMicrosToTime(int64(binary.BigEndian.Uint64(vals[2])))
+		r.Due = pgMicrosToTime(int64(binary.BigEndian.Uint64(vals[1])))
 		r.HasDue = true
 	default:
-		if vals[2] != nil {
-			return fmt.Errorf("key %q: malformed due_at (%d bytes)", r.Key, len(vals[2]))
+		if vals[1] != nil {
+			return fmt.Errorf("key %q: malformed due_at (%d bytes)", r.Key, len(vals[1]))
 		}
 		r.Due = time.Time{}
 		r.HasDue = false
 	}
-	r.Cadence = columns.CadenceFromMillis(int64(binary.BigEndian.Uint64(vals[3])))
-	r.Route = routes.Get(vals[4])
-	switch string(vals[5]) {
+	r.Cadence = columns.CadenceFromMillis(int64(binary.BigEndian.Uint64(vals[2])))
+	r.Route = routes.Get(vals[3])
+	switch string(vals[4]) {
 	case "submitted":
 		r.Source = schedule.SourceSubmitted
 	case "discovered":
 		r.Source = schedule.SourceDiscovered
 	default:
-		return fmt.Errorf("key %q: unknown source %q", r.Key, vals[5])
+		return fmt.Errorf("key %q: unknown source %q", r.Key, vals[4])
 	}
-	r.Urgent = vals[6][0] != 0
-	r.Rev = int64(binary.BigEndian.Uint64(vals[7]))
+	r.Urgent = vals[5][0] != 0
+	r.Rev = int64(binary.BigEndian.Uint64(vals[6]))
 	return nil
 }
 

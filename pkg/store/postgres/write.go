@@ -2,6 +2,7 @@ package postgres
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"slices"
@@ -28,11 +29,14 @@ RETURNING ` + rowColumns
 
 // completeSQL completes a batch of distinct keys, each only while its row is at the rev given
 // (0: any rev). The ordinality column maps results back. It stamps the fresh rev itself, which
-// spares each row the PL/pgSQL rev trigger (migrations/0003_writer_rev.sql).
+// spares each row the PL/pgSQL rev trigger (migrations/0003_writer_rev.sql). It returns the
+// written rows without their keys (the writer has them): half the bytes of a row, so that the
+// result of a large group mostly fits in the socket's buffer and the backend seldom waits for
+// this process to read it (decodeAfterKey reads the columns after the ordinality).
 const completeSQL = `UPDATE render_schedule AS r SET due_at = c.due, urgent = false, rev = nextval('render_schedule_rev_seq')
 FROM unnest($1::text[], $2::timestamptz[], $3::bigint[]) WITH ORDINALITY AS c(key, due, rev, i)
 WHERE r.key = c.key AND (c.rev = 0 OR r.rev = c.rev)
-RETURNING c.i, r.key, r.key_hash, r.due_at, r.cadence_ms, r.route, r.source, r.urgent, r.rev`
+RETURNING c.i, r.key_hash, r.due_at, r.cadence_ms, r.route, r.source, r.urgent, r.rev`
 
 // changedSQL reads the rows a rev-checked completion left alone.
 const changedSQL = `SELECT c.i, r.key, r.key_hash, r.due_at, r.cadence_ms, r.route, r.source, r.urgent, r.rev
@@ -330,9 +334,13 @@ type querier interface {
 	Query(context.Context, string, ...any) (pgx.Rows, error)
 }
 
-// scanRows reads a result of (ordinality, row columns) and hands each row to fn with its 0-based
-// ordinality. It closes rows.
-func scanRows(rows pgx.Rows, fn func(i int, r schedule.Row)) error {
+// queryRows runs a query returning (ordinality, row columns) and hands each row to fn with its
+// 0-based ordinality.
+func queryRows(ctx context.Context, q querier, fn func(i int, r schedule.Row), sql string, args ...any) error {
+	rows, err := q.Query(ctx, sql, args...)
+	if err != nil {
+		return err
+	}
 	defer rows.Close()
 	for rows.Next() {
 		var i int64
@@ -345,14 +353,33 @@ func scanRows(rows pgx.Rows, fn func(i int, r schedule.Row)) error {
 	return rows.Err()
 }
 
-// queryRows runs a query returning (ordinality, row columns) and hands each row to fn with its
-// 0-based ordinality.
-func queryRows(ctx context.Context, q querier, fn func(i int, r schedule.Row), sql string, args ...any) error {
-	rows, err := q.Query(ctx, sql, args...)
-	if err != nil {
-		return err
+// scanCompleted reads completeSQL's result for the keys of the statement: it hands each written
+// row to fn with its 0-based ordinality. It closes rows.
+func scanCompleted(rows pgx.Rows, keys []string, fn func(i int, r schedule.Row)) error {
+	defer rows.Close()
+	// every column but the text ones must come in binary format
+	for k, f := range rows.FieldDescriptions() {
+		if f.Format != pgx.BinaryFormatCode && k != 4 && k != 5 {
+			return fmt.Errorf("column %s of the completion's result is not in binary format", f.Name)
+		}
 	}
-	return scanRows(rows, fn)
+	routes := columns.Interner{}
+	for rows.Next() {
+		vals := rows.RawValues()
+		if len(vals) != 8 || len(vals[0]) != 8 {
+			return fmt.Errorf("malformed completion result (%d columns)", len(vals))
+		}
+		i := int64(binary.BigEndian.Uint64(vals[0])) - 1
+		if i < 0 || i >= int64(len(keys)) {
+			return fmt.Errorf("the database returned ordinality %d for a statement of %d keys", i+1, len(keys))
+		}
+		r := schedule.Row{Key: keys[i]}
+		if err := decodeAfterKey(vals[1:], routes, &r); err != nil {
+			return err
+		}
+		fn(int(i), r)
+	}
+	return rows.Err()
 }
 
 // groupRef is one item of a group commit: its request and its place in the request.
@@ -454,7 +481,11 @@ func (s *Store) commitGroup(batch []*completeReq) {
 		for i := range rounds {
 			rd := &rounds[i]
 			done := make([]bool, len(rd.refs))
-			if err := queryRows(ctx, q, written(rd, done), completeSQL, rd.keys, rd.dues, rd.revs); err != nil {
+			rows, err := q.Query(ctx, completeSQL, rd.keys, rd.dues, rd.revs)
+			if err != nil {
+				return err
+			}
+			if err := scanCompleted(rows, rd.keys, written(rd, done)); err != nil {
 				return err
 			}
 			if err := readChanged(q, rd, done); err != nil {
@@ -482,7 +513,7 @@ func (s *Store) commitGroup(batch []*completeReq) {
 			if err != nil {
 				return err
 			}
-			return scanRows(rows, written(rd, done))
+			return scanCompleted(rows, rd.keys, written(rd, done))
 		}()
 		// Close reads what is left up to the Sync's answer: the commit's outcome
 		if cerr := br.Close(); err == nil {
