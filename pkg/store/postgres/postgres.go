@@ -23,7 +23,9 @@
 //   - Completions are group-committed: concurrent Complete calls are merged into one UPDATE
 //     (one transaction, so one notifying commit), flushed when Options.FlushRows items are waiting
 //     or Options.FlushDelay after the first one arrived; up to Options.CommitConns groups commit
-//     at once (never two with a key in common).
+//     at once (never two with a key in common). A group is one message flight to the server (its
+//     statements pipelined, committed by the Sync that ends them), and its rows come back
+//     without their keys, so its connection seldom waits on this process.
 package postgres
 
 import (
