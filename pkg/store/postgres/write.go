@@ -357,7 +357,8 @@ func queryRows(ctx context.Context, q querier, fn func(i int, r schedule.Row), s
 // row to fn with its 0-based ordinality. It closes rows.
 func scanCompleted(rows pgx.Rows, keys []string, fn func(i int, r schedule.Row)) error {
 	defer rows.Close()
-	// every column but the text ones must come in binary format
+	// every column must come in binary format but route and source (4, 5): text, whose two
+	// formats are the same bytes
 	for k, f := range rows.FieldDescriptions() {
 		if f.Format != pgx.BinaryFormatCode && k != 4 && k != 5 {
 			return fmt.Errorf("column %s of the completion's result is not in binary format", f.Name)
@@ -366,8 +367,11 @@ func scanCompleted(rows pgx.Rows, keys []string, fn func(i int, r schedule.Row))
 	routes := columns.Interner{}
 	for rows.Next() {
 		vals := rows.RawValues()
-		if len(vals) != 8 || len(vals[0]) != 8 {
-			return fmt.Errorf("malformed completion result (%d columns)", len(vals))
+		if len(vals) != 8 {
+			return fmt.Errorf("malformed completion result: %d columns, want 8", len(vals))
+		}
+		if len(vals[0]) != 8 {
+			return fmt.Errorf("malformed completion result: an ordinality of %d bytes", len(vals[0]))
 		}
 		i := int64(binary.BigEndian.Uint64(vals[0])) - 1
 		if i < 0 || i >= int64(len(keys)) {
