@@ -25,7 +25,7 @@
 //     or Options.FlushDelay after the first one arrived; up to Options.CommitConns groups commit
 //     at once (never two with a key in common). A group is one message flight to the server (its
 //     statements pipelined, committed by the Sync that ends them), and its rows come back
-//     without their keys, so its connection seldom waits on this process.
+//     without their keys, so its connection waits less on this process.
 package postgres
 
 import (
