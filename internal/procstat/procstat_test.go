@@ -31,7 +31,7 @@ func TestCPUOfThisProcess(t *testing.T) {
 
 }
 
-// TestMachine: the machine's times are read, and busy and stolen time are parts of the total.
+// TestParent: this process's parent is read; a process that does not exist has none.
 func TestParent(t *testing.T) {
 	if _, err := os.Stat("/proc/self/stat"); err != nil {
 		t.Skip("no /proc here")
@@ -44,6 +44,7 @@ func TestParent(t *testing.T) {
 	}
 }
 
+// TestMachine: the machine's times are read, and busy and stolen time are parts of the total.
 func TestMachine(t *testing.T) {
 	m, ok := Machine()
 	if !ok {

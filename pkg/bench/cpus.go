@@ -259,7 +259,10 @@ func childrenOf(pid int) []int {
 	var out []int
 	for _, d := range dirs {
 		c, err := strconv.Atoi(filepath.Base(d))
-		if ppid, ok := procstat.Parent(c); err == nil && ok && ppid == pid {
+		if err != nil {
+			continue
+		}
+		if ppid, ok := procstat.Parent(c); ok && ppid == pid {
 			out = append(out, c)
 		}
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/renderqueue/renderqueue/pkg/schedule"
 	"github.com/renderqueue/renderqueue/pkg/store"
@@ -330,14 +331,9 @@ func (s *Store) drainCommits() {
 	}
 }
 
-// querier runs a query on the pool or in a transaction.
-type querier interface {
-	Query(context.Context, string, ...any) (pgx.Rows, error)
-}
-
 // queryRows runs a query returning (ordinality, row columns) and hands each row to fn with its
 // 0-based ordinality.
-func queryRows(ctx context.Context, q querier, fn func(i int, r schedule.Row), sql string, args ...any) error {
+func queryRows(ctx context.Context, q *pgxpool.Pool, fn func(i int, r schedule.Row), sql string, args ...any) error {
 	rows, err := q.Query(ctx, sql, args...)
 	if err != nil {
 		return err
@@ -437,28 +433,22 @@ func groupRounds(batch []*completeReq) []groupRound {
 // commitGroup writes a group of completions in one transaction (see groupRounds for keys that
 // come more than once).
 //
-// A group of one round, the usual case, is one message flight: the quiet setting (when the group
-// is quiet) and the UPDATE are sent together as a pipeline, and the Sync that ends it commits
-// both as one implicit transaction. So the group's connection never waits on this process
-// between BEGIN, the setting, the UPDATE and COMMIT, each a round trip before, which left the
-// database idle while this process, busy with its clients, came round to send the next one. The
-// rows a rev-checked write left alone are read after the commit, in a statement of their own
-// (rare: a row changed since its claim).
+// A group is one message flight: the quiet setting (when the group is quiet) and each round's
+// UPDATE are sent together as a pipeline, and the Sync that ends it commits them as one implicit
+// transaction (an error in any rolls back all). So the group's connection never waits on this
+// process between BEGIN, the setting, the UPDATEs and COMMIT, each a round trip before, which
+// left the database idle while this process, busy with its clients, came round to send the next
+// one. The rows a rev-checked write left alone are read after the commit, in a statement of
+// their own (rare: a row changed since its claim): the row as stored then.
 func (s *Store) commitGroup(batch []*completeReq) {
 	rounds := groupRounds(batch)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	quiet, quietPID := s.quietFor()
 	lostConn := false // the previous attempt failed with its connection: it may have committed
-	// written records the rows a round wrote; readChanged reads the rows of its rev-checked
-	// items that it did not write: missing rows, or rows whose rev moved
-	written := func(rd *groupRound, done []bool) func(j int, r schedule.Row) {
-		return func(j int, r schedule.Row) {
-			done[j] = true
-			batch[rd.refs[j].req].res[rd.refs[j].item] = store.CompleteResult{Row: r, Found: true}
-		}
-	}
-	readChanged := func(q querier, rd *groupRound, done []bool) error {
+	// readChanged reads the rows of a round's rev-checked items that it did not write (done):
+	// missing rows, or rows whose rev moved
+	readChanged := func(rd *groupRound, done []bool) error {
 		var changed []int
 		for j := range rd.refs {
 			if !done[j] && rd.revs[j] != 0 {
@@ -472,7 +462,7 @@ func (s *Store) commitGroup(batch []*completeReq) {
 		for k, j := range changed {
 			ckeys[k] = rd.keys[j]
 		}
-		return queryRows(ctx, q, func(k int, r schedule.Row) {
+		return queryRows(ctx, s.pool, func(k int, r schedule.Row) {
 			rf := rd.refs[changed[k]]
 			it := batch[rf.req].items[rf.item]
 			// On the retry, a row already as this completion writes it was written by the
@@ -481,32 +471,15 @@ func (s *Store) commitGroup(batch []*completeReq) {
 			batch[rf.req].res[rf.item] = store.CompleteResult{Row: r, Found: true, Changed: !ours}
 		}, changedSQL, ckeys)
 	}
-	// inTx writes every round in the transaction of q, each followed by its changed rows.
-	inTx := func(q querier) error {
-		for i := range rounds {
-			rd := &rounds[i]
-			done := make([]bool, len(rd.refs))
-			rows, err := q.Query(ctx, completeSQL, rd.keys, rd.dues, rd.revs)
-			if err != nil {
-				return err
-			}
-			if err := scanCompleted(rows, rd.keys, written(rd, done)); err != nil {
-				return err
-			}
-			if err := readChanged(q, rd, done); err != nil {
-				return err
-			}
-		}
-		return nil
-	}
-	pipelined := func() error {
-		rd := &rounds[0]
-		done := make([]bool, len(rd.refs))
+	write := func() error {
 		b := &pgx.Batch{}
 		if quiet != nil {
 			b.Queue(quietSQL, strconv.FormatUint(uint64(quietPID), 10))
 		}
-		b.Queue(completeSQL, rd.keys, rd.dues, rd.revs)
+		for _, rd := range rounds {
+			b.Queue(completeSQL, rd.keys, rd.dues, rd.revs)
+		}
+		done := make([][]bool, len(rounds)) // done[i][j]: round i wrote its item j
 		br := s.pool.SendBatch(ctx, b)
 		err := func() error {
 			if quiet != nil {
@@ -514,11 +487,21 @@ func (s *Store) commitGroup(batch []*completeReq) {
 					return err
 				}
 			}
-			rows, err := br.Query()
-			if err != nil {
-				return err
+			for i := range rounds {
+				rd := &rounds[i]
+				done[i] = make([]bool, len(rd.refs))
+				rows, err := br.Query()
+				if err != nil {
+					return err
+				}
+				if err := scanCompleted(rows, rd.keys, func(j int, r schedule.Row) {
+					done[i][j] = true
+					batch[rd.refs[j].req].res[rd.refs[j].item] = store.CompleteResult{Row: r, Found: true}
+				}); err != nil {
+					return err
+				}
 			}
-			return scanCompleted(rows, rd.keys, written(rd, done))
+			return nil
 		}()
 		// Close reads what is left up to the Sync's answer: the commit's outcome
 		if cerr := br.Close(); err == nil {
@@ -527,7 +510,12 @@ func (s *Store) commitGroup(batch []*completeReq) {
 		if err != nil {
 			return err
 		}
-		return readChanged(s.pool, rd, done)
+		for i := range rounds {
+			if err := readChanged(&rounds[i], done[i]); err != nil {
+				return err
+			}
+		}
+		return nil
 	}
 	// A group that fails on a connection error (a killed backend, a failover) is written once
 	// more on another connection. A first attempt that committed before its answer was lost does
@@ -540,19 +528,7 @@ func (s *Store) commitGroup(batch []*completeReq) {
 				req.res[ii] = store.CompleteResult{Row: schedule.Row{Key: it.Key}}
 			}
 		}
-		switch {
-		case len(rounds) == 1:
-			err = pipelined()
-		case quiet != nil:
-			err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-				if _, err := tx.Exec(ctx, quietSQL, strconv.FormatUint(uint64(quietPID), 10)); err != nil {
-					return err
-				}
-				return inTx(tx)
-			})
-		default:
-			err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error { return inTx(tx) })
-		}
+		err = write()
 		if err == nil || attempt == 2 || ctx.Err() != nil {
 			break
 		}
