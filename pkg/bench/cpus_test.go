@@ -2,8 +2,13 @@ package bench
 
 import (
 	"errors"
+	"fmt"
 	"os"
+	"os/exec"
+	"runtime"
 	"slices"
+	"strings"
+	"sync"
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -105,6 +110,36 @@ func TestPinCPUs(t *testing.T) {
 	if set, err := parseCPUList(self); err != nil || slices.Contains(set, 0) {
 		t.Errorf("this process may use CPUs %q after the placement, want not 0", self)
 	}
+	// threads started during the placement (as the keeper's and the workers' are): goroutines
+	// that hold their thread while they wait make the runtime start new ones
+	threadsBefore := threadsOf(os.Getpid())
+	release := make(chan struct{})
+	var held sync.WaitGroup
+	for range 4 {
+		held.Add(1)
+		go func() {
+			runtime.LockOSThread()
+			defer runtime.UnlockOSThread()
+			held.Done()
+			<-release
+		}()
+	}
+	held.Wait()
+	defer close(release)
+	var started []int
+	for _, tid := range threadsOf(os.Getpid()) {
+		if !slices.Contains(threadsBefore, tid) {
+			started = append(started, tid)
+		}
+	}
+	if len(started) == 0 {
+		t.Fatal("no thread was started during the placement: the test cannot check their restore")
+	}
+	for _, tid := range started {
+		if got := allowedCPUs(tid); got != self {
+			t.Errorf("thread %d started during the placement may use CPUs %q, want this process's %q", tid, got, self)
+		}
+	}
 	if err := p.restore(); err != nil {
 		t.Fatal(err)
 	}
@@ -114,10 +149,52 @@ func TestPinCPUs(t *testing.T) {
 			t.Errorf("after restore thread %d of this process may use CPUs %q, want %q as before", tid, got, selfBefore)
 		}
 	}
+	for _, tid := range started {
+		if got := allowedCPUs(tid); got != selfBefore {
+			t.Errorf("after restore thread %d, started during the placement, may use CPUs %q, want %q as before", tid, got, selfBefore)
+		}
+	}
 	if got := allowedCPUs(postmaster); got != postmasterBefore {
 		t.Errorf("after restore the postmaster may use CPUs %q, want %q as before", got, postmasterBefore)
 	}
 	if got := allowedCPUs(backend); got != postmasterBefore {
 		t.Errorf("after restore the backend started during the placement may use CPUs %q, want the postmaster's %q", got, postmasterBefore)
 	}
+}
+
+// TestRestoreReportsFailures: a thread that is gone is skipped, a CPU set the kernel refuses is
+// an error naming the thread.
+func TestRestoreReportsFailures(t *testing.T) {
+	var mine unix.CPUSet
+	if err := unix.SchedGetaffinity(0, &mine); err != nil {
+		t.Fatal(err)
+	}
+	gone := exitedPID(t)
+	p := &pinned{old: map[int]unix.CPUSet{
+		gone:        mine, // ended: skipped
+		os.Getpid(): {},   // no CPU at all: EINVAL, nothing changes
+	}, postmaster: gone}
+	err := p.restore()
+	if err == nil {
+		t.Fatal("restore with an empty CPU set: want an error")
+	}
+	if !errors.Is(err, unix.EINVAL) || !strings.Contains(err.Error(), fmt.Sprintf("thread %d", os.Getpid())) {
+		t.Errorf("restore: %v, want EINVAL naming thread %d", err, os.Getpid())
+	}
+	if strings.Contains(err.Error(), fmt.Sprintf("thread %d", gone)) {
+		t.Errorf("restore: %v, want the ended thread %d skipped", err, gone)
+	}
+	if got := allowedCPUs(os.Getpid()); got == "" {
+		t.Errorf("the main thread's CPUs cannot be read after a refused restore")
+	}
+}
+
+// exitedPID returns the pid of a process that has ended and been reaped.
+func exitedPID(t *testing.T) int {
+	t.Helper()
+	cmd := exec.Command("true")
+	if err := cmd.Run(); err != nil {
+		t.Skipf("cannot run a process: %v", err)
+	}
+	return cmd.Process.Pid
 }
