@@ -200,7 +200,7 @@ func triggerCost(ctx context.Context, pool *pgxpool.Pool, rows, batch, rounds in
 		}
 		start := time.Now()
 		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-			_, err := tx.Exec(ctx, `UPDATE render_schedule AS r SET due_at = c.due, urgent = false
+			_, err := tx.Exec(ctx, `UPDATE render_schedule AS r SET due_at = c.due, urgent = false, rev = nextval('render_schedule_rev_seq')
 				FROM unnest($1::text[], $2::timestamptz[]) AS c(key, due) WHERE r.key = c.key`, keys, dues)
 			return err
 		})

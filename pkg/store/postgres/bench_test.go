@@ -306,7 +306,9 @@ func BenchmarkHOT(b *testing.B) {
 // and the wall time per row. The variants take apart what a completion costs the database:
 //
 //	shipped           the statement and schema as they are
-//	rev-trigger       the statement leaves rev to the PL/pgSQL row trigger (before schema 3)
+//	rev-trigger       the statement leaves rev to the triggers: before schema 3 a PL/pgSQL row
+//	                  trigger stamped it; since schema 8 the rows are written again after the
+//	                  statement, with fresh revs
 //	no-notify         the change-event trigger builds and signs its payloads but sends none
 //	                  (what pg_notify costs, by difference with shipped)
 //	empty-trigger     the change-event trigger does nothing: the statement still collects its

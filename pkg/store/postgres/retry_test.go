@@ -47,19 +47,26 @@ func blockCompletions(t testing.TB, st *Store, dsn, key string) *completeBlocker
 // waitBlocked waits until a group commit waits on the lock and returns its backend's pid.
 func (b *completeBlocker) waitBlocked() int {
 	b.t.Helper()
+	return lockWaiter(b.t, b.st, "UPDATE render_schedule AS r SET due_at%")
+}
+
+// lockWaiter waits until a backend of st's database running a query LIKE pattern waits for a
+// lock, and returns its pid.
+func lockWaiter(t testing.TB, st *Store, pattern string) int {
+	t.Helper()
 	deadline := time.Now().Add(20 * time.Second)
 	for {
 		var pid int
-		err := b.st.pool.QueryRow(context.Background(), `SELECT pid FROM pg_stat_activity
-			WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE 'UPDATE render_schedule AS r SET due_at%'`).Scan(&pid)
+		err := st.pool.QueryRow(context.Background(), `SELECT pid FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE $1`, pattern).Scan(&pid)
 		if err == nil {
 			return pid
 		}
 		if !errors.Is(err, pgx.ErrNoRows) {
-			b.t.Fatal(err)
+			t.Fatal(err)
 		}
 		if time.Now().After(deadline) {
-			b.t.Fatal("no group commit waited on the lock")
+			t.Fatalf("no query %q waited on a lock", pattern)
 		}
 		time.Sleep(5 * time.Millisecond)
 	}

@@ -21,20 +21,23 @@ import (
 	"github.com/renderqueue/renderqueue/pkg/store/postgres/internal/columns"
 )
 
+// upsertSQL inserts rows (the insert trigger stamps their revs) or updates existing ones, stamping
+// the fresh rev itself: an update that left rev alone would be written again after the statement
+// for its rev (migrations/0008_after_row_rev.sql), and RETURNING would show the old one.
 const upsertSQL = `INSERT INTO render_schedule AS r (key, due_at, cadence_ms, route, source, urgent)
 SELECT * FROM unnest($1::text[], $2::timestamptz[], $3::bigint[], $4::text[], $5::text[], $6::boolean[])
 ON CONFLICT (key) DO UPDATE SET
     due_at = EXCLUDED.due_at, cadence_ms = EXCLUDED.cadence_ms, route = EXCLUDED.route,
-    source = EXCLUDED.source, urgent = EXCLUDED.urgent
+    source = EXCLUDED.source, urgent = EXCLUDED.urgent, rev = nextval('render_schedule_rev_seq')
 RETURNING ` + rowColumns
 
 // completeSQL completes a batch of distinct keys, each only while its row is at the rev given
 // (0: any rev). The ordinality column maps results back. It stamps the fresh rev itself, which
-// spares each row the PL/pgSQL rev trigger (migrations/0003_writer_rev.sql). It returns the
-// written rows without their keys (the writer has them): ~90 bytes a row on the wire instead of
-// ~160 with a 64-byte key, so the backend fills the socket's buffer about half as often in a
-// group and waits less for this process to read it (decodeAfterKey reads the columns after the
-// ordinality).
+// spares each row the rev triggers (migrations/0003_writer_rev.sql, 0008_after_row_rev.sql). It
+// returns the written rows without their keys (the writer has them): ~90 bytes a row on the wire
+// instead of ~160 with a 64-byte key, so the backend fills the socket's buffer about half as often
+// in a group and waits less for this process to read it (decodeAfterKey reads the columns after
+// the ordinality).
 const completeSQL = `UPDATE render_schedule AS r SET due_at = c.due, urgent = false, rev = nextval('render_schedule_rev_seq')
 FROM unnest($1::text[], $2::timestamptz[], $3::bigint[]) WITH ORDINALITY AS c(key, due, rev, i)
 WHERE r.key = c.key AND (c.rev = 0 OR r.rev = c.rev)

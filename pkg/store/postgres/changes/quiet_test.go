@@ -350,7 +350,7 @@ func TestMigrationToQuietCompletions(t *testing.T) {
 	if got := eventsUntil(t, sub, written[0]); len(got) != 1 {
 		t.Fatalf("before the migration: %v", keysOf(got))
 	}
-	if res, err := postgres.MigratePool(ctx, st.Pool()); err != nil || res.To != changes.ListenerSlotsVersion {
+	if res, err := postgres.MigratePoolWith(ctx, st.Pool(), postgres.MigrateOptions{Version: changes.ListenerSlotsVersion}); err != nil || res.To != changes.ListenerSlotsVersion {
 		t.Fatalf("migrating: %+v, %v", res, err)
 	}
 	bs := nextUntil(t, sub, func(b store.Batch) bool { return b.Kind == store.KindResumed })
