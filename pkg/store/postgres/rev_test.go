@@ -2,12 +2,15 @@ package postgres
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/renderqueue/renderqueue/pkg/schedule"
@@ -178,5 +181,54 @@ func TestPartitionedKeyChange(t *testing.T) {
 	}
 	if err := st.pool.QueryRow(ctx, `SELECT count(*) FROM render_schedule`).Scan(&n); err != nil || n != 1 {
 		t.Errorf("%d rows (%v), want 1", n, err)
+	}
+}
+
+// TestRestampNeedsNoRevGrant: a producer role that may update some columns but not rev still
+// updates rows without stamping rev, and they get fresh revs (the restamp runs as the schema's
+// owner, as the BEFORE trigger it replaces needed no privilege to set rev).
+func TestRestampNeedsNoRevGrant(t *testing.T) {
+	st, dsn := openTestStore(t, Options{})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	out, err := st.Upsert(ctx, []schedule.Row{storetest.Row("grant/a", time.Now())})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rb [4]byte
+	_, _ = rand.Read(rb[:])
+	producer := "rq_producer_" + hex.EncodeToString(rb[:])
+	for _, q := range []string{
+		`CREATE ROLE ` + producer + ` LOGIN`,
+		`GRANT SELECT, INSERT, DELETE ON render_schedule TO ` + producer,
+		`GRANT UPDATE (due_at, cadence_ms, route, source, urgent) ON render_schedule TO ` + producer,
+		`GRANT USAGE ON SEQUENCE render_schedule_rev_seq TO ` + producer,
+	} {
+		if _, err := st.pool.Exec(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	t.Cleanup(func() {
+		_, _ = st.pool.Exec(context.Background(), `DROP OWNED BY `+producer)
+		_, _ = st.pool.Exec(context.Background(), `DROP ROLE `+producer)
+	})
+	cfg, err := pgconn.ParseConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pc, err := pgx.Connect(ctx, strings.Replace(dsn, "user="+cfg.User, "user="+producer, 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = pc.Close(context.Background()) }()
+	if _, err := pc.Exec(ctx, `UPDATE render_schedule SET cadence_ms = 7200000 WHERE key = $1`, out[0].Key); err != nil {
+		t.Fatalf("an update by a role without UPDATE on rev: %v", err)
+	}
+	var rev int64
+	if err := st.pool.QueryRow(ctx, `SELECT rev FROM render_schedule WHERE key = $1`, out[0].Key).Scan(&rev); err != nil {
+		t.Fatal(err)
+	}
+	if rev <= out[0].Rev {
+		t.Errorf("rev %d after an update from %d, want a fresh one", rev, out[0].Rev)
 	}
 }

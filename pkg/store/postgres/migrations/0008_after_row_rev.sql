@@ -20,8 +20,8 @@
 --                                transaction-local setting renderqueue.restamp.
 --   render_schedule_rev_restamp  an AFTER UPDATE statement trigger: for a marked statement it
 --                                clears the mark and writes every row of the statement again with
---                                a fresh rev, in one UPDATE (whose change events carry the fresh
---                                revs).
+--                                a fresh rev, in one UPDATE as the schema's owner (whose change
+--                                events carry the fresh revs).
 --   render_schedule_notify()     sends nothing for a marked statement: the rows' events are those
 --                                of that second UPDATE.
 --
@@ -51,8 +51,10 @@ BEGIN
 END
 $fn$;
 
+-- SECURITY DEFINER, as the BEFORE trigger's change of NEW.rev needed no privilege: a writer whose
+-- role may update some columns only (not rev) keeps writing as before.
 CREATE FUNCTION render_schedule_restamp() RETURNS trigger
-LANGUAGE plpgsql AS $fn$
+LANGUAGE plpgsql SECURITY DEFINER AS $fn$
 BEGIN
     IF current_setting('renderqueue.restamp', true) = 'on' THEN
         PERFORM set_config('renderqueue.restamp', '', true);
