@@ -171,7 +171,6 @@ func (l claimLoad) run(stop <-chan struct{}) *claimStats {
 					now := time.Now()
 					for _, row := range written[lo:min(lo+walkStepRows, len(written))] {
 						lease := rows[row.Rev-r0].Lease
-						delete(l.sh.leased, lease) // as Shard.Complete does: the sweep is for leases nobody completes
 						l.sh.core.ApplyCompleted(now, row, lease, hints[row.Rev-r0])
 					}
 					l.sh.mu.Unlock()

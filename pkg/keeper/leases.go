@@ -23,49 +23,6 @@ var errWriteFailed = errors.New("the completion could not be written")
 // not written: the row stays as the producer wrote it, and is handed out again when it is due.
 var ErrChangedSinceClaimed = errors.New("the row changed since it was claimed: the completion was not written, the row keeps its new version and is handed out again when due")
 
-// leasedRev is what a lease was given for: the row's key and rev.
-type leasedRev struct {
-	key string
-	rev int64
-}
-
-// startLeaseSweep starts forgetting the leases that are no longer current (expired, released,
-// completed or gone with their row) once the map has doubled since the last sweep, so that it
-// stays about as large as the leases in flight, in amortised constant time per claim. Checking a
-// lease takes a key lookup, so the sweep runs in steps (sweepLeases) on a goroutine of its own,
-// one sweep at a time: claims wait for at most one step, not for the whole map. Caller holds mu.
-func (s *Shard) startLeaseSweep() {
-	if s.leaseSweeping || len(s.leased) < max(1024, 2*s.leasedSwept) {
-		return
-	}
-	s.leaseSweeping = true
-	tokens := make([]uint64, 0, len(s.leased))
-	for tok := range s.leased {
-		tokens = append(tokens, tok)
-	}
-	go s.sweepLeases(tokens)
-}
-
-// sweepLeases forgets those of tokens whose leases are no longer current, walkStepRows per hold
-// of the lock. A lease that is not current never becomes current again, so one found so in any
-// step may go; leases granted meanwhile wait for the next sweep.
-func (s *Shard) sweepLeases(tokens []uint64) {
-	for lo := 0; lo < len(tokens); lo += walkStepRows {
-		s.mu.Lock()
-		now := s.clock()
-		for _, tok := range tokens[lo:min(lo+walkStepRows, len(tokens))] {
-			if l, ok := s.leased[tok]; ok && s.core.CheckLease(now, l.key, tok) != nil {
-				delete(s.leased, tok)
-			}
-		}
-		s.unlockStep()
-	}
-	s.mu.Lock()
-	s.leasedSwept = len(s.leased)
-	s.leaseSweeping = false
-	s.mu.Unlock()
-}
-
 // maxClaimRoom bounds the rows a claim allocates room for before it takes the lock; a larger
 // claim grows its buffers under it.
 const maxClaimRoom = 1024
@@ -136,8 +93,8 @@ const pageBytes = 4096
 // writes to every page of a slice of them.
 const claimedPerPage = max(1, pageBytes/int(unsafe.Sizeof(core.Claimed{})))
 
-// claimKeys makes a claim's keys as strings over one buffer. A key the shard keeps (leased)
-// keeps its claim's buffer alive: at most one claim's keys per lease not yet forgotten.
+// claimKeys makes a claim's keys as strings over one buffer, which lives as long as the claim's
+// answer: the shard keeps none of them (a lease's claimed rev is in the core's lease table).
 type claimKeys struct{ b []byte }
 
 // add copies key to the buffer and returns it as a string over the copy. Those bytes are never
@@ -166,10 +123,6 @@ func (s *Shard) Claim(now time.Time, n int, leaseFor time.Duration) ([]core.Clai
 		leaseFor = s.settings.LeaseDuration
 	}
 	rows = s.core.ClaimInto(now, n, leaseFor, rows, keys.add)
-	for i := range rows {
-		s.leased[rows[i].Lease] = leasedRev{key: rows[i].Key, rev: rows[i].Rev}
-	}
-	s.startLeaseSweep()
 	s.mu.Unlock()
 	s.noteClaimed(n, len(rows), len(keys.b))
 	s.m.Claimed(now, rows, time.Since(start))
@@ -217,8 +170,8 @@ func (s *Shard) Complete(ctx context.Context, items []CompleteItem) ([]error, er
 		if it.NextDue != nil {
 			due = *it.NextDue
 		}
-		// every current lease was recorded by Claim (a missing one would write unchecked)
-		writes = append(writes, store.Completion{Key: it.Key, Due: due, Rev: s.leased[it.Lease].rev})
+		// written only over the version that was claimed (and rendered)
+		writes = append(writes, store.Completion{Key: it.Key, Due: due, Rev: cp.ClaimedRev})
 		idx = append(idx, pending{i, cp.Hint})
 	}
 	s.mu.Unlock()
@@ -241,7 +194,6 @@ func (s *Shard) Complete(ctx context.Context, items []CompleteItem) ([]error, er
 		now = s.clock()
 		for j := lo; j < min(lo+walkStepRows, len(written)); j++ {
 			res, i := written[j], idx[j].item
-			delete(s.leased, items[i].Lease)
 			if !res.Found {
 				results[i] = core.ErrNotHeld
 				continue
@@ -290,9 +242,6 @@ func (s *Shard) Release(now time.Time, items []CompleteItem) []error {
 	out := make([]error, len(items))
 	for i, it := range items {
 		out[i] = s.core.Release(now, it.Key, it.Lease)
-		if out[i] == nil {
-			delete(s.leased, it.Lease)
-		}
 	}
 	return out
 }

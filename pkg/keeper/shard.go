@@ -175,10 +175,6 @@ type Shard struct {
 	wake         chan struct{} // asks Run to walk soon
 	fullWanted   bool          // the walk Run does on wake must be full (gap resumed, window changed)
 
-	// leased remembers, by lease token, the key and rev each lease was given for (leases.go).
-	leased        map[uint64]leasedRev
-	leasedSwept   int  // len(leased) after its last sweep
-	leaseSweeping bool // a sweep of leased is running (startLeaseSweep)
 	// claimKeyBytes is the key bytes per row of the last claim that got rows, for sizing the next
 	// claim's buffers before it takes the lock (Claim).
 	claimKeyBytes atomic.Int64
@@ -222,7 +218,7 @@ func NewShard(opts Options, s Settings) (*Shard, error) {
 	sh := &Shard{
 		name: opts.Name, st: opts.Store, open: opts.Open, clock: opts.Clock, log: opts.Log, m: opts.Metrics,
 		openBackoff: newBackoff(opts.ConnectBackoffMin, opts.ConnectBackoffMax),
-		core:        c, settings: s, cov: coverage.New(s.Window, s.Epoch), wake: make(chan struct{}, 1), leased: map[uint64]leasedRev{},
+		core:        c, settings: s, cov: coverage.New(s.Window, s.Epoch), wake: make(chan struct{}, 1),
 		resub: make(chan struct{}, 1),
 	}
 	sh.pause = sh.pauseAdopting

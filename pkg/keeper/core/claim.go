@@ -187,7 +187,7 @@ func (c *Core) claimBest(nowMs int64, p phase, leaseFor time.Duration, co *claim
 	r := c.rows.At(bestID)
 	r.Set(flagLeased)
 	expires := nowMs + leaseFor.Milliseconds()
-	token := c.leases.Grant(bestID, expires)
+	token := c.leases.Grant(bestID, r.Rev, expires)
 	co.rows = append(co.rows, Claimed{
 		Key:          co.keyString(c.rows.Key(r)),
 		Slot:         int(r.Slot),
@@ -276,6 +276,9 @@ type Completion struct {
 	Due time.Time
 	// NextDue is the next due time by the configured Reschedule policy (policy.Config).
 	NextDue time.Time
+	// ClaimedRev is the row's rev when the lease was granted (valid when the lease is current):
+	// the version that was rendered, which the completion may write over.
+	ClaimedRev int64
 	// Hint is where the row was found, for ApplyCompleted.
 	Hint Hint
 }
@@ -307,8 +310,10 @@ func (c *Core) Completing(now time.Time, key string, token uint64) (cp Completio
 		NextDue: policy.NextDue(c.cfg.Reschedule, now, time.UnixMilli(r.Due()), time.Duration(g.cadenceMs)*time.Millisecond),
 		Hint:    Hint{rec: id + 1},
 	}
-	if !c.leases.Current(id, token) {
+	rev, current := c.leases.Rev(id, token)
+	if !current {
 		return cp, true, ErrLeaseLost
 	}
+	cp.ClaimedRev = rev
 	return cp, true, nil
 }

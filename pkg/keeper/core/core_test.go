@@ -565,3 +565,28 @@ func TestClaimInto(t *testing.T) {
 		t.Errorf("ClaimInto of 50 rows with room enough allocated %d times, want none", mallocs)
 	}
 }
+
+// TestCompletingClaimedRev: Completing reports the rev a lease was granted for, not the row's
+// rev now: a producer's change applied while the row is leased keeps the lease, and the
+// completion must be written against the claimed version (so the store refuses it and the change
+// stands).
+func TestCompletingClaimedRev(t *testing.T) {
+	c := newCore(t, policy.Config{})
+	c.Apply(t0, row("k1", t0.Add(-time.Hour), time.Hour, 5))
+	claimed := c.Claim(t0, 1, time.Minute)
+	if len(claimed) != 1 || claimed[0].Rev != 5 {
+		t.Fatalf("claimed %+v", claimed)
+	}
+	changed := row("k1", t0.Add(-time.Hour), time.Hour, 9)
+	changed.Urgent = true
+	if got := c.Apply(t0, changed).Result; got != Held {
+		t.Fatalf("the producer's change: %v, want held", got)
+	}
+	cp, held, err := c.Completing(t0, "k1", claimed[0].Lease)
+	if !held || err != nil || cp.ClaimedRev != 5 {
+		t.Fatalf("Completing: claimed rev %d, held %v, %v; want rev 5 under the current lease", cp.ClaimedRev, held, err)
+	}
+	if _, _, err := c.Completing(t0, "k1", claimed[0].Lease+1); !errors.Is(err, ErrLeaseLost) {
+		t.Fatalf("Completing with another token: %v, want ErrLeaseLost", err)
+	}
+}

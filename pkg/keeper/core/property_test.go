@@ -85,6 +85,7 @@ func TestCoreMatchesReference(t *testing.T) {
 		nowMs := base.UnixMilli()
 		var tokens []uint64
 		var tokenKeys []string // the key each token was handed out with
+		var tokenRevs []int64  // and the rev
 		var edge Edge
 		nextRev := int64(1000) // completions write revs above genRow's
 		steps := rapid.IntRange(1, 120).Draw(t, "steps")
@@ -134,6 +135,7 @@ func TestCoreMatchesReference(t *testing.T) {
 					}
 					tokens = append(tokens, got[i].Lease)
 					tokenKeys = append(tokenKeys, got[i].Key)
+					tokenRevs = append(tokenRevs, got[i].Rev)
 				}
 			case 6:
 				if len(tokens) == 0 {
@@ -226,6 +228,9 @@ func TestCoreMatchesReference(t *testing.T) {
 					continue
 				}
 				r := ref.held[key].row
+				if cp.ClaimedRev != tokenRevs[ti] {
+					t.Fatalf("step %d: Completing(%s) claimed rev %d, the claim handed out %d", step, key, cp.ClaimedRev, tokenRevs[ti])
+				}
 				if !cp.Due.Equal(r.Due) || cp.Cadence != r.Cadence || cp.Source != r.Source {
 					t.Fatalf("step %d: Completing(%s) = %+v, held row %+v", step, key, cp, r)
 				}

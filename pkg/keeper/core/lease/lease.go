@@ -7,7 +7,9 @@
 // leases in flight, not the leases granted over a lease duration: until December 2026 an ended
 // lease stayed in the heap until its expiry, so at 40,000 claimed rows a second and a one-minute
 // lease the heap held millions of dead entries and grew by copying tens of megabytes in the
-// claim that outgrew it. Records are named by id; the table knows nothing else of them.
+// claim that outgrew it. Records are named by id; of a record the table knows only the rev its
+// lease was granted for (the version a completion may write over: a row changed since its claim
+// keeps the change, and the render is refused).
 //
 // The package is pure: no I/O, no clock, no goroutines (TestCoreIsPure in package core).
 package lease
@@ -27,6 +29,7 @@ type lease struct {
 	pos     int32 // its index in heap
 	token   uint64
 	expires int64 // ms
+	rev     int64 // the record's rev when the lease was granted
 }
 
 // NewTable returns an empty table whose tokens follow after: the first handed out is after + 1.
@@ -34,24 +37,26 @@ func NewTable(after uint64) *Table {
 	return &Table{byID: map[uint32]int32{}, last: after}
 }
 
-// Grant leases record id (not leased) until expiresMs and returns the lease's token.
-func (t *Table) Grant(id uint32, expiresMs int64) uint64 {
+// Grant leases record id (not leased), as of its rev, until expiresMs and returns the lease's
+// token.
+func (t *Table) Grant(id uint32, rev, expiresMs int64) uint64 {
 	t.last++
-	t.set(id, t.last, expiresMs)
+	t.slab[t.set(id, t.last, expiresMs)].rev = rev
 	return t.last
 }
 
 // Extend makes record id's current lease (token) expire at expiresMs, sooner or later than it
-// would have.
+// would have. The lease keeps its rev.
 func (t *Table) Extend(id uint32, token uint64, expiresMs int64) { t.set(id, token, expiresMs) }
 
-// set makes record id's lease (token) expire at expiresMs, adding it when id has none.
-func (t *Table) set(id uint32, token uint64, expiresMs int64) {
+// set makes record id's lease (token) expire at expiresMs, adding it when id has none, and
+// returns its index in slab.
+func (t *Table) set(id uint32, token uint64, expiresMs int64) int32 {
 	if i, ok := t.byID[id]; ok {
 		l := &t.slab[i]
 		l.token, l.expires = token, expiresMs
 		t.fix(int(l.pos))
-		return
+		return i
 	}
 	var i int32
 	if n := len(t.free); n > 0 {
@@ -64,12 +69,22 @@ func (t *Table) set(id uint32, token uint64, expiresMs int64) {
 	t.byID[id] = i
 	t.heap = append(t.heap, i)
 	t.up(len(t.heap) - 1)
+	return i
 }
 
 // Current says whether token is record id's current lease.
 func (t *Table) Current(id uint32, token uint64) bool {
+	_, ok := t.Rev(id, token)
+	return ok
+}
+
+// Rev returns the rev record id's lease was granted for, when token is its current lease.
+func (t *Table) Rev(id uint32, token uint64) (rev int64, current bool) {
 	i, ok := t.byID[id]
-	return ok && t.slab[i].token == token
+	if !ok || t.slab[i].token != token {
+		return 0, false
+	}
+	return t.slab[i].rev, true
 }
 
 // Leased says whether record id is leased.

@@ -22,11 +22,11 @@ func expire(t *Table, nowMs int64) []uint32 {
 // the same records: only a lease's current expiry ends it.
 func TestTable(t *testing.T) {
 	tb := NewTable(41)
-	if tok := tb.Grant(1, 100); tok != 42 {
+	if tok := tb.Grant(1, 7, 100); tok != 42 {
 		t.Fatalf("first token %d, want 42", tok)
 	}
-	tok2 := tb.Grant(2, 200)
-	tok3 := tb.Grant(3, 300)
+	tok2 := tb.Grant(2, 8, 200)
+	tok3 := tb.Grant(3, 9, 300)
 	if tok2 != 43 || tok3 != 44 || tb.Len() != 3 {
 		t.Fatalf("tokens %d, %d; %d leases", tok2, tok3, tb.Len())
 	}
@@ -36,7 +36,16 @@ func TestTable(t *testing.T) {
 	tb.Extend(1, 42, 250) // later: its first expiry entry is skipped
 	tb.Extend(3, tok3, 150)
 	tb.End(2)
-	tok5 := tb.Grant(2, 120) // a new lease of record 2: the old one's expiry is not its own
+	tok5 := tb.Grant(2, 10, 120) // a new lease of record 2: the old one's expiry is not its own
+	if rev, ok := tb.Rev(1, 42); rev != 7 || !ok {
+		t.Fatalf("extended lease: rev %d (current %v), want 7", rev, ok)
+	}
+	if rev, ok := tb.Rev(2, tok5); rev != 10 || !ok {
+		t.Fatalf("new lease of record 2: rev %d (current %v), want 10", rev, ok)
+	}
+	if rev, ok := tb.Rev(2, tok2); rev != 0 || ok {
+		t.Fatalf("ended lease of record 2: rev %d (current %v), want none", rev, ok)
+	}
 	if got := expire(tb, 99); len(got) != 0 {
 		t.Fatalf("expired at 99: %v", got)
 	}
@@ -49,18 +58,20 @@ func TestTable(t *testing.T) {
 	if got := expire(tb, 1000); !slices.Equal(got, []uint32{1}) || tb.Len() != 0 {
 		t.Fatalf("expired at 1000: %v, %d leases left", got, tb.Len())
 	}
-	if tok := tb.Grant(1, 2000); tok != tok5+1 {
+	if tok := tb.Grant(1, 11, 2000); tok != tok5+1 {
 		t.Fatalf("token %d after %d", tok, tok5)
 	}
 }
 
 // TestTableMatchesReference runs random grants, extensions, ends and expiries on a table and on
-// a plain map, and checks after each step that both hold the same leases, that Expire ends the
-// same ones in the order of their expiry, and that the heap holds exactly the leases in flight.
+// a plain map, and checks after each step that both hold the same leases with the same revs, that
+// Expire ends the same ones in the order of their expiry, and that the heap holds exactly the
+// leases in flight.
 func TestTableMatchesReference(t *testing.T) {
 	type ref struct {
 		token   uint64
 		expires int64
+		rev     int64
 	}
 	rng := rand.New(rand.NewPCG(1, 2))
 	tb := NewTable(0)
@@ -71,14 +82,14 @@ func TestTableMatchesReference(t *testing.T) {
 		switch op := rng.IntN(10); {
 		case op < 4: // a claim of a record not leased
 			if _, ok := want[id]; !ok {
-				exp := now + int64(rng.IntN(50))
-				want[id] = ref{tb.Grant(id, exp), exp}
+				exp, rev := now+int64(rng.IntN(50)), rng.Int64()
+				want[id] = ref{tb.Grant(id, rev, exp), exp, rev}
 			}
 		case op < 5: // an extension of a current lease
 			if r, ok := want[id]; ok {
 				exp := now + int64(rng.IntN(50))
 				tb.Extend(id, r.token, exp)
-				want[id] = ref{r.token, exp}
+				want[id] = ref{r.token, exp, r.rev}
 			}
 		case op < 8: // a completion or release
 			tb.End(id)
@@ -113,6 +124,9 @@ func TestTableMatchesReference(t *testing.T) {
 			if !tb.Current(id, r.token) || tb.Current(id, r.token+1) {
 				t.Fatalf("step %d: lease of %d (token %d) not current", step, id, r.token)
 			}
+			if rev, _ := tb.Rev(id, r.token); rev != r.rev {
+				t.Fatalf("step %d: lease of %d has rev %d, want %d", step, id, rev, r.rev)
+			}
 		}
 	}
 }
@@ -122,7 +136,7 @@ func TestTableMatchesReference(t *testing.T) {
 func TestEndedLeasesLeaveTheTable(t *testing.T) {
 	tb := NewTable(0)
 	for i := range 1_000_000 {
-		tb.Grant(uint32(i), int64(60_000+i))
+		tb.Grant(uint32(i), int64(i), int64(60_000+i))
 		if i >= 100 {
 			tb.End(uint32(i - 100))
 		}
