@@ -332,12 +332,16 @@ func maxWorkers(shapes []Shape) int {
 // measure runs one load for d, with the CPU sampled around it, and verifies its completions.
 func measure(ctx context.Context, pool *pgxpool.Pool, keeperPID int, shape Shape, d time.Duration, table string,
 	run func(deadline time.Time) []*workerLog) (RunResult, error) {
-	r := RunResult{Shape: shape}
+	r := RunResult{Shape: shape, Vacuums: -1}
+	vac0, vacOK := vacuums(ctx, pool, table)
 	before := sampleCPU(ctx, pool, keeperPID)
 	start := time.Now()
 	logs := run(start.Add(d))
 	r.Elapsed = time.Since(start)
 	after := sampleCPU(ctx, pool, keeperPID)
+	if vac1, ok := vacuums(ctx, pool, table); ok && vacOK {
+		r.Vacuums = vac1.done - vac0.done + vac1.running
+	}
 	r.CPU = cpuBetween(before, after)
 	r.CPUs = after.placement
 	claim, complete, done, errs, lastErr, drained := merge(logs)
@@ -348,6 +352,20 @@ func measure(ctx context.Context, pool *pgxpool.Pool, keeperPID int, shape Shape
 		return r, fmt.Errorf("bench: %w", err)
 	}
 	return r, nil
+}
+
+// vacuumCount is how many vacuums of a table have ended, and how many are running.
+type vacuumCount struct{ done, running int }
+
+// vacuums reads how many vacuums of table (autovacuum or VACUUM) have ended and how many are
+// running. A vacuum in a run takes PostgreSQL CPU from it: the report says so. Vacuums running in
+// other roles' sessions (autovacuum's) show only to a role that may read every session's
+// statistics (superuser, pg_read_all_stats); else only the ended ones are counted.
+func vacuums(ctx context.Context, pool *pgxpool.Pool, table string) (c vacuumCount, ok bool) {
+	err := pool.QueryRow(ctx, `SELECT
+		coalesce((SELECT autovacuum_count + vacuum_count FROM pg_stat_user_tables WHERE relid = $1::text::regclass), 0),
+		(SELECT count(*) FROM pg_stat_progress_vacuum WHERE relid = $1::text::regclass)`, table).Scan(&c.done, &c.running)
+	return c, err == nil
 }
 
 // waitReady polls the keeper's /readyz until it answers 200.

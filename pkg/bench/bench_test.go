@@ -148,3 +148,38 @@ func TestVerifyCountsEachCompletion(t *testing.T) {
 		t.Fatalf("verified %d (%v), want 2", got, err)
 	}
 }
+
+// TestVacuumsDuringARun: a vacuum of the run's table between the samples is counted, and the
+// report says the run shared PostgreSQL's core with it.
+func TestVacuumsDuringARun(t *testing.T) {
+	dsn := pgtest.NewDatabase(t)
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	if _, err := pool.Exec(ctx, `CREATE TABLE q (key text PRIMARY KEY, due_at timestamptz) WITH (autovacuum_enabled = false)`); err != nil {
+		t.Fatal(err)
+	}
+	r, err := measure(ctx, pool, 0, Shape{1, 1}, time.Second, "q", func(time.Time) []*workerLog { return nil })
+	if err != nil || r.Vacuums != 0 {
+		t.Fatalf("a run without a vacuum: %d vacuums (%v), want 0", r.Vacuums, err)
+	}
+	r, err = measure(ctx, pool, 0, Shape{1, 1}, time.Second, "q", func(time.Time) []*workerLog {
+		if _, err := pool.Exec(ctx, `VACUUM q`); err != nil {
+			t.Error(err)
+		}
+		return nil
+	})
+	if err != nil || r.Vacuums != 1 {
+		t.Fatalf("a run with a vacuum: %d vacuums (%v), want 1", r.Vacuums, err)
+	}
+	var out bytes.Buffer
+	if err := (Report{Keeper: RunResult{Shape: Shape{1, 1}, Vacuums: -1}, SkipLocked: []RunResult{r}}).Write(&out); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out.String(), "vacuumed during the run, 1×") || strings.Count(out.String(), "vacuumed") != 1 {
+		t.Errorf("the report does not say which run shared the core with a vacuum:\n%s", out.String())
+	}
+}

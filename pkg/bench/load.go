@@ -44,6 +44,9 @@ type RunResult struct {
 	// Errors counts failed requests; LastError is one of them.
 	Errors    int
 	LastError string
+	// Vacuums is how many vacuums of the run's table ended during the run or were running at
+	// its end (autovacuum: its CPU is PostgreSQL's, taken from the run); -1: not known.
+	Vacuums int
 }
 
 // RowsPerSecond is the completion rate.

@@ -34,6 +34,9 @@ func (r Report) Write(w io.Writer) error {
 		if res.Errors > 0 {
 			note += fmt.Sprintf(" (%d errors, the last: %s)", res.Errors, res.LastError)
 		}
+		if res.Vacuums > 0 {
+			note += fmt.Sprintf(" (the table was vacuumed during the run, %d×: PostgreSQL's core was not the run's alone)", res.Vacuums)
+		}
 		row("%s\t%v\t%.0f\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", name, res.Shape, res.RowsPerSecond(),
 			ms(res.Claim.P50), ms(res.Claim.P99), ms(res.Complete.P50), ms(res.Complete.P99), verified,
 			cpuPerRow(res), busy(res.CPU), note)
