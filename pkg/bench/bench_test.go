@@ -124,13 +124,8 @@ func TestConfigValidate(t *testing.T) {
 // when its next due is still past) is checked once per completion, against the row as it stands;
 // a completion the row does not reflect is not counted.
 func TestVerifyCountsEachCompletion(t *testing.T) {
-	dsn := pgtest.NewDatabase(t)
+	pool := scratchPool(t)
 	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
 	if _, err := pool.Exec(ctx, `CREATE TABLE q (key text PRIMARY KEY, due_at timestamptz)`); err != nil {
 		t.Fatal(err)
 	}
@@ -152,13 +147,8 @@ func TestVerifyCountsEachCompletion(t *testing.T) {
 // TestVacuumsDuringARun: a vacuum of the run's table between the samples is counted, and the
 // report says the run shared PostgreSQL's core with it.
 func TestVacuumsDuringARun(t *testing.T) {
-	dsn := pgtest.NewDatabase(t)
+	pool := scratchPool(t)
 	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
 	if _, err := pool.Exec(ctx, `CREATE TABLE q (key text PRIMARY KEY, due_at timestamptz) WITH (autovacuum_enabled = false)`); err != nil {
 		t.Fatal(err)
 	}
@@ -182,4 +172,15 @@ func TestVacuumsDuringARun(t *testing.T) {
 	if !strings.Contains(out.String(), "vacuumed during the run, 1×") || strings.Count(out.String(), "vacuumed") != 1 {
 		t.Errorf("the report does not say which run shared the core with a vacuum:\n%s", out.String())
 	}
+}
+
+// scratchPool opens a pool on a new database of the test server, closed with the test.
+func scratchPool(t *testing.T) *pgxpool.Pool {
+	t.Helper()
+	pool, err := pgxpool.New(context.Background(), pgtest.NewDatabase(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
 }
