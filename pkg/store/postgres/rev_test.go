@@ -2,8 +2,6 @@ package postgres
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"strings"
@@ -15,6 +13,7 @@ import (
 
 	"github.com/renderqueue/renderqueue/pkg/schedule"
 	"github.com/renderqueue/renderqueue/pkg/store"
+	"github.com/renderqueue/renderqueue/pkg/store/postgres/pgtest"
 	"github.com/renderqueue/renderqueue/pkg/store/storetest"
 )
 
@@ -195,28 +194,11 @@ func TestRestampNeedsNoRevGrant(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var rb [4]byte
-	_, _ = rand.Read(rb[:])
-	producer := "rq_producer_" + hex.EncodeToString(rb[:])
-	for _, q := range []string{
-		`CREATE ROLE ` + producer + ` LOGIN`,
-		`GRANT SELECT, INSERT, DELETE ON render_schedule TO ` + producer,
-		`GRANT UPDATE (due_at, cadence_ms, route, source, urgent) ON render_schedule TO ` + producer,
-		`GRANT USAGE ON SEQUENCE render_schedule_rev_seq TO ` + producer,
-	} {
-		if _, err := st.pool.Exec(ctx, q); err != nil {
-			t.Fatalf("%s: %v", q, err)
-		}
-	}
-	t.Cleanup(func() {
-		_, _ = st.pool.Exec(context.Background(), `DROP OWNED BY `+producer)
-		_, _ = st.pool.Exec(context.Background(), `DROP ROLE `+producer)
-	})
-	cfg, err := pgconn.ParseConfig(dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pc, err := pgx.Connect(ctx, strings.Replace(dsn, "user="+cfg.User, "user="+producer, 1))
+	_, producerDSN := pgtest.Role(t, dsn, "rq_producer_",
+		`GRANT SELECT, INSERT, DELETE ON render_schedule TO %s`,
+		`GRANT UPDATE (due_at, cadence_ms, route, source, urgent) ON render_schedule TO %s`,
+		`GRANT USAGE ON SEQUENCE render_schedule_rev_seq TO %s`)
+	pc, err := pgx.Connect(ctx, producerDSN)
 	if err != nil {
 		t.Fatal(err)
 	}

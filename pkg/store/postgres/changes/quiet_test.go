@@ -2,8 +2,6 @@ package changes_test
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"strconv"
 	"strings"
@@ -17,6 +15,7 @@ import (
 	"github.com/renderqueue/renderqueue/pkg/store"
 	"github.com/renderqueue/renderqueue/pkg/store/postgres"
 	"github.com/renderqueue/renderqueue/pkg/store/postgres/changes"
+	"github.com/renderqueue/renderqueue/pkg/store/postgres/pgtest"
 )
 
 // complete completes rows through st (due an hour on) and returns the rows as written.
@@ -288,27 +287,10 @@ func TestQuietNeedsTheKeepersRole(t *testing.T) {
 	st, dsn := openTestStore(t, postgres.Options{QuietCompletions: true})
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	var rb [4]byte
-	_, _ = rand.Read(rb[:])
-	producer := "rq_producer_" + hex.EncodeToString(rb[:])
-	for _, q := range []string{
-		`CREATE ROLE ` + producer + ` LOGIN`,
-		`GRANT SELECT, INSERT, UPDATE, DELETE ON render_schedule TO ` + producer,
-		`GRANT USAGE ON SEQUENCE render_schedule_rev_seq TO ` + producer,
-	} {
-		if _, err := st.Pool().Exec(ctx, q); err != nil {
-			t.Fatalf("%s: %v", q, err)
-		}
-	}
-	t.Cleanup(func() {
-		_, _ = st.Pool().Exec(context.Background(), `DROP OWNED BY `+producer)
-		_, _ = st.Pool().Exec(context.Background(), `DROP ROLE `+producer)
-	})
-	cfg, err := pgconn.ParseConfig(dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pc, err := pgx.Connect(ctx, strings.Replace(dsn, "user="+cfg.User, "user="+producer, 1))
+	_, producerDSN := pgtest.Role(t, dsn, "rq_producer_",
+		`GRANT SELECT, INSERT, UPDATE, DELETE ON render_schedule TO %s`,
+		`GRANT USAGE ON SEQUENCE render_schedule_rev_seq TO %s`)
+	pc, err := pgx.Connect(ctx, producerDSN)
 	if err != nil {
 		t.Fatal(err)
 	}

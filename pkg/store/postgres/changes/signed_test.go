@@ -3,7 +3,6 @@ package changes_test
 import (
 	"context"
 	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"strings"
@@ -17,6 +16,7 @@ import (
 	"github.com/renderqueue/renderqueue/pkg/store"
 	"github.com/renderqueue/renderqueue/pkg/store/postgres"
 	"github.com/renderqueue/renderqueue/pkg/store/postgres/changes"
+	"github.com/renderqueue/renderqueue/pkg/store/postgres/pgtest"
 	"github.com/renderqueue/renderqueue/pkg/store/storetest"
 )
 
@@ -164,39 +164,15 @@ func TestRoles(t *testing.T) {
 	st, dsn := openTestStore(t, postgres.Options{})
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	var b [4]byte
-	_, _ = rand.Read(b[:])
-	suffix := hex.EncodeToString(b[:])
-	producer, keeper := "rq_producer_"+suffix, "rq_keeper_"+suffix
-	for _, q := range []string{
-		`CREATE ROLE ` + producer + ` LOGIN`,
-		`CREATE ROLE ` + keeper + ` LOGIN`,
-		`GRANT SELECT, INSERT, UPDATE, DELETE ON render_schedule TO ` + producer,
-		`GRANT USAGE ON SEQUENCE render_schedule_rev_seq TO ` + producer,
-		`GRANT SELECT, UPDATE ON render_schedule TO ` + keeper,
-		`GRANT USAGE ON SEQUENCE render_schedule_rev_seq TO ` + keeper,
-	} {
-		if _, err := st.Pool().Exec(ctx, q); err != nil {
-			t.Fatalf("%s: %v", q, err)
-		}
-	}
-	t.Cleanup(func() {
-		ctx := context.Background()
-		for _, r := range []string{producer, keeper} {
-			_, _ = st.Pool().Exec(ctx, `DROP OWNED BY `+r)
-			_, _ = st.Pool().Exec(ctx, `DROP ROLE `+r)
-		}
-	})
-	as := func(role string) string {
-		cfg, err := pgconn.ParseConfig(dsn)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return strings.Replace(dsn, "user="+cfg.User, "user="+role, 1)
-	}
+	_, producerDSN := pgtest.Role(t, dsn, "rq_producer_",
+		`GRANT SELECT, INSERT, UPDATE, DELETE ON render_schedule TO %s`,
+		`GRANT USAGE ON SEQUENCE render_schedule_rev_seq TO %s`)
+	keeper, keeperDSN := pgtest.Role(t, dsn, "rq_keeper_",
+		`GRANT SELECT, UPDATE ON render_schedule TO %s`,
+		`GRANT USAGE ON SEQUENCE render_schedule_rev_seq TO %s`)
 
 	// the keeper role without the grant: Subscribe says what to grant
-	ks, err := postgres.Open(ctx, as(keeper), postgres.Options{})
+	ks, err := postgres.Open(ctx, keeperDSN, postgres.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -214,7 +190,7 @@ func TestRoles(t *testing.T) {
 	defer func() { _ = sub.Close() }()
 
 	// the producer writes with plain SQL; the keeper gets the event, signed
-	pc, err := pgx.Connect(ctx, as(producer))
+	pc, err := pgx.Connect(ctx, producerDSN)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -117,3 +117,66 @@ func WithDatabase(dsn, name string) (string, error) {
 	}
 	return dsn + " dbname=" + name, nil
 }
+
+// Role creates a login role for the calling test, named prefix and a random suffix, runs grants on
+// the database of dsn (each with %s for the role's name), and returns the role's name and a DSN
+// for the same database as that role. The role, and its privileges there, are dropped when the
+// test ends.
+func Role(tb testing.TB, dsn, prefix string, grants ...string) (name, roleDSN string) {
+	tb.Helper()
+	var b [4]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		tb.Fatal(err)
+	}
+	name = prefix + hex.EncodeToString(b[:])
+	exec := func(stmts ...string) error {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		conn, err := pgx.Connect(ctx, dsn)
+		if err != nil {
+			return err
+		}
+		defer func() { _ = conn.Close(ctx) }()
+		for _, q := range stmts {
+			if _, err := conn.Exec(ctx, q); err != nil {
+				return fmt.Errorf("%s: %w", q, err)
+			}
+		}
+		return nil
+	}
+	stmts := []string{`CREATE ROLE ` + name + ` LOGIN`}
+	for _, g := range grants {
+		stmts = append(stmts, fmt.Sprintf(g, name))
+	}
+	err := exec(stmts...)
+	tb.Cleanup(func() {
+		if err := exec(`DROP OWNED BY `+name, `DROP ROLE `+name); err != nil {
+			tb.Errorf("pgtest: dropping role %s: %v", name, err)
+		}
+	})
+	if err != nil {
+		tb.Fatalf("pgtest: creating role %s: %v", name, err)
+	}
+	roleDSN, err = WithUser(dsn, name)
+	if err != nil {
+		tb.Fatalf("pgtest: %v", err)
+	}
+	return name, roleDSN
+}
+
+// WithUser returns dsn (a URL or a keyword/value string) connecting as user (the test server
+// trusts local connections: no password).
+func WithUser(dsn, user string) (string, error) {
+	if strings.HasPrefix(dsn, "postgres://") || strings.HasPrefix(dsn, "postgresql://") {
+		u, err := url.Parse(dsn)
+		if err != nil {
+			return "", fmt.Errorf("parsing %s: %w", EnvDSN, err)
+		}
+		u.User = url.User(user)
+		q := u.Query()
+		q.Del("user")
+		u.RawQuery = q.Encode()
+		return u.String(), nil
+	}
+	return dsn + " user=" + user, nil
+}
