@@ -10,6 +10,8 @@
 #   BENCH_CPU=1             GOMAXPROCS of BenchmarkClaimLatency and BenchmarkShardLoad (go test
 #                           -cpu; a list such as 1,2 runs each): 1, as the keeper runs (--procs)
 #   BENCH_E2E_ROWS=1000000  rows of `renderqueue bench` (0 skips it)
+#   BENCH_E2E_ROUNDS=3      rounds of `renderqueue bench` (--rounds: it reports the median ratio;
+#                           one run's ratio is not a verdict, docs/benchmarks.md)
 #   BENCH_SHARED_BUFFERS=4GB  the throwaway cluster's shared_buffers (default 512MB; the 10M
 #                           figures in docs/benchmarks.md use 4GB)
 #   BENCH_HUGEPAGES=1       as root: reserve huge pages for those shared buffers (vm.nr_hugepages,
@@ -63,6 +65,6 @@ go test -run '^$' -bench 'BenchmarkCompleteStatement' -benchtime 200x "$@" ./pkg
 # End to end: a keeper over HTTP against a SKIP LOCKED queue on the same server (docs/benchmarks.md).
 if [ "${BENCH_E2E_ROWS:-1000000}" != 0 ]; then
   go build -o bin/renderqueue ./cmd/renderqueue
-  bin/renderqueue bench --dsn "$RENDERQUEUE_TEST_DSN" --rows "${BENCH_E2E_ROWS:-1000000}" --duration 10s
+  bin/renderqueue bench --dsn "$RENDERQUEUE_TEST_DSN" --rows "${BENCH_E2E_ROWS:-1000000}" --duration 10s --rounds "${BENCH_E2E_ROUNDS:-3}"
 fi
 echo "bench.sh: load average after: $(cut -d' ' -f1-3 /proc/loadavg)"

@@ -41,6 +41,7 @@ func Bench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	triggerRounds := fs.Int("trigger-rounds", 40, "batches of the trigger measurement (0: skip it)")
 	keep := fs.Bool("keep-database", false, "keep the scratch database")
 	postgresCPUs := fs.String("postgres-cpus", "", "CPU list (e.g. 0): run PostgreSQL's processes there and the keeper and the workers on the other CPUs, as if the database had a machine of its own (the server must run here; needs root or the server's user)")
+	rounds := fs.Int("rounds", 1, "run the whole benchmark this many times, each on a scratch database of its own and the SKIP LOCKED queue first in every second round, and report the median ratio and its range (one run's ratio is not a verdict: docs/benchmarks.md)")
 	verbose := fs.Bool("v", false, "show progress and the keeper's log on stderr")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -50,6 +51,9 @@ func Bench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	if strings.TrimSpace(*dsn) == "" {
 		return errors.New("--dsn (or RENDERQUEUE_DSN) is required")
+	}
+	if *rounds < 1 || *rounds > 100 {
+		return fmt.Errorf("--rounds %d: must be within 1..100", *rounds)
 	}
 	shapes, err := parseShapes(*skip)
 	if err != nil {
@@ -74,15 +78,42 @@ func Bench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			_, _ = fmt.Fprintf(stderr, "bench: "+format+"\n", args...)
 		}
 	}
-	rep, err := bench.Run(ctx, cfg)
+	if *rounds == 1 {
+		rep, err := bench.Run(ctx, cfg)
+		if err != nil {
+			return err
+		}
+		if err := rep.Write(stdout); err != nil {
+			return err
+		}
+		if rep.Keeper.Verified != rep.Keeper.Completed {
+			return fmt.Errorf("%d acknowledged completions are not in the database", rep.Keeper.Completed-rep.Keeper.Verified)
+		}
+		return nil
+	}
+	var writeErr error
+	rs, err := bench.RunRounds(ctx, cfg, *rounds, func(i int, rep bench.Report) {
+		first := "the keeper first"
+		if rep.SkipLockedFirst {
+			first = "the SKIP LOCKED queue first"
+		}
+		_, e := fmt.Fprintf(stdout, "=== round %d of %d (%s)\n", i+1, *rounds, first)
+		writeErr = errors.Join(writeErr, e, rep.Write(stdout))
+		_, e = fmt.Fprintln(stdout)
+		writeErr = errors.Join(writeErr, e)
+	})
+	if len(rs) > 0 {
+		_, e := fmt.Fprintln(stdout, "=== all rounds")
+		writeErr = errors.Join(writeErr, e, rs.Write(stdout))
+	}
 	if err != nil {
 		return err
 	}
-	if err := rep.Write(stdout); err != nil {
-		return err
+	if writeErr != nil {
+		return writeErr
 	}
-	if rep.Keeper.Verified != rep.Keeper.Completed {
-		return fmt.Errorf("%d acknowledged completions are not in the database", rep.Keeper.Completed-rep.Keeper.Verified)
+	if u := rs.Unverified(); u > 0 {
+		return fmt.Errorf("%d acknowledged completions are not in the database", u)
 	}
 	return nil
 }

@@ -121,6 +121,18 @@ func TestSimulateCapacityFlags(t *testing.T) {
 	}
 }
 
+// TestBenchRoundsFlag: a round count outside 1..100 is refused before anything is started (the
+// DSN names no server: a run would fail on connecting, with another error).
+func TestBenchRoundsFlag(t *testing.T) {
+	for _, n := range []string{"0", "-1", "101"} {
+		var out, errb bytes.Buffer
+		err := Bench(context.Background(), []string{"--dsn", "host=/nonexistent", "--rounds", n}, &out, &errb)
+		if err == nil || !strings.Contains(err.Error(), "--rounds "+n) {
+			t.Errorf("--rounds %s: %v, want the flag refused", n, err)
+		}
+	}
+}
+
 // TestStartKeeperProcess starts a stand-in for the binary (a shell script that prints its
 // arguments and waits) and stops it: the arguments and environment are the keeper's, Stop
 // ends the process with SIGTERM, and Exited reports its end.

@@ -17,7 +17,9 @@
 //
 // and reports rows/s, claim and complete latency (p50, p99), the CPU each process used per
 // completed row (keeper, clients, PostgreSQL — when the server runs on this machine), the machine's
-// load, and the keeper's rate over the best SKIP LOCKED shape's.
+// load, and the keeper's rate over the best SKIP LOCKED shape's. RunRounds repeats all of it, each
+// round on a scratch database of its own and the SKIP LOCKED queue first in every second round,
+// and reports the median of the rounds' ratios: one run's ratio varies too much to be a verdict.
 package bench
 
 import (
@@ -68,6 +70,10 @@ type Config struct {
 	TriggerRounds int
 	// KeepDatabase keeps the scratch database (its name is in the report).
 	KeepDatabase bool
+	// SkipLockedFirst runs the SKIP LOCKED shapes before the keeper (default after it): whatever
+	// a run leaves behind in the server (dirty buffers, WAL to checkpoint, a table to vacuum) then
+	// falls on the other queue's runs. RunRounds alternates it.
+	SkipLockedFirst bool
 	// PostgresCPUs, when set, is a Linux CPU list ("0", "0-1"): the runs place the PostgreSQL
 	// server's processes on those CPUs and this process, its workers and the keeper on the other
 	// CPUs this process may use, as if the database had a machine of its own (the server must run
@@ -144,8 +150,10 @@ type Report struct {
 	LoadBefore, LoadAfter float64
 	// KeeperLoad is the time the keeper took to load the rows (subscribe, walk, ready).
 	KeeperLoad time.Duration
-	Keeper     RunResult
-	SkipLocked []RunResult
+	// SkipLockedFirst is set when the SKIP LOCKED runs came before the keeper's.
+	SkipLockedFirst bool
+	Keeper          RunResult
+	SkipLocked      []RunResult
 	// TriggerWith and TriggerWithout are the group commit's UPDATE time per row with the notify
 	// trigger enabled and disabled (0 when not measured).
 	TriggerWith, TriggerWithout time.Duration
@@ -192,7 +200,7 @@ func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 	if err := cfg.Validate(); err != nil {
 		return rep, fmt.Errorf("bench: %w", err)
 	}
-	rep.Rows, rep.Duration, rep.LoadBefore = cfg.Rows, cfg.Duration, loadAverage()
+	rep.Rows, rep.Duration, rep.LoadBefore, rep.SkipLockedFirst = cfg.Rows, cfg.Duration, loadAverage(), cfg.SkipLockedFirst
 	db, err := createDatabase(ctx, cfg.ServerDSN)
 	if err != nil {
 		return rep, err
@@ -239,17 +247,35 @@ func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 		}()
 	}
 
-	// the keeper
+	if cfg.SkipLockedFirst {
+		if rep.SkipLocked, err = runSkipLockedShapes(ctx, pool, cfg); err != nil {
+			return rep, err
+		}
+	}
+	if err := runKeeperPart(ctx, pool, db.dsn, cfg, &rep); err != nil {
+		return rep, err
+	}
+	if !cfg.SkipLockedFirst {
+		if rep.SkipLocked, err = runSkipLockedShapes(ctx, pool, cfg); err != nil {
+			return rep, err
+		}
+	}
+	rep.LoadAfter = loadAverage()
+	return rep, nil
+}
+
+// runKeeperPart starts the keeper, measures its run (and the trigger's cost) into rep, and stops it.
+func runKeeperPart(ctx context.Context, pool *pgxpool.Pool, dsn string, cfg Config, rep *Report) (err error) {
 	var tok [16]byte
 	if _, err := rand.Read(tok[:]); err != nil {
-		return rep, err
+		return err
 	}
 	token := hex.EncodeToString(tok[:])
 	cfg.Log("starting the keeper")
 	start := time.Now()
-	k, err := cfg.StartKeeper(ctx, db.dsn, token)
+	k, err := cfg.StartKeeper(ctx, dsn, token)
 	if err != nil {
-		return rep, fmt.Errorf("bench: starting the keeper: %w", err)
+		return fmt.Errorf("bench: starting the keeper: %w", err)
 	}
 	defer func() {
 		if k != nil {
@@ -261,31 +287,31 @@ func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 		Transport: &http.Transport{MaxIdleConnsPerHost: cfg.Keeper.Workers + 8, MaxConnsPerHost: cfg.Keeper.Workers + 8},
 	}}
 	if err := waitReady(ctx, client, k.Exited, 30*time.Minute); err != nil {
-		return rep, fmt.Errorf("bench: %w", err)
+		return fmt.Errorf("bench: %w", err)
 	}
 	rep.KeeperLoad = time.Since(start)
 	cfg.Log("keeper ready after %v; %v workers claiming and completing for %v", rep.KeeperLoad.Round(time.Millisecond), cfg.Keeper, cfg.Duration)
 	var walBefore, walAfter string
 	if err := pool.QueryRow(ctx, "SELECT pg_current_wal_insert_lsn()::text").Scan(&walBefore); err != nil {
-		return rep, fmt.Errorf("bench: %w", err)
+		return fmt.Errorf("bench: %w", err)
 	}
 	rep.Keeper, err = measure(ctx, pool, k.PID, cfg.Keeper, cfg.Duration, "render_schedule", func(deadline time.Time) []*workerLog {
 		return runKeeper(ctx, client, cfg.Keeper, deadline)
 	})
 	if err != nil {
-		return rep, err
+		return err
 	}
 	var wal float64
 	var tableBytes int64
 	if err := pool.QueryRow(ctx, "SELECT pg_current_wal_insert_lsn()::text").Scan(&walAfter); err != nil {
-		return rep, fmt.Errorf("bench: %w", err)
+		return fmt.Errorf("bench: %w", err)
 	}
 	if err := pool.QueryRow(ctx, `SELECT pg_wal_lsn_diff($2::pg_lsn, $1::pg_lsn)::float8,
 			(SELECT sum(pg_total_relation_size(c.oid))::bigint FROM pg_class c WHERE c.oid = 'render_schedule'::regclass
 			    OR c.oid IN (SELECT inhrelid FROM pg_inherits WHERE inhparent = 'render_schedule'::regclass)),
 			current_setting('wal_level') || ', full_page_writes ' || current_setting('full_page_writes')`,
 		walBefore, walAfter).Scan(&wal, &tableBytes, &rep.WALSettings); err != nil {
-		return rep, fmt.Errorf("bench: measuring WAL and size: %w", err)
+		return fmt.Errorf("bench: measuring WAL and size: %w", err)
 	}
 	if rep.Keeper.Completed > 0 {
 		rep.WALPerCompletion = wal / float64(rep.Keeper.Completed)
@@ -295,30 +321,34 @@ func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 		cfg.Log("measuring the change-event trigger")
 		rep.TriggerWith, rep.TriggerWithout, err = triggerCost(ctx, pool, cfg.Rows, 500, cfg.TriggerRounds)
 		if err != nil {
-			return rep, fmt.Errorf("bench: %w", err)
+			return fmt.Errorf("bench: %w", err)
 		}
 	}
 	if err := k.Stop(); err != nil {
-		return rep, fmt.Errorf("bench: stopping the keeper: %w", err)
+		return fmt.Errorf("bench: stopping the keeper: %w", err)
 	}
 	k = nil
+	return nil
+}
 
-	// the SKIP LOCKED queue
+// runSkipLockedShapes measures the SKIP LOCKED queue in each shape, the queue reset to all due
+// before each.
+func runSkipLockedShapes(ctx context.Context, pool *pgxpool.Pool, cfg Config) ([]RunResult, error) {
+	var out []RunResult
 	for _, shape := range cfg.SkipLocked {
 		if err := resetQueue(ctx, pool, time.Now().Truncate(time.Millisecond)); err != nil {
-			return rep, fmt.Errorf("bench: %w", err)
+			return nil, fmt.Errorf("bench: %w", err)
 		}
 		cfg.Log("SKIP LOCKED %v for %v", shape, cfg.Duration)
 		r, err := measure(ctx, pool, 0, shape, cfg.Duration, "bench_queue", func(deadline time.Time) []*workerLog {
 			return runSkipLocked(ctx, pool, shape, deadline)
 		})
 		if err != nil {
-			return rep, err
+			return nil, err
 		}
-		rep.SkipLocked = append(rep.SkipLocked, r)
+		out = append(out, r)
 	}
-	rep.LoadAfter = loadAverage()
-	return rep, nil
+	return out, nil
 }
 
 func maxWorkers(shapes []Shape) int {

@@ -4,9 +4,12 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"net/http/httptest"
 	"os"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -51,54 +54,98 @@ func startInProcess(ctx context.Context, dsn, token string) (*Keeper, error) {
 	}}, nil
 }
 
-// TestRunSmall runs the whole benchmark on a few thousand rows with an in-process keeper: both
-// queues complete rows, every acknowledged keeper completion is found in the database, and the
-// report says so.
+// TestRunSmall runs the whole benchmark on a few thousand rows with an in-process keeper, in two
+// rounds: both queues complete rows, every acknowledged keeper completion is found in the
+// database, the report says so, the second round runs the SKIP LOCKED queue first, and each
+// round's scratch database is dropped.
 func TestRunSmall(t *testing.T) {
 	server := pgtest.DSN(t)
 	ctx := context.Background()
-	rep, err := Run(ctx, Config{
+	var (
+		mu       sync.Mutex
+		progress []string
+	)
+	rs, err := RunRounds(ctx, Config{
 		ServerDSN: server, Rows: 5000, Duration: time.Second, Keeper: Shape{Workers: 4, Batch: 50},
 		SkipLocked: []Shape{{2, 20}, {4, 50}}, TriggerRounds: 6, StartKeeper: startInProcess,
-	})
+		Log: func(format string, args ...any) {
+			mu.Lock()
+			defer mu.Unlock()
+			progress = append(progress, fmt.Sprintf(format, args...))
+		},
+	}, 2, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if rep.Keeper.Completed == 0 || rep.Keeper.Verified != rep.Keeper.Completed || rep.Keeper.Errors > 0 {
-		t.Fatalf("keeper run: %+v", rep.Keeper)
+	if len(rs) != 2 || rs[0].SkipLockedFirst || !rs[1].SkipLockedFirst {
+		t.Fatalf("%d rounds, SKIP LOCKED first: want 2, the second", len(rs))
 	}
-	if len(rep.SkipLocked) != 2 {
-		t.Fatalf("%d SKIP LOCKED runs, want 2", len(rep.SkipLocked))
-	}
-	for _, r := range rep.SkipLocked {
-		if r.Completed == 0 || r.Verified != r.Completed || r.Errors > 0 {
-			t.Fatalf("SKIP LOCKED run %v: %+v", r.Shape, r)
+	// which queue each round ran first, from its progress lines
+	var firsts []string
+	for _, line := range progress {
+		switch {
+		case strings.HasPrefix(line, "writing "):
+			firsts = append(firsts, "")
+		case len(firsts) == 0 || firsts[len(firsts)-1] != "":
+		case strings.HasPrefix(line, "starting the keeper"):
+			firsts[len(firsts)-1] = "keeper"
+		case strings.HasPrefix(line, "SKIP LOCKED "):
+			firsts[len(firsts)-1] = "SKIP LOCKED"
 		}
 	}
-	if rep.Ratio() <= 0 || rep.TriggerWith <= 0 {
-		t.Fatalf("ratio %v, trigger %v", rep.Ratio(), rep.TriggerWith)
+	if !slices.Equal(firsts, []string{"keeper", "SKIP LOCKED"}) {
+		t.Errorf("first runs of the rounds: %q, want keeper then SKIP LOCKED; progress:\n%s", firsts, strings.Join(progress, "\n"))
 	}
-	var out bytes.Buffer
-	if err := rep.Write(&out); err != nil {
-		t.Fatal(err)
-	}
-	for _, want := range []string{"keeper (HTTP)", "SKIP LOCKED", "keeper / best SKIP LOCKED", "PostgreSQL CPU per completed row", "change events of a completion", "CPUs allowed: PostgreSQL "} {
-		if !strings.Contains(out.String(), want) {
-			t.Errorf("report lacks %q:\n%s", want, out.String())
-		}
-	}
-	if testing.Verbose() {
-		_, _ = os.Stdout.Write(out.Bytes())
-	}
-	// the scratch database is gone
 	conn, err := pgx.Connect(ctx, server)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer func() { _ = conn.Close(ctx) }()
-	var n int
-	if err := conn.QueryRow(ctx, "SELECT count(*) FROM pg_database WHERE datname = $1", rep.Database).Scan(&n); err != nil || n != 0 {
-		t.Fatalf("scratch database %s: %d left (%v)", rep.Database, n, err)
+	for i, rep := range rs {
+		if rep.Keeper.Completed == 0 || rep.Keeper.Verified != rep.Keeper.Completed || rep.Keeper.Errors > 0 {
+			t.Fatalf("round %d, keeper run: %+v", i+1, rep.Keeper)
+		}
+		if len(rep.SkipLocked) != 2 {
+			t.Fatalf("round %d: %d SKIP LOCKED runs, want 2", i+1, len(rep.SkipLocked))
+		}
+		for _, r := range rep.SkipLocked {
+			if r.Completed == 0 || r.Verified != r.Completed || r.Errors > 0 {
+				t.Fatalf("round %d, SKIP LOCKED run %v: %+v", i+1, r.Shape, r)
+			}
+		}
+		if rep.Ratio() <= 0 || rep.TriggerWith <= 0 {
+			t.Fatalf("round %d: ratio %v, trigger %v", i+1, rep.Ratio(), rep.TriggerWith)
+		}
+		var out bytes.Buffer
+		if err := rep.Write(&out); err != nil {
+			t.Fatal(err)
+		}
+		for _, want := range []string{"keeper (HTTP)", "SKIP LOCKED", "keeper / best SKIP LOCKED", "PostgreSQL CPU per completed row", "change events of a completion", "CPUs allowed: PostgreSQL "} {
+			if !strings.Contains(out.String(), want) {
+				t.Errorf("round %d: report lacks %q:\n%s", i+1, want, out.String())
+			}
+		}
+		if got := strings.Contains(out.String(), "the SKIP LOCKED runs came before the keeper's"); got != rep.SkipLockedFirst {
+			t.Errorf("round %d: report says the SKIP LOCKED runs came first: %v, want %v", i+1, got, rep.SkipLockedFirst)
+		}
+		if testing.Verbose() {
+			_, _ = os.Stdout.Write(out.Bytes())
+		}
+		// the scratch database is gone
+		var n int
+		if err := conn.QueryRow(ctx, "SELECT count(*) FROM pg_database WHERE datname = $1", rep.Database).Scan(&n); err != nil || n != 0 {
+			t.Fatalf("round %d: scratch database %s: %d left (%v)", i+1, rep.Database, n, err)
+		}
+	}
+	var out bytes.Buffer
+	if err := rs.Write(&out); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out.String(), "keeper / best SKIP LOCKED, each round against its own: median ") {
+		t.Errorf("rounds report lacks the median ratio:\n%s", out.String())
+	}
+	if testing.Verbose() {
+		_, _ = os.Stdout.Write(out.Bytes())
 	}
 }
 

@@ -16,6 +16,9 @@ func (r Report) Write(w io.Writer) error {
 	fmt.Fprintf(&b, "load average (1 min): %.2f before, %.2f after\n", r.LoadBefore, r.LoadAfter)
 	fmt.Fprintf(&b, "keeper loaded %d rows in %v\n", r.Rows, r.KeeperLoad.Round(time.Millisecond))
 	fmt.Fprintf(&b, "CPUs allowed: %s\n", r.Keeper.CPUs)
+	if r.SkipLockedFirst {
+		b.WriteString("the SKIP LOCKED runs came before the keeper's\n")
+	}
 	for _, s := range r.SkipLocked {
 		if s.CPUs.Postgres != r.Keeper.CPUs.Postgres || s.CPUs.Clients != r.Keeper.CPUs.Clients {
 			fmt.Fprintf(&b, "CPUs allowed in the SKIP LOCKED run %v: %s\n", s.Shape, s.CPUs)
