@@ -71,8 +71,8 @@ type Config struct {
 	// KeepDatabase keeps the scratch database (its name is in the report).
 	KeepDatabase bool
 	// SkipLockedFirst runs the SKIP LOCKED shapes before the keeper (default after it): whatever
-	// a run leaves behind in the server (dirty buffers, WAL to checkpoint, a table to vacuum) then
-	// falls on the other queue's runs. RunRounds alternates it.
+	// a run leaves behind in the server that the vacuum before each run does not clear (dirty
+	// buffers, WAL to checkpoint) then falls on the other queue's runs. RunRounds alternates it.
 	SkipLockedFirst bool
 	// PostgresCPUs, when set, is a Linux CPU list ("0", "0-1"): the runs place the PostgreSQL
 	// server's processes on those CPUs and this process, its workers and the keeper on the other
@@ -291,6 +291,9 @@ func runKeeperPart(ctx context.Context, pool *pgxpool.Pool, dsn string, cfg Conf
 	}
 	rep.KeeperLoad = time.Since(start)
 	cfg.Log("keeper ready after %v; %v workers claiming and completing for %v", rep.KeeperLoad.Round(time.Millisecond), cfg.Keeper, cfg.Duration)
+	if err := settle(ctx, pool); err != nil {
+		return fmt.Errorf("bench: %w", err)
+	}
 	var walBefore, walAfter string
 	if err := pool.QueryRow(ctx, "SELECT pg_current_wal_insert_lsn()::text").Scan(&walBefore); err != nil {
 		return fmt.Errorf("bench: %w", err)
@@ -362,15 +365,15 @@ func maxWorkers(shapes []Shape) int {
 // measure runs one load for d, with the CPU sampled around it, and verifies its completions.
 func measure(ctx context.Context, pool *pgxpool.Pool, keeperPID int, shape Shape, d time.Duration, table string,
 	run func(deadline time.Time) []*workerLog) (RunResult, error) {
-	r := RunResult{Shape: shape, Vacuums: -1}
-	vac0, vacOK := vacuums(ctx, pool, table)
+	r := RunResult{Shape: shape}
+	m0, mOK := maintenanceNow(ctx, pool)
 	before := sampleCPU(ctx, pool, keeperPID)
 	start := time.Now()
 	logs := run(start.Add(d))
 	r.Elapsed = time.Since(start)
 	after := sampleCPU(ctx, pool, keeperPID)
-	if vac1, ok := vacuums(ctx, pool, table); ok && vacOK {
-		r.Vacuums = vac1.done - vac0.done + vac1.running
+	if m1, ok := maintenanceNow(ctx, pool); ok && mOK {
+		r.Maintenance = m1.since(m0)
 	}
 	r.CPU = cpuBetween(before, after)
 	r.CPUs = after.placement
@@ -384,18 +387,72 @@ func measure(ctx context.Context, pool *pgxpool.Pool, keeperPID int, shape Shape
 	return r, nil
 }
 
-// vacuumCount is how many vacuums of a table have ended, and how many are running.
-type vacuumCount struct{ done, running int }
+// maintenance is, by table of the database, how many vacuums and analyzes (autovacuum's or
+// not) have ended, and how many are running.
+type maintenance struct{ ended, running map[string]int }
 
-// vacuums reads how many vacuums of table (autovacuum or VACUUM) have ended and how many are
-// running. A vacuum in a run takes PostgreSQL CPU from it: the report says so. Vacuums running in
-// other roles' sessions (autovacuum's) show only to a role that may read every session's
-// statistics (superuser, pg_read_all_stats); else only the ended ones are counted.
-func vacuums(ctx context.Context, pool *pgxpool.Pool, table string) (c vacuumCount, ok bool) {
-	err := pool.QueryRow(ctx, `SELECT
-		coalesce((SELECT autovacuum_count + vacuum_count FROM pg_stat_user_tables WHERE relid = $1::text::regclass), 0),
-		(SELECT count(*) FROM pg_stat_progress_vacuum WHERE relid = $1::text::regclass)`, table).Scan(&c.done, &c.running)
-	return c, err == nil
+// maintenanceNow reads the vacuums and analyzes of the database's tables. Those running in other
+// roles' sessions (autovacuum's) show only to a role that may read every session's statistics
+// (superuser, pg_read_all_stats); else only the ended ones are counted.
+func maintenanceNow(ctx context.Context, pool *pgxpool.Pool) (maintenance, bool) {
+	m := maintenance{ended: map[string]int{}, running: map[string]int{}}
+	rows, err := pool.Query(ctx, `SELECT relname::text, vacuum_count + autovacuum_count + analyze_count + autoanalyze_count, 0
+		FROM pg_stat_user_tables
+		UNION ALL
+		SELECT c.relname::text, 0, 1 FROM pg_stat_progress_vacuum p JOIN pg_class c ON c.oid = p.relid
+		WHERE p.datname = current_database()
+		UNION ALL
+		SELECT c.relname::text, 0, 1 FROM pg_stat_progress_analyze p JOIN pg_class c ON c.oid = p.relid
+		WHERE p.datname = current_database()`)
+	if err != nil {
+		return m, false
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var (
+			name           string
+			ended, running int
+		)
+		if err := rows.Scan(&name, &ended, &running); err != nil {
+			return m, false
+		}
+		m.ended[name] += ended
+		m.running[name] += running
+	}
+	return m, rows.Err() == nil
+}
+
+// since is, by table, the vacuums and analyzes that ended after m0 or are running in m; nil when
+// there were none.
+func (m maintenance) since(m0 maintenance) map[string]int {
+	var out map[string]int
+	for name := range m.ended {
+		if n := m.ended[name] - m0.ended[name] + m.running[name]; n > 0 {
+			if out == nil {
+				out = map[string]int{}
+			}
+			out[name] = n
+		}
+	}
+	for name, n := range m.running {
+		if _, seen := m.ended[name]; !seen && n > 0 { // a table not in the statistics yet
+			if out == nil {
+				out = map[string]int{}
+			}
+			out[name] = n
+		}
+	}
+	return out
+}
+
+// settle vacuums and analyzes the two queues' tables before a run, so that no autovacuum or
+// autoanalyze of what an earlier run (or the seeding) wrote falls in it: a run pays for the
+// maintenance of its own writes only, and the report says when it did.
+func settle(ctx context.Context, pool *pgxpool.Pool) error {
+	if _, err := pool.Exec(ctx, "VACUUM ANALYZE render_schedule, bench_queue"); err != nil {
+		return fmt.Errorf("vacuuming the queues before a run: %w", err)
+	}
+	return nil
 }
 
 // waitReady polls the keeper's /readyz until it answers 200.

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net/http/httptest"
 	"os"
 	"slices"
@@ -191,33 +192,54 @@ func TestVerifyCountsEachCompletion(t *testing.T) {
 	}
 }
 
-// TestVacuumsDuringARun: a vacuum of the run's table between the samples is counted, and the
-// report says the run shared PostgreSQL's core with it.
-func TestVacuumsDuringARun(t *testing.T) {
+// TestMaintenanceDuringARun: a vacuum or analyze of any table of the database between the
+// samples is counted, by table, and the report names them in that run's row only.
+func TestMaintenanceDuringARun(t *testing.T) {
 	pool := scratchPool(t)
 	ctx := context.Background()
-	if _, err := pool.Exec(ctx, `CREATE TABLE q (key text PRIMARY KEY, due_at timestamptz) WITH (autovacuum_enabled = false)`); err != nil {
-		t.Fatal(err)
+	for _, name := range []string{"q", "other"} {
+		if _, err := pool.Exec(ctx, `CREATE TABLE `+name+` (key text PRIMARY KEY, due_at timestamptz) WITH (autovacuum_enabled = false)`); err != nil {
+			t.Fatal(err)
+		}
 	}
 	r, err := measure(ctx, pool, 0, Shape{1, 1}, time.Second, "q", func(time.Time) []*workerLog { return nil })
-	if err != nil || r.Vacuums != 0 {
-		t.Fatalf("a run without a vacuum: %d vacuums (%v), want 0", r.Vacuums, err)
+	if err != nil || r.Maintenance != nil {
+		t.Fatalf("a run without maintenance: %v (%v), want none", r.Maintenance, err)
 	}
 	r, err = measure(ctx, pool, 0, Shape{1, 1}, time.Second, "q", func(time.Time) []*workerLog {
-		if _, err := pool.Exec(ctx, `VACUUM q`); err != nil {
-			t.Error(err)
+		for _, sql := range []string{`VACUUM q`, `ANALYZE other`, `VACUUM ANALYZE other`} {
+			if _, err := pool.Exec(ctx, sql); err != nil {
+				t.Error(err)
+			}
 		}
 		return nil
 	})
-	if err != nil || r.Vacuums != 1 {
-		t.Fatalf("a run with a vacuum: %d vacuums (%v), want 1", r.Vacuums, err)
+	if want := map[string]int{"q": 1, "other": 3}; err != nil || !maps.Equal(r.Maintenance, want) {
+		t.Fatalf("a run with maintenance: %v (%v), want %v", r.Maintenance, err, want)
 	}
 	var out bytes.Buffer
-	if err := (Report{Keeper: RunResult{Shape: Shape{1, 1}, Vacuums: -1}, SkipLocked: []RunResult{r}}).Write(&out); err != nil {
+	if err := (Report{Keeper: RunResult{Shape: Shape{1, 1}}, SkipLocked: []RunResult{r}}).Write(&out); err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(out.String(), "vacuumed during the run, 1×") || strings.Count(out.String(), "vacuumed") != 1 {
-		t.Errorf("the report does not say which run shared the core with a vacuum:\n%s", out.String())
+	if !strings.Contains(out.String(), "vacuumed or analyzed during the run: other 3×, q 1×") || strings.Count(out.String(), "vacuumed") != 1 {
+		t.Errorf("the report does not say which run shared the core with maintenance:\n%s", out.String())
+	}
+}
+
+// TestMaintenanceSince: what ended between two readings and what is running at the second count,
+// a table first seen running included.
+func TestMaintenanceSince(t *testing.T) {
+	m0 := maintenance{ended: map[string]int{"a": 2, "b": 5}, running: map[string]int{"a": 1}}
+	m1 := maintenance{ended: map[string]int{"a": 3, "b": 5}, running: map[string]int{"b": 1, "new": 1}}
+	if got, want := m1.since(m0), map[string]int{"a": 1, "b": 1, "new": 1}; !maps.Equal(got, want) {
+		t.Errorf("since = %v, want %v", got, want)
+	}
+	if got := m0.since(m0); !maps.Equal(got, map[string]int{"a": 1}) { // still running
+		t.Errorf("since itself = %v, want the one running", got)
+	}
+	quiet := maintenance{ended: map[string]int{"a": 2}, running: map[string]int{}}
+	if got := quiet.since(quiet); got != nil {
+		t.Errorf("since itself, nothing running = %v, want nil", got)
 	}
 }
 

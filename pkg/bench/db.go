@@ -117,15 +117,12 @@ func prepare(ctx context.Context, pool *pgxpool.Pool, rows int, now time.Time) e
 }
 
 // resetQueue makes every row of the SKIP LOCKED queue due again (as seeded), so each run starts
-// from the same state.
+// from the same state, and settles both tables.
 func resetQueue(ctx context.Context, pool *pgxpool.Pool, now time.Time) error {
 	if _, err := pool.Exec(ctx, `UPDATE bench_queue SET due_at = $1::timestamptz - (random() * cadence_ms)::bigint * interval '1 millisecond'`, now); err != nil {
 		return fmt.Errorf("resetting bench_queue: %w", err)
 	}
-	if _, err := pool.Exec(ctx, "VACUUM ANALYZE bench_queue"); err != nil {
-		return fmt.Errorf("vacuuming bench_queue: %w", err)
-	}
-	return nil
+	return settle(ctx, pool)
 }
 
 // completed is one acknowledged completion: the row as claimed.

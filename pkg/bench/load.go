@@ -44,9 +44,10 @@ type RunResult struct {
 	// Errors counts failed requests; LastError is one of them.
 	Errors    int
 	LastError string
-	// Vacuums is how many vacuums of the run's table ended during the run or were running at
-	// its end (autovacuum: its CPU is PostgreSQL's, taken from the run); -1: not known.
-	Vacuums int
+	// Maintenance is, by table of the scratch database, how many vacuums and analyzes
+	// (autovacuum's or not) ended during the run or were running at its end: their CPU is
+	// PostgreSQL's, taken from the run. Nil when there were none or they could not be read.
+	Maintenance map[string]int
 }
 
 // RowsPerSecond is the completion rate.

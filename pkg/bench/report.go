@@ -3,6 +3,8 @@ package bench
 import (
 	"fmt"
 	"io"
+	"maps"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -37,8 +39,8 @@ func (r Report) Write(w io.Writer) error {
 		if res.Errors > 0 {
 			note += fmt.Sprintf(" (%d errors, the last: %s)", res.Errors, res.LastError)
 		}
-		if res.Vacuums > 0 {
-			note += fmt.Sprintf(" (the table was vacuumed during the run, %d×: PostgreSQL's core was not the run's alone)", res.Vacuums)
+		if len(res.Maintenance) > 0 {
+			note += fmt.Sprintf(" (vacuumed or analyzed during the run: %s; PostgreSQL's core was not the run's alone)", maintenanceList(res.Maintenance))
 		}
 		row("%s\t%v\t%.0f\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", name, res.Shape, res.RowsPerSecond(),
 			ms(res.Claim.P50), ms(res.Claim.P99), ms(res.Complete.P50), ms(res.Complete.P99), verified,
@@ -108,4 +110,14 @@ func busy(c cpuUse) string {
 		return "n/a"
 	}
 	return fmt.Sprintf("%.0f%%, stolen %.0f%%", 100*float64(m.Busy)/float64(m.Total), 100*m.StealShare())
+}
+
+// maintenanceList is "bench_queue 1×, render_schedule 2×", by table name.
+func maintenanceList(m map[string]int) string {
+	names := slices.Sorted(maps.Keys(m))
+	parts := make([]string, len(names))
+	for i, n := range names {
+		parts[i] = fmt.Sprintf("%s %d×", n, m[n])
+	}
+	return strings.Join(parts, ", ")
 }

@@ -124,8 +124,11 @@ func (rs Rounds) Write(w io.Writer) error {
 		if r.Keeper.Drained {
 			notes = append(notes, "the keeper ran out of due rows")
 		}
-		if r.Keeper.Vacuums > 0 || best.Vacuums > 0 {
-			notes = append(notes, "a table was vacuumed during a run")
+		if len(r.Keeper.Maintenance) > 0 {
+			notes = append(notes, "vacuumed or analyzed in the keeper run: "+maintenanceList(r.Keeper.Maintenance))
+		}
+		if len(best.Maintenance) > 0 {
+			notes = append(notes, "vacuumed or analyzed in the SKIP LOCKED run: "+maintenanceList(best.Maintenance))
 		}
 		if u := r.Keeper.Completed - r.Keeper.Verified; u > 0 {
 			notes = append(notes, fmt.Sprintf("%d keeper completions not in the database", u))

@@ -39,7 +39,7 @@ func TestSpreadOf(t *testing.T) {
 // skip rows each, in one second, PostgreSQL taking pg µs per row in each run (0: not measured).
 func round(keeper int, pg float64, skip ...int) Report {
 	run := func(shape Shape, n int) RunResult {
-		r := RunResult{Shape: shape, Completed: n, Verified: n, Elapsed: time.Second, Vacuums: -1}
+		r := RunResult{Shape: shape, Completed: n, Verified: n, Elapsed: time.Second}
 		if pg > 0 {
 			r.CPU = cpuUse{Postgres: time.Duration(pg * float64(n) * float64(time.Microsecond)), PostgresOK: true}
 		}
