@@ -426,20 +426,20 @@ func maintenanceNow(ctx context.Context, pool *pgxpool.Pool) (maintenance, bool)
 // there were none.
 func (m maintenance) since(m0 maintenance) map[string]int {
 	var out map[string]int
-	for name := range m.ended {
-		if n := m.ended[name] - m0.ended[name] + m.running[name]; n > 0 {
+	add := func(name string, n int) {
+		if n > 0 {
 			if out == nil {
 				out = map[string]int{}
 			}
 			out[name] = n
 		}
 	}
+	for name, ended := range m.ended {
+		add(name, ended-m0.ended[name]+m.running[name])
+	}
 	for name, n := range m.running {
-		if _, seen := m.ended[name]; !seen && n > 0 { // a table not in the statistics yet
-			if out == nil {
-				out = map[string]int{}
-			}
-			out[name] = n
+		if _, seen := m.ended[name]; !seen { // a table not in the statistics yet
+			add(name, n)
 		}
 	}
 	return out
