@@ -78,21 +78,13 @@ func Bench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			_, _ = fmt.Fprintf(stderr, "bench: "+format+"\n", args...)
 		}
 	}
-	if *rounds == 1 {
-		rep, err := bench.Run(ctx, cfg)
-		if err != nil {
-			return err
-		}
-		if err := rep.Write(stdout); err != nil {
-			return err
-		}
-		if rep.Keeper.Verified != rep.Keeper.Completed {
-			return fmt.Errorf("%d acknowledged completions are not in the database", rep.Keeper.Completed-rep.Keeper.Verified)
-		}
-		return nil
-	}
+	// one round prints its report alone; several print each with a header, then the medians
 	var writeErr error
 	rs, err := bench.RunRounds(ctx, cfg, *rounds, func(i int, rep bench.Report) {
+		if *rounds == 1 {
+			writeErr = rep.Write(stdout)
+			return
+		}
 		first := "the keeper first"
 		if rep.SkipLockedFirst {
 			first = "the SKIP LOCKED queue first"
@@ -102,7 +94,7 @@ func Bench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		_, e = fmt.Fprintln(stdout)
 		writeErr = errors.Join(writeErr, e)
 	})
-	if len(rs) > 0 {
+	if *rounds > 1 && len(rs) > 0 {
 		_, e := fmt.Fprintln(stdout, "=== all rounds")
 		writeErr = errors.Join(writeErr, e, rs.Write(stdout))
 	}
