@@ -158,6 +158,11 @@ func (s *Shard) Complete(ctx context.Context, items []CompleteItem) ([]error, er
 	s.mu.Lock()
 	now := s.clock()
 	for i, it := range items {
+		if i%walkStepRows == 0 {
+			// read the next step's index entries ahead, as walks and events do (the keys are
+			// seldom in the caches any more: claimed a request or thousands of rows ago)
+			s.core.Prefetch(min(len(items)-i, walkStepRows), func(j int) string { return items[i+j].Key })
+		}
 		cp, held, err := s.core.Completing(now, it.Key, it.Lease)
 		if held {
 			classes[i] = shardmetrics.ClassOf(cp.Cadence, cp.Source)
@@ -192,7 +197,9 @@ func (s *Shard) Complete(ctx context.Context, items []CompleteItem) ([]error, er
 	for lo := 0; lo < len(written); lo += walkStepRows {
 		s.mu.Lock()
 		now = s.clock()
-		for j := lo; j < min(lo+walkStepRows, len(written)); j++ {
+		hi := min(lo+walkStepRows, len(written))
+		s.core.PrefetchHints(hi-lo, func(j int) core.Hint { return idx[lo+j].hint })
+		for j := lo; j < hi; j++ {
 			res, i := written[j], idx[j].item
 			if !res.Found {
 				results[i] = core.ErrNotHeld

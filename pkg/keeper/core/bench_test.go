@@ -168,6 +168,79 @@ func BenchmarkKeeperComplete(b *testing.B) {
 	}
 }
 
+// BenchmarkKeeperCompleteInFlight completes claimed batches as a shard under load does: 32
+// requests of 1,000 rows in flight (as 32 workers claiming 1,000 at a time keep), each completed
+// after the 31 claimed after it, so that its rows have left the CPU's caches. As Shard.Complete
+// does, every lease is checked (Completing), then the written versions are applied
+// (ApplyCompleted, with Completing's hints), each in steps of 128 rows whose keys or hints are read
+// ahead (prefetch=true, what the shard does) or not. ns/row times the completions alone (the
+// claims are untimed).
+func BenchmarkKeeperCompleteInFlight(b *testing.B) {
+	const inFlight, batch, step = 32, 1000, 128
+	for _, n := range coretest.Sizes(b) {
+		now := base
+		c := coretest.Build(b, n, now, true)
+		rev := int64(1 << 41)
+		for _, prefetch := range []bool{false, true} {
+			b.Run(fmt.Sprintf("%s/prefetch=%v", coretest.SizeName(n), prefetch), func(b *testing.B) {
+				queue := make([][]core.Claimed, 0, inFlight+1)
+				for range inFlight {
+					queue = append(queue, c.Claim(now, batch, time.Hour))
+				}
+				hints := make([]core.Hint, batch)
+				dues := make([]time.Time, batch)
+				var completing time.Duration
+				rows := 0
+				for b.Loop() {
+					got := queue[0]
+					queue = append(queue[:0], queue[1:]...)
+					if len(got) != batch {
+						b.Fatalf("claimed %d", len(got))
+					}
+					start := time.Now()
+					for lo := 0; lo < len(got); lo += step {
+						hi := min(lo+step, len(got))
+						if prefetch {
+							c.Prefetch(hi-lo, func(j int) string { return got[lo+j].Key })
+						}
+						for i := lo; i < hi; i++ {
+							cp, _, err := c.Completing(now, got[i].Key, got[i].Lease)
+							if err != nil {
+								b.Fatal(err)
+							}
+							hints[i], dues[i] = cp.Hint, cp.Due
+						}
+					}
+					for lo := 0; lo < len(got); lo += step {
+						hi := min(lo+step, len(got))
+						if prefetch {
+							c.PrefetchHints(hi-lo, func(j int) core.Hint { return hints[lo+j] })
+						}
+						for i := lo; i < hi; i++ {
+							g := got[i]
+							rev++
+							c.ApplyCompleted(now, schedule.Row{Key: g.Key, KeyHash: coretest.HashOf(g.Key), Due: dues[i].Add(time.Millisecond),
+								HasDue: true, Cadence: g.Cadence, Route: g.Route, Source: g.Source, Rev: rev}, g.Lease, hints[i])
+						}
+					}
+					completing += time.Since(start)
+					rows += len(got)
+					queue = append(queue, c.Claim(now, batch, time.Hour))
+				}
+				// every row claimable again for the next run
+				for _, q := range queue {
+					for _, g := range q {
+						if err := c.Release(now, g.Key, g.Lease); err != nil {
+							b.Fatal(err)
+						}
+					}
+				}
+				b.ReportMetric(float64(completing.Nanoseconds())/float64(rows), "ns/row")
+			})
+		}
+	}
+}
+
 // BenchmarkKeeperSummary computes the core's summary, half the rows due, one second later each
 // time (so the rows that came due in that second are counted as they would be).
 func BenchmarkKeeperSummary(b *testing.B) {

@@ -134,12 +134,43 @@ func (s *Store) Prefetch(n int, key func(i int) string) uint32 {
 				found++
 			}
 		}
-		for _, off := range offs[:found] {
-			// the key's first and last bytes: a 64-byte key spans two cache lines
-			c, i := s.keys.chunks[off/arenaChunk], off%arenaChunk
-			l := uint32(c[i])
-			sum += l + uint32(c[min(i+l, uint32(len(c)-1))])
+		sum += s.touchKeys(offs[:found])
+	}
+	return sum
+}
+
+// PrefetchRecords is Prefetch for FindFrom: it reads the n records id(0) … id(n-1) and the keys
+// of those held, what FindFrom compares first. Ids that are not records are skipped. It changes
+// nothing.
+func (s *Store) PrefetchRecords(n int, id func(i int) uint32) uint32 {
+	limit := uint32(len(s.recs.chunks)) * recChunkSize
+	var (
+		offs [prefetchBatch]uint32
+		sum  uint32
+	)
+	for lo := 0; lo < n; lo += prefetchBatch {
+		found := 0
+		for i := range min(n-lo, prefetchBatch) {
+			if d := id(lo + i); d < limit {
+				if r := s.recs.at(d); r.Has(Held) {
+					offs[found] = r.keyOff
+					found++
+				}
+			}
 		}
+		sum += s.touchKeys(offs[:found])
+	}
+	return sum
+}
+
+// touchKeys reads the first and last bytes of the held keys at offs: a 64-byte key spans two
+// cache lines.
+func (s *Store) touchKeys(offs []uint32) uint32 {
+	var sum uint32
+	for _, off := range offs {
+		c, i := s.keys.chunks[off/arenaChunk], off%arenaChunk
+		l := uint32(c[i])
+		sum += l + uint32(c[min(i+l, uint32(len(c)-1))])
 	}
 	return sum
 }

@@ -147,8 +147,9 @@ func TestFindFrom(t *testing.T) {
 	}
 }
 
-// TestPrefetchChangesNothing reads ahead keys held, removed, never held and empty, more than
-// one pass's worth, in an empty store, a populated one and one emptied again, and checks that the store is as it was: every
+// TestPrefetchChangesNothing reads ahead keys held, removed, never held and empty, and records
+// held, freed and beyond the store's (PrefetchRecords), more than one pass's worth, in an empty
+// store, a populated one and one emptied again, and checks that the store is as it was: every
 // lookup the same, the invariants intact.
 func TestPrefetchChangesNothing(t *testing.T) {
 	s := New()
@@ -156,6 +157,11 @@ func TestPrefetchChangesNothing(t *testing.T) {
 	for i := range 300 { // more than one pass of Prefetch, held and not
 		keys = append(keys, fmt.Sprintf("k%d", i))
 	}
+	var ids []uint32
+	for i := range 300 {
+		ids = append(ids, uint32(i))
+	}
+	ids = append(ids, recChunkSize-1, recChunkSize, 1<<31, ^uint32(0))
 	check := func(stage string) {
 		t.Helper()
 		type found struct {
@@ -169,6 +175,7 @@ func TestPrefetchChangesNothing(t *testing.T) {
 		}
 		n := s.Len()
 		s.Prefetch(len(keys), func(i int) string { return keys[i] })
+		s.PrefetchRecords(len(ids), func(i int) uint32 { return ids[i] })
 		if s.Len() != n {
 			t.Errorf("%s: Len %d after Prefetch, was %d", stage, s.Len(), n)
 		}
