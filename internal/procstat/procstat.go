@@ -132,3 +132,36 @@ func parseStat(stat string) (Times, bool) {
 	tick := func(n int64) time.Duration { return time.Duration(n) * time.Second / clockTicks }
 	return Times{Busy: tick(busy), Steal: tick(steal), Total: tick(total)}, true
 }
+
+// HugePageShared returns how many bytes of shared memory process pid has mapped on huge pages
+// (MAP_HUGETLB: "/anon_hugepage" in /proc/<pid>/maps, as PostgreSQL maps its shared buffers when
+// huge_pages allows and the kernel has them reserved), and false when the maps cannot be read.
+func HugePageShared(pid int) (int64, bool) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", pid))
+	if err != nil {
+		return 0, false
+	}
+	return hugePageBytes(string(b)), true
+}
+
+// hugePageBytes sums the sizes of the "/anon_hugepage" mappings in the text of a
+// /proc/<pid>/maps.
+func hugePageBytes(maps string) int64 {
+	var n int64
+	for _, line := range strings.Split(maps, "\n") {
+		f := strings.Fields(line)
+		if len(f) < 6 || f[5] != "/anon_hugepage" {
+			continue
+		}
+		lo, hi, ok := strings.Cut(f[0], "-")
+		if !ok {
+			continue
+		}
+		a, err1 := strconv.ParseUint(lo, 16, 64)
+		z, err2 := strconv.ParseUint(hi, 16, 64)
+		if err1 == nil && err2 == nil && z > a {
+			n += int64(z - a)
+		}
+	}
+	return n
+}

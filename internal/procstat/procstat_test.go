@@ -93,3 +93,24 @@ func TestParseStat(t *testing.T) {
 		t.Errorf("BusyShare of no time = %v, want 0", s)
 	}
 }
+
+// TestHugePageBytes sums PostgreSQL's shared memory on huge pages from a maps text and nothing
+// else: not ordinary shared memory, not huge pages of another kind, not malformed lines.
+func TestHugePageBytes(t *testing.T) {
+	maps := `55d6a6e00000-55d6a7400000 r-xp 00000000 fe:01 1234                       /usr/lib/postgresql/15/bin/postgres
+7fcf07400000-7fcf2a000000 rw-s 00000000 00:11 1416412                    /anon_hugepage (deleted)
+7fcf2c61d000-7fcf2c61e000 rw-s 00000000 00:01 196671                     /SYSV00a12155 (deleted)
+7fda20951000-7fda433a7000 rw-s 00000000 00:01 24266                      /dev/zero (deleted)
+7fcf00000000-7fcf00200000 rw-s 00000000 00:11 99                         /anon_hugepage
+zzzz-7fcf00200000 rw-s 00000000 00:11 99                                 /anon_hugepage
+7fcf00400000-7fcf00200000 rw-s 00000000 00:11 99                         /anon_hugepage
+7fff0000 rw-s 00000000 00:11 99                                          /anon_hugepage
+`
+	want := int64(0x7fcf2a000000-0x7fcf07400000) + 0x200000
+	if got := hugePageBytes(maps); got != want {
+		t.Errorf("hugePageBytes = %d, want %d", got, want)
+	}
+	if got := hugePageBytes(""); got != 0 {
+		t.Errorf("hugePageBytes(\"\") = %d", got)
+	}
+}

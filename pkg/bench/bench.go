@@ -146,6 +146,9 @@ type Report struct {
 	Database string
 	// Server is the PostgreSQL version string.
 	Server string
+	// SharedMemory says how large the server's shared buffers are and whether they are on huge
+	// pages (sharedMemory).
+	SharedMemory string
 	// LoadBefore and LoadAfter are the machine's 1-minute load averages around the runs.
 	LoadBefore, LoadAfter float64
 	// KeeperLoad is the time the keeper took to load the rows (subscribe, walk, ready).
@@ -226,6 +229,9 @@ func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 	}
 	defer pool.Close()
 	if err := pool.QueryRow(ctx, "SELECT version()").Scan(&rep.Server); err != nil {
+		return rep, fmt.Errorf("bench: %w", err)
+	}
+	if rep.SharedMemory, err = sharedMemory(ctx, pool); err != nil {
 		return rep, fmt.Errorf("bench: %w", err)
 	}
 	now := time.Now().Truncate(time.Millisecond)

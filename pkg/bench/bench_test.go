@@ -117,11 +117,16 @@ func TestRunSmall(t *testing.T) {
 		if rep.Ratio() <= 0 || rep.TriggerWith <= 0 {
 			t.Fatalf("round %d: ratio %v, trigger %v", i+1, rep.Ratio(), rep.TriggerWith)
 		}
+		// the test's server runs here: whether its buffers are on huge pages is known
+		if sm := rep.SharedMemory; !strings.HasPrefix(sm, "shared_buffers ") ||
+			!(strings.HasSuffix(sm, ": not on huge pages") || strings.Contains(sm, ": on huge pages (")) {
+			t.Errorf("round %d: shared memory %q", i+1, sm)
+		}
 		var out bytes.Buffer
 		if err := rep.Write(&out); err != nil {
 			t.Fatal(err)
 		}
-		for _, want := range []string{"keeper (HTTP)", "SKIP LOCKED", "keeper / best SKIP LOCKED", "PostgreSQL CPU per completed row", "change events of a completion", "CPUs allowed: PostgreSQL "} {
+		for _, want := range []string{"keeper (HTTP)", "SKIP LOCKED", "keeper / best SKIP LOCKED", "PostgreSQL CPU per completed row", "change events of a completion", "CPUs allowed: PostgreSQL ", "PostgreSQL's shared memory: shared_buffers "} {
 			if !strings.Contains(out.String(), want) {
 				t.Errorf("round %d: report lacks %q:\n%s", i+1, want, out.String())
 			}

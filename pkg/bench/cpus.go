@@ -253,6 +253,36 @@ func postmasterPID(ctx context.Context, q querier) (int, error) {
 	return ppid, nil
 }
 
+// sharedMemory describes the server's shared buffers for the report: their size, and whether
+// they are on huge pages, which PostgreSQL 15 does not say (with huge_pages = try it falls back to
+// ordinary pages when the kernel has none reserved): read from the postmaster's memory maps when
+// the server runs on this machine. A random page of a large buffer pool costs a TLB miss on
+// ordinary pages, and both queues' statements read such pages for every row.
+func sharedMemory(ctx context.Context, q querier) (string, error) {
+	rows, err := q.Query(ctx, "SELECT current_setting('shared_buffers'), current_setting('huge_pages')")
+	if err != nil {
+		return "", fmt.Errorf("reading the server's shared memory settings: %w", err)
+	}
+	type settings struct{ Buffers, Huge string }
+	set, err := pgx.CollectExactlyOneRow(rows, pgx.RowToStructByPos[settings])
+	if err != nil {
+		return "", fmt.Errorf("reading the server's shared memory settings: %w", err)
+	}
+	desc := fmt.Sprintf("shared_buffers %s, huge_pages = %s", set.Buffers, set.Huge)
+	pm, err := postmasterPID(ctx, q)
+	if err != nil {
+		return desc + ": whether on huge pages is not known here", nil
+	}
+	n, ok := procstat.HugePageShared(pm)
+	switch {
+	case !ok:
+		return desc + ": whether on huge pages is not known here", nil
+	case n == 0:
+		return desc + ": not on huge pages", nil
+	}
+	return fmt.Sprintf("%s: on huge pages (%d MiB)", desc, n>>20), nil
+}
+
 // childrenOf returns the processes whose parent is pid.
 func childrenOf(pid int) []int {
 	dirs, _ := filepath.Glob("/proc/[0-9]*")

@@ -50,6 +50,9 @@ type RunResult struct {
 	Maintenance map[string]int
 }
 
+// Unverified is how many acknowledged completions the database did not show completed.
+func (r RunResult) Unverified() int { return r.Completed - r.Verified }
+
 // RowsPerSecond is the completion rate.
 func (r RunResult) RowsPerSecond() float64 {
 	if r.Elapsed <= 0 {

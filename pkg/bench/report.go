@@ -15,6 +15,9 @@ func (r Report) Write(w io.Writer) error {
 	var b strings.Builder
 	fmt.Fprintf(&b, "renderqueue bench: %d due rows with 64-byte keys in each queue, %v per run\n", r.Rows, r.Duration)
 	fmt.Fprintf(&b, "PostgreSQL: %s\n", firstWords(r.Server, 2))
+	if r.SharedMemory != "" {
+		fmt.Fprintf(&b, "PostgreSQL's shared memory: %s\n", r.SharedMemory)
+	}
 	fmt.Fprintf(&b, "load average (1 min): %.2f before, %.2f after\n", r.LoadBefore, r.LoadAfter)
 	fmt.Fprintf(&b, "keeper loaded %d rows in %v\n", r.Rows, r.KeeperLoad.Round(time.Millisecond))
 	fmt.Fprintf(&b, "CPUs allowed: %s\n", r.Keeper.CPUs)
@@ -73,8 +76,8 @@ func (r Report) Write(w io.Writer) error {
 	if r.TableBytesPerRow > 0 {
 		fmt.Fprintf(&b, "render_schedule with its indexes: %.0f bytes per row\n", r.TableBytesPerRow)
 	}
-	if r.Keeper.Verified != r.Keeper.Completed {
-		fmt.Fprintf(&b, "WARNING: %d acknowledged keeper completions are not in the database as completed\n", r.Keeper.Completed-r.Keeper.Verified)
+	if u := r.Keeper.Unverified(); u != 0 {
+		fmt.Fprintf(&b, "WARNING: %d acknowledged keeper completions are not in the database as completed\n", u)
 	}
 	_, err := io.WriteString(w, b.String())
 	return err

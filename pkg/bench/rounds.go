@@ -99,7 +99,7 @@ func (rs Rounds) Summary() RoundsSummary {
 func (rs Rounds) Unverified() int {
 	n := 0
 	for _, r := range rs {
-		n += r.Keeper.Completed - r.Keeper.Verified
+		n += r.Keeper.Unverified()
 	}
 	return n
 }
@@ -130,7 +130,7 @@ func (rs Rounds) Write(w io.Writer) error {
 		if len(best.Maintenance) > 0 {
 			notes = append(notes, "vacuumed or analyzed in the SKIP LOCKED run: "+maintenanceList(best.Maintenance))
 		}
-		if u := r.Keeper.Completed - r.Keeper.Verified; u > 0 {
+		if u := r.Keeper.Unverified(); u > 0 {
 			notes = append(notes, fmt.Sprintf("%d keeper completions not in the database", u))
 		}
 		note := ""
