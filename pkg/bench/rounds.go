@@ -153,11 +153,25 @@ func (rs Rounds) Write(w io.Writer) error {
 			s.PostgresKeeper.Median, s.PostgresKeeper.Min, s.PostgresKeeper.Max,
 			s.PostgresSkipLocked.Median, s.PostgresSkipLocked.Min, s.PostgresSkipLocked.Max)
 	}
+	if d := rs.Drained(); d > 0 {
+		fmt.Fprintf(&b, "NOTE: the keeper ran out of due rows in %d of %d rounds: those rates include the drain (workers finding nothing, the last writes alone) and understate it; a shorter --duration or more --rows measures it at full pace\n", d, len(rs))
+	}
 	if u := rs.Unverified(); u > 0 {
 		fmt.Fprintf(&b, "WARNING: %d acknowledged keeper completions are not in the database as completed\n", u)
 	}
 	_, err := io.WriteString(w, b.String())
 	return err
+}
+
+// Drained is how many rounds' keeper runs ran out of due rows before their duration.
+func (rs Rounds) Drained() int {
+	n := 0
+	for _, r := range rs {
+		if r.Keeper.Drained {
+			n++
+		}
+	}
+	return n
 }
 
 // pgPerRow is a run's PostgreSQL CPU per completed row in µs, or n/a.
