@@ -152,8 +152,18 @@ func (p *pinned) restore() error {
 		}
 	}
 	if set, ok := p.old[os.Getpid()]; ok {
-		for _, tid := range threadsOf(os.Getpid()) {
-			if _, moved := p.old[tid]; !moved {
+		// a thread started since has the placement of the thread that started it, and the
+		// runtime may start one while this runs, from a thread not given back yet: until a pass
+		// finds no thread it has not seen (one such thread, left on the keeper's CPUs, made the
+		// next round's placement fail)
+		seen := map[int]bool{}
+		for again := true; again; {
+			again = false
+			for _, tid := range threadsOf(os.Getpid()) {
+				if _, moved := p.old[tid]; moved || seen[tid] {
+					continue
+				}
+				seen[tid], again = true, true
 				put(tid, set)
 			}
 		}
@@ -202,8 +212,10 @@ func (p *pinned) set(pid int, set unix.CPUSet) error {
 // machine, and this process must be allowed to set its processes' CPUs (root, or the server's
 // user). On an error, nothing stays changed.
 func pinCPUs(ctx context.Context, q querier, postgres []int) (*pinned, error) {
+	// the main thread's: the calling thread is any of the runtime's, which may have been started
+	// on fewer CPUs than the process has
 	var allowed unix.CPUSet
-	if err := unix.SchedGetaffinity(0, &allowed); err != nil {
+	if err := unix.SchedGetaffinity(os.Getpid(), &allowed); err != nil {
 		return nil, fmt.Errorf("reading this process's CPUs: %w", err)
 	}
 	pgSet, rest, err := splitCPUs(postgres, allowed)

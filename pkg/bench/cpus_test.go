@@ -158,6 +158,53 @@ func TestPinCPUs(t *testing.T) {
 	}
 }
 
+// TestPinCPUsFromAThreadOnFewerCPUs: a placement asked for from a thread of this process that is
+// on fewer CPUs than the process (as one left behind by an earlier placement was, before restore
+// gave back threads started while it ran) splits the process's CPUs, not the thread's.
+func TestPinCPUsFromAThreadOnFewerCPUs(t *testing.T) {
+	var mine unix.CPUSet
+	if err := unix.SchedGetaffinity(os.Getpid(), &mine); err != nil || mine.Count() < 2 || !mine.IsSet(0) || !mine.IsSet(1) {
+		t.Skipf("needs CPUs 0 and 1 (%v, %v)", mine, err)
+	}
+	ctx, pool, _ := testPool(t)
+	if _, err := postmasterPID(ctx, pool); err != nil {
+		t.Skipf("the server's processes are not readable here: %v", err)
+	}
+	before := allowedCPUs(os.Getpid())
+	// threads the runtime started from the one on CPU 1 have its CPUs: all back as they were
+	defer func() {
+		for _, tid := range threadsOf(os.Getpid()) {
+			_ = unix.SchedSetaffinity(tid, &mine)
+		}
+	}()
+	done := make(chan error)
+	go func() {
+		runtime.LockOSThread() // the thread ends with the goroutine: its CPUs need no undoing
+		var one unix.CPUSet
+		one.Set(1)
+		if err := unix.SchedSetaffinity(0, &one); err != nil {
+			done <- err
+			return
+		}
+		p, err := pinCPUs(ctx, pool, []int{0})
+		if errors.Is(err, unix.EPERM) {
+			done <- nil
+			return
+		}
+		if err != nil {
+			done <- fmt.Errorf("pinCPUs from a thread on CPU 1 only: %w", err)
+			return
+		}
+		done <- p.restore()
+	}()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if got := allowedCPUs(os.Getpid()); got != before {
+		t.Errorf("after restore this process may use CPUs %q, want %q", got, before)
+	}
+}
+
 // TestRestoreReportsFailures: a thread that is gone is skipped, a CPU set the kernel refuses is
 // an error naming the thread.
 func TestRestoreReportsFailures(t *testing.T) {
