@@ -154,8 +154,8 @@ func (p *pinned) restore() error {
 	if set, ok := p.old[os.Getpid()]; ok {
 		// a thread started since has the placement of the thread that started it, and the
 		// runtime may start one while this runs, from a thread not given back yet: until a pass
-		// finds no thread it has not seen (one such thread, left on the keeper's CPUs, made the
-		// next round's placement fail)
+		// finds no thread it has not seen (most likely how a thread was left on the keeper's
+		// CPUs once, and the next round's placement, then reading that thread's CPUs, failed)
 		seen := map[int]bool{}
 		for again := true; again; {
 			again = false
