@@ -281,11 +281,13 @@ func sharedMemory(ctx context.Context, q querier) (string, error) {
 		return "", fmt.Errorf("reading the server's shared memory settings: %w", err)
 	}
 	desc := fmt.Sprintf("shared_buffers %s, huge_pages = %s", set.Buffers, set.Huge)
-	pm, err := postmasterPID(ctx, q)
-	if err != nil {
-		return desc + ": whether on huge pages is not known here", nil
+	var (
+		n  int64
+		ok bool // the server runs here and its maps were read
+	)
+	if pm, err := postmasterPID(ctx, q); err == nil {
+		n, ok = procstat.HugePageShared(pm)
 	}
-	n, ok := procstat.HugePageShared(pm)
 	switch {
 	case !ok:
 		return desc + ": whether on huge pages is not known here", nil

@@ -90,12 +90,20 @@ func (s *Store) Find(key string) (uint32, bool) { return s.index.find(&s.recs, &
 // id, it is Find. Record ids are stable while a row is held, so a record that holds key now is
 // key's record.
 func (s *Store) FindFrom(key string, id uint32) (uint32, bool) {
-	if id < uint32(len(s.recs.chunks))*recChunkSize {
-		if r := s.recs.at(id); r.Has(Held) && string(s.keys.get(r.keyOff)) == key {
-			return id, true
-		}
+	if r, ok := s.held(id); ok && string(s.keys.get(r.keyOff)) == key {
+		return id, true
 	}
 	return s.Find(key)
+}
+
+// held returns record id when it is one of the store's records and holds a row: any id is
+// safe to ask about.
+func (s *Store) held(id uint32) (*Rec, bool) {
+	if id >= uint32(len(s.recs.chunks))*recChunkSize {
+		return nil, false
+	}
+	r := s.recs.at(id)
+	return r, r.Has(Held)
 }
 
 // Prefetch reads what looking up the n keys key(0) … key(n-1) reads first: each key's home
@@ -143,7 +151,6 @@ func (s *Store) Prefetch(n int, key func(i int) string) uint32 {
 // of those held, what FindFrom compares first. Ids that are not records are skipped. It changes
 // nothing.
 func (s *Store) PrefetchRecords(n int, id func(i int) uint32) uint32 {
-	limit := uint32(len(s.recs.chunks)) * recChunkSize
 	var (
 		offs [prefetchBatch]uint32
 		sum  uint32
@@ -151,11 +158,9 @@ func (s *Store) PrefetchRecords(n int, id func(i int) uint32) uint32 {
 	for lo := 0; lo < n; lo += prefetchBatch {
 		found := 0
 		for i := range min(n-lo, prefetchBatch) {
-			if d := id(lo + i); d < limit {
-				if r := s.recs.at(d); r.Has(Held) {
-					offs[found] = r.keyOff
-					found++
-				}
+			if r, ok := s.held(id(lo + i)); ok {
+				offs[found] = r.keyOff
+				found++
 			}
 		}
 		sum += s.touchKeys(offs[:found])
