@@ -175,8 +175,13 @@ func (s *Shard) Complete(ctx context.Context, items []CompleteItem) ([]error, er
 		if it.NextDue != nil {
 			due = *it.NextDue
 		}
-		// written only over the version that was claimed (and rendered)
-		writes = append(writes, store.Completion{Key: it.Key, Due: due, Rev: cp.ClaimedRev})
+		// written only over the version that was claimed (and rendered); when the row is still
+		// held as that version, its values are known and need not come back from the store
+		w := store.Completion{Key: it.Key, Due: due, Rev: cp.ClaimedRev}
+		if cp.ClaimedRev != 0 && cp.Rev == cp.ClaimedRev {
+			w.Known, w.Cadence, w.Route, w.Source = true, cp.Cadence, cp.Route, cp.Source
+		}
+		writes = append(writes, w)
 		idx = append(idx, pending{i, cp.Hint})
 	}
 	s.mu.Unlock()

@@ -210,6 +210,16 @@ type Completion struct {
 	// Rev, when not 0, is the rev of the row the render was for: the completion is written only
 	// if the row is still at that rev. 0 writes whatever the row's rev.
 	Rev int64
+	// Known says that Cadence, Route and Source are the row's values at Rev, as this store gave
+	// them (a walk, a change event, a write). Every write gives a row a fresh rev, so a completion
+	// written over Rev leaves those columns as they were at Rev, and a store may build the written
+	// row from them rather than read them back (the PostgreSQL store then returns only the key's
+	// hash and the new rev from the database: about half the bytes of a completion's answer).
+	// Known needs a Rev.
+	Known   bool
+	Cadence time.Duration
+	Route   string
+	Source  schedule.Source
 }
 
 // CompleteResult is the outcome of one Completion.
@@ -310,6 +320,9 @@ func ValidateCompletions(items []Completion) error {
 		}
 		if why := schedule.DueProblem(c.Due); why != "" {
 			reasons = append(reasons, why)
+		}
+		if c.Known && c.Rev == 0 {
+			reasons = append(reasons, "known values without the rev they are of")
 		}
 		if len(reasons) > 0 {
 			probs = append(probs, Problem{Index: i, Key: displayKey(c.Key), Reason: strings.Join(reasons, ", ")})

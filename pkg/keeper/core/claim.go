@@ -279,6 +279,10 @@ type Completion struct {
 	// ClaimedRev is the row's rev when the lease was granted (valid when the lease is current):
 	// the version that was rendered, which the completion may write over.
 	ClaimedRev int64
+	// Rev and Route are the rev and route the row is held with: when Rev is ClaimedRev, the
+	// class, the route and the row's other values are those of the rendered version.
+	Rev   int64
+	Route string
 	// Hint is where the row was found, for ApplyCompleted.
 	Hint Hint
 }
@@ -309,6 +313,8 @@ func (c *Core) Completing(now time.Time, key string, token uint64) (cp Completio
 		Due:     time.UnixMilli(r.Due()).UTC(),
 		NextDue: policy.NextDue(c.cfg.Reschedule, now, time.UnixMilli(r.Due()), time.Duration(g.cadenceMs)*time.Millisecond),
 		Hint:    Hint{rec: id + 1},
+		Rev:     r.Rev,
+		Route:   c.routes[r.Route],
 	}
 	rev, current := c.leases.Rev(id, token)
 	if !current {

@@ -4,7 +4,12 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"net"
+	"os"
+	"strconv"
+	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -92,5 +97,47 @@ func TestConcurrentGroupCommits(t *testing.T) {
 	}
 	if n != nKeys {
 		t.Fatalf("%d rows stored, want %d", n, nKeys)
+	}
+}
+
+// TestUnixSendBuffer checks that the store's connections over a Unix socket ask for
+// unixSendBuffer: the kernel gives twice the request, capped at net.core.wmem_max.
+func TestUnixSendBuffer(t *testing.T) {
+	s, _ := openTestStore(t, Options{})
+	if !strings.HasPrefix(s.pool.Config().ConnConfig.Host, "/") {
+		t.Skip("the test database is not on a Unix socket")
+	}
+	b, err := os.ReadFile("/proc/sys/net/core/wmem_max")
+	if err != nil {
+		t.Skipf("the kernel's cap is not known: %v", err)
+	}
+	wmemMax, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	c, err := s.pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Release()
+	u, ok := c.Conn().PgConn().Conn().(*net.UnixConn)
+	if !ok {
+		t.Fatalf("the connection is a %T, not a Unix socket", c.Conn().PgConn().Conn())
+	}
+	raw, err := u.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got int
+	var serr error
+	if err := raw.Control(func(fd uintptr) { got, serr = syscall.GetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_SNDBUF) }); err != nil {
+		t.Fatal(err)
+	}
+	if serr != nil {
+		t.Fatal(serr)
+	}
+	if want := 2 * min(unixSendBuffer, wmemMax); got != want {
+		t.Errorf("send buffer %d bytes, want %d (twice the smaller of %d and net.core.wmem_max %d)", got, want, unixSendBuffer, wmemMax)
 	}
 }

@@ -32,6 +32,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"sync"
 	"time"
 
@@ -170,6 +171,7 @@ func Open(ctx context.Context, dsn string, opts Options) (*Store, error) {
 	}
 	poolCfg.MaxConns = opts.MaxConns
 	connCfg := poolCfg.ConnConfig.Config.Copy()
+	poolCfg.ConnConfig.DialFunc = withUnixSendBuffer(poolCfg.ConnConfig.DialFunc)
 	pool, err := pgxpool.NewWithConfig(ctx, poolCfg)
 	if err != nil {
 		return nil, fmt.Errorf("connecting to the database: %w", err)
@@ -190,6 +192,36 @@ func Open(ctx context.Context, dsn string, opts Options) (*Store, error) {
 	}
 	go s.committer()
 	return s, nil
+}
+
+// unixSendBuffer is the send buffer the pool's connections ask for on a Unix socket.
+//
+// Over a Unix socket the sender's buffer is all that may be in flight, 208 KiB by default
+// (net.core.wmem_default), and a group commit's UPDATE of 5,000 completions is ~460 KB of
+// parameters. Its write then stops twice or more until the backend has read what was sent, and
+// each time this process's goroutine must be woken to send the rest. In a busy process that
+// wake-up waits for the scheduler (Go polls the network only when it has nothing else to run, or
+// from its monitor every 10 ms), and PostgreSQL, which cannot start the statement before it has
+// all of it, waits too: in `renderqueue bench` both group-commit backends were waiting on this
+// process 4.5–6.5% of the time, most often for the rest of a statement's parameters
+// (docs/benchmarks.md, "A group's statement in one write"). The kernel caps the request at twice
+// net.core.wmem_max. Over TCP the kernel sizes the buffers itself (setting one would stop that).
+const unixSendBuffer = 4 << 20
+
+// withUnixSendBuffer wraps dial so that Unix-socket connections ask for unixSendBuffer.
+func withUnixSendBuffer(dial pgconn.DialFunc) pgconn.DialFunc {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := dial(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		if u, ok := c.(*net.UnixConn); ok {
+			// a hint, like the kernel's cap on it: a connection that cannot have it works as well,
+			// only slower under load
+			_ = u.SetWriteBuffer(unixSendBuffer)
+		}
+		return c, nil
+	}
 }
 
 // Pool returns the store's connection pool (for tools and tests that need plain SQL).

@@ -43,6 +43,17 @@ FROM unnest($1::text[], $2::timestamptz[], $3::bigint[]) WITH ORDINALITY AS c(ke
 WHERE r.key = c.key AND (c.rev = 0 OR r.rev = c.rev)
 RETURNING c.i, r.key_hash, r.due_at, r.cadence_ms, r.route, r.source, r.urgent, r.rev`
 
+// knownSQL is completeSQL for a round whose every item is store.Completion.Known: the database
+// returns only what the writer does not know, the key's hash and the new rev (43 bytes a row on
+// the wire instead of ~95 with a short route), and scanKnown builds the rest from the items. So
+// a 5,000-row group's answer, ~215 KB instead of ~475, fits the backend's send buffer on a Unix
+// socket (208 KiB by default) nearly whole: the backend stops less often to wait for this process
+// to read it.
+const knownSQL = `UPDATE render_schedule AS r SET due_at = c.due, urgent = false, rev = nextval('render_schedule_rev_seq')
+FROM unnest($1::text[], $2::timestamptz[], $3::bigint[]) WITH ORDINALITY AS c(key, due, rev, i)
+WHERE r.key = c.key AND r.rev = c.rev
+RETURNING c.i, r.key_hash, r.rev`
+
 // changedSQL reads the rows a rev-checked completion left alone.
 const changedSQL = `SELECT c.i, r.key, r.key_hash, r.due_at, r.cadence_ms, r.route, r.source, r.urgent, r.rev
 FROM unnest($1::text[]) WITH ORDINALITY AS c(key, i) JOIN render_schedule AS r ON r.key = c.key`
@@ -386,6 +397,40 @@ func scanCompleted(rows pgx.Rows, keys []string, fn func(i int, r schedule.Row))
 	return rows.Err()
 }
 
+// scanKnown reads the result of a round written with knownSQL and builds each written row from
+// its item: the due time as stored (to the microsecond), urgent false, the item's known values,
+// the key's hash and the new rev from the database.
+func scanKnown(rows pgx.Rows, rd *groupRound, batch []*completeReq, fn func(i int, r schedule.Row)) error {
+	defer rows.Close()
+	for k, f := range rows.FieldDescriptions() {
+		if f.Format != pgx.BinaryFormatCode {
+			return fmt.Errorf("column %d (%s) of the completion's result is not in binary format", k, f.Name)
+		}
+	}
+	for rows.Next() {
+		vals := rows.RawValues()
+		if len(vals) != 3 || len(vals[0]) != 8 || len(vals[1]) != 8 || len(vals[2]) != 8 {
+			return fmt.Errorf("malformed completion result: %d columns (want 3 of 8 bytes)", len(vals))
+		}
+		i := int64(binary.BigEndian.Uint64(vals[0])) - 1
+		if i < 0 || i >= int64(len(rd.refs)) {
+			return fmt.Errorf("the database returned ordinality %d for a statement of %d keys", i+1, len(rd.refs))
+		}
+		it := batch[rd.refs[i].req].items[rd.refs[i].item]
+		fn(int(i), schedule.Row{
+			Key:     it.Key,
+			KeyHash: int64(binary.BigEndian.Uint64(vals[1])),
+			Due:     columns.MicrosToTime(it.Due.UnixMicro()),
+			HasDue:  true,
+			Cadence: it.Cadence,
+			Route:   it.Route,
+			Source:  it.Source,
+			Rev:     int64(binary.BigEndian.Uint64(vals[2])),
+		})
+	}
+	return rows.Err()
+}
+
 // groupRef is one item of a group commit: its request and its place in the request.
 type groupRef struct{ req, item int }
 
@@ -396,6 +441,8 @@ type groupRound struct {
 	keys []string
 	dues []pgtype.Timestamptz
 	revs []int64
+	// known: every item is store.Completion.Known (the round is written with knownSQL)
+	known bool
 }
 
 // groupRounds cuts a group into rounds: keys completed more than once in the group are written
@@ -425,9 +472,11 @@ func groupRounds(batch []*completeReq) []groupRound {
 		rd.keys = make([]string, len(rd.refs))
 		rd.dues = make([]pgtype.Timestamptz, len(rd.refs))
 		rd.revs = make([]int64, len(rd.refs))
+		rd.known = true
 		for j, rf := range rd.refs {
 			it := batch[rf.req].items[rf.item]
 			rd.keys[j], rd.dues[j], rd.revs[j] = it.Key, timestamptz(it.Due, true), it.Rev
+			rd.known = rd.known && it.Known
 		}
 	}
 	return rounds
@@ -480,7 +529,11 @@ func (s *Store) commitGroup(batch []*completeReq) {
 			b.Queue(quietSQL, strconv.FormatUint(uint64(quietPID), 10))
 		}
 		for _, rd := range rounds {
-			b.Queue(completeSQL, rd.keys, rd.dues, rd.revs)
+			if rd.known {
+				b.Queue(knownSQL, rd.keys, rd.dues, rd.revs)
+			} else {
+				b.Queue(completeSQL, rd.keys, rd.dues, rd.revs)
+			}
 		}
 		done := make([][]bool, len(rounds)) // done[i][j]: round i wrote its item j
 		br := s.pool.SendBatch(ctx, b)
@@ -497,10 +550,16 @@ func (s *Store) commitGroup(batch []*completeReq) {
 				if err != nil {
 					return err
 				}
-				if err := scanCompleted(rows, rd.keys, func(j int, r schedule.Row) {
+				record := func(j int, r schedule.Row) {
 					done[i][j] = true
 					batch[rd.refs[j].req].res[rd.refs[j].item] = store.CompleteResult{Row: r, Found: true}
-				}); err != nil {
+				}
+				if rd.known {
+					err = scanKnown(rows, rd, batch, record)
+				} else {
+					err = scanCompleted(rows, rd.keys, record)
+				}
+				if err != nil {
 					return err
 				}
 			}

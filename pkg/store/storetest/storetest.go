@@ -82,6 +82,7 @@ func Run(t *testing.T, h Harness) {
 		{"CompleteResults", testCompleteResults},
 		{"CompleteGroupCommitConcurrent", testCompleteConcurrent},
 		{"CompleteChecksRev", testCompleteChecksRev},
+		{"CompleteKnown", testCompleteKnown},
 		{"DeleteResults", testDelete},
 		{"RejectBadInput", testRejectBadInput},
 	}
@@ -1024,6 +1025,73 @@ func testCompleteChecksRev(t *testing.T, h Harness) {
 	res = complete(store.Completion{Key: in[1].Key, Due: due})
 	if r := res[0]; !r.Found || r.Changed || r.Row.Urgent || !r.Row.Due.Equal(due) {
 		t.Errorf("unchecked completion: %+v", r)
+	}
+}
+
+// testCompleteKnown: a completion whose values at its Rev are Known returns exactly the row as
+// stored — the due time to the microsecond, the key's hash, the new rev, the known values — as one
+// without does; a row changed since is reported Changed with the row as stored, whatever the
+// values said; Known and unknown items mix in one call; Known without a Rev is refused.
+func testCompleteKnown(t *testing.T, h Harness) {
+	st := newStore(t, h, Options{})
+	in := upsert(t, st, makeRows("known", 8))
+	ctx := ctxT(t)
+	due := base.Add(3*time.Hour + 123456789*time.Nanosecond) // stored to the microsecond
+	known := func(r schedule.Row, due time.Time) store.Completion {
+		return store.Completion{Key: r.Key, Due: due, Rev: r.Rev, Known: true, Cadence: r.Cadence, Route: r.Route, Source: r.Source}
+	}
+	complete := func(items ...store.Completion) []store.CompleteResult {
+		t.Helper()
+		res, err := st.Complete(ctx, items)
+		if err != nil || len(res) != len(items) {
+			t.Fatalf("complete %+v: %+v, %v", items, res, err)
+		}
+		return res
+	}
+	if _, err := st.Complete(ctx, []store.Completion{{Key: in[0].Key, Due: due, Known: true, Cadence: in[0].Cadence, Route: in[0].Route, Source: in[0].Source}}); !errors.As(err, new(*store.ValidationError)) {
+		t.Errorf("Known without a Rev: %v, want a validation error", err)
+	}
+	changed := in[5]
+	changed.Route, changed.Cadence = "moved", 2*time.Hour
+	now := upsert(t, st, []schedule.Row{changed})[0]
+	// every item known
+	items := []store.Completion{
+		known(in[0], due), known(in[1], due), known(in[2], due),
+		known(in[3], due.Add(time.Minute)),
+		known(in[5], due),                // changed by a producer since: its values are not the row's
+		known(in[1], due.Add(time.Hour)), // the same version twice: the second finds the rev moved
+		known(schedule.Row{Key: "https://example.com/known/missing", Rev: 9, Cadence: time.Hour, Route: "product"}, due),
+	}
+	res := complete(items...)
+	// known and not, in one call
+	items = append(items, known(in[6], due), store.Completion{Key: in[4].Key, Due: due, Rev: in[4].Rev})
+	res = append(res, complete(items[7:]...)...)
+	rec, err := walk(t, st, schedule.AllSlots().Slots(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// the written items, and the rows they were of
+	for i, was := range map[int]schedule.Row{0: in[0], 1: in[1], 2: in[2], 3: in[3], 7: in[6], 8: in[4]} {
+		r := res[i]
+		if !r.Found || r.Changed {
+			t.Errorf("item %d: %+v, want written", i, r)
+			continue
+		}
+		if stored := rec.rows[items[i].Key]; r.Row != stored {
+			t.Errorf("item %d: the result %+v is not the row as stored %+v", i, r.Row, stored)
+		}
+		if r.Row.Urgent || !r.Row.Due.Equal(items[i].Due.Truncate(time.Microsecond)) || r.Row.Rev <= was.Rev {
+			t.Errorf("item %d: %+v, want due %v, not urgent, a rev above %d", i, r.Row, items[i].Due, was.Rev)
+		}
+	}
+	if r := res[4]; !r.Found || !r.Changed || r.Row != now {
+		t.Errorf("known values of a version since changed: %+v, want Changed with the row as stored %+v", r, now)
+	}
+	if r := res[5]; !r.Found || !r.Changed || r.Row != res[1].Row {
+		t.Errorf("the same version completed twice: %+v, want Changed with the first completion's row %+v", r, res[1].Row)
+	}
+	if r := res[6]; r.Found || r.Changed {
+		t.Errorf("missing key: %+v", r)
 	}
 }
 
