@@ -178,3 +178,79 @@ func TestCompletionRacesProducer(t *testing.T) {
 	cancel()
 	<-pumped
 }
+
+// TestCompletedRowsAsStored: a completion sends the store what the shard knows of the row
+// (store.Completion.Known) and applies the row the store builds from it; claimed again once due,
+// every row carries exactly the database's values — due time, cadence, route, source, urgent, rev.
+func TestCompletedRowsAsStored(t *testing.T) {
+	e := newShardEnv(t, allSlots(0))
+	const n = 40
+	rows := make([]schedule.Row, n)
+	for i := range rows {
+		r := srow(fmt.Sprintf("https://example.com/known/%02d", i), t0.Add(-time.Duration(i+1)*time.Minute), []time.Duration{time.Hour, 2 * time.Hour, 96 * time.Hour}[i%3])
+		r.Route = []string{"product", "category", ""}[i%3]
+		if i%2 == 1 {
+			r.Source = schedule.SourceSubmitted
+		}
+		r.Urgent = i%5 == 0
+		rows[i] = r
+	}
+	e.upsert(rows...)
+	e.sh.Walk(e.ctx, true)
+	claimed, err := e.sh.Claim(e.clock.Now(), n, time.Hour)
+	if err != nil || len(claimed) != n {
+		t.Fatalf("claimed %d: %v", len(claimed), err)
+	}
+	items := make([]CompleteItem, n)
+	for i, c := range claimed {
+		items[i] = CompleteItem{Key: c.Key, Lease: c.Lease}
+	}
+	res, err := e.sh.Complete(e.ctx, items)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, r := range res {
+		if r != nil {
+			t.Fatalf("completion of %s: %v", items[i].Key, r)
+		}
+	}
+	e.clock.Set(t0.Add(200 * time.Hour)) // past every next due time
+	again, err := e.sh.Claim(e.clock.Now(), n, time.Hour)
+	if err != nil || len(again) != n {
+		t.Fatalf("claimed %d again: %v", len(again), err)
+	}
+	type stored struct {
+		due           time.Time
+		cadenceMs     int64
+		route, source string
+		urgent        bool
+		rev           int64
+	}
+	db := map[string]stored{}
+	q, err := e.st.Pool().Query(e.ctx, `SELECT key, due_at, cadence_ms, route, source, urgent, rev FROM render_schedule`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for q.Next() {
+		var k string
+		var s stored
+		if err := q.Scan(&k, &s.due, &s.cadenceMs, &s.route, &s.source, &s.urgent, &s.rev); err != nil {
+			t.Fatal(err)
+		}
+		db[k] = s
+	}
+	q.Close()
+	for _, c := range again {
+		s, ok := db[c.Key]
+		if !ok {
+			t.Errorf("%s: claimed, not in the database", c.Key)
+			continue
+		}
+		// the shard holds due times to the millisecond
+		if !c.Due.Equal(s.due.Truncate(time.Millisecond)) || c.Cadence.Milliseconds() != s.cadenceMs || c.Route != s.route ||
+			c.Source.String() != s.source || c.Urgent != s.urgent || c.Rev != s.rev {
+			t.Errorf("%s: claimed due %v, cadence %v, route %q, source %v, urgent %v, rev %d; stored %+v", c.Key,
+				c.Due, c.Cadence, c.Route, c.Source, c.Urgent, c.Rev, s)
+		}
+	}
+}

@@ -967,24 +967,25 @@ func testCompleteResults(t *testing.T, h Harness) {
 	}
 }
 
+// completeAll completes items, failing the test unless every item has a result.
+func completeAll(t *testing.T, st store.Store, items ...store.Completion) []store.CompleteResult {
+	t.Helper()
+	res, err := st.Complete(ctxT(t), items)
+	if err != nil || len(res) != len(items) {
+		t.Fatalf("complete %+v: %+v, %v", items, res, err)
+	}
+	return res
+}
+
 // testCompleteChecksRev: a completion with a Rev writes only while the row is at that rev; a row
 // a producer changed since is left as the producer wrote it and reported Changed, with the row
 // as stored; Rev 0 writes whatever the rev.
 func testCompleteChecksRev(t *testing.T, h Harness) {
 	st := newStore(t, h, Options{})
 	in := upsert(t, st, makeRows("revcheck", 3))
-	ctx := ctxT(t)
 	due := base.Add(2 * time.Hour)
-	complete := func(items ...store.Completion) []store.CompleteResult {
-		t.Helper()
-		res, err := st.Complete(ctx, items)
-		if err != nil || len(res) != len(items) {
-			t.Fatalf("complete %+v: %+v, %v", items, res, err)
-		}
-		return res
-	}
 	// the row as leased: written
-	res := complete(store.Completion{Key: in[0].Key, Due: due, Rev: in[0].Rev})
+	res := completeAll(t, st, store.Completion{Key: in[0].Key, Due: due, Rev: in[0].Rev})
 	if !res[0].Found || res[0].Changed || !res[0].Row.Due.Equal(due) || res[0].Row.Rev <= in[0].Rev {
 		t.Fatalf("completion at the current rev: %+v", res[0])
 	}
@@ -992,7 +993,7 @@ func testCompleteChecksRev(t *testing.T, h Harness) {
 	changed := in[1]
 	changed.Urgent, changed.Due = true, base.Add(-3*time.Hour)
 	now := upsert(t, st, []schedule.Row{changed})[0]
-	res = complete(
+	res = completeAll(t, st,
 		store.Completion{Key: in[1].Key, Due: due, Rev: in[1].Rev},                // the producer's change wins
 		store.Completion{Key: in[0].Key, Due: due.Add(time.Hour), Rev: in[0].Rev}, // completed already: the rev moved
 		store.Completion{Key: "https://example.com/revcheck/missing", Due: due, Rev: 7},
@@ -1022,7 +1023,7 @@ func testCompleteChecksRev(t *testing.T, h Harness) {
 		t.Errorf("stored row after a refused completion: %+v, want the producer's %+v", got, now)
 	}
 	// Rev 0: written whatever the rev
-	res = complete(store.Completion{Key: in[1].Key, Due: due})
+	res = completeAll(t, st, store.Completion{Key: in[1].Key, Due: due})
 	if r := res[0]; !r.Found || r.Changed || r.Row.Urgent || !r.Row.Due.Equal(due) {
 		t.Errorf("unchecked completion: %+v", r)
 	}
@@ -1040,14 +1041,6 @@ func testCompleteKnown(t *testing.T, h Harness) {
 	known := func(r schedule.Row, due time.Time) store.Completion {
 		return store.Completion{Key: r.Key, Due: due, Rev: r.Rev, Known: true, Cadence: r.Cadence, Route: r.Route, Source: r.Source}
 	}
-	complete := func(items ...store.Completion) []store.CompleteResult {
-		t.Helper()
-		res, err := st.Complete(ctx, items)
-		if err != nil || len(res) != len(items) {
-			t.Fatalf("complete %+v: %+v, %v", items, res, err)
-		}
-		return res
-	}
 	if _, err := st.Complete(ctx, []store.Completion{{Key: in[0].Key, Due: due, Known: true, Cadence: in[0].Cadence, Route: in[0].Route, Source: in[0].Source}}); !errors.As(err, new(*store.ValidationError)) {
 		t.Errorf("Known without a Rev: %v, want a validation error", err)
 	}
@@ -1062,10 +1055,10 @@ func testCompleteKnown(t *testing.T, h Harness) {
 		known(in[1], due.Add(time.Hour)), // the same version twice: the second finds the rev moved
 		known(schedule.Row{Key: "https://example.com/known/missing", Rev: 9, Cadence: time.Hour, Route: "product"}, due),
 	}
-	res := complete(items...)
+	res := completeAll(t, st, items...)
 	// known and not, in one call
 	items = append(items, known(in[6], due), store.Completion{Key: in[4].Key, Due: due, Rev: in[4].Rev})
-	res = append(res, complete(items[7:]...)...)
+	res = append(res, completeAll(t, st, items[7:]...)...)
 	rec, err := walk(t, st, schedule.AllSlots().Slots(), nil)
 	if err != nil {
 		t.Fatal(err)
