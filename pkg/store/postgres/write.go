@@ -44,15 +44,15 @@ WHERE r.key = c.key AND (c.rev = 0 OR r.rev = c.rev)
 RETURNING c.i, r.key_hash, r.due_at, r.cadence_ms, r.route, r.source, r.urgent, r.rev`
 
 // knownSQL is completeSQL for a round whose every item is store.Completion.Known: the database
-// returns only what the writer does not know, the key's hash and the new rev (43 bytes a row on
-// the wire instead of ~95 with a short route), and scanKnown builds the rest from the items. So
-// a 5,000-row group's answer, ~215 KB instead of ~475, fits the backend's send buffer on a Unix
-// socket (208 KiB by default) nearly whole: the backend stops less often to wait for this process
-// to read it.
+// returns only what the writer does not know, the key's hash and the new rev, with the ordinality
+// as an int4 (39 bytes a row on the wire instead of ~95 with a short route), and scanKnown builds
+// the rest from the items. So a 5,000-row group's answer, ~195 KB instead of ~475, fits the
+// backend's send buffer on a Unix socket (208 KiB by default): the backend writes it whole and
+// need not wait for this process to read it.
 const knownSQL = `UPDATE render_schedule AS r SET due_at = c.due, urgent = false, rev = nextval('render_schedule_rev_seq')
 FROM unnest($1::text[], $2::timestamptz[], $3::bigint[]) WITH ORDINALITY AS c(key, due, rev, i)
 WHERE r.key = c.key AND r.rev = c.rev
-RETURNING c.i, r.key_hash, r.rev`
+RETURNING c.i::int4, r.key_hash, r.rev`
 
 // changedSQL reads the rows a rev-checked completion left alone.
 const changedSQL = `SELECT c.i, r.key, r.key_hash, r.due_at, r.cadence_ms, r.route, r.source, r.urgent, r.rev
@@ -409,10 +409,10 @@ func scanKnown(rows pgx.Rows, rd *groupRound, batch []*completeReq, fn func(i in
 	}
 	for rows.Next() {
 		vals := rows.RawValues()
-		if len(vals) != 3 || len(vals[0]) != 8 || len(vals[1]) != 8 || len(vals[2]) != 8 {
-			return fmt.Errorf("malformed completion result: %d columns (want 3 of 8 bytes)", len(vals))
+		if len(vals) != 3 || len(vals[0]) != 4 || len(vals[1]) != 8 || len(vals[2]) != 8 {
+			return fmt.Errorf("malformed completion result: %d columns (want 3, of 4, 8 and 8 bytes)", len(vals))
 		}
-		i := int64(binary.BigEndian.Uint64(vals[0])) - 1
+		i := int64(int32(binary.BigEndian.Uint32(vals[0]))) - 1
 		if i < 0 || i >= int64(len(rd.refs)) {
 			return fmt.Errorf("the database returned ordinality %d for a statement of %d keys", i+1, len(rd.refs))
 		}
