@@ -215,7 +215,7 @@ type Completion struct {
 	// written over Rev leaves those columns as they were at Rev, and a store may build the written
 	// row from them rather than read them back (the PostgreSQL store then returns only the key's
 	// hash and the new rev from the database: about half the bytes of a completion's answer).
-	// Known needs a Rev.
+	// Known needs a Rev, and valid values.
 	Known   bool
 	Cadence time.Duration
 	Route   string
@@ -321,8 +321,15 @@ func ValidateCompletions(items []Completion) error {
 		if why := schedule.DueProblem(c.Due); why != "" {
 			reasons = append(reasons, why)
 		}
-		if c.Known && c.Rev == 0 {
-			reasons = append(reasons, "known values without the rev they are of")
+		if c.Known {
+			if c.Rev == 0 {
+				reasons = append(reasons, "known values without the rev they are of")
+			}
+			for _, why := range []string{schedule.CadenceProblem(c.Cadence), schedule.RouteProblem(c.Route), schedule.SourceProblem(c.Source)} {
+				if why != "" {
+					reasons = append(reasons, "known "+why)
+				}
+			}
 		}
 		if len(reasons) > 0 {
 			probs = append(probs, Problem{Index: i, Key: displayKey(c.Key), Reason: strings.Join(reasons, ", ")})

@@ -1041,8 +1041,14 @@ func testCompleteKnown(t *testing.T, h Harness) {
 	known := func(r schedule.Row, due time.Time) store.Completion {
 		return store.Completion{Key: r.Key, Due: due, Rev: r.Rev, Known: true, Cadence: r.Cadence, Route: r.Route, Source: r.Source}
 	}
-	if _, err := st.Complete(ctx, []store.Completion{{Key: in[0].Key, Due: due, Known: true, Cadence: in[0].Cadence, Route: in[0].Route, Source: in[0].Source}}); !errors.As(err, new(*store.ValidationError)) {
-		t.Errorf("Known without a Rev: %v, want a validation error", err)
+	for _, bad := range []store.Completion{
+		{Key: in[0].Key, Due: due, Known: true, Cadence: in[0].Cadence, Route: in[0].Route, Source: in[0].Source}, // no Rev
+		{Key: in[0].Key, Due: due, Rev: in[0].Rev, Known: true, Route: in[0].Route, Source: in[0].Source},         // no cadence
+		{Key: in[0].Key, Due: due, Rev: in[0].Rev, Known: true, Cadence: time.Hour, Source: 7},                    // no such source
+	} {
+		if _, err := st.Complete(ctx, []store.Completion{bad}); !errors.As(err, new(*store.ValidationError)) {
+			t.Errorf("Known %+v: %v, want a validation error", bad, err)
+		}
 	}
 	changed := in[5]
 	changed.Route, changed.Cadence = "moved", 2*time.Hour
