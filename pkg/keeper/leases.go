@@ -178,7 +178,7 @@ func (s *Shard) Complete(ctx context.Context, items []CompleteItem) ([]error, er
 		// written only over the version that was claimed (and rendered); when the row is still
 		// held as that version, its values are known and need not come back from the store
 		w := store.Completion{Key: it.Key, Due: due, Rev: cp.ClaimedRev}
-		if cp.ClaimedRev != 0 && cp.Rev == cp.ClaimedRev {
+		if cp.AsClaimed {
 			w.Known, w.Cadence, w.Route, w.Source = true, cp.Cadence, cp.Route, cp.Source
 		}
 		writes = append(writes, w)

@@ -279,10 +279,11 @@ type Completion struct {
 	// ClaimedRev is the row's rev when the lease was granted (valid when the lease is current):
 	// the version that was rendered, which the completion may write over.
 	ClaimedRev int64
-	// Rev and Route are the rev and route the row is held with: when Rev is ClaimedRev, the
-	// class, the route and the row's other values are those of the rendered version.
-	Rev   int64
+	// Route is the route the row is held with.
 	Route string
+	// AsClaimed says the row is still held as the version claimed (at ClaimedRev, under the
+	// current lease): Cadence, Source and Route are the rendered version's.
+	AsClaimed bool
 	// Hint is where the row was found, for ApplyCompleted.
 	Hint Hint
 }
@@ -313,7 +314,6 @@ func (c *Core) Completing(now time.Time, key string, token uint64) (cp Completio
 		Due:     time.UnixMilli(r.Due()).UTC(),
 		NextDue: policy.NextDue(c.cfg.Reschedule, now, time.UnixMilli(r.Due()), time.Duration(g.cadenceMs)*time.Millisecond),
 		Hint:    Hint{rec: id + 1},
-		Rev:     r.Rev,
 		Route:   c.routes[r.Route],
 	}
 	rev, current := c.leases.Rev(id, token)
@@ -321,5 +321,6 @@ func (c *Core) Completing(now time.Time, key string, token uint64) (cp Completio
 		return cp, true, ErrLeaseLost
 	}
 	cp.ClaimedRev = rev
+	cp.AsClaimed = rev != 0 && r.Rev == rev
 	return cp, true, nil
 }

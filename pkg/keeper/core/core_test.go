@@ -577,14 +577,17 @@ func TestCompletingClaimedRev(t *testing.T) {
 	if len(claimed) != 1 || claimed[0].Rev != 5 {
 		t.Fatalf("claimed %+v", claimed)
 	}
+	if cp, _, err := c.Completing(t0, "k1", claimed[0].Lease); err != nil || !cp.AsClaimed || cp.Route != "product" {
+		t.Fatalf("Completing before any change: %+v, %v; want the row held as claimed, route product", cp, err)
+	}
 	changed := row("k1", t0.Add(-time.Hour), time.Hour, 9)
 	changed.Urgent = true
 	if got := c.Apply(t0, changed).Result; got != Held {
 		t.Fatalf("the producer's change: %v, want held", got)
 	}
 	cp, held, err := c.Completing(t0, "k1", claimed[0].Lease)
-	if !held || err != nil || cp.ClaimedRev != 5 {
-		t.Fatalf("Completing: claimed rev %d, held %v, %v; want rev 5 under the current lease", cp.ClaimedRev, held, err)
+	if !held || err != nil || cp.ClaimedRev != 5 || cp.AsClaimed {
+		t.Fatalf("Completing: claimed rev %d, held %v, as claimed %v, %v; want rev 5 under the current lease, no longer held as claimed", cp.ClaimedRev, held, cp.AsClaimed, err)
 	}
 	if _, _, err := c.Completing(t0, "k1", claimed[0].Lease+1); !errors.Is(err, ErrLeaseLost) {
 		t.Fatalf("Completing with another token: %v, want ErrLeaseLost", err)

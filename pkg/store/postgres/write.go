@@ -38,10 +38,13 @@ RETURNING ` + rowColumns
 // instead of ~160 with a 64-byte key, so the backend fills the socket's buffer about half as often
 // in a group and waits less for this process to read it (decodeAfterKey reads the columns after
 // the ordinality).
-const completeSQL = `UPDATE render_schedule AS r SET due_at = c.due, urgent = false, rev = nextval('render_schedule_rev_seq')
-FROM unnest($1::text[], $2::timestamptz[], $3::bigint[]) WITH ORDINALITY AS c(key, due, rev, i)
-WHERE r.key = c.key AND (c.rev = 0 OR r.rev = c.rev)
+const completeSQL = completeUpdate + `WHERE r.key = c.key AND (c.rev = 0 OR r.rev = c.rev)
 RETURNING c.i, r.key_hash, r.due_at, r.cadence_ms, r.route, r.source, r.urgent, r.rev`
+
+// completeUpdate is what completeSQL and knownSQL write.
+const completeUpdate = `UPDATE render_schedule AS r SET due_at = c.due, urgent = false, rev = nextval('render_schedule_rev_seq')
+FROM unnest($1::text[], $2::timestamptz[], $3::bigint[]) WITH ORDINALITY AS c(key, due, rev, i)
+`
 
 // knownSQL is completeSQL for a round whose every item is store.Completion.Known: the database
 // returns only what the writer does not know, the key's hash and the new rev, with the ordinality
@@ -49,9 +52,7 @@ RETURNING c.i, r.key_hash, r.due_at, r.cadence_ms, r.route, r.source, r.urgent, 
 // the rest from the items. So a 5,000-row group's answer, ~195 KB instead of ~475, fits the
 // backend's send buffer on a Unix socket (208 KiB by default): the backend writes it whole and
 // need not wait for this process to read it.
-const knownSQL = `UPDATE render_schedule AS r SET due_at = c.due, urgent = false, rev = nextval('render_schedule_rev_seq')
-FROM unnest($1::text[], $2::timestamptz[], $3::bigint[]) WITH ORDINALITY AS c(key, due, rev, i)
-WHERE r.key = c.key AND r.rev = c.rev
+const knownSQL = completeUpdate + `WHERE r.key = c.key AND r.rev = c.rev
 RETURNING c.i::int4, r.key_hash, r.rev`
 
 // changedSQL reads the rows a rev-checked completion left alone.
@@ -381,20 +382,35 @@ func scanCompleted(rows pgx.Rows, keys []string, fn func(i int, r schedule.Row))
 		if len(vals) != 8 {
 			return fmt.Errorf("malformed completion result: %d columns, want 8", len(vals))
 		}
-		if len(vals[0]) != 8 {
-			return fmt.Errorf("malformed completion result: an ordinality of %d bytes", len(vals[0]))
-		}
-		i := int64(binary.BigEndian.Uint64(vals[0])) - 1
-		if i < 0 || i >= int64(len(keys)) {
-			return fmt.Errorf("the database returned ordinality %d for a statement of %d keys", i+1, len(keys))
+		i, err := ordinality(vals[0], len(keys))
+		if err != nil {
+			return err
 		}
 		r := schedule.Row{Key: keys[i]}
 		if err := decodeAfterKey(vals[1:], routes, &r); err != nil {
 			return err
 		}
-		fn(int(i), r)
+		fn(i, r)
 	}
 	return rows.Err()
+}
+
+// ordinality decodes a completion result's binary ordinality (an int8, or an int4 from knownSQL)
+// as a 0-based index into the statement's n keys.
+func ordinality(v []byte, n int) (int, error) {
+	var i int64
+	switch len(v) {
+	case 8:
+		i = int64(binary.BigEndian.Uint64(v))
+	case 4:
+		i = int64(int32(binary.BigEndian.Uint32(v)))
+	default:
+		return 0, fmt.Errorf("malformed completion result: an ordinality of %d bytes", len(v))
+	}
+	if i < 1 || i > int64(n) {
+		return 0, fmt.Errorf("the database returned ordinality %d for a statement of %d keys", i, n)
+	}
+	return int(i - 1), nil
 }
 
 // scanKnown reads the result of a round written with knownSQL and builds each written row from
@@ -409,15 +425,15 @@ func scanKnown(rows pgx.Rows, rd *groupRound, batch []*completeReq, fn func(i in
 	}
 	for rows.Next() {
 		vals := rows.RawValues()
-		if len(vals) != 3 || len(vals[0]) != 4 || len(vals[1]) != 8 || len(vals[2]) != 8 {
-			return fmt.Errorf("malformed completion result: %d columns (want 3, of 4, 8 and 8 bytes)", len(vals))
+		if len(vals) != 3 || len(vals[1]) != 8 || len(vals[2]) != 8 {
+			return fmt.Errorf("malformed completion result: %d columns (want 3: the ordinality, two of 8 bytes)", len(vals))
 		}
-		i := int64(int32(binary.BigEndian.Uint32(vals[0]))) - 1
-		if i < 0 || i >= int64(len(rd.refs)) {
-			return fmt.Errorf("the database returned ordinality %d for a statement of %d keys", i+1, len(rd.refs))
+		i, err := ordinality(vals[0], len(rd.refs))
+		if err != nil {
+			return err
 		}
 		it := batch[rd.refs[i].req].items[rd.refs[i].item]
-		fn(int(i), schedule.Row{
+		fn(i, schedule.Row{
 			Key:     it.Key,
 			KeyHash: int64(binary.BigEndian.Uint64(vals[1])),
 			Due:     columns.MicrosToTime(it.Due.UnixMicro()),
