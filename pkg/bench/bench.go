@@ -29,6 +29,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -195,6 +196,21 @@ func (r RunResult) PostgresPerRow() (time.Duration, bool) {
 		return 0, false
 	}
 	return r.CPU.Postgres / time.Duration(r.Completed), true
+}
+
+// PostgresBusy is the share of the CPUs PostgreSQL's processes may run on (CPUs.Postgres) that
+// they used during the run, and how many CPUs that is: near 1, the database was the run's limit,
+// and a faster client would not have made the run faster. Not measured (ok false) when the
+// server is not on this machine or its processes may run on different CPUs.
+func (r RunResult) PostgresBusy() (share float64, cpus int, ok bool) {
+	if !r.CPU.PostgresOK || r.CPU.Wall <= 0 || r.CPUs.Postgres == "" || strings.Contains(r.CPUs.Postgres, "/") {
+		return 0, 0, false
+	}
+	list, err := parseCPUList(r.CPUs.Postgres)
+	if err != nil || len(list) == 0 {
+		return 0, 0, false
+	}
+	return float64(r.CPU.Postgres) / (float64(r.CPU.Wall) * float64(len(list))), len(list), true
 }
 
 // Run runs the benchmark.

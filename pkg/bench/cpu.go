@@ -39,6 +39,8 @@ type cpuSample struct {
 	pgOK      bool
 	keeperOK  bool
 	machineOK bool
+	// at is when the sample was taken.
+	at time.Time
 	// placement is where the processes sampled may run.
 	placement Placement
 }
@@ -58,6 +60,7 @@ type querier interface {
 // earlier work of the first sample's connection (loading the rows, resetting a queue).
 func sampleCPU(ctx context.Context, q querier, keeperPID int) (s cpuSample) {
 	s.pg = map[int]time.Duration{}
+	s.at = time.Now()
 	defer func() { s.placement = samplePlacement(keeperPID, s.pg) }()
 	if keeperPID > 0 {
 		s.keeper, s.keeperOK = procstat.CPU(keeperPID)
@@ -98,12 +101,14 @@ type cpuUse struct {
 	Keeper, Clients, Postgres time.Duration
 	// Machine is the machine's CPU time over the run: busy, stolen by the hypervisor, in all.
 	Machine procstat.Times
+	// Wall is the time between the samples the figures come from.
+	Wall time.Duration
 	// KeeperOK, PostgresOK and MachineOK say which figures were measured.
 	KeeperOK, PostgresOK, MachineOK bool
 }
 
 func cpuBetween(a, b cpuSample) cpuUse {
-	u := cpuUse{Keeper: b.keeper - a.keeper, Clients: b.self - a.self, Machine: b.machine.Sub(a.machine),
+	u := cpuUse{Keeper: b.keeper - a.keeper, Clients: b.self - a.self, Machine: b.machine.Sub(a.machine), Wall: b.at.Sub(a.at),
 		KeeperOK: a.keeperOK && b.keeperOK, PostgresOK: a.pgOK && b.pgOK, MachineOK: a.machineOK && b.machineOK}
 	for pid, d := range b.pg {
 		u.Postgres += d - a.pg[pid] // a process that started during the run counts whole

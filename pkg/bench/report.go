@@ -66,6 +66,9 @@ func (r Report) Write(w io.Writer) error {
 				us(k), us(s), float64(s)/float64(k))
 		}
 	}
+	if line := postgresBusyLine(r.Keeper, best); line != "" {
+		b.WriteString(line)
+	}
 	if r.TriggerWith > 0 {
 		fmt.Fprintf(&b, "change events of a completion, when sent (another keeper holds the row's slot; the keeper run above sends none): %.1f µs (the group commit's UPDATE: %.1f µs/row with them, %.1f µs/row without)\n",
 			us(r.TriggerWith-r.TriggerWithout), us(r.TriggerWith), us(r.TriggerWithout))
@@ -82,6 +85,27 @@ func (r Report) Write(w io.Writer) error {
 	_, err := io.WriteString(w, b.String())
 	return err
 }
+
+// postgresBusyLine says how busy PostgreSQL kept the CPUs it may run on in the keeper run and
+// in the best SKIP LOCKED run ("" when not measured): when both were near their limit, the
+// ratio of the rates is about that of PostgreSQL's CPU per row, whatever the clients do.
+func postgresBusyLine(keeper, best RunResult) string {
+	k, n, okK := keeper.PostgresBusy()
+	s, m, okS := best.PostgresBusy()
+	if !okK || !okS || n != m || keeper.CPUs.Postgres != best.CPUs.Postgres {
+		return ""
+	}
+	line := fmt.Sprintf("PostgreSQL's CPU use of the %d CPU(s) it may run on (%s): keeper run %.0f%%, best SKIP LOCKED shape %.0f%%",
+		n, keeper.CPUs.Postgres, 100*k, 100*s)
+	if k >= limitBusy && s >= limitBusy {
+		line += " (both at the database's limit: the ratio is about that of PostgreSQL's CPU per row)"
+	}
+	return line + "\n"
+}
+
+// limitBusy is the share of its CPUs above which a run counts as limited by the database: the
+// rest goes to the kernel's work on its behalf and the scheduler.
+const limitBusy = 0.9
 
 func firstWords(s string, n int) string {
 	f := strings.Fields(s)

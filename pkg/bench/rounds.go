@@ -72,11 +72,18 @@ type RoundsSummary struct {
 	// PostgresKeeper and PostgresSkipLocked are PostgreSQL's CPU per completed row (µs) of the
 	// keeper run and of the best SKIP LOCKED run, over the rounds that measured it.
 	PostgresKeeper, PostgresSkipLocked Spread
+	// BusyKeeper and BusySkipLocked are the shares (0..1) of the CPUs PostgreSQL may run on that
+	// it used in the keeper run and in the best SKIP LOCKED run (RunResult.PostgresBusy), over the
+	// rounds that measured both; AtLimit is how many of those rounds had both at the database's
+	// limit (limitBusy), where the ratio is about that of PostgreSQL's CPU per row.
+	BusyKeeper, BusySkipLocked Spread
+	AtLimit                    int
 }
 
 // Summary is the rounds' figures as medians and ranges.
 func (rs Rounds) Summary() RoundsSummary {
-	var keeper, skip, ratio, pgK, pgS []float64
+	var keeper, skip, ratio, pgK, pgS, busyK, busyS []float64
+	atLimit := 0
 	for _, r := range rs {
 		best := r.BestSkipLocked()
 		keeper = append(keeper, r.Keeper.RowsPerSecond())
@@ -90,9 +97,18 @@ func (rs Rounds) Summary() RoundsSummary {
 		if d, ok := best.PostgresPerRow(); ok {
 			pgS = append(pgS, us(d))
 		}
+		k, _, okK := r.Keeper.PostgresBusy()
+		b, _, okS := best.PostgresBusy()
+		if okK && okS {
+			busyK, busyS = append(busyK, k), append(busyS, b)
+			if k >= limitBusy && b >= limitBusy {
+				atLimit++
+			}
+		}
 	}
 	return RoundsSummary{Keeper: spreadOf(keeper), SkipLocked: spreadOf(skip), Ratio: spreadOf(ratio),
-		PostgresKeeper: spreadOf(pgK), PostgresSkipLocked: spreadOf(pgS)}
+		PostgresKeeper: spreadOf(pgK), PostgresSkipLocked: spreadOf(pgS),
+		BusyKeeper: spreadOf(busyK), BusySkipLocked: spreadOf(busyS), AtLimit: atLimit}
 }
 
 // Unverified is how many acknowledged keeper completions of all rounds the database did not show.
@@ -152,6 +168,11 @@ func (rs Rounds) Write(w io.Writer) error {
 		fmt.Fprintf(&b, "PostgreSQL CPU per completed row: keeper median %.1f µs (%.1f–%.1f), best SKIP LOCKED median %.1f µs (%.1f–%.1f)\n",
 			s.PostgresKeeper.Median, s.PostgresKeeper.Min, s.PostgresKeeper.Max,
 			s.PostgresSkipLocked.Median, s.PostgresSkipLocked.Min, s.PostgresSkipLocked.Max)
+	}
+	if s.BusyKeeper.N > 0 {
+		fmt.Fprintf(&b, "PostgreSQL's CPU use of the CPUs it may run on: keeper run median %.0f%% (%.0f–%.0f%%), best SKIP LOCKED median %.0f%% (%.0f–%.0f%%); both at the database's limit (%.0f%% and above) in %d of %d rounds\n",
+			100*s.BusyKeeper.Median, 100*s.BusyKeeper.Min, 100*s.BusyKeeper.Max,
+			100*s.BusySkipLocked.Median, 100*s.BusySkipLocked.Min, 100*s.BusySkipLocked.Max, 100*limitBusy, s.AtLimit, s.BusyKeeper.N)
 	}
 	if d := rs.Drained(); d > 0 {
 		fmt.Fprintf(&b, "NOTE: the keeper ran out of due rows in %d of %d rounds: those rates include the drain (workers finding nothing, the last writes alone) and understate it; a shorter --duration or more --rows measures it at full pace\n", d, len(rs))

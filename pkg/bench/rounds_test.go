@@ -36,12 +36,14 @@ func TestSpreadOf(t *testing.T) {
 }
 
 // round is a report whose keeper completed keeper rows and whose SKIP LOCKED shapes completed
-// skip rows each, in one second, PostgreSQL taking pg µs per row in each run (0: not measured).
+// skip rows each, in one second, PostgreSQL on CPU 0 taking pg µs per row in each run (0: not
+// measured).
 func round(keeper int, pg float64, skip ...int) Report {
 	run := func(shape Shape, n int) RunResult {
 		r := RunResult{Shape: shape, Completed: n, Verified: n, Elapsed: time.Second}
 		if pg > 0 {
-			r.CPU = cpuUse{Postgres: time.Duration(pg * float64(n) * float64(time.Microsecond)), PostgresOK: true}
+			r.CPU = cpuUse{Postgres: time.Duration(pg * float64(n) * float64(time.Microsecond)), PostgresOK: true, Wall: time.Second}
+			r.CPUs = Placement{Postgres: "0"}
 		}
 		return r
 	}
@@ -71,6 +73,10 @@ func TestRoundsSummary(t *testing.T) {
 		{"SKIP LOCKED", s.SkipLocked, Spread{N: 3, Median: 48_000, Min: 30_000, Max: 50_000}},
 		{"ratio", s.Ratio, Spread{N: 3, Median: 2.5, Min: 2, Max: 3}},
 		{"PostgreSQL, keeper", s.PostgresKeeper, Spread{N: 3, Median: 9, Min: 8, Max: 10}},
+		// PostgreSQL's share of its CPU: 0.8, 0.9 and 1.08 in the keeper runs; 0.4, 0.3 and 0.432
+		// in the best SKIP LOCKED runs
+		{"PostgreSQL busy, keeper", s.BusyKeeper, Spread{N: 3, Median: 0.9, Min: 0.8, Max: 1.08}},
+		{"PostgreSQL busy, SKIP LOCKED", s.BusySkipLocked, Spread{N: 3, Median: 0.4, Min: 0.3, Max: 0.432}},
 	} {
 		if c.got.N != c.want.N || !near(c.got.Median, c.want.Median) || !near(c.got.Min, c.want.Min) || !near(c.got.Max, c.want.Max) {
 			t.Errorf("%s: %+v, want %+v", c.name, c.got, c.want)
@@ -84,6 +90,7 @@ func TestRoundsSummary(t *testing.T) {
 		"3 rounds",
 		"median 2.50× (2.00–3.00×)",
 		"keeper median 9.0 µs (8.0–10.0)",
+		"keeper run median 90% (80–108%), best SKIP LOCKED median 40% (30–43%); both at the database's limit (90% and above) in 0 of 3 rounds",
 	} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("report lacks %q:\n%s", want, out.String())
@@ -103,6 +110,17 @@ func TestRoundsSummary(t *testing.T) {
 	rs[3].Keeper.Drained = true
 	if got := rs.Summary().PostgresKeeper.N; got != 3 {
 		t.Errorf("PostgreSQL figure over %d rounds, want the 3 that measured it", got)
+	}
+	// at the limit: both runs with PostgreSQL at 90% of its CPU or more (95% and 90.25%); not
+	// when the SKIP LOCKED run is below (85.5%)
+	if got := (Rounds{round(100_000, 9.5, 95_000)}).Summary().AtLimit; got != 1 {
+		t.Errorf("AtLimit = %d for a round with both runs at the limit, want 1", got)
+	}
+	if got := (Rounds{round(100_000, 9.5, 90_000)}).Summary().AtLimit; got != 0 {
+		t.Errorf("AtLimit = %d for a round whose SKIP LOCKED run was below the limit, want 0", got)
+	}
+	if got := rs.Summary().BusyKeeper.N; got != 3 {
+		t.Errorf("PostgreSQL's share of its CPUs over %d rounds, want the 3 that measured it", got)
 	}
 	if got := rs.Unverified(); got != 7 {
 		t.Errorf("Unverified() = %d, want 7", got)

@@ -1,0 +1,65 @@
+package bench
+
+import (
+	"math"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestPostgresBusy(t *testing.T) {
+	run := func(pg, wall time.Duration, pgOK bool, cpus string) RunResult {
+		return RunResult{CPU: cpuUse{Postgres: pg, Wall: wall, PostgresOK: pgOK}, CPUs: Placement{Postgres: cpus}}
+	}
+	for _, tc := range []struct {
+		name  string
+		run   RunResult
+		share float64 // want, when ok
+		cpus  int     // want, when ok
+		ok    bool
+	}{
+		{"one CPU, nearly all of it", run(7600*time.Millisecond, 8*time.Second, true, "0"), 0.95, 1, true},
+		{"two CPUs: the share is of both", run(8*time.Second, 8*time.Second, true, "0-1"), 0.5, 2, true},
+		{"a list of CPUs", run(3*time.Second, time.Second, true, "0,2-3"), 1, 3, true},
+		{"the server elsewhere: its CPU is not measured", run(0, 8*time.Second, false, "0"), 0, 0, false},
+		{"processes on different CPUs: no one share", run(time.Second, time.Second, true, "0 / 0-1"), 0, 0, false},
+		{"no placement read", run(time.Second, time.Second, true, ""), 0, 0, false},
+		{"no time between the samples", run(time.Second, 0, true, "0"), 0, 0, false},
+		{"a list that does not parse", run(time.Second, time.Second, true, "x"), 0, 0, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			share, cpus, ok := tc.run.PostgresBusy()
+			if ok != tc.ok || (ok && (math.Abs(share-tc.share) > 1e-9 || cpus != tc.cpus)) {
+				t.Errorf("PostgresBusy() = %v, %d, %v; want %v, %d, %v", share, cpus, ok, tc.share, tc.cpus, tc.ok)
+			}
+		})
+	}
+}
+
+func TestReportSaysHowBusyTheDatabaseWas(t *testing.T) {
+	run := func(rows int, pg time.Duration) RunResult {
+		return RunResult{Shape: Shape{1, 1000}, Completed: rows, Verified: rows, Elapsed: 8 * time.Second,
+			CPU:  cpuUse{Postgres: pg, Wall: 8 * time.Second, PostgresOK: true},
+			CPUs: Placement{Postgres: "0", Keeper: "1", Clients: "1"}}
+	}
+	report := func(keeperPG, skipPG time.Duration) string {
+		r := Report{Rows: 1000, Duration: 8 * time.Second, Keeper: run(900_000, keeperPG),
+			SkipLocked: []RunResult{run(400_000, skipPG)}}
+		var b strings.Builder
+		if err := r.Write(&b); err != nil {
+			t.Fatal(err)
+		}
+		return b.String()
+	}
+	const line = "PostgreSQL's CPU use of the 1 CPU(s) it may run on (0): keeper run 95%, best SKIP LOCKED shape 94%"
+	if got := report(7600*time.Millisecond, 7520*time.Millisecond); !strings.Contains(got, line+" (both at the database's limit") {
+		t.Errorf("both runs at the limit; the report:\n%s", got)
+	}
+	got := report(7600*time.Millisecond, 4*time.Second)
+	if !strings.Contains(got, "keeper run 95%, best SKIP LOCKED shape 50%\n") {
+		t.Errorf("the SKIP LOCKED run at half its CPU; the report:\n%s", got)
+	}
+	if strings.Contains(got, "limit") {
+		t.Errorf("a run below the limit reported at it:\n%s", got)
+	}
+}
