@@ -361,7 +361,7 @@ func runKeeperPart(ctx context.Context, pool *pgxpool.Pool, dsn string, cfg Conf
 func runSkipLockedShapes(ctx context.Context, pool *pgxpool.Pool, cfg Config) ([]RunResult, error) {
 	var out []RunResult
 	for _, shape := range cfg.SkipLocked {
-		if err := resetQueue(ctx, pool, time.Now().Truncate(time.Millisecond)); err != nil {
+		if err := resetQueue(ctx, pool, cfg.Rows, time.Now().Truncate(time.Millisecond)); err != nil {
 			return nil, fmt.Errorf("bench: %w", err)
 		}
 		cfg.Log("SKIP LOCKED %v for %v", shape, cfg.Duration)

@@ -259,3 +259,41 @@ func scratchPool(t *testing.T) *pgxpool.Pool {
 	t.Cleanup(pool.Close)
 	return pool
 }
+
+// TestResetQueueStartsAfresh: a reset leaves the SKIP LOCKED queue as seeded — every row due, no
+// larger than after the seeding — whatever the run before it wrote, so a shape measured later
+// does not scan a queue grown by the runs before it.
+func TestResetQueueStartsAfresh(t *testing.T) {
+	pool := scratchPool(t)
+	ctx := context.Background()
+	const rows = 20_000
+	now := time.Now().Truncate(time.Millisecond)
+	if err := prepare(ctx, pool, rows, now); err != nil {
+		t.Fatal(err)
+	}
+	size := func() (n int, bytes int64) {
+		t.Helper()
+		if err := pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM bench_queue WHERE due_at <= $1), pg_total_relation_size('bench_queue')`, now).Scan(&n, &bytes); err != nil {
+			t.Fatal(err)
+		}
+		return n, bytes
+	}
+	due0, seeded := size()
+	if due0 != rows {
+		t.Fatalf("%d of %d rows due after the seeding", due0, rows)
+	}
+	for round := range 3 {
+		// what a run leaves: every row completed, some twice
+		for range 2 {
+			if _, err := pool.Exec(ctx, `UPDATE bench_queue SET due_at = due_at + cadence_ms * interval '1 millisecond'`); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := resetQueue(ctx, pool, rows, now); err != nil {
+			t.Fatal(err)
+		}
+		if due, bytes := size(); due != rows || bytes > seeded {
+			t.Fatalf("after reset %d: %d of %d rows due, %d bytes against %d as seeded", round+1, due, rows, bytes, seeded)
+		}
+	}
+}

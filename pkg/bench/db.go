@@ -95,14 +95,9 @@ func prepare(ctx context.Context, pool *pgxpool.Pool, rows int, now time.Time) e
 	if _, err := pool.Exec(ctx, `ALTER TABLE render_schedule DISABLE TRIGGER render_schedule_notify_insert`); err != nil {
 		return err
 	}
-	const step = 500_000
-	for lo := 1; lo <= rows; lo += step {
-		hi := min(lo+step-1, rows)
-		if _, err := pool.Exec(ctx, `INSERT INTO render_schedule (key, due_at, cadence_ms, source) `+seedSelect, lo, hi, now); err != nil {
-			return fmt.Errorf("seeding render_schedule: %w", err)
-		}
-		if _, err := pool.Exec(ctx, `INSERT INTO bench_queue (key, due_at, cadence_ms, source) `+seedSelect, lo, hi, now); err != nil {
-			return fmt.Errorf("seeding bench_queue: %w", err)
+	for _, t := range []string{"render_schedule", "bench_queue"} {
+		if err := seedTable(ctx, pool, t, rows, now); err != nil {
+			return err
 		}
 	}
 	if _, err := pool.Exec(ctx, `ALTER TABLE render_schedule ENABLE TRIGGER render_schedule_notify_insert`); err != nil {
@@ -116,10 +111,29 @@ func prepare(ctx context.Context, pool *pgxpool.Pool, rows int, now time.Time) e
 	return nil
 }
 
-// resetQueue makes every row of the SKIP LOCKED queue due again (as seeded), so each run starts
-// from the same state, and settles both tables.
-func resetQueue(ctx context.Context, pool *pgxpool.Pool, now time.Time) error {
-	if _, err := pool.Exec(ctx, `UPDATE bench_queue SET due_at = $1::timestamptz - (random() * cadence_ms)::bigint * interval '1 millisecond'`, now); err != nil {
+// seedTable writes rows due rows into table (render_schedule or bench_queue), as seedSelect
+// makes them.
+func seedTable(ctx context.Context, pool *pgxpool.Pool, table string, rows int, now time.Time) error {
+	const step = 500_000
+	for lo := 1; lo <= rows; lo += step {
+		hi := min(lo+step-1, rows)
+		if _, err := pool.Exec(ctx, `INSERT INTO `+table+` (key, due_at, cadence_ms, source) `+seedSelect, lo, hi, now); err != nil {
+			return fmt.Errorf("seeding %s: %w", table, err)
+		}
+	}
+	return nil
+}
+
+// resetQueue writes the SKIP LOCKED queue afresh, its rows due as seeded, so each run starts from
+// the same state, and settles both tables. Not an UPDATE of every row: that leaves the table and
+// its indexes twice their size (the old versions dead, then free space once vacuumed), so each
+// shape would run on a queue larger than the one before it and the shapes measured later would
+// look worse than they are (docs/benchmarks.md, "SKIP LOCKED's best batch").
+func resetQueue(ctx context.Context, pool *pgxpool.Pool, rows int, now time.Time) error {
+	if _, err := pool.Exec(ctx, `TRUNCATE bench_queue`); err != nil {
+		return fmt.Errorf("resetting bench_queue: %w", err)
+	}
+	if err := seedTable(ctx, pool, "bench_queue", rows, now); err != nil {
 		return fmt.Errorf("resetting bench_queue: %w", err)
 	}
 	return settle(ctx, pool)
