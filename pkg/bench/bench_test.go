@@ -260,9 +260,10 @@ func scratchPool(t *testing.T) *pgxpool.Pool {
 	return pool
 }
 
-// TestResetQueueStartsAfresh: a reset leaves the SKIP LOCKED queue as seeded — every row due, no
-// larger than after the seeding — whatever the run before it wrote, so a shape measured later
-// does not scan a queue grown by the runs before it.
+// TestResetQueueStartsAfresh: a reset leaves the SKIP LOCKED queue as seeded — every row due, its
+// size that after the seeding (within a tenth: the free space and visibility maps' pages vary by
+// one or two; an UPDATE of every row made it 2.6 times as large) — whatever the run before it
+// wrote, so a shape measured later does not scan a queue grown by the runs before it.
 func TestResetQueueStartsAfresh(t *testing.T) {
 	pool := scratchPool(t)
 	ctx := context.Background()
@@ -292,7 +293,7 @@ func TestResetQueueStartsAfresh(t *testing.T) {
 		if err := resetQueue(ctx, pool, rows, now); err != nil {
 			t.Fatal(err)
 		}
-		if due, bytes := size(); due != rows || bytes > seeded {
+		if due, bytes := size(); due != rows || bytes > seeded*11/10 {
 			t.Fatalf("after reset %d: %d of %d rows due, %d bytes against %d as seeded", round+1, due, rows, bytes, seeded)
 		}
 	}

@@ -212,11 +212,9 @@ func (p *pinned) set(pid int, set unix.CPUSet) error {
 // machine, and this process must be allowed to set its processes' CPUs (root, or the server's
 // user). On an error, nothing stays changed.
 func pinCPUs(ctx context.Context, q querier, postgres []int) (*pinned, error) {
-	// the main thread's: the calling thread is any of the runtime's, which may have been started
-	// on fewer CPUs than the process has
-	var allowed unix.CPUSet
-	if err := unix.SchedGetaffinity(os.Getpid(), &allowed); err != nil {
-		return nil, fmt.Errorf("reading this process's CPUs: %w", err)
+	allowed, err := processCPUs(os.Getpid())
+	if err != nil {
+		return nil, err
 	}
 	pgSet, rest, err := splitCPUs(postgres, allowed)
 	if err != nil {
@@ -242,6 +240,32 @@ func pinCPUs(ctx context.Context, q querier, postgres []int) (*pinned, error) {
 		}
 	}
 	return p, nil
+}
+
+// processCPUs is the CPUs any thread of process pid may use. Not one thread's: the calling thread
+// is any of the runtime's, and it — or the main thread, which a goroutine locked to its thread
+// may be on — may have been placed on fewer CPUs than the process has.
+func processCPUs(pid int) (unix.CPUSet, error) {
+	var all unix.CPUSet
+	var firstErr error
+	for _, tid := range append([]int{pid}, threadsOf(pid)...) {
+		var set unix.CPUSet
+		if err := unix.SchedGetaffinity(tid, &set); err != nil {
+			if firstErr == nil {
+				firstErr = err
+			}
+			continue // a thread that ended since it was listed
+		}
+		for c := range cpuSetSize {
+			if set.IsSet(c) {
+				all.Set(c)
+			}
+		}
+	}
+	if all.Count() == 0 {
+		return all, fmt.Errorf("reading this process's CPUs: %w", firstErr)
+	}
+	return all, nil
 }
 
 // postmasterPID finds the server's postmaster: the parent of the backend serving q, which must be
