@@ -37,7 +37,7 @@ func Bench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	duration := fs.Duration("duration", 10*time.Second, "length of each run")
 	workers := fs.Int("workers", 32, "keeper run: workers")
 	batch := fs.Int("batch", 1000, "keeper run: rows per claim")
-	skip := fs.String("skip-locked", "1x1000,2x1000,2x2000,4x1000,4x100,8x100,8x1000", "SKIP LOCKED runs: WORKERSxBATCH, comma-separated (the best counts)")
+	skip := fs.String("skip-locked", "1x1000,1x5000,1x10000,1x20000,2x1000,2x5000,4x1000", "SKIP LOCKED runs: WORKERSxBATCH, comma-separated (the best counts; a batch up to 100000)")
 	triggerRounds := fs.Int("trigger-rounds", 40, "batches of the trigger measurement (0: skip it)")
 	keep := fs.Bool("keep-database", false, "keep the scratch database")
 	postgresCPUs := fs.String("postgres-cpus", "", "CPU list (e.g. 0): run PostgreSQL's processes there and the keeper and the workers on the other CPUs, as if the database had a machine of its own (the server must run here; needs root or the server's user)")

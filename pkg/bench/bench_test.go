@@ -166,11 +166,19 @@ func TestConfigValidate(t *testing.T) {
 		{ServerDSN: "x", StartKeeper: start, SkipLocked: []Shape{}},
 		{ServerDSN: "x", StartKeeper: start, TriggerRounds: 2},
 		{ServerDSN: "x", StartKeeper: start, PostgresCPUs: "0-"},
+		{ServerDSN: "x", StartKeeper: start, Keeper: Shape{Workers: 32, Batch: 10001}},          // over a claim's limit
+		{ServerDSN: "x", StartKeeper: start, SkipLocked: []Shape{{Workers: 1, Batch: 100_001}}}, // over a SKIP LOCKED worker's
 	} {
 		c.setDefaults()
 		if err := c.Validate(); err == nil {
 			t.Errorf("Validate(%+v): no error", c)
 		}
+	}
+	// a SKIP LOCKED worker may claim more at once than a keeper claim holds
+	c := Config{ServerDSN: "x", StartKeeper: start, SkipLocked: []Shape{{Workers: 1, Batch: 100_000}}}
+	c.setDefaults()
+	if err := c.Validate(); err != nil {
+		t.Errorf("Validate(SKIP LOCKED 1 × 100000): %v", err)
 	}
 }
 
