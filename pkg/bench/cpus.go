@@ -263,6 +263,9 @@ func processCPUs(pid int) (unix.CPUSet, error) {
 		}
 	}
 	if all.Count() == 0 {
+		if firstErr == nil {
+			firstErr = errors.New("no thread has a CPU")
+		}
 		return all, fmt.Errorf("reading this process's CPUs: %w", firstErr)
 	}
 	return all, nil
