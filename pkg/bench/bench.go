@@ -125,13 +125,14 @@ func (c Config) Validate() error {
 	}
 	// the keeper's batch is a claim's (shardapi.MaxClaim); a SKIP LOCKED worker may take more at
 	// once, and its best batch may be larger (docs/benchmarks.md, "SKIP LOCKED's best batch")
-	if s := c.Keeper; s.Workers < 1 || s.Workers > 1024 || s.Batch < 1 || s.Batch > shardapi.MaxClaim {
-		errs = append(errs, fmt.Errorf("keeper shape %v: workers must be within 1..1024 and batch within 1..%d", s, shardapi.MaxClaim))
-	}
-	for _, s := range c.SkipLocked {
-		if s.Workers < 1 || s.Workers > 1024 || s.Batch < 1 || s.Batch > maxSkipLockedBatch {
-			errs = append(errs, fmt.Errorf("SKIP LOCKED shape %v: workers must be within 1..1024 and batch within 1..%d", s, maxSkipLockedBatch))
+	checkShape := func(what string, s Shape, maxBatch int) {
+		if s.Workers < 1 || s.Workers > 1024 || s.Batch < 1 || s.Batch > maxBatch {
+			errs = append(errs, fmt.Errorf("%s shape %v: workers must be within 1..1024 and batch within 1..%d", what, s, maxBatch))
 		}
+	}
+	checkShape("keeper", c.Keeper, shardapi.MaxClaim)
+	for _, s := range c.SkipLocked {
+		checkShape("SKIP LOCKED", s, maxSkipLockedBatch)
 	}
 	if len(c.SkipLocked) == 0 {
 		errs = append(errs, errors.New("no SKIP LOCKED shape"))

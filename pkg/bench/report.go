@@ -91,8 +91,8 @@ func (r Report) Write(w io.Writer) error {
 // ratio of the rates is about that of PostgreSQL's CPU per row, whatever the clients do.
 func postgresBusyLine(keeper, best RunResult) string {
 	k, n, okK := keeper.PostgresBusy()
-	s, m, okS := best.PostgresBusy()
-	if !okK || !okS || n != m || keeper.CPUs.Postgres != best.CPUs.Postgres {
+	s, _, okS := best.PostgresBusy()
+	if !okK || !okS || keeper.CPUs.Postgres != best.CPUs.Postgres {
 		return ""
 	}
 	line := fmt.Sprintf("PostgreSQL's CPU use of the %d CPU(s) it may run on (%s): keeper run %.0f%%, best SKIP LOCKED shape %.0f%%",

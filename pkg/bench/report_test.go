@@ -37,14 +37,9 @@ func TestPostgresBusy(t *testing.T) {
 }
 
 func TestReportSaysHowBusyTheDatabaseWas(t *testing.T) {
-	run := func(rows int, pg time.Duration) RunResult {
-		return RunResult{Shape: Shape{1, 1000}, Completed: rows, Verified: rows, Elapsed: 8 * time.Second,
-			CPU:  cpuUse{Postgres: pg, Wall: 8 * time.Second, PostgresOK: true},
-			CPUs: Placement{Postgres: "0", Keeper: "1", Clients: "1"}}
-	}
-	report := func(keeperPG, skipPG time.Duration) string {
-		r := Report{Rows: 1000, Duration: 8 * time.Second, Keeper: run(900_000, keeperPG),
-			SkipLocked: []RunResult{run(400_000, skipPG)}}
+	// round (rounds_test.go): one second on CPU 0, PostgreSQL 1 µs per row in both runs, so the
+	// rows are the shares of its CPU in millionths
+	report := func(r Report) string {
 		var b strings.Builder
 		if err := r.Write(&b); err != nil {
 			t.Fatal(err)
@@ -52,10 +47,10 @@ func TestReportSaysHowBusyTheDatabaseWas(t *testing.T) {
 		return b.String()
 	}
 	const line = "PostgreSQL's CPU use of the 1 CPU(s) it may run on (0): keeper run 95%, best SKIP LOCKED shape 94%"
-	if got := report(7600*time.Millisecond, 7520*time.Millisecond); !strings.Contains(got, line+" (both at the database's limit") {
+	if got := report(round(950_000, 1, 940_000)); !strings.Contains(got, line+" (both at the database's limit") {
 		t.Errorf("both runs at the limit; the report:\n%s", got)
 	}
-	got := report(7600*time.Millisecond, 4*time.Second)
+	got := report(round(950_000, 1, 500_000))
 	if !strings.Contains(got, "keeper run 95%, best SKIP LOCKED shape 50%\n") {
 		t.Errorf("the SKIP LOCKED run at half its CPU; the report:\n%s", got)
 	}
