@@ -32,7 +32,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"golang.org/x/sys/unix"
 
 	"github.com/renderqueue/renderqueue/pkg/shardapi"
 )
@@ -324,7 +326,8 @@ func runKeeperPart(ctx context.Context, pool *pgxpool.Pool, dsn string, cfg Conf
 	}
 	rep.KeeperLoad = time.Since(start)
 	cfg.Log("keeper ready after %v; %v workers claiming and completing for %v", rep.KeeperLoad.Round(time.Millisecond), cfg.Keeper, cfg.Duration)
-	if err := settle(ctx, pool); err != nil {
+	settled, err := settle(ctx, pool)
+	if err != nil {
 		return fmt.Errorf("bench: %w", err)
 	}
 	var walBefore, walAfter string
@@ -337,6 +340,7 @@ func runKeeperPart(ctx context.Context, pool *pgxpool.Pool, dsn string, cfg Conf
 	if err != nil {
 		return err
 	}
+	rep.Keeper.Settled = settled
 	var wal float64
 	var tableBytes int64
 	if err := pool.QueryRow(ctx, "SELECT pg_current_wal_insert_lsn()::text").Scan(&walAfter); err != nil {
@@ -375,6 +379,10 @@ func runSkipLockedShapes(ctx context.Context, pool *pgxpool.Pool, cfg Config) ([
 		if err := resetQueue(ctx, pool, cfg.Rows, time.Now().Truncate(time.Millisecond)); err != nil {
 			return nil, fmt.Errorf("bench: %w", err)
 		}
+		settled, err := settle(ctx, pool)
+		if err != nil {
+			return nil, fmt.Errorf("bench: %w", err)
+		}
 		cfg.Log("SKIP LOCKED %v for %v", shape, cfg.Duration)
 		r, err := measure(ctx, pool, 0, shape, cfg.Duration, "bench_queue", func(deadline time.Time) []*workerLog {
 			return runSkipLocked(ctx, pool, shape, deadline)
@@ -382,6 +390,7 @@ func runSkipLockedShapes(ctx context.Context, pool *pgxpool.Pool, cfg Config) ([
 		if err != nil {
 			return nil, err
 		}
+		r.Settled = settled
 		out = append(out, r)
 	}
 	return out, nil
@@ -478,14 +487,31 @@ func (m maintenance) since(m0 maintenance) map[string]int {
 	return out
 }
 
-// settle vacuums and analyzes the two queues' tables before a run, so that no autovacuum or
-// autoanalyze of what an earlier run (or the seeding) wrote falls in it: a run pays for the
-// maintenance of its own writes only, and the report says when it did.
-func settle(ctx context.Context, pool *pgxpool.Pool) error {
+// settle brings the machine and the database to the same state before every run and returns
+// what it did, for the report: it vacuums and analyzes the two queues' tables, so that no
+// autovacuum or autoanalyze of what an earlier run (or the seeding) wrote falls in the run (a run
+// pays for the maintenance of its own writes only, and the report says when it did); it
+// checkpoints, so that PostgreSQL's dirty buffers are written before the run, not evicted by it;
+// and it writes this machine's dirty pages out (sync), so that the kernel does not spend the run
+// writing back the seeding's gigabyte: a keeper run right after the seeding used to fall in that
+// writeback and measured 10–20% slower than one after the SKIP LOCKED runs (docs/benchmarks.md,
+// "Settling before each run"). A role that may not checkpoint (it needs superuser or
+// pg_checkpoint) gets runs without one, and the report says so.
+func settle(ctx context.Context, pool *pgxpool.Pool) (string, error) {
 	if _, err := pool.Exec(ctx, "VACUUM ANALYZE render_schedule, bench_queue"); err != nil {
-		return fmt.Errorf("vacuuming the queues before a run: %w", err)
+		return "", fmt.Errorf("vacuuming the queues before a run: %w", err)
 	}
-	return nil
+	did := "tables vacuumed and analyzed, PostgreSQL checkpointed, this machine's dirty pages written out (sync)"
+	if _, err := pool.Exec(ctx, "CHECKPOINT"); err != nil {
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) || pgErr.Code != "42501" { // insufficient_privilege
+			return "", fmt.Errorf("checkpointing before a run: %w", err)
+		}
+		did = "tables vacuumed and analyzed, this machine's dirty pages written out (sync); NOT checkpointed (" +
+			pgErr.Message + "): PostgreSQL may write the earlier writes' buffers during the run"
+	}
+	unix.Sync()
+	return did, nil
 }
 
 // waitReady polls the keeper's /readyz until it answers 200.

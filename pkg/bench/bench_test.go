@@ -306,3 +306,52 @@ func TestResetQueueStartsAfresh(t *testing.T) {
 		}
 	}
 }
+
+// TestSettleCheckpoints: settling before a run checkpoints (the server counts one more requested
+// checkpoint) and says so; a role that may not checkpoint settles without one, and the note says
+// that it did not.
+func TestSettleCheckpoints(t *testing.T) {
+	dsn := pgtest.NewDatabase(t)
+	pool, err := pgxpool.New(context.Background(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	ctx := context.Background()
+	if err := prepare(ctx, pool, 1000, time.Now().Truncate(time.Millisecond)); err != nil {
+		t.Fatal(err)
+	}
+	checkpoints := func() (n int64) {
+		t.Helper()
+		// the statistics snapshot is cleared first: a second read in one transaction would repeat the first
+		if err := pool.QueryRow(ctx, `SELECT pg_stat_clear_snapshot() IS NULL, checkpoints_req FROM pg_stat_bgwriter`).Scan(new(bool), &n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	before := checkpoints()
+	did, err := settle(ctx, pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after := checkpoints(); after <= before {
+		t.Errorf("checkpoints requested: %d before settling, %d after", before, after)
+	}
+	if !strings.Contains(did, "PostgreSQL checkpointed") || strings.Contains(did, "NOT") {
+		t.Errorf("settle says %q", did)
+	}
+
+	_, roleDSN := pgtest.Role(t, dsn, "bench_settle_")
+	rolePool, err := pgxpool.New(ctx, roleDSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(rolePool.Close)
+	did, err = settle(ctx, rolePool)
+	if err != nil {
+		t.Fatalf("settling as a role that may not checkpoint: %v", err)
+	}
+	if !strings.Contains(did, "NOT checkpointed") {
+		t.Errorf("settle as a role that may not checkpoint says %q", did)
+	}
+}

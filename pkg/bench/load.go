@@ -48,6 +48,8 @@ type RunResult struct {
 	// (autovacuum's or not) ended during the run or were running at its end: their CPU is
 	// PostgreSQL's, taken from the run. Nil when there were none or they could not be read.
 	Maintenance map[string]int
+	// Settled says how the machine and the database were settled before the run (settle).
+	Settled string
 }
 
 // Unverified is how many acknowledged completions the database did not show completed.

@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"cmp"
 	"fmt"
 	"io"
 	"maps"
@@ -27,6 +28,14 @@ func (r Report) Write(w io.Writer) error {
 	for _, s := range r.SkipLocked {
 		if s.CPUs.Postgres != r.Keeper.CPUs.Postgres || s.CPUs.Clients != r.Keeper.CPUs.Clients {
 			fmt.Fprintf(&b, "CPUs allowed in the SKIP LOCKED run %v: %s\n", s.Shape, s.CPUs)
+		}
+	}
+	if r.Keeper.Settled != "" {
+		fmt.Fprintf(&b, "before each run: %s\n", r.Keeper.Settled)
+	}
+	for _, s := range r.SkipLocked {
+		if s.Settled != r.Keeper.Settled {
+			fmt.Fprintf(&b, "before the SKIP LOCKED run %v: %s\n", s.Shape, cmp.Or(s.Settled, "not settled"))
 		}
 	}
 	b.WriteString("\n")

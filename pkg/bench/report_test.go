@@ -58,3 +58,42 @@ func TestReportSaysHowBusyTheDatabaseWas(t *testing.T) {
 		t.Errorf("a run below the limit reported at it:\n%s", got)
 	}
 }
+
+func TestReportSaysHowEachRunWasSettled(t *testing.T) {
+	const all = "tables vacuumed and analyzed, PostgreSQL checkpointed, this machine's dirty pages written out (sync)"
+	for _, tc := range []struct {
+		name    string
+		keeper  string   // the keeper run's Settled
+		skip    []string // each SKIP LOCKED run's Settled
+		want    []string // lines the report has
+		notWant []string // lines it has not
+	}{
+		{"every run alike: one line", all, []string{all, all},
+			[]string{"before each run: " + all + "\n"}, []string{"before the SKIP LOCKED run"}},
+		{"a run settled otherwise is named", all, []string{all, "not checkpointed"},
+			[]string{"before each run: " + all + "\n", "before the SKIP LOCKED run 1 × 20: not checkpointed\n"}, nil},
+		{"a run not settled says so", all, []string{""},
+			[]string{"before the SKIP LOCKED run 1 × 10: not settled\n"}, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := Report{Keeper: RunResult{Settled: tc.keeper}}
+			for i, s := range tc.skip {
+				r.SkipLocked = append(r.SkipLocked, RunResult{Shape: Shape{Workers: 1, Batch: 10 * (i + 1)}, Settled: s})
+			}
+			var b strings.Builder
+			if err := r.Write(&b); err != nil {
+				t.Fatal(err)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(b.String(), w) {
+					t.Errorf("no %q in the report:\n%s", w, b.String())
+				}
+			}
+			for _, w := range tc.notWant {
+				if strings.Contains(b.String(), w) {
+					t.Errorf("%q in the report:\n%s", w, b.String())
+				}
+			}
+		})
+	}
+}
