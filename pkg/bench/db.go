@@ -125,10 +125,10 @@ func seedTable(ctx context.Context, pool *pgxpool.Pool, table string, rows int, 
 }
 
 // resetQueue writes the SKIP LOCKED queue afresh, its rows due as seeded, so each run starts from
-// the same state (the run settles it: measure). Not an UPDATE of every row: that leaves the table and
-// its indexes twice their size (the old versions dead, then free space once vacuumed), so each
-// shape would run on a queue larger than the one before it and the shapes measured later would
-// look worse than they are (docs/benchmarks.md, "SKIP LOCKED's best batch").
+// the same state (runSkipLockedShapes then settles it). Not an UPDATE of every row: that leaves
+// the table and its indexes twice their size (the old versions dead, then free space once
+// vacuumed), so each shape would run on a queue larger than the one before it and the shapes
+// measured later would look worse than they are (docs/benchmarks.md, "SKIP LOCKED's best batch").
 func resetQueue(ctx context.Context, pool *pgxpool.Pool, rows int, now time.Time) error {
 	if _, err := pool.Exec(ctx, `TRUNCATE bench_queue`); err != nil {
 		return fmt.Errorf("resetting bench_queue: %w", err)
