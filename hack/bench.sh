@@ -65,6 +65,6 @@ go test -run '^$' -bench 'BenchmarkCompleteStatement' -benchtime 200x "$@" ./pkg
 # End to end: a keeper over HTTP against a SKIP LOCKED queue on the same server (docs/benchmarks.md).
 if [ "${BENCH_E2E_ROWS:-1000000}" != 0 ]; then
   go build -o bin/renderqueue ./cmd/renderqueue
-  bin/renderqueue bench --dsn "$RENDERQUEUE_TEST_DSN" --rows "${BENCH_E2E_ROWS:-1000000}" --duration 10s --rounds "${BENCH_E2E_ROUNDS:-3}"
+  bin/renderqueue bench --dsn "$RENDERQUEUE_TEST_DSN" --rows "${BENCH_E2E_ROWS:-1000000}" --duration 8s --rounds "${BENCH_E2E_ROUNDS:-3}"
 fi
 echo "bench.sh: load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
