@@ -171,10 +171,9 @@ type Report struct {
 	// TriggerWith and TriggerWithout are the group commit's UPDATE time per row with the notify
 	// trigger enabled and disabled (0 when not measured).
 	TriggerWith, TriggerWithout time.Duration
-	// WALPerCompletion is the WAL the keeper run wrote per completed row (bytes), on this server's
-	// settings (wal_level, full_page_writes: WALSettings).
-	WALPerCompletion float64
-	WALSettings      string
+	// WALSettings are the server's settings the runs' WAL depends on (wal_level,
+	// full_page_writes): RunResult.WALPerCompletion.
+	WALSettings string
 	// TableBytesPerRow is render_schedule's size with its indexes and TOAST, per row, after the
 	// keeper run.
 	TableBytesPerRow float64
@@ -201,6 +200,14 @@ func (r Report) Ratio() float64 {
 		return 0
 	}
 	return r.Keeper.RowsPerSecond() / b
+}
+
+// WALPerCompletion is the WAL the run wrote per completed row (bytes; 0 when none completed).
+func (r RunResult) WALPerCompletion() float64 {
+	if r.Completed == 0 {
+		return 0
+	}
+	return r.WAL / float64(r.Completed)
 }
 
 // PostgresPerRow is PostgreSQL's CPU per completed row of a run, and whether it was measured.
@@ -326,35 +333,19 @@ func runKeeperPart(ctx context.Context, pool *pgxpool.Pool, dsn string, cfg Conf
 	}
 	rep.KeeperLoad = time.Since(start)
 	cfg.Log("keeper ready after %v; %v workers claiming and completing for %v", rep.KeeperLoad.Round(time.Millisecond), cfg.Keeper, cfg.Duration)
-	settled, err := settle(ctx, pool)
-	if err != nil {
-		return fmt.Errorf("bench: %w", err)
-	}
-	var walBefore, walAfter string
-	if err := pool.QueryRow(ctx, "SELECT pg_current_wal_insert_lsn()::text").Scan(&walBefore); err != nil {
-		return fmt.Errorf("bench: %w", err)
-	}
 	rep.Keeper, err = measure(ctx, pool, k.PID, cfg.Keeper, cfg.Duration, "render_schedule", func(deadline time.Time) []*workerLog {
 		return runKeeper(ctx, client, cfg.Keeper, deadline)
 	})
 	if err != nil {
 		return err
 	}
-	rep.Keeper.Settled = settled
-	var wal float64
 	var tableBytes int64
-	if err := pool.QueryRow(ctx, "SELECT pg_current_wal_insert_lsn()::text").Scan(&walAfter); err != nil {
-		return fmt.Errorf("bench: %w", err)
-	}
-	if err := pool.QueryRow(ctx, `SELECT pg_wal_lsn_diff($2::pg_lsn, $1::pg_lsn)::float8,
+	if err := pool.QueryRow(ctx, `SELECT
 			(SELECT sum(pg_total_relation_size(c.oid))::bigint FROM pg_class c WHERE c.oid = 'render_schedule'::regclass
 			    OR c.oid IN (SELECT inhrelid FROM pg_inherits WHERE inhparent = 'render_schedule'::regclass)),
 			current_setting('wal_level') || ', full_page_writes ' || current_setting('full_page_writes')`,
-		walBefore, walAfter).Scan(&wal, &tableBytes, &rep.WALSettings); err != nil {
-		return fmt.Errorf("bench: measuring WAL and size: %w", err)
-	}
-	if rep.Keeper.Completed > 0 {
-		rep.WALPerCompletion = wal / float64(rep.Keeper.Completed)
+	).Scan(&tableBytes, &rep.WALSettings); err != nil {
+		return fmt.Errorf("bench: measuring the table's size: %w", err)
 	}
 	rep.TableBytesPerRow = float64(tableBytes) / float64(cfg.Rows)
 	if cfg.TriggerRounds > 0 {
@@ -379,10 +370,6 @@ func runSkipLockedShapes(ctx context.Context, pool *pgxpool.Pool, cfg Config) ([
 		if err := resetQueue(ctx, pool, cfg.Rows, time.Now().Truncate(time.Millisecond)); err != nil {
 			return nil, fmt.Errorf("bench: %w", err)
 		}
-		settled, err := settle(ctx, pool)
-		if err != nil {
-			return nil, fmt.Errorf("bench: %w", err)
-		}
 		cfg.Log("SKIP LOCKED %v for %v", shape, cfg.Duration)
 		r, err := measure(ctx, pool, 0, shape, cfg.Duration, "bench_queue", func(deadline time.Time) []*workerLog {
 			return runSkipLocked(ctx, pool, shape, deadline)
@@ -390,7 +377,6 @@ func runSkipLockedShapes(ctx context.Context, pool *pgxpool.Pool, cfg Config) ([
 		if err != nil {
 			return nil, err
 		}
-		r.Settled = settled
 		out = append(out, r)
 	}
 	return out, nil
@@ -408,12 +394,26 @@ func maxWorkers(shapes []Shape) int {
 func measure(ctx context.Context, pool *pgxpool.Pool, keeperPID int, shape Shape, d time.Duration, table string,
 	run func(deadline time.Time) []*workerLog) (RunResult, error) {
 	r := RunResult{Shape: shape}
+	var err error
+	if r.Settled, err = settle(ctx, pool); err != nil {
+		return r, fmt.Errorf("bench: %w", err)
+	}
+	var walBefore, walAfter string
+	if err := pool.QueryRow(ctx, "SELECT pg_current_wal_insert_lsn()::text").Scan(&walBefore); err != nil {
+		return r, fmt.Errorf("bench: %w", err)
+	}
 	m0, mOK := maintenanceNow(ctx, pool)
 	before := sampleCPU(ctx, pool, keeperPID)
 	start := time.Now()
 	logs := run(start.Add(d))
 	r.Elapsed = time.Since(start)
 	after := sampleCPU(ctx, pool, keeperPID)
+	if err := pool.QueryRow(ctx, "SELECT pg_current_wal_insert_lsn()::text").Scan(&walAfter); err != nil {
+		return r, fmt.Errorf("bench: %w", err)
+	}
+	if err := pool.QueryRow(ctx, "SELECT pg_wal_lsn_diff($2::pg_lsn, $1::pg_lsn)::float8", walBefore, walAfter).Scan(&r.WAL); err != nil {
+		return r, fmt.Errorf("bench: measuring WAL: %w", err)
+	}
 	if m1, ok := maintenanceNow(ctx, pool); ok && mOK {
 		r.Maintenance = m1.since(m0)
 	}
@@ -422,7 +422,6 @@ func measure(ctx context.Context, pool *pgxpool.Pool, keeperPID int, shape Shape
 	claim, complete, done, errs, lastErr, drained := merge(logs)
 	r.Claim, r.Complete = summarize(claim), summarize(complete)
 	r.Completed, r.Errors, r.LastError, r.Drained = len(done), errs, lastErr, drained
-	var err error
 	if r.Verified, err = verify(ctx, pool, table, done); err != nil {
 		return r, fmt.Errorf("bench: %w", err)
 	}
@@ -501,17 +500,16 @@ func settle(ctx context.Context, pool *pgxpool.Pool) (string, error) {
 	if _, err := pool.Exec(ctx, "VACUUM ANALYZE render_schedule, bench_queue"); err != nil {
 		return "", fmt.Errorf("vacuuming the queues before a run: %w", err)
 	}
-	did := "tables vacuumed and analyzed, PostgreSQL checkpointed, this machine's dirty pages written out (sync)"
+	checkpointed := "PostgreSQL checkpointed"
 	if _, err := pool.Exec(ctx, "CHECKPOINT"); err != nil {
 		var pgErr *pgconn.PgError
 		if !errors.As(err, &pgErr) || pgErr.Code != "42501" { // insufficient_privilege
 			return "", fmt.Errorf("checkpointing before a run: %w", err)
 		}
-		did = "tables vacuumed and analyzed, this machine's dirty pages written out (sync); NOT checkpointed (" +
-			pgErr.Message + "): PostgreSQL may write the earlier writes' buffers during the run"
+		checkpointed = "NOT checkpointed (" + pgErr.Message + ": PostgreSQL may write the earlier writes' buffers during the run)"
 	}
 	unix.Sync()
-	return did, nil
+	return "tables vacuumed and analyzed, " + checkpointed + ", this machine's dirty pages written out (sync)", nil
 }
 
 // waitReady polls the keeper's /readyz until it answers 200.

@@ -248,7 +248,7 @@ func pinCPUs(ctx context.Context, q querier, postgres []int) (*pinned, error) {
 func processCPUs(pid int) (unix.CPUSet, error) {
 	var all unix.CPUSet
 	var firstErr error
-	for _, tid := range append([]int{pid}, threadsOf(pid)...) {
+	for _, tid := range threadsOf(pid) { // the main thread among them (its id is pid)
 		var set unix.CPUSet
 		if err := unix.SchedGetaffinity(tid, &set); err != nil {
 			if firstErr == nil {

@@ -125,7 +125,7 @@ func seedTable(ctx context.Context, pool *pgxpool.Pool, table string, rows int, 
 }
 
 // resetQueue writes the SKIP LOCKED queue afresh, its rows due as seeded, so each run starts from
-// the same state (runSkipLockedShapes then settles it). Not an UPDATE of every row: that leaves
+// the same state (measure then settles it). Not an UPDATE of every row: that leaves
 // the table and its indexes twice their size (the old versions dead, then free space once
 // vacuumed), so each shape would run on a queue larger than the one before it and the shapes
 // measured later would look worse than they are (docs/benchmarks.md, "SKIP LOCKED's best batch").

@@ -50,6 +50,9 @@ type RunResult struct {
 	Maintenance map[string]int
 	// Settled says how the machine and the database were settled before the run (settle).
 	Settled string
+	// WAL is what the server wrote to its write-ahead log during the run, in bytes (the whole
+	// server's: the run's writes and whatever else wrote meanwhile).
+	WAL float64
 }
 
 // Unverified is how many acknowledged completions the database did not show completed.

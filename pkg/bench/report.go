@@ -82,8 +82,8 @@ func (r Report) Write(w io.Writer) error {
 		fmt.Fprintf(&b, "change events of a completion, when sent (another keeper holds the row's slot; the keeper run above sends none): %.1f µs (the group commit's UPDATE: %.1f µs/row with them, %.1f µs/row without)\n",
 			us(r.TriggerWith-r.TriggerWithout), us(r.TriggerWith), us(r.TriggerWithout))
 	}
-	if r.WALPerCompletion > 0 {
-		fmt.Fprintf(&b, "WAL written during the keeper run per completed row: %.0f bytes (this server: wal_level %s)\n", r.WALPerCompletion, r.WALSettings)
+	if wal := r.Keeper.WALPerCompletion(); wal > 0 {
+		fmt.Fprintf(&b, "WAL written during the keeper run per completed row: %.0f bytes (this server: wal_level %s)\n", wal, r.WALSettings)
 	}
 	if r.TableBytesPerRow > 0 {
 		fmt.Fprintf(&b, "render_schedule with its indexes: %.0f bytes per row\n", r.TableBytesPerRow)
