@@ -10,6 +10,11 @@
 // an invalid spec, a disallowed image —, the status and conditions computed from the shards'
 // reports, the events of a status change).
 //
+// Up to MaxConcurrentReconciles RenderQueues are reconciled at once (controller-runtime never
+// reconciles one twice at once), each again after the poll interval to poll its shards, at a
+// priority below that of a change (pollPriority): BenchmarkManyQueues measures the operator with
+// 500 RenderQueues (docs/benchmarks.md).
+//
 //   - renderqueue_controller.go: Reconcile, the steps in order, and a status.membership that
 //     does not parse (InvalidMembership);
 //   - children.go: creating and updating the shard ServiceAccount/Role/RoleBinding, headless

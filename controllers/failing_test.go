@@ -63,6 +63,11 @@ var _ = Describe("A shard that cannot run", func() {
 			g.Expect(ready.Status).To(Equal(metav1.ConditionFalse))
 			g.Expect(ready.Message).To(Equal(`1 of 2 shards ready; shard broken-shard-1 cannot run: CreateContainerConfigError: secret "pg" not found`))
 			g.Expect(eventMessage(g, rq, policy.EventShardFailing)).To(ContainSubstring(`shard broken-shard-1 cannot run: CreateContainerConfigError: secret "pg" not found`))
+			// exported, so that RenderQueueShardFailing fires
+			failing := map[string]string{"namespace": rq.Namespace, "renderqueue": rq.Name, "shard": name, "state": policy.StateFailing}
+			v, ok := sampleOf(g, "renderqueue_queue_shard_state", failing)
+			g.Expect(ok).To(BeTrue(), "renderqueue_queue_shard_state%v missing", failing)
+			g.Expect(v).To(BeEquivalentTo(1))
 		}).WithTimeout(15 * time.Second).Should(Succeed())
 
 		By("a crash loop")

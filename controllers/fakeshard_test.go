@@ -44,19 +44,30 @@ type fakeShard struct {
 	badJSON   bool
 	wrongName bool
 	walkedAt  time.Time
+	// hang answers nothing until the request is cancelled (a shard on a node that is gone:
+	// every poll runs into its timeout).
+	hang bool
 	// err is the status's error field (the keeper's own: a database it cannot reach, say).
 	err string
+	// classes is the status's classes.
+	classes []shardapi.Class
 }
 
 func newFakeShard(reader client.Reader, namespace, queue, name string) *fakeShard {
+	f := newFakeShardState(reader, namespace, queue, name)
+	f.srv = httptest.NewServer(http.HandlerFunc(f.serve))
+	return f
+}
+
+// newFakeShardState is a fakeShard without a server of its own: its serve method answers for it
+// (under a path prefix stripped first, when many fakes share one server).
+func newFakeShardState(reader client.Reader, namespace, queue, name string) *fakeShard {
 	edge := time.Now().Add(23 * time.Hour).Truncate(time.Second)
-	f := &fakeShard{
+	return &fakeShard{
 		name: name, namespace: namespace, queue: queue, reader: reader,
 		due: 10, exact: true, complete: true, status: shardapi.StatusQueued, edge: &edge,
 		walked: true, autoPrepare: true, walkedAt: time.Now().Add(-time.Minute).Truncate(time.Second),
 	}
-	f.srv = httptest.NewServer(http.HandlerFunc(f.serve))
-	return f
 }
 
 // set changes the fake's state under its lock.
@@ -91,6 +102,11 @@ func (f *fakeShard) serve(w http.ResponseWriter, r *http.Request) {
 	epoch := rq.Status.Membership.Epoch
 
 	f.mu.Lock()
+	if f.hang {
+		f.mu.Unlock()
+		<-r.Context().Done()
+		return
+	}
 	defer f.mu.Unlock()
 	if f.failWith != 0 {
 		http.Error(w, "shard failure injected by the test", f.failWith)
@@ -108,6 +124,7 @@ func (f *fakeShard) serve(w http.ResponseWriter, r *http.Request) {
 		Rows:       shardapi.Rows{Held: 1000, OwnedNotHeld: 5000},
 		DuePerSlot: map[string]int{},
 		Error:      f.err,
+		Classes:    f.classes,
 	}
 	if f.wrongName {
 		st.Shard = f.name + "-impostor"

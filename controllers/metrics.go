@@ -36,9 +36,12 @@ const (
 	labelShard       = "shard"
 )
 
-// shardStates are the values of renderqueue_queue_shard_state{state}: the queue states a shard
-// reports and the operator's own (Pending, Unreachable).
-var shardStates = [...]string{shardapi.StatusQueued, shardapi.StatusEmpty, shardapi.StatusUnready, policy.StatePending, policy.StateUnreachable}
+// shardStates are the values of renderqueue_queue_shard_state{state}: every state
+// status.shards[].state can hold — the queue states a shard reports (pkg/shardapi's Status*) and
+// the operator's own (controllers/policy's State*: Pending, Unreachable, Failing).
+// TestShardStatesExported checks that none is missing.
+var shardStates = [...]string{shardapi.StatusQueued, shardapi.StatusEmpty, shardapi.StatusUnready,
+	policy.StatePending, policy.StateUnreachable, policy.StateFailing}
 
 // conditionStatuses are the values of renderqueue_queue_condition{status}.
 var conditionStatuses = [...]metav1.ConditionStatus{metav1.ConditionTrue, metav1.ConditionFalse, metav1.ConditionUnknown}
@@ -141,7 +144,7 @@ func NewQueueCollector(reader client.Reader, elected <-chan struct{}) *QueueColl
 			"Absent until the operator first polled the shards.", q),
 		dueExact: d("due_exact", "status.dueExact: 1 when every shard is reachable and exact, so renderqueue_queue_due is the true count.", q),
 		dueAsOf:  d("due_as_of_timestamp_seconds", "status.dueAsOf: the shard poll at which the due count or its exactness last changed.", q),
-		condition: d("condition", "1 for the status each condition of the RenderQueue has (Ready, Exact, EdgeHealthy, WalksComplete, Progressing), 0 for the others.",
+		condition: d("condition", "1 for the status each condition of the RenderQueue has (Ready, Exact, EdgeHealthy, WalksComplete, Progressing, Reconciled, ClassesServed), 0 for the others.",
 			q, "condition", "status"),
 		shardsDesired: d("shards_desired", "spec.shards: the shard count asked for.", q),
 		shardsCurrent: d("shards_current", "status.currentShards: shards in the committed slot assignment.", q),
@@ -150,7 +153,7 @@ func NewQueueCollector(reader client.Reader, elected <-chan struct{}) *QueueColl
 		shardDue:      d("shard_due", "Due rows of the shard's owned slots, as it reported them.", s),
 		shardExact:    d("shard_exact", "1 when the shard vouches for its due count.", s),
 		shardReady:    d("shard_ready", "1 when the shard's Pod is ready and its first walk finished.", s),
-		shardState: d("shard_state", "1 for the shard's state (queued, empty, unready as it reports; Pending, Unreachable as the operator sees it), 0 for the others.",
+		shardState: d("shard_state", "1 for the shard's state (queued, empty, unready as it reports; Pending, Unreachable, Failing as the operator sees it), 0 for the others.",
 			s, "state"),
 		shardHeld: d("shard_rows_held", "Rows the shard holds in memory.", s),
 		shardEdge: d("shard_edge_timestamp_seconds",

@@ -1,6 +1,11 @@
 package controllers
 
 import (
+	"go/ast"
+	"go/parser"
+	"go/token"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -56,7 +61,7 @@ func TestCollectQueue(t *testing.T) {
 		},
 	}
 	want := `
-# HELP renderqueue_queue_condition 1 for the status each condition of the RenderQueue has (Ready, Exact, EdgeHealthy, WalksComplete, Progressing), 0 for the others.
+# HELP renderqueue_queue_condition 1 for the status each condition of the RenderQueue has (Ready, Exact, EdgeHealthy, WalksComplete, Progressing, Reconciled, ClassesServed), 0 for the others.
 # TYPE renderqueue_queue_condition gauge
 renderqueue_queue_condition{condition="Exact",namespace="render",renderqueue="web",status="False"} 1
 renderqueue_queue_condition{condition="Exact",namespace="render",renderqueue="web",status="True"} 0
@@ -79,8 +84,10 @@ renderqueue_queue_shard_last_walk_partial{namespace="render",renderqueue="web",s
 # HELP renderqueue_queue_shard_last_walk_end_timestamp_seconds When the shard's last walk finished.
 # TYPE renderqueue_queue_shard_last_walk_end_timestamp_seconds gauge
 renderqueue_queue_shard_last_walk_end_timestamp_seconds{namespace="render",renderqueue="web",shard="web-shard-0"} 1.7778888e+09
-# HELP renderqueue_queue_shard_state 1 for the shard's state (queued, empty, unready as it reports; Pending, Unreachable as the operator sees it), 0 for the others.
+# HELP renderqueue_queue_shard_state 1 for the shard's state (queued, empty, unready as it reports; Pending, Unreachable, Failing as the operator sees it), 0 for the others.
 # TYPE renderqueue_queue_shard_state gauge
+renderqueue_queue_shard_state{namespace="render",renderqueue="web",shard="web-shard-0",state="Failing"} 0
+renderqueue_queue_shard_state{namespace="render",renderqueue="web",shard="web-shard-1",state="Failing"} 0
 renderqueue_queue_shard_state{namespace="render",renderqueue="web",shard="web-shard-0",state="Pending"} 0
 renderqueue_queue_shard_state{namespace="render",renderqueue="web",shard="web-shard-1",state="Pending"} 0
 renderqueue_queue_shard_state{namespace="render",renderqueue="web",shard="web-shard-0",state="Unreachable"} 0
@@ -279,3 +286,91 @@ var _ = Describe("Operator metrics", func() {
 		Expect(k8sClient.Delete(suiteCtx, rq, client.PropagationPolicy(metav1.DeletePropagationBackground))).To(Succeed())
 	})
 })
+
+// stringConsts returns the string constants of the Go files in dir whose names start with
+// prefix, read from the source (so a state added there is seen here without a list to update).
+func stringConsts(t *testing.T, dir, prefix string) map[string]string {
+	t.Helper()
+	fset := token.NewFileSet()
+	files, err := filepath.Glob(filepath.Join(dir, "*.go"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]string{}
+	for _, path := range files {
+		if strings.HasSuffix(path, "_test.go") {
+			continue
+		}
+		f, err := parser.ParseFile(fset, path, nil, 0)
+		if err != nil {
+			t.Fatalf("parsing %s: %v", path, err)
+		}
+		for _, decl := range f.Decls {
+			gd, ok := decl.(*ast.GenDecl)
+			if !ok || gd.Tok != token.CONST {
+				continue
+			}
+			for _, spec := range gd.Specs {
+				vs := spec.(*ast.ValueSpec)
+				for i, n := range vs.Names {
+					if !strings.HasPrefix(n.Name, prefix) || i >= len(vs.Values) {
+						continue
+					}
+					if lit, ok := vs.Values[i].(*ast.BasicLit); ok && lit.Kind == token.STRING {
+						v, err := strconv.Unquote(lit.Value)
+						if err != nil {
+							t.Fatal(err)
+						}
+						out[n.Name] = v
+					}
+				}
+			}
+		}
+	}
+	return out
+}
+
+// TestShardStatesExported checks that renderqueue_queue_shard_state has a series for every state
+// status.shards[].state can hold: the queue states a keeper reports (pkg/shardapi's Status*
+// constants) and those the operator sets itself (controllers/policy's State* constants), read
+// from their source. A shard in a state without a series would be invisible to the alerts (every
+// state series 0).
+func TestShardStatesExported(t *testing.T) {
+	states := stringConsts(t, filepath.Join("..", "pkg", "shardapi"), "Status")
+	for k, v := range stringConsts(t, "policy", "State") {
+		states[k] = v
+	}
+	if len(states) < 6 {
+		t.Fatalf("found only %d shard states in the source: %v", len(states), states)
+	}
+	d := NewQueueCollector(nil, nil).d
+	for name, state := range states {
+		rq := &rqv1.RenderQueue{
+			ObjectMeta: metav1.ObjectMeta{Namespace: "render", Name: "web"},
+			Status:     rqv1.RenderQueueStatus{Shards: []rqv1.ShardStatus{{Name: "web-shard-0", State: state}}},
+		}
+		reg := prometheus.NewPedanticRegistry()
+		reg.MustRegister(oneQueue{d, rq})
+		mfs, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		ones := 0
+		for _, mf := range mfs {
+			if mf.GetName() != "renderqueue_queue_shard_state" {
+				continue
+			}
+			for _, m := range mf.GetMetric() {
+				if m.GetGauge().GetValue() == 1 {
+					ones++
+					if !matches(m, map[string]string{"state": state, "shard": "web-shard-0"}) {
+						t.Errorf("%s (%q): the series at 1 is %v", name, state, m.GetLabel())
+					}
+				}
+			}
+		}
+		if ones != 1 {
+			t.Errorf("%s (%q): %d renderqueue_queue_shard_state series at 1, want 1: the state is not exported", name, state, ones)
+		}
+	}
+}

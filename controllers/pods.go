@@ -14,6 +14,7 @@ import (
 	rqv1 "github.com/renderqueue/renderqueue/api/v1alpha1"
 	"github.com/renderqueue/renderqueue/controllers/policy"
 	"github.com/renderqueue/renderqueue/controllers/specs"
+	"github.com/renderqueue/renderqueue/pkg/logkeys"
 )
 
 // Event reasons of the Pod steps.
@@ -78,13 +79,13 @@ func (r *RenderQueueReconciler) reconcilePods(ctx context.Context, rq *rqv1.Rend
 				continue // the cache has not seen it yet
 			}
 			if policy.RefusedByAPIServer(err) {
-				logger.Info("The API server refused a shard Pod", "pod", name, "error", err.Error())
+				logger.Info("The API server refused a shard Pod", logkeys.Shard, name, "error", err.Error())
 				refused = append(refused, fmt.Sprintf("shard Pod %s: %v", name, err))
 				continue
 			}
 			return events, nil, fmt.Errorf("creating the shard Pod %s: %w", name, err)
 		}
-		logger.Info("Created shard Pod", "pod", name)
+		logger.Info("Created shard Pod", logkeys.Shard, name)
 		pods[name] = pod
 		events = append(events, policy.Event{Type: corev1.EventTypeNormal, Reason: EventShardCreated, Action: "Create",
 			Message: fmt.Sprintf("created shard Pod %s", name), Related: pod})
@@ -96,7 +97,7 @@ func (r *RenderQueueReconciler) reconcilePods(ctx context.Context, rq *rqv1.Rend
 		if err := r.deletePod(ctx, pod); err != nil {
 			return events, nil, err
 		}
-		logger.Info("Deleted surplus shard Pod", "pod", name)
+		logger.Info("Deleted surplus shard Pod", logkeys.Shard, name)
 		delete(pods, name)
 		events = append(events, policy.Event{Type: corev1.EventTypeNormal, Reason: EventShardRemoved, Action: "Delete",
 			Message: fmt.Sprintf("deleted shard Pod %s: it is beyond spec.shards and owns no slots", name), Related: pod})
@@ -136,7 +137,7 @@ func (r *RenderQueueReconciler) reconcileRollingUpdate(ctx context.Context, rq *
 		if err := r.deletePod(ctx, victim); err != nil {
 			return nil, step.Events[:i], err
 		}
-		log.FromContext(ctx).Info(msg, "pod", victim.Name,
+		log.FromContext(ctx).Info(msg, logkeys.Shard, victim.Name,
 			"podTemplateHash", victim.Annotations[rqv1.AnnotationPodTemplateHash], "currentHash", hash)
 	}
 	return step.Progress, step.Events, nil

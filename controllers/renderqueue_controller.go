@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
@@ -15,9 +16,12 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/tools/events"
+	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
@@ -26,6 +30,7 @@ import (
 	"github.com/renderqueue/renderqueue/controllers/policy"
 	"github.com/renderqueue/renderqueue/controllers/shardtls"
 	"github.com/renderqueue/renderqueue/controllers/specs"
+	"github.com/renderqueue/renderqueue/pkg/logkeys"
 )
 
 // Defaults of RenderQueueReconciler's tunables.
@@ -37,6 +42,11 @@ const (
 	DefaultRebalanceTimeout = 5 * time.Minute
 	// DefaultRebalanceRetryAfter is how long after a rollback the rebalance is tried again.
 	DefaultRebalanceRetryAfter = time.Minute
+	// DefaultMaxConcurrentReconciles is how many RenderQueues are reconciled at once. A
+	// reconcile waits for its shards' polls, up to the poll timeout for a shard that does not
+	// answer: with one at a time, the RenderQueues of a few such shards held up every other one
+	// (BenchmarkManyQueues, docs/benchmarks-history.md "Many queues").
+	DefaultMaxConcurrentReconciles = 10
 )
 
 // RenderQueueReconciler reconciles RenderQueue objects: children, shard Pods, membership,
@@ -59,6 +69,9 @@ type RenderQueueReconciler struct {
 	RebalanceTimeout time.Duration
 	// RebalanceRetryAfter is the pause after a rollback; DefaultRebalanceRetryAfter when zero.
 	RebalanceRetryAfter time.Duration
+	// MaxConcurrentReconciles is how many RenderQueues are reconciled at once (one RenderQueue is
+	// never reconciled twice at once); DefaultMaxConcurrentReconciles when zero.
+	MaxConcurrentReconciles int
 	// ResolveShardURL gives the base URL of a shard's API; PodIPResolver when nil.
 	ResolveShardURL ShardURLResolver
 	// HTTPClient polls the shards; a plain client when nil.
@@ -113,6 +126,13 @@ func (r *RenderQueueReconciler) rebalanceRetryAfter() time.Duration {
 	return DefaultRebalanceRetryAfter
 }
 
+func (r *RenderQueueReconciler) maxConcurrentReconciles() int {
+	if r.MaxConcurrentReconciles > 0 {
+		return r.MaxConcurrentReconciles
+	}
+	return DefaultMaxConcurrentReconciles
+}
+
 func (r *RenderQueueReconciler) now() time.Time {
 	if r.Now != nil {
 		return r.Now()
@@ -155,7 +175,8 @@ func (r *RenderQueueReconciler) now() time.Time {
 //  6. rolling replacement of outdated Pods, one at a time, while the membership is settled;
 //  7. status and conditions, patched only when they changed; then the events.
 //
-// It requeues after the poll interval to poll again.
+// It requeues after the poll interval to poll again, at a priority below a change's
+// (pollPriority), or sooner when a handoff step is due.
 func (r *RenderQueueReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	logger := log.FromContext(ctx)
 	var rq rqv1.RenderQueue
@@ -287,12 +308,19 @@ func (r *RenderQueueReconciler) Reconcile(ctx context.Context, req ctrl.Request)
 		r.emit(&rq, policy.TransitionEvents(prev, next, pods))
 	}
 
-	after := r.pollInterval()
-	if mstep.RequeueAfter > 0 && mstep.RequeueAfter < after {
-		after = mstep.RequeueAfter
+	if mstep.RequeueAfter > 0 && mstep.RequeueAfter < r.pollInterval() {
+		// a handoff step is due: as urgent as a change
+		return ctrl.Result{RequeueAfter: mstep.RequeueAfter, Priority: ptr.To(0)}, nil
 	}
-	return ctrl.Result{RequeueAfter: after}, nil
+	return ctrl.Result{RequeueAfter: r.pollInterval(), Priority: ptr.To(pollPriority)}, nil
 }
+
+// pollPriority is the priority of the periodic reconcile that only polls the shards again, below
+// that of a change to a RenderQueue or its children (0): when reconciles wait for workers (every
+// worker held by polls of shards that do not answer), a spec change is not queued behind the
+// polls of every other RenderQueue. The priority of the initial list, controller-runtime's
+// handler.LowPriority.
+const pollPriority = handler.LowPriority
 
 // invalidMembership handles a status.membership that does not parse: the record of the slot
 // assignment and of any handoff is unreadable, so the operator must not act on it and retrying
@@ -316,9 +344,15 @@ func (r *RenderQueueReconciler) invalidMembership(ctx context.Context, rq *rqv1.
 	return reconcile.TerminalError(err)
 }
 
+// ControllerName is the RenderQueue controller's name: the controller label of
+// controller-runtime's metrics (controller_runtime_reconcile_errors_total{controller="renderqueue"},
+// which RenderQueueReconcileErrors reads) and the logger's name.
+const ControllerName = "renderqueue"
+
 // SetupWithManager registers the reconciler with mgr: it watches RenderQueues (spec changes,
 // including the scale subresource) and every child kind it owns except the token Secret, which
-// it only creates (it may not read Secrets; see ensureTokenSecret).
+// it only creates (it may not read Secrets; see ensureTokenSecret). It reconciles up to
+// MaxConcurrentReconciles RenderQueues at once.
 func (r *RenderQueueReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	return ctrl.NewControllerManagedBy(mgr).
 		For(&rqv1.RenderQueue{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
@@ -329,6 +363,16 @@ func (r *RenderQueueReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Owns(&rbacv1.Role{}).
 		Owns(&rbacv1.RoleBinding{}).
 		Owns(&policyv1.PodDisruptionBudget{}).
-		Named("renderqueue").
+		Named(ControllerName).
+		WithOptions(controller.Options{MaxConcurrentReconciles: r.maxConcurrentReconciles()}).
+		WithLogConstructor(func(req *reconcile.Request) logr.Logger {
+			// the keys every renderqueue process uses (pkg/logkeys), instead of
+			// controller-runtime's RenderQueue={name, namespace}, namespace and name
+			l := mgr.GetLogger().WithValues("controller", ControllerName)
+			if req != nil {
+				l = l.WithValues(logkeys.RenderQueue, req.Name, logkeys.Namespace, req.Namespace)
+			}
+			return l
+		}).
 		Complete(r)
 }

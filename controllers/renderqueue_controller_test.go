@@ -27,6 +27,7 @@ import (
 	rqv1 "github.com/renderqueue/renderqueue/api/v1alpha1"
 	"github.com/renderqueue/renderqueue/controllers/policy"
 	"github.com/renderqueue/renderqueue/controllers/specs"
+	"github.com/renderqueue/renderqueue/pkg/shardapi"
 )
 
 var nsCounter atomic.Int32
@@ -287,6 +288,24 @@ var _ = Describe("RenderQueue status", func() {
 			g.Expect(eventReasons(g, rq)).To(ContainElement(rqv1.ReasonPartialWalk))
 		}).WithTimeout(15 * time.Second).Should(Succeed())
 
+		By("a class on a shard starving: due rows and no render for longer than its cadence")
+		since := time.Now().Add(-2 * time.Hour).UTC().Truncate(time.Second)
+		fs[2].set(func(f *fakeShard) {
+			f.classes = []shardapi.Class{{Cadence: 3600, Source: "discovered", Due: 3, Held: 3, LateBy: make([]int, 5), WaitingSince: &since}}
+		})
+		starving := "class 1h/discovered on shard web-shard-2 has had due rows and no render since " + since.Format(time.RFC3339) +
+			", longer than its cadence (1h)"
+		Eventually(func(g Gomega) {
+			got := getQueue(g, rq)
+			c := condOf(got, rqv1.ConditionClassesServed)
+			g.Expect(c.Status).To(Equal(metav1.ConditionFalse))
+			g.Expect(c.Reason).To(Equal(rqv1.ReasonClassStarving))
+			g.Expect(c.Message).To(Equal(starving))
+			g.Expect(eventReasons(g, rq)).To(ContainElement(rqv1.ReasonClassStarving))
+		}).WithTimeout(15 * time.Second).Should(Succeed())
+		Expect(describe(rq)).To(And(ContainSubstring("ClassesServed"), ContainSubstring(rqv1.ReasonClassStarving), ContainSubstring(starving)),
+			"kubectl describe shows the condition and the event")
+
 		writeDescribe(rq)
 
 		By("the shards recovering, then one becoming unreachable")
@@ -295,10 +314,11 @@ var _ = Describe("RenderQueue status", func() {
 			f.edge = &edge
 			f.complete, f.exact, f.status = true, true, "queued"
 		})
-		fs[2].set(func(f *fakeShard) { f.partial, f.unread = false, 0 })
+		fs[2].set(func(f *fakeShard) { f.partial, f.unread, f.classes = false, 0, nil })
 		Eventually(func(g Gomega) {
 			got := getQueue(g, rq)
 			g.Expect(got.Status.DueExact).To(BeTrue())
+			g.Expect(condOf(got, rqv1.ConditionClassesServed).Status).To(Equal(metav1.ConditionTrue))
 			g.Expect(condOf(got, rqv1.ConditionEdgeHealthy).Status).To(Equal(metav1.ConditionTrue))
 			g.Expect(condOf(got, rqv1.ConditionWalksComplete).Status).To(Equal(metav1.ConditionTrue))
 		}).WithTimeout(15 * time.Second).Should(Succeed())
@@ -560,6 +580,17 @@ func parseCount(text string) (int, error) {
 		n++
 	}
 	return n, nil
+}
+
+// describe returns `kubectl describe renderqueue` of rq, run with the envtest kubectl.
+func describe(rq *rqv1.RenderQueue) string {
+	user, err := testEnv.AddUser(envtest.User{Name: "describe", Groups: []string{"system:masters"}}, nil)
+	Expect(err).NotTo(HaveOccurred())
+	kubectl, err := user.Kubectl()
+	Expect(err).NotTo(HaveOccurred())
+	stdout, stderr, err := kubectl.Run("describe", "renderqueue", rq.Name, "--namespace", rq.Namespace)
+	Expect(err).NotTo(HaveOccurred(), "%v", stderr)
+	return readAll(stdout)
 }
 
 // writeDescribe writes `kubectl describe renderqueue` of rq (and the kubeconfig it used) into

@@ -119,6 +119,8 @@ func (r *fakeRegistry) closeAll() {
 // readiness probe passes, except the Pods a test holds (whose status the test writes).
 type fakeKubelet struct {
 	c client.Client
+	// every is how often it looks at the Pods; 50 ms when zero.
+	every time.Duration
 
 	mu   sync.Mutex
 	held map[string]bool // namespace/name
@@ -148,7 +150,11 @@ func (k *fakeKubelet) isHeld(p *corev1.Pod) bool {
 }
 
 func (k *fakeKubelet) run(ctx context.Context) {
-	tick := time.NewTicker(50 * time.Millisecond)
+	every := k.every
+	if every <= 0 {
+		every = 50 * time.Millisecond
+	}
+	tick := time.NewTicker(every)
 	defer tick.Stop()
 	n := 0
 	for {
@@ -255,33 +261,55 @@ var _ = BeforeSuite(func() {
 // (and the Role in its namespace) and returns that user's client configuration.
 func operatorUser(rolePath string) *rest.Config {
 	GinkgoHelper()
-	data, err := os.ReadFile(rolePath)
+	user, err := bindOperatorUser(suiteCtx, testEnv, k8sClient, rolePath)
 	Expect(err).NotTo(HaveOccurred())
+	return user
+}
+
+// bindOperatorUser is operatorUser against env, creating the objects with c (an admin's client);
+// it is shared with the benchmarks, which run outside the Ginkgo suite.
+func bindOperatorUser(ctx context.Context, env *envtest.Environment, c client.Client, rolePath string) (*rest.Config, error) {
+	data, err := os.ReadFile(rolePath)
+	if err != nil {
+		return nil, fmt.Errorf("reading the operator's RBAC: %w", err)
+	}
 	subjects := []rbacv1.Subject{{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: operatorUserName}}
 	for _, doc := range strings.Split(string(data), "\n---") {
 		if strings.TrimSpace(strings.Trim(doc, "-")) == "" {
 			continue
 		}
 		var u unstructured.Unstructured
-		Expect(yaml.Unmarshal([]byte(doc), &u.Object)).To(Succeed())
-		if ns := u.GetNamespace(); ns != "" {
-			Expect(client.IgnoreAlreadyExists(k8sClient.Create(suiteCtx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}))).To(Succeed())
+		if err := yaml.Unmarshal([]byte(doc), &u.Object); err != nil {
+			return nil, fmt.Errorf("decoding %s: %w", rolePath, err)
 		}
-		Expect(k8sClient.Create(suiteCtx, &u)).To(Succeed())
+		if ns := u.GetNamespace(); ns != "" {
+			if err := client.IgnoreAlreadyExists(c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})); err != nil {
+				return nil, fmt.Errorf("creating the namespace %s: %w", ns, err)
+			}
+		}
+		if err := c.Create(ctx, &u); err != nil {
+			return nil, fmt.Errorf("creating the %s %s: %w", u.GetKind(), u.GetName(), err)
+		}
 		ref := rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: u.GetKind(), Name: u.GetName()}
 		meta := metav1.ObjectMeta{Name: u.GetName(), Namespace: u.GetNamespace()}
+		var binding client.Object
 		switch u.GetKind() {
 		case "ClusterRole":
-			Expect(k8sClient.Create(suiteCtx, &rbacv1.ClusterRoleBinding{ObjectMeta: meta, RoleRef: ref, Subjects: subjects})).To(Succeed())
+			binding = &rbacv1.ClusterRoleBinding{ObjectMeta: meta, RoleRef: ref, Subjects: subjects}
 		case "Role":
-			Expect(k8sClient.Create(suiteCtx, &rbacv1.RoleBinding{ObjectMeta: meta, RoleRef: ref, Subjects: subjects})).To(Succeed())
+			binding = &rbacv1.RoleBinding{ObjectMeta: meta, RoleRef: ref, Subjects: subjects}
 		default:
-			Fail(fmt.Sprintf("%s holds a %s", rolePath, u.GetKind()))
+			return nil, fmt.Errorf("%s holds a %s", rolePath, u.GetKind())
+		}
+		if err := c.Create(ctx, binding); err != nil {
+			return nil, fmt.Errorf("binding the %s %s: %w", u.GetKind(), u.GetName(), err)
 		}
 	}
-	user, err := testEnv.AddUser(envtest.User{Name: operatorUserName}, nil)
-	Expect(err).NotTo(HaveOccurred())
-	return user.Config()
+	user, err := env.AddUser(envtest.User{Name: operatorUserName}, nil)
+	if err != nil {
+		return nil, fmt.Errorf("adding the user %s: %w", operatorUserName, err)
+	}
+	return user.Config(), nil
 }
 
 func readAll(r io.Reader) string {

@@ -16,6 +16,9 @@
 #                           figures in docs/benchmarks.md use 4GB)
 #   BENCH_HUGEPAGES=1       as root: reserve huge pages for those shared buffers (vm.nr_hugepages,
 #                           given back at the end), so PostgreSQL uses them (docs/scale.md)
+#   BENCH_QUEUES=500        RenderQueues of BenchmarkManyQueues, the operator against envtest
+#                           (0 skips it; about 5 minutes); BENCH_IDLE_SECONDS=60, BENCH_CHANGES=300,
+#                           BENCH_CHANGE_RATE=5, BENCH_HANGING=10 tune it (controllers/manyqueues_bench_test.go)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 started_pg=""
@@ -62,6 +65,14 @@ go test -run '^$' -bench 'BenchmarkSimulate' -benchtime 3x "$@" ./pkg/simulate/
 go test -run '^$' -bench 'BenchmarkWalk|BenchmarkComplete$|BenchmarkEventLatency|BenchmarkHOT' -benchtime 1x "$@" ./pkg/store/...
 # What one completion costs PostgreSQL, taken apart (docs/benchmarks.md, "End to end").
 go test -run '^$' -bench 'BenchmarkCompleteStatement' -benchtime 200x "$@" ./pkg/store/postgres/
+# The operator with many RenderQueues against a real kube-apiserver and etcd (docs/benchmarks.md).
+if [ "${BENCH_QUEUES:-500}" != 0 ]; then
+  if [ -z "${KUBEBUILDER_ASSETS:-}" ]; then
+    KUBEBUILDER_ASSETS=$(hack/setup-envtest.sh | tail -n 1)
+    export KUBEBUILDER_ASSETS
+  fi
+  go test -run '^$' -bench 'BenchmarkManyQueues' -benchtime 1x -timeout 30m "$@" ./controllers/
+fi
 # End to end: a keeper over HTTP against a SKIP LOCKED queue on the same server (docs/benchmarks.md).
 if [ "${BENCH_E2E_ROWS:-1000000}" != 0 ]; then
   go build -o bin/renderqueue ./cmd/renderqueue

@@ -2,14 +2,13 @@
 # make demo: the whole system on this machine, as a user would drive it with kubectl.
 #
 #   1. builds bin/renderqueue and bin/localcluster
-#   2. finds (first run: builds, ~10 min on 2 cores) kube-apiserver, etcd, kube-controller-manager
-#      and kubectl (hack/setup-envtest.sh)
-#   3. starts the local stack (test/e2e/cluster via bin/localcluster): a throwaway PostgreSQL, etcd,
-#      kube-apiserver with the aggregation layer, kube-controller-manager (Deployments, HPAs,
-#      EndpointSlices, ...), and a runner that plays scheduler and kubelet for one Node "local":
-#      every Pod runs there as a real process — bin/renderqueue for the renderqueue image — with
-#      its Pod IP from a local pod CIDR, volumes, env, security context and probes (see
-#      docs/local-cluster.md for what it honours and what not)
+#   2. finds (first run: builds, ~10-20 min on 2 cores) the Kubernetes binaries and CoreDNS
+#      (hack/setup-envtest.sh) and installs Debian's containerd, runc and CNI plugins when missing
+#      (hack/node.sh install)
+#   3. starts the local stack (test/e2e/cluster via bin/localcluster): the images (`make image`,
+#      the sandbox, CoreDNS), a throwaway PostgreSQL, and a one-node cluster of real components —
+#      etcd, kube-apiserver, kube-controller-manager, kube-scheduler, containerd + runc, the
+#      kubelet, kube-proxy and CoreDNS (docs/local-cluster.md)
 #   4. kubectl apply --server-side -k config/default as shipped (CRD, RBAC, the operator
 #      Deployment, the metrics API component) and waits for the operator's rollout
 #   5. seeds $ROWS rows (default 200,000), applies config/samples (3 shards, 24 h window), waits
@@ -22,7 +21,8 @@
 # Everything it started is stopped on exit (Ctrl-C included), unless KEEP=1 or --keep: then it
 # stays up and the script prints how to reach and stop it.
 # Tunables (env): ROWS, OVERDUE, SIM_SECONDS (how long the workers render), KEEP, DEMO_BINARY (a
-# prebuilt renderqueue binary instead of building bin/renderqueue). Needs root (the pod runner).
+# prebuilt renderqueue binary for the host-side commands instead of building bin/renderqueue). Needs
+# root (a real node: containerd, the kubelet, network namespaces, iptables).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$(pwd)
@@ -43,7 +43,7 @@ t0=$SECONDS
 step() { printf '\n== [%3ds] %s\n' "$((SECONDS - t0))" "$*"; }
 note() { printf 'demo: %s\n' "$*"; }
 die() { printf 'demo: error: %s\n' "$*" >&2; exit 1; }
-[ "$(id -u)" = 0 ] || die "run it as root: the pod runner uses mount namespaces, overlay root filesystems and a local route for the pod network (docs/local-cluster.md)"
+[ "$(id -u)" = 0 ] || die "run it as root: the local cluster is a real node (containerd, the kubelet, network namespaces, iptables; docs/local-cluster.md)"
 # show prints a command as the user would type it (k is kubectl), then runs it.
 show() {
   local shown=("$@")
@@ -73,10 +73,14 @@ cleanup() {
   fi
   if [ "$KEEP" = 1 ] && [ "$rc" = 0 ]; then return 0; fi
   if [ -n "$cluster_pid" ] && kill -0 "$cluster_pid" 2>/dev/null; then
-    note "stopping the local cluster: every Pod's processes, kube-controller-manager, kube-apiserver, etcd, PostgreSQL (pid $cluster_pid)"
+    note "stopping the local cluster: the Pods, the node, the control plane, PostgreSQL; then the node is swept away (pid $cluster_pid)"
     kill -TERM "$cluster_pid" 2>/dev/null || true
-    for _ in $(seq 1 600); do kill -0 "$cluster_pid" 2>/dev/null || break; sleep 0.1; done
-    kill -KILL "$cluster_pid" 2>/dev/null || true
+    for _ in $(seq 1 1500); do kill -0 "$cluster_pid" 2>/dev/null || break; sleep 0.1; done
+    if kill -KILL "$cluster_pid" 2>/dev/null; then
+      note "the local cluster did not stop in time; sweeping the node away (hack/node.sh sweep)"
+      sleep 1
+      hack/node.sh sweep >&2 || true
+    fi
   fi
   rm -rf "$work"
   note "everything stopped"
@@ -97,15 +101,16 @@ else
   rq=$repo/bin/renderqueue
 fi
 
-step "locating the control plane binaries (kube-apiserver, etcd, kube-controller-manager, kubectl)"
+step "locating the Kubernetes binaries and CoreDNS; containerd, runc and the CNI plugins"
 if [ -z "${KUBEBUILDER_ASSETS:-}" ]; then
   cache=${ENVTEST_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/renderqueue/envtest}
-  if ! ls "$cache"/v1.*/kube-controller-manager >/dev/null 2>&1; then
-    note "first run: building the control plane binaries from source through the Go module proxy."
-    note "This takes about 10 minutes on 2 cores, once; they are cached in $cache."
+  if ! ls "$cache"/v1.*/kubelet "$cache"/v1.*/coredns >/dev/null 2>&1; then
+    note "first run: building the Kubernetes binaries and CoreDNS from source through the Go module proxy."
+    note "This takes about 10-20 minutes on 2 cores, once; they are cached in $cache."
   fi
   KUBEBUILDER_ASSETS=$(hack/setup-envtest.sh | tail -n 1)
 fi
+hack/node.sh install >/dev/null
 export KUBEBUILDER_ASSETS
 kubectl="$KUBEBUILDER_ASSETS/kubectl"
 [ -x "$kubectl" ] || die "no kubectl in $KUBEBUILDER_ASSETS"
@@ -115,16 +120,16 @@ op_help=$("$rq" operator --help 2>&1 || true)
 [[ $op_help == *-metrics-api-secure-port* ]] || die "this build's \`renderqueue operator\` has no external metrics API (--metrics-api)"
 
 # ---------------------------------------------------------------------------------------------
-step "starting the local stack: PostgreSQL, etcd, kube-apiserver, kube-controller-manager, pod runner (Node local)"
-bin/localcluster --repo "$repo" --assets "$KUBEBUILDER_ASSETS" --binary "$rq" --dir "$work/cluster" \
+step "starting the local stack: the images, PostgreSQL, the control plane, the node (containerd, kubelet, kube-proxy, CoreDNS)"
+bin/localcluster --repo "$repo" --assets "$KUBEBUILDER_ASSETS" --dir "$work/cluster" \
   --env-file "$work/env" >"$work/localcluster.log" 2>&1 &
 cluster_pid=$!
-for _ in $(seq 1 1800); do
+for _ in $(seq 1 9000); do
   [ -f "$work/env" ] && break
   kill -0 "$cluster_pid" 2>/dev/null || { wait "$cluster_pid" || true; die "the local cluster did not start (log above)"; }
   sleep 0.1
 done
-[ -f "$work/env" ] || die "the local cluster was not up after 180 s"
+[ -f "$work/env" ] || die "the local cluster was not up after 15 minutes (log above)"
 # shellcheck disable=SC1091 # written by localcluster: KUBECONFIG, RENDERQUEUE_DSN, ...
 . "$work/env"
 sed 's/^/  /' "$work/localcluster.log"
@@ -132,9 +137,7 @@ note "KUBECONFIG=$KUBECONFIG"
 
 step "installing renderqueue: config/default with the config/console component (kubectl apply --server-side -k)"
 # The web console (docs/console.md) is a kustomize Component of config/default: an overlay of the
-# two, as shipped, plus the token Secret it needs. Applied in one go: turning the console on later
-# would roll the operator, and on this machine a surge operator Pod cannot bind the metrics API's
-# port while the old one holds it (docs/local-cluster.md).
+# two, as shipped, plus the token Secret it needs.
 console_token=$(head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n')
 overlay="$work/install" # kustomize wants relative paths
 mkdir -p "$overlay"
@@ -146,14 +149,14 @@ k -n renderqueue-system create secret generic renderqueue-console-token --from-l
 k apply --server-side -k "$overlay" | sed 's/^/  /'
 k wait --for=condition=Established --timeout=60s crd/renderqueues.renderqueue.dev >/dev/null
 show k -n renderqueue-system rollout status deployment/renderqueue-operator --timeout=180s
-op_ip=$(k -n renderqueue-system get pods -l app.kubernetes.io/component=operator -o jsonpath='{.items[0].status.podIP}')
-console_url="http://$op_ip:8090/"
+console_url="http://127.0.0.1:8090/"
+console_howto="kubectl -n renderqueue-system port-forward deployment/renderqueue-operator 8090:8090, then open $console_url"
 
 step "database: migrate the schema, seed $ROWS rows ($OVERDUE overdue backlog)"
 "$rq" schema migrate --dsn "$RENDERQUEUE_DSN"
 "$rq" seed --dsn "$RENDERQUEUE_DSN" --rows "$ROWS" --overdue "$OVERDUE" --progress 0
-# The shard Pods reach PostgreSQL over TCP on 127.0.0.1 (RENDERQUEUE_POD_DSN): their /tmp is their
-# own, so the server's socket directory is not there.
+# The shard Pods reach PostgreSQL over TCP at the node's address (RENDERQUEUE_POD_DSN), as they
+# would reach a database server in a cluster.
 k create secret generic renderqueue-db --from-literal=dsn="$RENDERQUEUE_POD_DSN" >/dev/null
 note "store Secret renderqueue-db created (key dsn: $RENDERQUEUE_POD_DSN)"
 
@@ -167,7 +170,7 @@ for _ in $(seq 1 120); do
 done
 
 step "what a user looks at"
-note "web console: $console_url, token $console_token (KEEP=1 keeps it up)"
+note "web console: $console_howto; token $console_token (KEEP=1 keeps it up)"
 show k get renderqueues
 show k get pods -A -o wide
 show k describe renderqueue web
@@ -219,13 +222,14 @@ if [ "$KEEP" = 1 ]; then
   export KUBECONFIG=$KUBECONFIG
   export PATH=$KUBEBUILDER_ASSETS:\$PATH      # kubectl
   kubectl get renderqueues; kubectl describe renderqueue web; kubectl get hpa
-  web console: $console_url (token: $console_token)
+  web console: $console_howto (token: $console_token)
   kubectl get pods -A -o wide; kubectl -n renderqueue-system logs deployment/renderqueue-operator
   PATH=$plugin_dir:\$PATH kubectl renderqueue web
   PostgreSQL: $RENDERQUEUE_DSN
-  logs: $work (localcluster.log, cluster/logs: control plane, cluster/pods/*/containers/*/N.log: containers)
+  logs: $work (localcluster.log, cluster/logs: control plane and node), $LOCALCLUSTER_POD_LOGS (containers)
 Stop it all with:
-  kill $cluster_pid; sleep 10; rm -rf $work
+  kill $cluster_pid   # it stops everything and sweeps the node away (after a kill -9: hack/node.sh sweep)
+  rm -rf $work
 EOF
 else
   step "done; stopping everything (KEEP=1 or --keep leaves it running)"

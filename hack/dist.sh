@@ -10,7 +10,9 @@
 # there with `kustomize edit set image`, the step the README gives users, so config/ itself keeps
 # its development image.
 #
-# Environment (the Makefile sets them): IMG (default ghcr.io/renderqueue/renderqueue:$VERSION),
+# Environment (the Makefile sets them): IMG (default ghcr.io/renderqueue/renderqueue:$VERSION; a
+# digest, as make release pins it, is kept: REPO:TAG@sha256:...), DIST_DIR (where "write" puts
+# the files; default dist),
 # VERSION (default v0.1.0), KUSTOMIZE (the kustomize command; default: the pinned version through
 # the Go module proxy).
 # Usage: hack/dist.sh write|verify
@@ -54,11 +56,12 @@ for v in "${variants[@]}"; do
 done
 
 if [ "$mode" = write ]; then
-  mkdir -p dist
+  dir=${DIST_DIR:-dist}
+  mkdir -p "$dir"
   for v in "${variants[@]}"; do
     file=${v#*:}
-    cp "$scratch/out/$file" "dist/$file"
-    echo "dist: wrote dist/$file ($IMG)"
+    cp "$scratch/out/$file" "$dir/$file"
+    echo "dist: wrote $dir/$file ($IMG)"
   done
   exit 0
 fi

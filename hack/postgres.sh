@@ -19,6 +19,10 @@
 # (a crash loses data, which is fine for a cluster deleted after the run; it also makes commit
 # latency figures from benchmarks optimistic compared with a durable server).
 #
+#   RENDERQUEUE_PG_LISTEN          one more address to listen on besides 127.0.0.1 (the local
+#                                  cluster's node address, for its Pods: test/e2e/cluster)
+#   RENDERQUEUE_PG_CLIENTS         a CIDR whose clients may connect over TCP too (trust, like
+#                                  127.0.0.1): the local cluster's Pod range
 #   RENDERQUEUE_PG_SHARED_BUFFERS  the cluster's shared_buffers (default 512MB; the 10M-row
 #                                  benchmarks use 4GB, hack/bench.sh). The server uses huge pages
 #                                  for them when the machine has enough reserved (huge_pages =
@@ -93,7 +97,7 @@ cmd_start() {
   cat >>"$dir/data/postgresql.conf" <<EOF
 
 # --- renderqueue throwaway test cluster (hack/postgres.sh) ---
-listen_addresses = '127.0.0.1'
+listen_addresses = '127.0.0.1${RENDERQUEUE_PG_LISTEN:+,$RENDERQUEUE_PG_LISTEN}'
 unix_socket_directories = '$dir'
 max_connections = 200
 shared_buffers = ${RENDERQUEUE_PG_SHARED_BUFFERS:-512MB}
@@ -109,6 +113,10 @@ checkpoint_timeout = 30min
 log_min_messages = warning
 log_line_prefix = '%m [%p] '
 EOF
+
+  if [ -n "${RENDERQUEUE_PG_CLIENTS:-}" ]; then
+    echo "host all all $RENDERQUEUE_PG_CLIENTS trust" >>"$dir/data/pg_hba.conf"
+  fi
 
   tries=0
   while :; do

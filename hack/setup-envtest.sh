@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Prints (as the last line of stdout) a KUBEBUILDER_ASSETS directory holding kube-apiserver, etcd,
 # kubectl and kube-controller-manager for the Kubernetes version matching k8s.io/api in go.mod
-# (k8s.io/api v0.Y.Z -> Kubernetes v1.Y.Z).
+# (k8s.io/api v0.Y.Z -> Kubernetes v1.Y.Z), and beside them the binaries of the real one-node
+# cluster the end-to-end tests and `make demo` run (hack/node.sh): kube-scheduler, kubelet and
+# kube-proxy of the same version, and CoreDNS ($COREDNS_VERSION, a build with only the plugins a
+# cluster.local-only DNS needs).
 #
 # Order of preference:
 #   1. $KUBEBUILDER_ASSETS when it is set (printed as is);
@@ -14,14 +17,19 @@
 #      into a temporary directory and renamed into the cache, so a cache entry is always complete.
 #
 # The first build takes about 6-16 minutes on 2 cores (16 on a fresh machine with an empty Go
-# build cache, December 2026); progress goes to stderr.
+# build cache, December 2026); progress goes to stderr. A cache entry that lacks some binaries (one
+# made before the node binaries were added) gets only the missing ones built.
 # Environment: ENVTEST_K8S_VERSION overrides the version (vX.Y.Z); ENVTEST_CACHE_DIR the cache root.
 set -euo pipefail
 
 log() { printf 'setup-envtest: [%s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 die() { log "error: $*"; exit 1; }
 
-binaries=(kube-apiserver etcd kubectl kube-controller-manager)
+binaries=(kube-apiserver etcd kubectl kube-controller-manager kube-scheduler kubelet kube-proxy coredns)
+# The Kubernetes binaries, built together in one `go build` (one module graph, one compile of what
+# they share).
+kube_binaries=(kube-apiserver kubectl kube-controller-manager kube-scheduler kubelet kube-proxy)
+COREDNS_VERSION=${COREDNS_VERSION:-v1.15.0}
 
 complete_dir() {
   local d=$1 b
@@ -74,6 +82,12 @@ if complete_dir "$dest"; then
   exit 0
 fi
 
+missing() {
+  local b
+  for b in "$@"; do [ -x "$dest/$b" ] || return 0; done
+  return 1
+}
+
 start=$(date +%s)
 work=$(mktemp -d "$root/.build-$version.XXXXXX")
 trap 'rm -rf "$work"' EXIT
@@ -94,7 +108,8 @@ etcd_version=$(awk '$1 == "go.etcd.io/etcd/server/v3" { print $2; exit }' "$kdir
 [ -n "$etcd_version" ] || etcd_version=v$(sed -n 's/^ETCD_VERSION=\${ETCD_VERSION:-\(.*\)}$/\1/p' "$kdir/hack/lib/etcd.sh")
 [[ $etcd_version =~ ^v3\. ]] || die "could not tell which etcd Kubernetes $version uses"
 
-# --- kube-apiserver, kube-controller-manager, kubectl -------------------------------------------
+# --- kube-apiserver, kube-controller-manager, kubectl, kube-scheduler, kubelet, kube-proxy ------
+if missing "${kube_binaries[@]}"; then
 kmod="$work/kubernetes"
 mkdir -p "$kmod"
 {
@@ -132,6 +147,9 @@ import (
 	_ "k8s.io/kubectl/pkg/cmd"
 	_ "k8s.io/kubernetes/cmd/kube-apiserver/app"
 	_ "k8s.io/kubernetes/cmd/kube-controller-manager/app"
+	_ "k8s.io/kubernetes/cmd/kube-proxy/app"
+	_ "k8s.io/kubernetes/cmd/kube-scheduler/app"
+	_ "k8s.io/kubernetes/cmd/kubelet/app"
 )
 EOF
 log "resolving the module graph of k8s.io/kubernetes@$version (staging modules at $staging)"
@@ -144,14 +162,15 @@ for p in $vpkg $cvpkg; do
   ldflags+=" -X $p.gitMajor=1 -X $p.gitMinor=$minor -X $p.gitVersion=$version"
   ldflags+=" -X $p.gitTreeState=clean -X $p.buildDate=1970-01-01T00:00:00Z"
 done
-log "compiling kube-apiserver, kube-controller-manager and kubectl (the slow part)"
-(cd "$kmod" && go build -trimpath -ldflags "$ldflags" -o "$out/" \
-  k8s.io/kubernetes/cmd/kube-apiserver \
-  k8s.io/kubernetes/cmd/kube-controller-manager \
-  k8s.io/kubernetes/cmd/kubectl)
-log "kube-apiserver, kube-controller-manager, kubectl built ($(($(date +%s) - start))s so far)"
+log "compiling ${kube_binaries[*]} (the slow part)"
+pkgs=()
+for b in "${kube_binaries[@]}"; do pkgs+=("k8s.io/kubernetes/cmd/$b"); done
+(cd "$kmod" && go build -trimpath -ldflags "$ldflags" -o "$out/" "${pkgs[@]}")
+log "${kube_binaries[*]} built ($(($(date +%s) - start))s so far)"
+fi
 
 # --- etcd -----------------------------------------------------------------------------------------
+if missing etcd; then
 emod="$work/etcd"
 mkdir -p "$emod"
 cat >"$emod/go.mod" <<EOF
@@ -175,13 +194,58 @@ func main() { etcdmain.Main(os.Args) }
 EOF
 log "building etcd $etcd_version"
 (cd "$emod" && go mod tidy >&2 && go build -trimpath -ldflags "-s -w" -o "$out/etcd" .)
+fi
 
-for b in "${binaries[@]}"; do [ -x "$out/$b" ] || die "$b was not built"; done
-"$out/kube-apiserver" --version >&2 || die "kube-apiserver does not run"
-"$out/etcd" --version >&2 || die "etcd does not run"
+# --- CoreDNS --------------------------------------------------------------------------------------
+# CoreDNS's own main (coremain) with only the plugins the cluster's DNS uses: kubernetes (the
+# cluster.local zone from Services and EndpointSlices), errors, log, health, ready, cache,
+# loadbalance and prometheus. No forward plugin is linked in at all: the cluster's DNS cannot ask
+# any resolver outside this machine, whatever its Corefile says.
+if missing coredns; then
+cmod="$work/coredns"
+mkdir -p "$cmod"
+cat >"$cmod/go.mod" <<EOF
+module renderqueue.local/coredns
 
-# Publish atomically: a cache entry either is complete or does not exist.
-rm -rf "$dest"
-mv "$out" "$dest"
+go 1.26
+
+require github.com/coredns/coredns $COREDNS_VERSION
+EOF
+cat >"$cmod/main.go" <<'EOF'
+// Command coredns is CoreDNS's own main with the plugins of a cluster.local-only DNS server.
+package main
+
+import (
+	_ "github.com/coredns/coredns/plugin/cache"
+	_ "github.com/coredns/coredns/plugin/errors"
+	_ "github.com/coredns/coredns/plugin/health"
+	_ "github.com/coredns/coredns/plugin/kubernetes"
+	_ "github.com/coredns/coredns/plugin/loadbalance"
+	_ "github.com/coredns/coredns/plugin/log"
+	_ "github.com/coredns/coredns/plugin/metrics"
+	_ "github.com/coredns/coredns/plugin/ready"
+
+	"github.com/coredns/coredns/coremain"
+)
+
+func main() { coremain.Run() }
+EOF
+log "building CoreDNS $COREDNS_VERSION"
+(cd "$cmod" && go mod tidy >&2 &&
+  go build -trimpath -ldflags "-s -w -X github.com/coredns/coredns/coremain.GitCommit=$COREDNS_VERSION" -o "$out/coredns" .)
+fi
+
+for b in "${binaries[@]}"; do [ -x "$out/$b" ] || [ -x "$dest/$b" ] || die "$b was not built"; done
+[ ! -x "$out/kube-apiserver" ] || "$out/kube-apiserver" --version >&2 || die "kube-apiserver does not run"
+[ ! -x "$out/etcd" ] || "$out/etcd" --version >&2 || die "etcd does not run"
+[ ! -x "$out/coredns" ] || "$out/coredns" -version >&2 || die "coredns does not run"
+
+# Publish each binary with a rename: a binary in the cache is always whole, and the directory
+# counts as an entry only when every binary is there (complete_dir).
+mkdir -p "$dest"
+for b in "${binaries[@]}"; do
+  if [ -x "$out/$b" ]; then mv -f "$out/$b" "$dest/$b"; fi
+done
+complete_dir "$dest" || die "the cache entry $dest is still incomplete"
 log "built Kubernetes $version (etcd $etcd_version) in $(($(date +%s) - start))s into $dest"
 echo "$dest"

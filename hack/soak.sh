@@ -28,6 +28,7 @@ if [ "$secs" -le 0 ]; then
   exit 2
 fi
 KUBEBUILDER_ASSETS=${KUBEBUILDER_ASSETS:-$(hack/setup-envtest.sh | tail -n 1)}
+hack/node.sh install >/dev/null
 export KUBEBUILDER_ASSETS
 summary=$(mktemp "${TMPDIR:-/tmp}/renderqueue-soak.XXXXXX.md")
 status=0

@@ -21,9 +21,16 @@ if [ -z "${RENDERQUEUE_TEST_DSN:-}" ] && [ -x hack/postgres.sh ]; then
 fi
 
 if [ -z "${KUBEBUILDER_ASSETS:-}" ] && [ -x hack/setup-envtest.sh ]; then
-  echo "test: locating envtest binaries (built once, then cached)" >&2
+  echo "test: locating the Kubernetes binaries and CoreDNS (built once, then cached)" >&2
   KUBEBUILDER_ASSETS=$(hack/setup-envtest.sh | tail -n 1)
   export KUBEBUILDER_ASSETS
+fi
+
+# The real node of the local cluster (test/e2e/cluster: its own tests, the end-to-end test) needs
+# Debian's containerd, runc and CNI plugins: installed when missing, as root (hack/node.sh).
+if [ "$(id -u)" = 0 ]; then
+  echo "test: locating containerd, runc and the CNI plugins for the local cluster's node" >&2
+  hack/node.sh install >/dev/null
 fi
 
 # Headless Chromium for the console's browser tests (pkg/console, test/e2e): installed with
@@ -63,7 +70,9 @@ if [ "$need_prom" = 1 ] && [ -z "${RENDERQUEUE_PROMETHEUS:-}" ]; then
   export RENDERQUEUE_PROMETHEUS
 fi
 
-go test -count=1 "$@"
+# The local cluster's own tests (test/e2e/cluster, as root) build the images and start a real
+# node: more than go test's default 10 minutes on a cold machine.
+go test -count=1 -timeout 30m "$@"
 
 # --- monitoring (test/monitoring) ----------------------------------------------------------------
 # promtool check/test of the alert rules of config/prometheus; the metrics the alerts and the
@@ -75,13 +84,21 @@ if [ "${run_monitoring:-0}" = 1 ]; then
   (cd test/monitoring && go test -count=1 ./...)
 fi
 
+# --- image (hack/image, a module of its own): the builder, the Dockerfile's agreement with it, and
+# `make image` twice (one digest) and `make pause-image` (docs/image.md), when the whole suite runs.
+if [ "$*" = ./... ]; then
+  echo "test: running the image tests (hack/image)" >&2
+  (cd hack/image && go test -count=1 -timeout 40m ./...)
+fi
+
 # --- end-to-end (test/e2e, build tag e2e) --------------------------------------------------------
-# A local control plane (etcd, kube-apiserver, kube-controller-manager from KUBEBUILDER_ASSETS), a
-# throwaway PostgreSQL of its own, config/default applied as shipped, and every Pod — the operator's
-# and the keepers' — run by test/e2e/cluster's pod runner (scheduler and kubelet for one Node),
-# kubectl and an HPA, and a Prometheus (RENDERQUEUE_PROMETHEUS) scraping the operator and the shards
-# with the alert rules. About 3.5 min, as root; see `make e2e` and docs/local-cluster.md.
+# A one-node cluster of real components (test/e2e/cluster: etcd, kube-apiserver,
+# kube-controller-manager, kube-scheduler, containerd + runc, the kubelet, kube-proxy, CoreDNS),
+# the renderqueue image of `make image` imported into containerd, a throwaway PostgreSQL of its
+# own, config/default applied as shipped, kubectl and an HPA, and a Prometheus
+# (RENDERQUEUE_PROMETHEUS) scraping the operator and the shards with the alert rules. As root; see
+# `make e2e` and docs/local-cluster.md. (test/e2e/cluster's own tests ran above.)
 if [ "${run_e2e:-0}" = 1 ]; then
-  echo "test: running the end-to-end test (go test -tags e2e ./test/e2e/...)" >&2
-  go test -tags e2e -count=1 -timeout 25m ./test/e2e/...
+  echo "test: running the end-to-end test (go test -tags e2e ./test/e2e)" >&2
+  go test -tags e2e -count=1 -timeout 30m ./test/e2e
 fi

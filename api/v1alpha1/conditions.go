@@ -20,6 +20,10 @@ const (
 	// still polled) or ShardPodRefused (the API server refused a shard Pod; everything else
 	// goes on).
 	ConditionReconciled = "Reconciled"
+	// ConditionClassesServed is False (reason ClassStarving) when a class of rows on some shard
+	// (the non-urgent rows of one cadence and source) has had due rows and no render for longer
+	// than its cadence; the message names the class, the shard and since when it waits.
+	ConditionClassesServed = "ClassesServed"
 )
 
 // Condition reasons (CamelCase, as Kubernetes conventions ask).
@@ -56,8 +60,19 @@ const (
 	ReasonRebalancing = "Rebalancing"
 	// ReasonLoading: shards are running their first walk.
 	ReasonLoading = "Loading"
+	// ReasonRowsHeldBack: Progressing is True because a shard hands some of its due rows to
+	// nobody yet: the leases an earlier owner of their slots may have granted are not known yet
+	// (a handover in progress) or not at all (a keeper process that died); the message says
+	// which shard, how many rows, until when and why (status.shards[].heldBack).
+	ReasonRowsHeldBack = "RowsHeldBack"
 	// ReasonRollingUpdate: shard Pods are being replaced one at a time.
 	ReasonRollingUpdate = "RollingUpdate"
+	// ReasonAllClassesServed: ClassesServed is True.
+	ReasonAllClassesServed = "AllClassesServed"
+	// ReasonClassStarving: ClassesServed is False: a class has had due rows and no render for
+	// longer than its cadence on some shard (no claims reach it, or they are too small for the
+	// classes waiting); the message names the class and the shard.
+	ReasonClassStarving = "ClassStarving"
 	// ReasonReconcileSucceeded: Reconciled is True.
 	ReasonReconcileSucceeded = "ReconcileSucceeded"
 	// ReasonInvalidSpec: Reconciled is False: the object does not decode or breaks a rule of the

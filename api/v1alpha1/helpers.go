@@ -25,7 +25,7 @@ const (
 	// DefaultUrgentMaxShare is the default spec.priority.urgentMaxShare.
 	DefaultUrgentMaxShare = "0.2"
 	// DefaultReschedule is the default spec.priority.reschedule.
-	DefaultReschedule = "KeepPhase"
+	DefaultReschedule = "Adaptive"
 	// DefaultSecretKey is the default spec.store.secretRef.key.
 	DefaultSecretKey = "dsn"
 )
@@ -128,6 +128,15 @@ func (s *RenderQueueSpec) LeaseDurationValue() time.Duration {
 		return DefaultLeaseDuration
 	}
 	return s.LeaseDuration.Duration
+}
+
+// MaxLeaseDurationValue is spec.maxLeaseDuration; spec.leaseDuration (LeaseDurationValue) when
+// unset.
+func (s *RenderQueueSpec) MaxLeaseDurationValue() time.Duration {
+	if s.MaxLeaseDuration == nil {
+		return s.LeaseDurationValue()
+	}
+	return s.MaxLeaseDuration.Duration
 }
 
 // HandoffInProgress says whether a slot handoff is being prepared: its prepare assignment is

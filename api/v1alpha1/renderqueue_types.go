@@ -14,6 +14,7 @@ import (
 // than sending "0s"; read them with the WindowDuration, VerifyIntervalDuration and
 // LeaseDurationValue methods (and spec.verifyWalkRate, a pointer for the same reason, with
 // VerifyWalkRateValue).
+// +kubebuilder:validation:XValidation:rule="!has(self.maxLeaseDuration) || !has(self.leaseDuration) || duration(self.maxLeaseDuration) >= duration(self.leaseDuration)",message="maxLeaseDuration must be at least leaseDuration",fieldPath=".maxLeaseDuration"
 type RenderQueueSpec struct {
 	// Shards is the number of keeper shards (Pods named <name>-shard-<i>), 1..256. The 1024 hash
 	// slots are spread evenly over them; changing it rebalances slots with a two-phase handoff.
@@ -59,7 +60,12 @@ type RenderQueueSpec struct {
 	// +optional
 	VerifyWalkRate *int32 `json:"verifyWalkRate,omitempty"`
 
-	// Priority tunes the claim order.
+	// Priority tunes the claim order. With none of its fields set a shard keeps three promises
+	// at any load: no class of rows (one cadence and source) with due rows goes more than half its
+	// cadence without a render (the starvation bound, always on); a drained backlog does not come
+	// due again as a second wave; and under sustained overload every row's interval stretches
+	// instead of rows running up to half a cadence late (reschedule Adaptive). See
+	// docs/priority.md.
 	// +kubebuilder:default={}
 	// +optional
 	Priority Priority `json:"priority,omitempty"`
@@ -72,6 +78,18 @@ type RenderQueueSpec struct {
 	// +kubebuilder:validation:XValidation:rule="self.matches('^(0|(([0-9]{1,5}([.][0-9]*)?|[.][0-9]+)h|([0-9]{1,7}([.][0-9]*)?|[.][0-9]+)m|([0-9]{1,9}([.][0-9]*)?|[.][0-9]+)s|([0-9]{1,12}([.][0-9]*)?|[.][0-9]+)ms|([0-9]{1,15}([.][0-9]*)?|[.][0-9]+)(us|µs|μs)|([0-9]{1,18}([.][0-9]*)?|[.][0-9]+)ns)+)$') && duration(self) >= duration('1s') && duration(self) <= duration('24h')",message="leaseDuration must be a duration from 1s to 24h, such as 5m"
 	// +optional
 	LeaseDuration *metav1.Duration `json:"leaseDuration,omitempty"`
+
+	// MaxLeaseDuration is the longest lease a shard gives: a claim or an extension asking for
+	// more (leaseSeconds) is given this much (the reply's leaseExpires says so). It is also how
+	// long a shard holds back the rows whose leases are unknown — those of a keeper process that
+	// died, or of a shard that gave slots away and did not hand their leases over — so that no row
+	// is rendered by two workers at once (docs/design.md, "Leases across a handoff"). From 1s to
+	// 24h, at least leaseDuration; unset: leaseDuration.
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:MaxLength=64
+	// +kubebuilder:validation:XValidation:rule="self.matches('^(0|(([0-9]{1,5}([.][0-9]*)?|[.][0-9]+)h|([0-9]{1,7}([.][0-9]*)?|[.][0-9]+)m|([0-9]{1,9}([.][0-9]*)?|[.][0-9]+)s|([0-9]{1,12}([.][0-9]*)?|[.][0-9]+)ms|([0-9]{1,15}([.][0-9]*)?|[.][0-9]+)(us|µs|μs)|([0-9]{1,18}([.][0-9]*)?|[.][0-9]+)ns)+)$') && duration(self) >= duration('1s') && duration(self) <= duration('24h')",message="maxLeaseDuration must be a duration from 1s to 24h, such as 15m"
+	// +optional
+	MaxLeaseDuration *metav1.Duration `json:"maxLeaseDuration,omitempty"`
 
 	// Store says where the schedule table lives.
 	Store Store `json:"store"`
@@ -177,6 +195,27 @@ type RenderQueueSpec struct {
 	// +kubebuilder:default={}
 	// +optional
 	TLS ShardTLS `json:"tls,omitempty"`
+
+	// Logging is how the keeper shards log (their --log-format and --log-level): unset, text at
+	// info. Changing it replaces the shards one at a time, like a new image does. See
+	// docs/monitoring.md ("Logs").
+	// +optional
+	Logging *ShardLogging `json:"logging,omitempty"`
+}
+
+// ShardLogging is how the keeper shards log, on their container's stderr.
+type ShardLogging struct {
+	// Format of the log lines: text (key=value pairs) or json (one JSON object a line, what log
+	// pipelines want). Empty: text.
+	// +kubebuilder:validation:Enum=text;json
+	// +optional
+	Format string `json:"format,omitempty"`
+
+	// Level is the least severe messages logged: error, warn, info, debug, or a verbosity from 0
+	// to 9 (info and the keeper's V(1)..V(N) details). Empty: info.
+	// +kubebuilder:validation:Pattern=`^(error|warn|info|debug|[0-9])$`
+	// +optional
+	Level string `json:"level,omitempty"`
 }
 
 // ShardTLSMode says how the shards' API is served.
@@ -275,6 +314,9 @@ type LocalSecretReference struct {
 // multiplied by SubmittedBoost for rows that came from a sitemap; urgent rows go first but take
 // at most UrgentMaxShare of each claim batch while other rows are due; Floors reserve shares of
 // each batch for classes of rows; Reschedule picks a rendered row's next due time.
+// A class of rows (one cadence and source) that has had due rows and no render for half its
+// cadence gets its most overdue row in the next claim, whatever these fields say (the
+// starvation bound).
 //
 // Both values are decimal strings (see the package documentation for why not floats).
 type Priority struct {
@@ -295,10 +337,11 @@ type Priority struct {
 	UrgentMaxShare string `json:"urgentMaxShare,omitempty"`
 
 	// Floors reserve a minimum share of every claim batch for classes of rows (one cadence and
-	// source each) while the class has due rows, so that no class starves behind the boost or
-	// under overload; a reservation the class cannot use goes back to the claim order in the same
-	// batch. At most one floor per class, at most 64 floors, shares summing to at most 1. See
-	// docs/priority.md.
+	// source each) while the class has due rows, so that a class keeps that share of the renders
+	// behind the boost or under overload (without a floor every class still keeps moving: the
+	// starvation bound renders one row of a class that has waited half its cadence); a
+	// reservation the class cannot use goes back to the claim order in the same batch. At most
+	// one floor per class, at most 64 floors, shares summing to at most 1. See docs/priority.md.
 	// +kubebuilder:validation:MaxItems=64
 	// +kubebuilder:validation:XValidation:rule="self.all(f, self.exists_one(g, g.cadence == f.cadence && g.source == f.source))",message="floors: at most one floor per class (cadence and source)"
 	// +kubebuilder:validation:XValidation:rule="self.all(f, f.share.matches('^[0-9]+([.][0-9]+)?$')) && self.map(f, double(f.share)).sum() <= 1.000000001",message="floors: shares must not sum past 1"
@@ -309,10 +352,15 @@ type Priority struct {
 	// Reschedule picks a rendered row's next due time when the render worker does not give one:
 	// KeepPhase keeps the row on its own schedule (its due time plus whole cadences, the point
 	// nearest to one cadence after the render), so a drained backlog does not come due again as
-	// a second wave; AfterRender schedules it one cadence after the completion. Defaults to
-	// KeepPhase. See docs/priority.md for the trade-off.
-	// +kubebuilder:validation:Enum=KeepPhase;AfterRender
-	// +kubebuilder:default=KeepPhase
+	// a second wave, but under overload rows run up to half a cadence late before one skips a
+	// cycle; AfterRender schedules it one cadence after the completion, which stretches every
+	// interval under overload but brings a drained backlog back as a wave. Adaptive (the
+	// default) is KeepPhase while the shard keeps up or drains a backlog with capacity to spare,
+	// and AfterRender while its rows need more renders an hour than its claims hand out. A
+	// RenderQueue created before Adaptive existed holds KeepPhase, stored at its creation:
+	// remove the field or set Adaptive to adopt it. See docs/priority.md for the trade-off.
+	// +kubebuilder:validation:Enum=KeepPhase;AfterRender;Adaptive
+	// +kubebuilder:default=Adaptive
 	// +optional
 	Reschedule string `json:"reschedule,omitempty"`
 }
@@ -367,7 +415,7 @@ type RenderQueueStatus struct {
 	// +optional
 	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
 
-	// Conditions: Ready, Exact, EdgeHealthy, WalksComplete, Progressing.
+	// Conditions: Ready, Exact, EdgeHealthy, WalksComplete, Progressing, Reconciled, ClassesServed.
 	// +listType=map
 	// +listMapKey=type
 	// +patchStrategy=merge
@@ -398,6 +446,13 @@ type RenderQueueStatus struct {
 	// DueExact is true when every shard is reachable and exact, so Due is the true count.
 	// +optional
 	DueExact bool `json:"dueExact"`
+
+	// RowsHeldBack is the number of due rows no shard hands out yet, summed over the shards
+	// (ShardStatus.RowsHeldBack): rows of slots whose earlier owner's leases are not known yet
+	// (a handover in progress) or not at all (a keeper process that died, a shard that did not
+	// hand its leases over), held back until any such lease has ended. They are counted in Due.
+	// +optional
+	RowsHeldBack int64 `json:"rowsHeldBack,omitempty"`
 
 	// DueAsOf is the time of the shard poll at which Due or DueExact last changed. The operator
 	// polls every few seconds but rewrites the status only when something in it changed, so a
@@ -511,6 +566,18 @@ type ShardStatus struct {
 	// PreparedEpoch is the highest epoch whose incoming slots the shard reports fully walked.
 	// +optional
 	PreparedEpoch int64 `json:"preparedEpoch,omitempty"`
+
+	// RowsHeldBack is the number of the shard's due rows it hands out to nobody yet: rows of
+	// slots whose earlier owner may have leased them (see HeldBack).
+	// +optional
+	RowsHeldBack int64 `json:"rowsHeldBack,omitempty"`
+
+	// HeldBack says which slots hold their rows back, until when and why, e.g. "slots 0-63
+	// until 12:00:30Z (the leases of an earlier keeper process are not known: they have ended by
+	// then)"; empty when none.
+	// +kubebuilder:validation:MaxLength=1024
+	// +optional
+	HeldBack string `json:"heldBack,omitempty"`
 
 	// Error is the last error seen for this shard (its Pod's problem, unreachable, the shard's
 	// own error such as a database it cannot reach, a failed walk, ...), empty if none.
@@ -660,10 +727,13 @@ type ShardSlots struct {
 // +kubebuilder:subresource:status
 // +kubebuilder:subresource:scale:specpath=.spec.shards,statuspath=.status.currentShards,selectorpath=.status.selector
 // +kubebuilder:printcolumn:name="Shards",type=integer,JSONPath=`.spec.shards`
-// +kubebuilder:printcolumn:name="Ready",type=integer,JSONPath=`.status.readyShards`
+// +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`,description="Ready condition"
+// +kubebuilder:printcolumn:name="Reason",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].reason`,description="why Ready is what it is (ShardsNotReady, AllShardsReady, ...)"
+// +kubebuilder:printcolumn:name="Reconciled",type=string,JSONPath=`.status.conditions[?(@.type=="Reconciled")].reason`,description="ReconcileSucceeded, or why the operator leaves the shards alone (InvalidSpec, ImageNotAllowed, ChildConflict, ...)"
 // +kubebuilder:printcolumn:name="Due",type=integer,JSONPath=`.status.due`
 // +kubebuilder:printcolumn:name="Exact",type=boolean,JSONPath=`.status.dueExact`
 // +kubebuilder:printcolumn:name="Edge",type=string,JSONPath=`.status.conditions[?(@.type=="EdgeHealthy")].status`,description="EdgeHealthy condition"
+// +kubebuilder:printcolumn:name="ReadyShards",type=integer,JSONPath=`.status.readyShards`,priority=1,description="shards that have finished loading"
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type RenderQueue struct {
 	metav1.TypeMeta   `json:",inline"`

@@ -128,6 +128,12 @@ func (rq *RenderQueue) Validate() error {
 	errs = append(errs, durationBounds(spec.Child("window"), s.Window, true, MinWindow, MaxWindow)...)
 	errs = append(errs, durationBounds(spec.Child("verifyInterval"), s.VerifyInterval, true, MinVerifyInterval, MaxVerifyInterval)...)
 	errs = append(errs, durationBounds(spec.Child("leaseDuration"), s.LeaseDuration, false, MinLeaseDuration, MaxLeaseDuration)...)
+	if bad := durationBounds(spec.Child("maxLeaseDuration"), s.MaxLeaseDuration, false, MinLeaseDuration, MaxLeaseDuration); len(bad) > 0 {
+		errs = append(errs, bad...)
+	} else if m := s.MaxLeaseDuration; m != nil && m.Duration < s.LeaseDurationValue() {
+		errs = append(errs, field.Invalid(spec.Child("maxLeaseDuration"), m.Duration.String(),
+			fmt.Sprintf("must be at least leaseDuration (%v)", s.LeaseDurationValue())))
+	}
 	if r := s.VerifyWalkRate; r != nil && (*r < 0 || *r > MaxVerifyWalkRate) {
 		errs = append(errs, field.Invalid(spec.Child("verifyWalkRate"), *r,
 			fmt.Sprintf("must be from 0 (unpaced) to %d rows a second", MaxVerifyWalkRate)))

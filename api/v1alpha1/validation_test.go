@@ -74,6 +74,7 @@ const (
 	windowMsg     = "window must be 0 (hold every owned row) or a duration from 1m to 8760h"
 	verifyMsg     = "verifyInterval must be 0 or a duration from 10s to 8760h"
 	leaseMsg      = "leaseDuration must be a duration from 1s to 24h"
+	maxLeaseMsg   = "maxLeaseDuration must be a duration from 1s to 24h"
 	cadenceMsg    = "floor cadence must be a duration of whole milliseconds from 1ms to 87600h"
 	secretNameMsg = "store.secretRef.name must name the Secret holding the PostgreSQL DSN: lower-case alphanumerics"
 	secretKeyMsg  = "store.secretRef.key must be a Secret key"
@@ -91,7 +92,7 @@ var _ = AfterSuite(func() {
 // goChecked says whether RenderQueue.Validate, the Go mirror of the rules the operator and the
 // keeper rely on (for objects stored before the rules), checks field.
 func goChecked(field string) bool {
-	for _, p := range []string{"metadata.name", "spec.shards", "spec.window", "spec.verifyInterval", "spec.verifyWalkRate", "spec.leaseDuration",
+	for _, p := range []string{"metadata.name", "spec.shards", "spec.window", "spec.verifyInterval", "spec.verifyWalkRate", "spec.leaseDuration", "spec.maxLeaseDuration",
 		"spec.procs", "spec.store", "spec.image"} {
 		if field == p || strings.HasPrefix(field, p+".") || strings.HasPrefix(field, p+"[") {
 			return true
@@ -172,6 +173,9 @@ var _ = Describe("RenderQueue validation", func() {
 		Entry("procs over the maximum", "procs", int64(rqv1.MaxProcs+1), "spec.procs", "should be less than or equal to 256"),
 		Entry("fractional procs", "procs", 1.5, "spec.procs", "must be of type integer"),
 		Entry("procs as a string", "procs", "2", "spec.procs", "must be of type integer"),
+		Entry("logging in XML", "logging.format", "xml", "spec.logging.format", `supported values: "text", "json"`),
+		Entry("logging level verbose", "logging.level", "verbose", "spec.logging.level", "should match"),
+		Entry("logging level 10", "logging.level", "10", "spec.logging.level", "should match"),
 
 		Entry("zero leaseDuration", "leaseDuration", "0s", "spec.leaseDuration", leaseMsg),
 		Entry("negative leaseDuration", "leaseDuration", "-30s", "spec.leaseDuration", leaseMsg),
@@ -180,6 +184,10 @@ var _ = Describe("RenderQueue validation", func() {
 		Entry("sub-second leaseDuration", "leaseDuration", "500ms", "spec.leaseDuration", leaseMsg),
 		Entry("leaseDuration over 24h", "leaseDuration", "24h0m1s", "spec.leaseDuration", leaseMsg),
 		Entry("leaseDuration that overflows", "leaseDuration", "2562048h", "spec.leaseDuration", leaseMsg),
+		Entry("zero maxLeaseDuration", "maxLeaseDuration", "0s", "spec.maxLeaseDuration", maxLeaseMsg),
+		Entry("malformed maxLeaseDuration", "maxLeaseDuration", "an hour", "spec.maxLeaseDuration", maxLeaseMsg),
+		Entry("maxLeaseDuration over 24h", "maxLeaseDuration", "25h", "spec.maxLeaseDuration", maxLeaseMsg),
+		Entry("maxLeaseDuration below the default leaseDuration", "maxLeaseDuration", "1m", "spec.maxLeaseDuration", "maxLeaseDuration must be at least leaseDuration"),
 
 		Entry("zero submittedBoost", "priority.submittedBoost", "0", "spec.priority.submittedBoost", "submittedBoost must be a decimal number greater than 0 and at most 1000"),
 		Entry("negative submittedBoost", "priority.submittedBoost", "-2", "spec.priority.submittedBoost", "submittedBoost must be a decimal number greater than 0 and at most 1000"),
@@ -268,9 +276,15 @@ var _ = Describe("RenderQueue validation", func() {
 		Entry("procs 0 (the Go runtime's choice)", "procs", int64(0)),
 		Entry("procs of 1", "procs", int64(1)),
 		Entry("procs at the maximum", "procs", int64(rqv1.MaxProcs)),
+		Entry("logging json", "logging.format", "json"),
+		Entry("logging text", "logging.format", "text"),
+		Entry("logging level debug", "logging.level", "debug"),
+		Entry("logging level 4", "logging.level", "4"),
 		Entry("leaseDuration of 1s", "leaseDuration", "1s"),
 		Entry("leaseDuration of 1000ms", "leaseDuration", "1000ms"),
 		Entry("leaseDuration of 24h", "leaseDuration", "24h"),
+		Entry("maxLeaseDuration equal to the default leaseDuration", "maxLeaseDuration", "5m"),
+		Entry("maxLeaseDuration of 24h", "maxLeaseDuration", "24h"),
 		Entry("urgentMaxShare 0", "priority.urgentMaxShare", "0"),
 		Entry("urgentMaxShare 1", "priority.urgentMaxShare", "1"),
 		Entry("submittedBoost below 1", "priority.submittedBoost", "0.5"),
@@ -280,6 +294,8 @@ var _ = Describe("RenderQueue validation", func() {
 		Entry("floor cadence of 1.5s", "priority.floors", floors(floor("1.5s", "submitted", "0.1"))),
 		Entry("floor cadence of 10 years", "priority.floors", floors(floor("87600h", "submitted", "0.1"))),
 		Entry("reschedule AfterRender", "priority.reschedule", "AfterRender"),
+		Entry("reschedule KeepPhase", "priority.reschedule", "KeepPhase"),
+		Entry("reschedule Adaptive", "priority.reschedule", "Adaptive"),
 		Entry("tls OperatorIssued", "tls.mode", "OperatorIssued"),
 		Entry("tls Disabled", "tls.mode", "Disabled"),
 		Entry("store secret name with dots", "store.secretRef.name", "pg.main.example"),
@@ -470,7 +486,19 @@ var _ = Describe("RenderQueue validation", func() {
 		Expect(rq.Spec.Priority.SubmittedBoostValue()).To(Equal(2.0))
 		Expect(rq.Spec.Priority.UrgentMaxShareValue()).To(Equal(0.2))
 		Expect(rq.Spec.Priority.Reschedule).To(Equal(rqv1.DefaultReschedule))
+		Expect(rq.Spec.Priority.Reschedule).To(Equal("Adaptive"), "the CRD's default is the API's")
 		Expect(rq.Spec.Priority.Floors).To(BeEmpty())
+	})
+
+	It("keeps an explicit reschedule, the old default included", func() {
+		for _, p := range []string{"KeepPhase", "AfterRender", "Adaptive"} {
+			u := withField("priority.reschedule", p)
+			Expect(k8sClient.Create(ctx, u)).To(Succeed())
+			var rq rqv1.RenderQueue
+			Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(u), &rq)).To(Succeed())
+			Expect(rq.Spec.Priority.Reschedule).To(Equal(p))
+			Expect(k8sClient.Delete(ctx, u)).To(Succeed())
+		}
 	})
 
 	It("keeps the defaults of a partly given priority", func() {
@@ -525,6 +553,15 @@ var _ = Describe("RenderQueue subresources", func() {
 			Type: rqv1.ConditionEdgeHealthy, Status: metav1.ConditionFalse, Reason: rqv1.ReasonEdgeLagging,
 			Message: rq.ShardName(1) + " edge is 90s behind now", ObservedGeneration: rq.Generation,
 		})
+		meta.SetStatusCondition(&rq.Status.Conditions, metav1.Condition{
+			Type: rqv1.ConditionReady, Status: metav1.ConditionTrue, Reason: rqv1.ReasonAllShardsReady,
+			Message: "3 of 3 shards ready", ObservedGeneration: rq.Generation,
+		})
+		// the spec refused: the shards run on, healthy, but the change asked for is not applied
+		meta.SetStatusCondition(&rq.Status.Conditions, metav1.Condition{
+			Type: rqv1.ConditionReconciled, Status: metav1.ConditionFalse, Reason: rqv1.ReasonImageNotAllowed,
+			Message: `spec.image "evil.example/miner:latest" is not among the images the operator runs`, ObservedGeneration: rq.Generation,
+		})
 		Expect(k8sClient.Status().Update(ctx, rq)).To(Succeed())
 	})
 
@@ -572,20 +609,28 @@ var _ = Describe("RenderQueue subresources", func() {
 		Expect(got.Spec.Shards).To(Equal(int32(3)))
 	})
 
-	It("shows shards, ready, due, exact and edge health in kubectl get", func() {
+	It("shows shards, Ready and its reason, the Reconciled reason, due, exact and edge health in kubectl get", func() {
 		user, err := testEnv.AddUser(envtest.User{Name: "viewer", Groups: []string{"system:masters"}}, nil)
 		Expect(err).NotTo(HaveOccurred())
 		kubectl, err := user.Kubectl()
 		Expect(err).NotTo(HaveOccurred())
-		stdout, stderr, err := kubectl.Run("get", "rq", rq.Name, "--namespace", ns)
-		errText, _ := io.ReadAll(stderr)
-		Expect(err).NotTo(HaveOccurred(), "kubectl get: %s", errText)
-		out, _ := io.ReadAll(stdout)
-		lines := strings.Split(strings.TrimSpace(string(out)), "\n")
-		Expect(lines).To(HaveLen(2), "kubectl get printed:\n%s", out)
-		Expect(strings.Fields(lines[0])).To(Equal([]string{"NAME", "SHARDS", "READY", "DUE", "EXACT", "EDGE", "AGE"}))
-		Expect(strings.Fields(lines[1])[:6]).To(Equal([]string{rq.Name, "3", "2", "4211", "false", "False"}))
-		GinkgoWriter.Printf("kubectl get rq:\n%s", out)
+		get := func(args ...string) []string {
+			stdout, stderr, err := kubectl.Run(append([]string{"get", "rq", rq.Name, "--namespace", ns}, args...)...)
+			errText, _ := io.ReadAll(stderr)
+			Expect(err).NotTo(HaveOccurred(), "kubectl get: %s", errText)
+			out, _ := io.ReadAll(stdout)
+			lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+			Expect(lines).To(HaveLen(2), "kubectl get printed:\n%s", out)
+			GinkgoWriter.Printf("kubectl get rq %s:\n%s", strings.Join(args, " "), out)
+			return lines
+		}
+		lines := get()
+		Expect(strings.Fields(lines[0])).To(Equal([]string{"NAME", "SHARDS", "READY", "REASON", "RECONCILED", "DUE", "EXACT", "EDGE", "AGE"}))
+		// a refused spec is not shown as healthy: its Reconciled reason is a column
+		Expect(strings.Fields(lines[1])[:8]).To(Equal([]string{rq.Name, "3", "True", "AllShardsReady", "ImageNotAllowed", "4211", "false", "False"}))
+		wide := get("-o", "wide")
+		Expect(strings.Fields(wide[0])).To(Equal([]string{"NAME", "SHARDS", "READY", "REASON", "RECONCILED", "DUE", "EXACT", "EDGE", "READYSHARDS", "AGE"}))
+		Expect(strings.Fields(wide[1])[8]).To(Equal("2"))
 	})
 })
 

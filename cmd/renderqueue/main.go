@@ -28,6 +28,7 @@ type command struct {
 // commands lists the subcommands. New subcommands add themselves here.
 func commands() map[string]command {
 	return map[string]command{
+		"explain":    {summary: "what the shards know of one row: held or why not, lease, rank, estimated claim (explain NAME KEY -n NS, or --url URL KEY)", run: runExplain},
 		"bench":      {summary: "end-to-end throughput: a keeper over HTTP against a SKIP LOCKED queue (bench --dsn ...)", run: cli.Bench},
 		"keeper":     {summary: "run one keeper shard (standalone: all slots, flags)", run: runKeeper},
 		"operator":   {summary: "run the RenderQueue operator (controller-runtime manager)", run: runOperator},
@@ -46,9 +47,8 @@ var version = "dev"
 
 func runVersion(_ context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("version", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() { _, _ = fmt.Fprintln(stderr, "usage: renderqueue version") }
-	if err := fs.Parse(args); err != nil {
+	fs.Usage = func() { _, _ = fmt.Fprintln(fs.Output(), "usage: renderqueue version") }
+	if err := cli.ParseFlags(fs, args, stdout, stderr); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
@@ -77,11 +77,12 @@ func main() {
 
 func run(args []string, stdout, stderr io.Writer) int {
 	cmds := commands()
-	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+	if len(args) == 0 {
 		usage(stderr, cmds)
-		if len(args) == 0 {
-			return 2
-		}
+		return 2
+	}
+	if args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+		usage(stdout, cmds) // asked for: the answer, on stdout
 		return 0
 	}
 	cmd, ok := cmds[args[0]]
@@ -97,7 +98,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 			return 0
 		}
 		msg := fmt.Sprintf("renderqueue %s: %v", args[0], err)
-		_, _ = fmt.Fprintln(stderr, msg)
+		cli.ReportError(stderr, msg) // a JSON line when the command logs JSON
 		writeTerminationMessage(terminationMessagePath, msg)
 		return 1
 	}

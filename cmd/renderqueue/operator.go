@@ -6,7 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"log/slog"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -24,6 +24,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
+	"sigs.k8s.io/controller-runtime/pkg/metrics/filters"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	rqv1 "github.com/renderqueue/renderqueue/api/v1alpha1"
@@ -100,7 +101,8 @@ type operatorOptions struct {
 	pollTimeout         time.Duration
 	rebalanceTimeout    time.Duration
 	rebalanceRetryAfter time.Duration
-	verbose             bool
+	maxReconciles       int
+	logs                cli.LogFlags
 	watchNamespaces     []string
 	allowedImages       []string
 	shardCASecret       string
@@ -108,9 +110,8 @@ type operatorOptions struct {
 
 // runOperator is `renderqueue operator`: the controller-runtime manager running the RenderQueue
 // reconciler, with leader election, Prometheus metrics and health probes.
-func runOperator(ctx context.Context, args []string, _, stderr io.Writer) error {
+func runOperator(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("operator", flag.ContinueOnError)
-	fs.SetOutput(stderr)
 	var o operatorOptions
 	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig file (default: $KUBECONFIG, then in-cluster)")
 	fs.StringVar(&o.keeperImage, "keeper-image", os.Getenv("RENDERQUEUE_IMAGE"),
@@ -118,7 +119,8 @@ func runOperator(ctx context.Context, args []string, _, stderr io.Writer) error 
 	fs.StringVar(&o.metricsAddr, "metrics-bind-address", ":8080",
 		"address of the Prometheus metrics and of the scaler endpoint "+metricsapi.ScalerPathPrefix+" (0 = off)")
 	fs.BoolVar(&o.metricsSecure, "metrics-secure", false,
-		"serve the metrics address over HTTPS (a self-signed certificate unless --metrics-cert-dir holds tls.crt and tls.key)")
+		"serve the metrics address over HTTPS (a self-signed certificate unless --metrics-cert-dir holds tls.crt and tls.key), "+
+			"and /metrics only to callers the API server authenticates and authorizes to get it (the ClusterRole renderqueue-metrics-reader)")
 	fs.StringVar(&o.metricsCertDir, "metrics-cert-dir", "", "directory with tls.crt and tls.key for --metrics-secure")
 	fs.StringVar(&o.probeAddr, "health-probe-bind-address", ":8081", "address of /healthz and /readyz")
 	fs.BoolVar(&o.leaderElect, "leader-elect", false, "elect a leader, so that only one replica reconciles")
@@ -129,7 +131,9 @@ func runOperator(ctx context.Context, args []string, _, stderr io.Writer) error 
 		"how long receivers have to report their incoming slots walked before a rebalance rolls back")
 	fs.DurationVar(&o.rebalanceRetryAfter, "rebalance-retry-after", controllers.DefaultRebalanceRetryAfter,
 		"pause after a rolled back rebalance before it is tried again")
-	fs.BoolVar(&o.verbose, "v", false, "log reconcile details")
+	fs.IntVar(&o.maxReconciles, "max-concurrent-reconciles", controllers.DefaultMaxConcurrentReconciles,
+		"how many RenderQueues are reconciled at once (a reconcile waits for its shards' polls)")
+	o.logs.Bind(fs, "log reconcile details")
 	fs.Func("watch-namespaces", "comma-separated namespaces whose RenderQueues the operator reconciles and where it reads and "+
 		"creates their children; its RBAC is then needed only there (config/namespaced). Default: every namespace",
 		func(v string) error { o.watchNamespaces = append(o.watchNamespaces, splitList(v)...); return nil })
@@ -143,17 +147,24 @@ func runOperator(ctx context.Context, args []string, _, stderr io.Writer) error 
 	for _, e := range exts {
 		e.Flags(fs)
 	}
-	if err := fs.Parse(args); err != nil {
+	if err := cli.ParseFlags(fs, args, stdout, stderr); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
+	// the logger first: what follows may log, and klog is routed through it
+	log, err := o.logs.Logger(stderr)
+	if err != nil {
+		return err
+	}
+	ctrl.SetLogger(log)
 	if o.keeperImage == "" {
 		return errors.New("--keeper-image (or RENDERQUEUE_IMAGE) is required: the image shard Pods run by default")
 	}
-	if o.pollInterval <= 0 || o.pollTimeout <= 0 || o.rebalanceTimeout <= 0 || o.rebalanceRetryAfter <= 0 {
-		return errors.New("--shard-poll-interval, --shard-poll-timeout, --rebalance-timeout and --rebalance-retry-after must be positive")
+	if o.pollInterval <= 0 || o.pollTimeout <= 0 || o.rebalanceTimeout <= 0 || o.rebalanceRetryAfter <= 0 || o.maxReconciles <= 0 {
+		return errors.New("--shard-poll-interval, --shard-poll-timeout, --rebalance-timeout, --rebalance-retry-after and " +
+			"--max-concurrent-reconciles must be positive")
 	}
 	for _, ns := range o.watchNamespaces {
 		if errs := validation.IsDNS1123Label(ns); len(errs) > 0 {
@@ -173,13 +184,6 @@ func runOperator(ctx context.Context, args []string, _, stderr io.Writer) error 
 		caSecret = types.NamespacedName{Namespace: ns, Name: name}
 	}
 
-	level := slog.LevelInfo
-	if o.verbose {
-		level = slog.LevelDebug - 1 // logr V(1)
-	}
-	log := logr.FromSlogHandler(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
-	ctrl.SetLogger(log)
-
 	cfg, err := cli.RESTConfig(o.kubeconfig)
 	if err != nil {
 		return err
@@ -191,10 +195,14 @@ func runOperator(ctx context.Context, args []string, _, stderr io.Writer) error 
 	if err := rqv1.AddToScheme(scheme); err != nil {
 		return fmt.Errorf("building the scheme: %w", err)
 	}
+	metricsOpts := metricsserver.Options{BindAddress: o.metricsAddr, SecureServing: o.metricsSecure, CertDir: o.metricsCertDir}
+	if o.metricsSecure {
+		metricsOpts.FilterProvider = metricsAuthFilter
+	}
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:                  scheme,
 		Cache:                   controllers.CacheOptions(o.watchNamespaces...),
-		Metrics:                 metricsserver.Options{BindAddress: o.metricsAddr, SecureServing: o.metricsSecure, CertDir: o.metricsCertDir},
+		Metrics:                 metricsOpts,
 		HealthProbeBindAddress:  o.probeAddr,
 		LeaderElection:          o.leaderElect,
 		LeaderElectionID:        "renderqueue-operator.renderqueue.dev",
@@ -209,16 +217,17 @@ func runOperator(ctx context.Context, args []string, _, stderr io.Writer) error 
 		return err
 	}
 	rec := &controllers.RenderQueueReconciler{
-		Client:              mgr.GetClient(),
-		Scheme:              mgr.GetScheme(),
-		Recorder:            mgr.GetEventRecorder("renderqueue-operator"),
-		KeeperImage:         o.keeperImage,
-		PollInterval:        o.pollInterval,
-		PollTimeout:         o.pollTimeout,
-		RebalanceTimeout:    o.rebalanceTimeout,
-		RebalanceRetryAfter: o.rebalanceRetryAfter,
-		Metrics:             handoffs,
-		AllowedImages:       allowed,
+		Client:                  mgr.GetClient(),
+		Scheme:                  mgr.GetScheme(),
+		Recorder:                mgr.GetEventRecorder("renderqueue-operator"),
+		KeeperImage:             o.keeperImage,
+		PollInterval:            o.pollInterval,
+		PollTimeout:             o.pollTimeout,
+		RebalanceTimeout:        o.rebalanceTimeout,
+		RebalanceRetryAfter:     o.rebalanceRetryAfter,
+		MaxConcurrentReconciles: o.maxReconciles,
+		Metrics:                 handoffs,
+		AllowedImages:           allowed,
 	}
 	if caSecret.Name != "" {
 		rec.APIReader = mgr.GetAPIReader()
@@ -244,7 +253,7 @@ func runOperator(ctx context.Context, args []string, _, stderr io.Writer) error 
 		return fmt.Errorf("adding the readiness check: %w", err)
 	}
 	log.Info("Operator starting", "keeperImage", o.keeperImage, "leaderElect", o.leaderElect,
-		"shardPollInterval", o.pollInterval, "rebalanceTimeout", o.rebalanceTimeout,
+		"shardPollInterval", o.pollInterval, "rebalanceTimeout", o.rebalanceTimeout, "maxConcurrentReconciles", o.maxReconciles,
 		"watchNamespaces", o.watchNamespaces, "allowedImages", allowed.String(), "shardCASecret", o.shardCASecret)
 	if err := mgr.Start(ctx); err != nil {
 		return fmt.Errorf("running the manager: %w", err)
@@ -287,6 +296,38 @@ func setupOperatorMetrics(mgr ctrl.Manager, reg prometheus.Registerer, log logr.
 		return nil, fmt.Errorf("serving the scaler endpoint: %w", err)
 	}
 	return handoffs, nil
+}
+
+// metricsAuthFilter is the metrics server's filter with --metrics-secure, as kubebuilder's scaffold
+// sets it up: controller-runtime's filters.WithAuthenticationAndAuthorization serves /metrics only
+// to callers whose bearer token the API server authenticates (a TokenReview) and who may get the
+// path (a SubjectAccessReview of the non-resource URL: the ClusterRole renderqueue-metrics-reader,
+// config/rbac/metrics_reader_role.yaml). The operator's own ClusterRole lets it create both
+// reviews (the kubebuilder markers in controllers/metrics.go).
+//
+// The scaler endpoint on the same port (metricsapi.ScalerPathPrefix) is left out: it
+// authenticates its callers itself and authorizes them against the RenderQueue they ask about
+// (get renderqueues), which is what KEDA's token may do — not get /metrics.
+func metricsAuthFilter(cfg *rest.Config, hc *http.Client) (metricsserver.Filter, error) {
+	authorize, err := filters.WithAuthenticationAndAuthorization(cfg, hc)
+	if err != nil {
+		return nil, fmt.Errorf("the metrics server's authentication and authorization: %w", err)
+	}
+	return func(log logr.Logger, h http.Handler) (http.Handler, error) {
+		filtered, err := authorize(log, h)
+		if err != nil {
+			return nil, err
+		}
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			// the server's mux routes by path: a request under the prefix reaches the scaler
+			// handler only
+			if strings.HasPrefix(r.URL.Path, metricsapi.ScalerPathPrefix) {
+				h.ServeHTTP(w, r)
+				return
+			}
+			filtered.ServeHTTP(w, r)
+		}), nil
+	}, nil
 }
 
 // splitList splits a comma-separated flag value, dropping empty entries.

@@ -27,6 +27,7 @@ func TestOperatorFlagErrors(t *testing.T) {
 	}{
 		{nil, "--keeper-image (or RENDERQUEUE_IMAGE) is required"},
 		{[]string{"--keeper-image", "img:v1", "--shard-poll-interval", "0s"}, "must be positive"},
+		{[]string{"--keeper-image", "img:v1", "--max-concurrent-reconciles", "0"}, "must be positive"},
 		{[]string{"--keeper-image", "img:v1", "extra"}, "unexpected arguments"},
 		{[]string{"--no-such-flag"}, "flag provided but not defined"},
 	} {

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/renderqueue/renderqueue/internal/cli"
 	"github.com/renderqueue/renderqueue/pkg/store/postgres"
 )
 
@@ -17,7 +18,7 @@ import (
 func runSchema(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	const usage = "usage: renderqueue schema migrate --dsn DSN [--version N] [--partitions N] [--timeout 5m]"
 	if len(args) > 0 && (args[0] == "-h" || args[0] == "--help" || args[0] == "-help" || args[0] == "help") {
-		_, _ = fmt.Fprintln(stderr, usage)
+		_, _ = fmt.Fprintln(stdout, usage)
 		return flag.ErrHelp
 	}
 	if len(args) == 0 || args[0] != "migrate" {
@@ -25,10 +26,9 @@ func runSchema(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return errors.New("unknown or missing schema subcommand (want: migrate)")
 	}
 	fs := flag.NewFlagSet("schema migrate", flag.ContinueOnError)
-	fs.SetOutput(stderr)
 	fs.Usage = func() {
-		_, _ = fmt.Fprintln(stderr, usage)
-		_, _ = fmt.Fprintf(stderr, "\nApplies the embedded schema migrations the database lacks, up to the newest this binary knows\n"+
+		_, _ = fmt.Fprintln(fs.Output(), usage)
+		_, _ = fmt.Fprintf(fs.Output(), "\nApplies the embedded schema migrations the database lacks, up to the newest this binary knows\n"+
 			"(version %d) or to --version, in one transaction; running it again applies nothing. Migrations\n"+
 			"only go up: a --version below the database's fails and changes nothing.\n", postgres.SchemaVersion())
 		fs.PrintDefaults()
@@ -37,7 +37,7 @@ func runSchema(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	timeout := fs.Duration("timeout", 5*time.Minute, "give up after this long")
 	partitions := fs.Int("partitions", 0, "create render_schedule as N hash partitions of the key (2..1024; only when the schema is created; docs/scale.md)")
 	version := fs.Int("version", 0, fmt.Sprintf("migrate up to this schema version (1..%d; not below the database's), 0: the newest", postgres.SchemaVersion()))
-	if err := fs.Parse(args[1:]); err != nil {
+	if err := cli.ParseFlags(fs, args[1:], stdout, stderr); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {

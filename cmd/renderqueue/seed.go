@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/renderqueue/renderqueue/internal/cli"
 	"github.com/renderqueue/renderqueue/pkg/seed"
 	"github.com/renderqueue/renderqueue/pkg/store/postgres"
 )
@@ -17,11 +18,10 @@ import (
 // runSeed is `renderqueue seed`: write synthetic schedule rows (pkg/seed) into PostgreSQL.
 func runSeed(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("seed", flag.ContinueOnError)
-	fs.SetOutput(stderr)
 	fs.Usage = func() {
-		_, _ = fmt.Fprintln(stderr, "usage: renderqueue seed --dsn DSN [--rows N] [flags]")
-		_, _ = fmt.Fprintln(stderr, "\nWrites N synthetic schedule rows: ~97% 96 h product pages, ~3% 24 h categories, a few")
-		_, _ = fmt.Fprintln(stderr, "hundred 1 h homepages, half submitted, due times spread over each cadence around now.")
+		_, _ = fmt.Fprintln(fs.Output(), "usage: renderqueue seed --dsn DSN [--rows N] [flags]")
+		_, _ = fmt.Fprintln(fs.Output(), "\nWrites N synthetic schedule rows: ~97% 96 h product pages, ~3% 24 h categories, a few")
+		_, _ = fmt.Fprintln(fs.Output(), "hundred 1 h homepages, half submitted, due times spread over each cadence around now.")
 		fs.PrintDefaults()
 	}
 	dsn := fs.String("dsn", os.Getenv("RENDERQUEUE_DSN"), "PostgreSQL connection string (default $RENDERQUEUE_DSN)")
@@ -38,7 +38,7 @@ func runSeed(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	parallel := fs.Int("parallel", 2, "Upserts in flight at once")
 	migrate := fs.Bool("migrate", false, "migrate the schema first")
 	progressEvery := fs.Duration("progress", time.Second, "progress line interval on stderr (0: none)")
-	if err := fs.Parse(args); err != nil {
+	if err := cli.ParseFlags(fs, args, stdout, stderr); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {

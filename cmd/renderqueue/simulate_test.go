@@ -6,6 +6,9 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/renderqueue/renderqueue/pkg/keeper/core/policy"
+	"github.com/renderqueue/renderqueue/pkg/simulate"
 )
 
 func TestSimulate(t *testing.T) {
@@ -16,7 +19,7 @@ func TestSimulate(t *testing.T) {
 		t.Fatalf("simulate: code %d, stderr %q", code, errb.String())
 	}
 	for _, want := range []string{
-		"order keeper; submittedBoost 2, urgentMaxShare 0.2, reschedule AfterRender, floors 96h/discovered=0.05",
+		"order keeper; submittedBoost 2, urgentMaxShare 0.2, reschedule AfterRender, floors 96h/discovered=0.05, starvation bound 0.5 cadence",
 		"order oldest-due (baseline, not the keeper); reschedule AfterRender",
 		"order class-priority (baseline, not the keeper)",
 		"fleet: 2,000 rows in 6 classes", "(load 80%)",
@@ -36,7 +39,8 @@ func TestSimulate(t *testing.T) {
 	if code := run([]string{"simulate", "--fleet", fleet, "--workers", "2", "--render-time", "30s", "--duration", "3h"}, &out, &errb); code != 0 {
 		t.Fatalf("simulate --fleet: code %d, stderr %q", code, errb.String())
 	}
-	if !strings.Contains(out.String(), "capacity 240 renders/h") || !strings.Contains(out.String(), "home") {
+	if !strings.Contains(out.String(), "capacity 240 renders/h") || !strings.Contains(out.String(), "home") ||
+		!strings.Contains(out.String(), "reschedule Adaptive, floors none, starvation bound 0.5 cadence") {
 		t.Errorf("simulate --fleet output:\n%s", out.String())
 	}
 
@@ -51,6 +55,7 @@ func TestSimulate(t *testing.T) {
 		{[]string{"--load", "1", "--floor", "96h/sitemap=0.1"}, `unknown source "sitemap"`},
 		{[]string{"--load", "1", "--floor", "96h/discovered=0.7,24h/discovered=0.7"}, "must not sum past 1"},
 		{[]string{"--load", "1", "--reschedule", "keep-phase"}, "unknown reschedule policy"},
+		{[]string{"--load", "1", "--starvation-bound", "-1"}, "starvationBound -1"},
 		{[]string{"--load", "1", "--order", "fifo"}, `unknown order "fifo"`},
 		{[]string{"--load", "1", "--fleet", fleet, "--rows", "10"}, "--rows describes the seed mix"},
 		{[]string{"--load", "1", "--fleet", "/nonexistent.yaml"}, "reading the fleet"},
@@ -61,5 +66,20 @@ func TestSimulate(t *testing.T) {
 		if code := run(append([]string{"simulate"}, c.args...), &out, &errb); code == 0 || !strings.Contains(errb.String(), c.want) {
 			t.Errorf("simulate %v: code %d, stderr %q, want %q", c.args, code, errb.String(), c.want)
 		}
+	}
+}
+
+// TestSimulateDefaultsAreTheKeepers: `renderqueue simulate` with no policy flag runs the policy a
+// keeper runs with when nothing is set — the RenderQueue API's defaults, which the standalone
+// keeper's flags take too — and the starvation bound every keeper has.
+func TestSimulateDefaultsAreTheKeepers(t *testing.T) {
+	boost, share, resched, err := apiPolicyDefaults()
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := simulate.DefaultKeeper()
+	if d.SubmittedBoost != boost || d.UrgentMaxShare != share || d.Reschedule != resched || len(d.Floors) != 0 ||
+		d.Reschedule != policy.Adaptive || d.StarvationBound != policy.DefaultStarvationBound {
+		t.Errorf("simulate.DefaultKeeper() = %+v; the API's defaults are submittedBoost %v, urgentMaxShare %v, reschedule %v", d, boost, share, resched)
 	}
 }

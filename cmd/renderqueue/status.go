@@ -24,13 +24,17 @@ import (
 const pluginName = "kubectl-renderqueue"
 
 // pluginArgs turns the arguments of `kubectl renderqueue NAME [flags]` (the binary run as, or
-// linked as, kubectl-renderqueue) into those of `renderqueue status NAME [flags]`; other
-// invocations' arguments pass unchanged. argv includes the program name.
+// linked as, kubectl-renderqueue) into those of `renderqueue status NAME [flags]`, and those of
+// `kubectl renderqueue explain NAME KEY [flags]` into `renderqueue explain NAME KEY [flags]`;
+// other invocations' arguments pass unchanged. argv includes the program name.
 func pluginArgs(argv []string) []string {
 	if len(argv) == 0 || strings.TrimSuffix(filepath.Base(argv[0]), ".exe") != pluginName {
 		return argv[1:]
 	}
 	args := argv[1:]
+	if len(args) > 0 && args[0] == "explain" {
+		return args
+	}
 	if len(args) > 0 && args[0] == "status" {
 		args = args[1:]
 	}
@@ -43,7 +47,6 @@ func pluginArgs(argv []string) []string {
 // command behind the `kubectl renderqueue` plugin (pkg/statusview).
 func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := pflag.NewFlagSet("status", pflag.ContinueOnError)
-	fs.SetOutput(stderr)
 	fs.SortFlags = false
 	urls := fs.String("url", os.Getenv("RENDERQUEUE_SHARDS"), "keeper shard base URL(s), comma-separated (default $RENDERQUEUE_SHARDS)")
 	rqName := fs.String("renderqueue", "", "show this RenderQueue: its shards as a table, read through the API server's Pod proxy (or give NAME as the argument)")
@@ -52,19 +55,16 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	kube := genericclioptions.NewConfigFlags(false)
 	kube.AddFlags(fs)
 	fs.Usage = func() {
-		_, _ = fmt.Fprintln(stderr, "usage: renderqueue status NAME [-n NAMESPACE] [--context CONTEXT] [--kubeconfig FILE] [--json]")
-		_, _ = fmt.Fprintln(stderr, "       renderqueue status --url URL[,URL...] [--json]")
-		_, _ = fmt.Fprintln(stderr, "       kubectl renderqueue NAME [-n NAMESPACE]   (this binary linked as kubectl-renderqueue on PATH)")
-		_, _ = fmt.Fprintln(stderr, "\nWith a RenderQueue NAME: its shards' state, exactness, due, edge, last walk and p99 lateness as a")
-		_, _ = fmt.Fprintln(stderr, "table, and what comes due by hour as a chart; the shards are read through the API server's Pod")
-		_, _ = fmt.Fprintln(stderr, "proxy (needs get on renderqueues and pods/proxy). With --url: each shard's /v1/status in full.")
-		_, _ = fmt.Fprintln(stderr, "\nflags:")
+		_, _ = fmt.Fprintln(fs.Output(), "usage: renderqueue status NAME [-n NAMESPACE] [--context CONTEXT] [--kubeconfig FILE] [--json]")
+		_, _ = fmt.Fprintln(fs.Output(), "       renderqueue status --url URL[,URL...] [--json]")
+		_, _ = fmt.Fprintln(fs.Output(), "       kubectl renderqueue NAME [-n NAMESPACE]   (this binary linked as kubectl-renderqueue on PATH)")
+		_, _ = fmt.Fprintln(fs.Output(), "\nWith a RenderQueue NAME: its shards' state, exactness, due, edge, last walk and p99 lateness as a")
+		_, _ = fmt.Fprintln(fs.Output(), "table, and what comes due by hour as a chart; the shards are read through the API server's Pod")
+		_, _ = fmt.Fprintln(fs.Output(), "proxy (needs get on renderqueues and pods/proxy). With --url: each shard's /v1/status in full.")
+		_, _ = fmt.Fprintln(fs.Output(), "\nflags:")
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, pflag.ErrHelp) {
-			return flag.ErrHelp
-		}
+	if err := parsePFlags(fs, args, stdout, stderr); err != nil {
 		return err
 	}
 	switch {
@@ -137,4 +137,19 @@ func queueStatus(ctx context.Context, kube *genericclioptions.ConfigFlags, name 
 		return statusview.WriteQueueJSON(stdout, q)
 	}
 	return statusview.WriteQueue(stdout, q)
+}
+
+// parsePFlags parses args into fs as cli.ParseFlags does for the standard flag package: the usage
+// that -h asks for goes to stdout (and flag.ErrHelp is returned), a parse error's to stderr.
+func parsePFlags(fs *pflag.FlagSet, args []string, stdout, stderr io.Writer) error {
+	var out strings.Builder
+	fs.SetOutput(&out)
+	err := fs.Parse(args)
+	fs.SetOutput(stderr)
+	if errors.Is(err, pflag.ErrHelp) {
+		_, _ = io.WriteString(stdout, out.String())
+		return flag.ErrHelp
+	}
+	_, _ = io.WriteString(stderr, out.String())
+	return err
 }

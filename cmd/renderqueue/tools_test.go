@@ -146,6 +146,8 @@ func TestPluginArgs(t *testing.T) {
 		{[]string{"/usr/local/bin/kubectl-renderqueue", "web", "-n", "shop"}, []string{"status", "web", "-n", "shop"}},
 		{[]string{"kubectl-renderqueue", "status", "web"}, []string{"status", "web"}},
 		{[]string{"kubectl-renderqueue"}, []string{"status"}},
+		{[]string{"kubectl-renderqueue", "explain", "web", "https://a/", "-n", "shop"}, []string{"explain", "web", "https://a/", "-n", "shop"}},
+		{[]string{"kubectl-renderqueue", "status", "explain"}, []string{"status", "explain"}}, // a queue named explain
 	} {
 		if got := pluginArgs(tc.argv); strings.Join(got, " ") != strings.Join(tc.want, " ") {
 			t.Errorf("pluginArgs(%q) = %q, want %q", tc.argv, got, tc.want)

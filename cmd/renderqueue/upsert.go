@@ -9,6 +9,7 @@ import (
 	"os"
 	"strings"
 
+	"github.com/renderqueue/renderqueue/internal/cli"
 	"github.com/renderqueue/renderqueue/pkg/store"
 	"github.com/renderqueue/renderqueue/pkg/store/postgres"
 )
@@ -19,22 +20,21 @@ const badLinesShown = 100
 // runUpsert is `renderqueue upsert`: write schedule rows given as NDJSON (store.UpsertNDJSON).
 func runUpsert(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("upsert", flag.ContinueOnError)
-	fs.SetOutput(stderr)
 	fs.Usage = func() {
-		_, _ = fmt.Fprintln(stderr, "usage: renderqueue upsert --dsn DSN [--file F] [--batch N] < rows.ndjson")
-		_, _ = fmt.Fprintln(stderr, "\nAdds or changes schedule rows, one JSON object per line:")
-		_, _ = fmt.Fprintln(stderr, `  {"key":"https://shop.example.com/p/1","cadence":"96h","route":"product","source":"submitted","due":"2026-12-01T10:00:00Z"}`)
-		_, _ = fmt.Fprintln(stderr, `  {"key":"https://shop.example.com/p/2","cadence":"24h","unscheduled":true}`)
-		_, _ = fmt.Fprintln(stderr, "key and cadence are required, and one of due (RFC 3339) and \"unscheduled\": true; route (\"\"),")
-		_, _ = fmt.Fprintln(stderr, "source (discovered) and urgent (false) are optional. Each line is checked on its own: a bad line")
-		_, _ = fmt.Fprintln(stderr, "is reported with its number on stderr and writes nothing; good lines are written in batches, each")
-		_, _ = fmt.Fprintln(stderr, "one transaction. Exits 1 when any line was bad or a batch could not be written.")
+		_, _ = fmt.Fprintln(fs.Output(), "usage: renderqueue upsert --dsn DSN [--file F] [--batch N] < rows.ndjson")
+		_, _ = fmt.Fprintln(fs.Output(), "\nAdds or changes schedule rows, one JSON object per line:")
+		_, _ = fmt.Fprintln(fs.Output(), `  {"key":"https://shop.example.com/p/1","cadence":"96h","route":"product","source":"submitted","due":"2026-12-01T10:00:00Z"}`)
+		_, _ = fmt.Fprintln(fs.Output(), `  {"key":"https://shop.example.com/p/2","cadence":"24h","unscheduled":true}`)
+		_, _ = fmt.Fprintln(fs.Output(), "key and cadence are required, and one of due (RFC 3339) and \"unscheduled\": true; route (\"\"),")
+		_, _ = fmt.Fprintln(fs.Output(), "source (discovered) and urgent (false) are optional. Each line is checked on its own: a bad line")
+		_, _ = fmt.Fprintln(fs.Output(), "is reported with its number on stderr and writes nothing; good lines are written in batches, each")
+		_, _ = fmt.Fprintln(fs.Output(), "one transaction. Exits 1 when any line was bad or a batch could not be written.")
 		fs.PrintDefaults()
 	}
 	dsn := fs.String("dsn", os.Getenv("RENDERQUEUE_DSN"), "PostgreSQL connection string (default $RENDERQUEUE_DSN)")
 	file := fs.String("file", "-", "read the rows from this file (-: standard input)")
 	batch := fs.Int("batch", 1000, "rows per transaction")
-	if err := fs.Parse(args); err != nil {
+	if err := cli.ParseFlags(fs, args, stdout, stderr); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {

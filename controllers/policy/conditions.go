@@ -377,8 +377,23 @@ func progressingCondition(p *Progress, shards []rqv1.ShardStatus, epoch int64) C
 			"shard %s is loading%s; %d of %d shards ready", loading[0], andMore(len(loading)-1),
 			len(shards)-len(loading), len(shards))}
 	}
+	var holding []rqv1.ShardStatus
+	for _, s := range shards {
+		if s.HeldBack != "" {
+			holding = append(holding, s)
+		}
+	}
+	if len(holding) > 0 {
+		return Condition{metav1.ConditionTrue, rqv1.ReasonRowsHeldBack, heldBackMessage(holding[0]) + andMore(len(holding)-1)}
+	}
 	return Condition{metav1.ConditionFalse, rqv1.ReasonSettled,
 		fmt.Sprintf("%d shards settled at membership epoch %d", len(shards), epoch)}
+}
+
+// heldBackMessage says what shard s holds back: "shard web-shard-1 holds back 120 due rows:
+// slots 0-63 until ... (why)".
+func heldBackMessage(s rqv1.ShardStatus) string {
+	return fmt.Sprintf("shard %s holds back %d due rows: %s", s.Name, s.RowsHeldBack, s.HeldBack)
 }
 
 // formatLag formats d for people, to the minute above an hour ("1h20m"), to the second below

@@ -7,6 +7,8 @@
 //     StateUnreachable, StateFailing), why a shard's Pod cannot run its keeper, and the
 //     conditions Ready, Exact, EdgeHealthy, WalksComplete and Progressing, each a small function
 //     returning (status, reason, message);
+//   - classes.go: the ClassesServed condition (ClassStarving: a class on some shard has had due
+//     rows and no render for longer than its cadence);
 //   - blocked.go: what stops the operator from acting on a spec (SpecBlocker: InvalidSpec,
 //     ImageNotAllowed; the reconciler adds ChildConflict and ShardPodRefused) and the Reconciled
 //     condition; the --allowed-images allowlist (ImageAllowlist); which API errors are refusals

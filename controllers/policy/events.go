@@ -2,6 +2,8 @@ package policy
 
 import (
 	"fmt"
+	"slices"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -34,16 +36,23 @@ const (
 	EventShardFailing = "ShardFailing"
 	// EventShardRecovered: a shard that was failing is no longer (it may still be loading).
 	EventShardRecovered = "ShardRecovered"
+	// EventRowsHeldBack: a shard starts holding rows back, or for another reason: the leases of
+	// slots it took over are not known yet (Normal: a handover in progress) or not at all
+	// (Warning: a keeper process died or a giver did not answer, and the rows wait until any of
+	// its leases must have ended).
+	EventRowsHeldBack = rqv1.ReasonRowsHeldBack
+	// EventRowsReleased: a shard holds nothing back any more.
+	EventRowsReleased = "RowsReleased"
 )
 
 // TransitionEvents returns the events an operator must notice in the change from prev to next:
 // a condition turning bad (EdgeLagging, PartialWalk, WalkFailed; InvalidSpec, ImageNotAllowed,
-// ChildConflict, ShardPodRefused) or recovering, and a shard becoming unreachable or reachable
-// again. Nothing when nothing changed, so a steady state emits
-// nothing on later polls.
+// ChildConflict, ShardPodRefused; ClassStarving) or recovering, and a shard becoming unreachable
+// or reachable again. Nothing when nothing changed, so a steady state emits nothing on later
+// polls.
 func TransitionEvents(prev, next *rqv1.RenderQueueStatus, pods map[string]*corev1.Pod) []Event {
 	var out []Event
-	for _, typ := range []string{rqv1.ConditionEdgeHealthy, rqv1.ConditionWalksComplete, rqv1.ConditionReconciled} {
+	for _, typ := range []string{rqv1.ConditionEdgeHealthy, rqv1.ConditionWalksComplete, rqv1.ConditionReconciled, rqv1.ConditionClassesServed} {
 		n := meta.FindStatusCondition(next.Conditions, typ)
 		if n == nil || n.Status == metav1.ConditionUnknown {
 			continue
@@ -70,6 +79,17 @@ func TransitionEvents(prev, next *rqv1.RenderQueueStatus, pods map[string]*corev
 			out = append(out, Event{Type: corev1.EventTypeNormal, Reason: EventShardReachable, Action: "Poll",
 				Message: fmt.Sprintf("shard %s answers again (status %s)", s.Name, s.State), Related: relatedPod(pods, s.Name)})
 		}
+		switch hb, was := heldBackKey(s.HeldBack), heldBackKey(ps.HeldBack); {
+		case hb != "" && hb != was:
+			typ := corev1.EventTypeNormal
+			if strings.Contains(s.HeldBack, "not known") || strings.Contains(s.HeldBack, "unknown") {
+				typ = corev1.EventTypeWarning
+			}
+			out = append(out, Event{Type: typ, Reason: EventRowsHeldBack, Action: "Poll", Message: heldBackMessage(s), Related: relatedPod(pods, s.Name)})
+		case hb == "" && was != "" && reachable(s):
+			out = append(out, Event{Type: corev1.EventTypeNormal, Reason: EventRowsReleased, Action: "Poll",
+				Message: fmt.Sprintf("shard %s hands out every due row again", s.Name), Related: relatedPod(pods, s.Name)})
+		}
 		key, prevKey := troubleKey(s), troubleKey(ps)
 		switch {
 		case key != "" && key != prevKey:
@@ -81,6 +101,22 @@ func TransitionEvents(prev, next *rqv1.RenderQueueStatus, pods map[string]*corev
 		}
 	}
 	return out
+}
+
+// heldBackKey is what of a shard's held-back text makes a new event: its reasons (not the slots
+// and times, which change as fences are set and moved).
+func heldBackKey(text string) string {
+	if text == "" {
+		return ""
+	}
+	var whys []string
+	for _, part := range strings.Split(text, "; ") {
+		if i := strings.Index(part, " ("); i >= 0 {
+			whys = append(whys, part[i:])
+		}
+	}
+	slices.Sort(whys)
+	return strings.Join(slices.Compact(whys), ";")
 }
 
 // relatedPod is the shard's Pod as an event's related object, nil (not a typed nil) without one.

@@ -4,6 +4,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -156,6 +157,9 @@ func TestProgressingCondition(t *testing.T) {
 			[]string{"shard b is loading", "1 of 2"}},
 		{"an unreachable shard is not loading", nil, []rqv1.ShardStatus{healthy("a"), {Name: "b", State: StateUnreachable}},
 			metav1.ConditionFalse, rqv1.ReasonSettled, nil},
+		{"rows held back", nil, []rqv1.ShardStatus{healthy("a"), with(healthy("b"), func(s *rqv1.ShardStatus) {
+			s.RowsHeldBack, s.HeldBack = 12, "slots 0-63 until 2026-12-01T12:00:30Z (the leases of an earlier keeper process of b are not known: they have ended by then)"
+		})}, metav1.ConditionTrue, rqv1.ReasonRowsHeldBack, []string{"shard b holds back 12 due rows: slots 0-63 until 2026-12-01T12:00:30Z (the leases"}},
 	} {
 		checkCondition(t, tc.name, progressingCondition(tc.p, tc.shards, 3), tc.status, tc.reason, tc.msg...)
 	}
@@ -286,6 +290,52 @@ func TestAssignmentStatusRoundTrip(t *testing.T) {
 	}
 	if _, err := AssignmentFromStatus(rqv1.MembershipStatus{Epoch: 2, Assignment: []rqv1.ShardSlots{{Shard: "a", Slots: "0-10"}}}); err == nil {
 		t.Error("an assignment leaving slots without owner was accepted")
+	}
+}
+
+// TestHeldBackInStatusAndEvents: a shard's fences become its heldBack text and rowsHeldBack, summed
+// for the queue; an event when a shard starts holding rows back for a reason (Normal while a
+// handover is awaited, Warning when leases are unknown), none while only the slots or the end
+// move, and one when it hands out everything again.
+func TestHeldBackInStatusAndEvents(t *testing.T) {
+	until := time.Date(2026, 12, 1, 12, 0, 30, 0, time.UTC)
+	rep := ShardReport{Name: "web-shard-1", Status: &shardapi.Status{Status: shardapi.StatusQueued, Due: 30, HeldBack: 12,
+		Fences: []shardapi.Fence{{Slots: "0-63", Reason: "awaiting the leases of web-shard-0"}, {Slots: "64-70", Until: &until, Reason: "leases not known"}}}}
+	s := shardStatus(rep, "0-70", nil)
+	if want := "slots 0-63 until their handover (awaiting the leases of web-shard-0); slots 64-70 until 2026-12-01T12:00:30Z (leases not known)"; s.HeldBack != want || s.RowsHeldBack != 12 {
+		t.Errorf("heldBack %q (%d), want %q (12)", s.HeldBack, s.RowsHeldBack, want)
+	}
+	long := shardStatus(ShardReport{Name: "x", Status: &shardapi.Status{Fences: []shardapi.Fence{{Slots: "1", Reason: strings.Repeat("é", 900)}}}}, "", nil)
+	if len(long.HeldBack) > maxHeldBackText || !utf8.ValidString(long.HeldBack) {
+		t.Errorf("a long heldBack is %d bytes (valid UTF-8: %v)", len(long.HeldBack), utf8.ValidString(long.HeldBack))
+	}
+	reasons := func(evs []Event) string {
+		var out []string
+		for _, e := range evs {
+			out = append(out, e.Type+"/"+e.Reason)
+		}
+		return strings.Join(out, ",")
+	}
+	st := func(text string) *rqv1.RenderQueueStatus {
+		return &rqv1.RenderQueueStatus{Shards: []rqv1.ShardStatus{{Name: "b", State: shardapi.StatusQueued, HeldBack: text, RowsHeldBack: 3}}}
+	}
+	none := st("")
+	awaiting := st("slots 0-63 until their handover (awaiting the leases of a)")
+	moved := st("slots 0-70 until their handover (awaiting the leases of a)")
+	unknown := st("slots 0-63 until 2026-12-01T12:00:30Z (the leases of an earlier keeper process of b are not known: they have ended by then)")
+	for _, tc := range []struct {
+		name       string
+		prev, next *rqv1.RenderQueueStatus
+		want       string
+	}{
+		{"starts awaiting a handover", none, awaiting, "Normal/RowsHeldBack"},
+		{"more slots, the same reason", awaiting, moved, ""},
+		{"leases unknown", awaiting, unknown, "Warning/RowsHeldBack"},
+		{"released", unknown, none, "Normal/RowsReleased"},
+	} {
+		if got := reasons(TransitionEvents(tc.prev, tc.next, nil)); got != tc.want {
+			t.Errorf("%s: events %q, want %q", tc.name, got, tc.want)
+		}
 	}
 }
 

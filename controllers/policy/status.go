@@ -4,7 +4,9 @@ import (
 	"fmt"
 	"math"
 	"strconv"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -76,6 +78,8 @@ func shardStatus(rep ShardReport, owned string, prev *rqv1.ShardStatus) rqv1.Sha
 	s.Edge = secTime(st.Edge)
 	s.Epoch = st.Membership.Epoch
 	s.PreparedEpoch = st.Membership.PreparedEpoch
+	s.RowsHeldBack = int64(st.HeldBack)
+	s.HeldBack = heldBackText(st.Fences)
 	s.Error = st.Error
 	if st.EdgeAheadSeconds != nil {
 		v := int64(math.Floor(*st.EdgeAheadSeconds))
@@ -103,6 +107,31 @@ func shardStatus(rep ShardReport, owned string, prev *rqv1.ShardStatus) rqv1.Sha
 		}
 	}
 	return s
+}
+
+// maxHeldBackText bounds ShardStatus.HeldBack (its CRD's maxLength).
+const maxHeldBackText = 1024
+
+// heldBackText is a shard's fences in one line for its status: "slots 0-63 until
+// 2026-12-01T12:00:30Z (why); slots 64-127 until their handover (why)".
+func heldBackText(fs []shardapi.Fence) string {
+	parts := make([]string, 0, len(fs))
+	for _, f := range fs {
+		until := "their handover"
+		if f.Until != nil {
+			until = f.Until.UTC().Format(time.RFC3339)
+		}
+		parts = append(parts, fmt.Sprintf("slots %s until %s (%s)", f.Slots, until, f.Reason))
+	}
+	text := strings.Join(parts, "; ")
+	if len(text) > maxHeldBackText {
+		cut := maxHeldBackText - len("…")
+		for cut > 0 && !utf8.RuneStart(text[cut]) {
+			cut--
+		}
+		text = text[:cut] + "…"
+	}
+	return text
 }
 
 // validateReport checks the parts of a shard's status the operator computes with; a report that
@@ -174,12 +203,14 @@ func ComputeStatus(rq *rqv1.RenderQueue, next *rqv1.RenderQueueStatus, in Status
 	shards := make([]rqv1.ShardStatus, 0, len(in.Reports))
 	allExact := true
 	var notAdopted []string
+	answered := make([]ShardReport, 0, len(in.Reports)) // the reports with a valid status
 	for _, rep := range in.Reports {
 		if rep.Status != nil {
 			d, err := validateReport(rep.Status)
 			if err != nil {
 				rep.Status, rep.Err = nil, fmt.Errorf("bad status: %w", err)
 			} else {
+				answered = append(answered, rep)
 				dues[rep.Name] = d
 				if want := committed.Owned(rep.Name); d.Owned != want {
 					notAdopted = append(notAdopted, rep.Name)
@@ -209,6 +240,10 @@ func ComputeStatus(rq *rqv1.RenderQueue, next *rqv1.RenderQueueStatus, in Status
 		next.DueAsOf = ptr.To(metav1.NewTime(in.Now))
 	}
 	next.Due, next.DueExact = int64(due), dueExact
+	next.RowsHeldBack = 0
+	for _, s := range shards {
+		next.RowsHeldBack += s.RowsHeldBack
+	}
 
 	epoch := next.Membership.Epoch
 	SetCondition(next, rq.Generation, in.Now, rqv1.ConditionReady, readyCondition(shards))
@@ -217,6 +252,7 @@ func ComputeStatus(rq *rqv1.RenderQueue, next *rqv1.RenderQueueStatus, in Status
 	SetCondition(next, rq.Generation, in.Now, rqv1.ConditionWalksComplete, walksCondition(shards))
 	SetCondition(next, rq.Generation, in.Now, rqv1.ConditionProgressing, progressingCondition(in.Progress, shards, epoch))
 	SetCondition(next, rq.Generation, in.Now, rqv1.ConditionReconciled, reconciledCondition(in.Blocked))
+	SetCondition(next, rq.Generation, in.Now, rqv1.ConditionClassesServed, classesServedCondition(answered))
 	return nil
 }
 

@@ -43,8 +43,9 @@ func KeeperImage(rq *rqv1.RenderQueue, operatorImage string) string {
 }
 
 // keeperArgs are the keeper's arguments in the Pod named podName. --procs is passed only when
-// spec.procs is set, so that shards of a RenderQueue without it keep their template hash (and
-// their Pods) across the operator upgrade that added the field.
+// spec.procs is set, and --log-format and --log-level only when spec.logging sets them, so that
+// shards of a RenderQueue without them keep their template hash (and their Pods) across the
+// operator upgrade that added the fields.
 func keeperArgs(rq *rqv1.RenderQueue, podName string) []string {
 	args := []string{
 		"keeper",
@@ -56,6 +57,15 @@ func keeperArgs(rq *rqv1.RenderQueue, podName string) []string {
 	}
 	if p := rq.Spec.Procs; p != nil {
 		args = append(args, "--procs", strconv.Itoa(int(*p)))
+	}
+	// only when set, for the same reason
+	if l := rq.Spec.Logging; l != nil {
+		if l.Format != "" {
+			args = append(args, "--log-format", l.Format)
+		}
+		if l.Level != "" {
+			args = append(args, "--log-level", l.Level)
+		}
 	}
 	return args
 }

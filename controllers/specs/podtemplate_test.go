@@ -144,7 +144,9 @@ func TestPodTemplateHashCoversPodFields(t *testing.T) {
 			s.TopologySpreadConstraints[0].NodeTaintsPolicy = nil
 		},
 		"procs 1 (the keeper's default, but set)": func(s *rqv1.RenderQueueSpec) { s.Procs = ptr.To[int32](1) },
-		"procs 0": func(s *rqv1.RenderQueueSpec) { s.Procs = ptr.To[int32](0) },
+		"procs 0":       func(s *rqv1.RenderQueueSpec) { s.Procs = ptr.To[int32](0) },
+		"logging json":  func(s *rqv1.RenderQueueSpec) { s.Logging = &rqv1.ShardLogging{Format: "json"} },
+		"logging debug": func(s *rqv1.RenderQueueSpec) { s.Logging = &rqv1.ShardLogging{Level: "debug"} },
 	} {
 		rq := podFields(templateQueue())
 		change(&rq.Spec)
@@ -210,4 +212,36 @@ func TestKeeperProcsArg(t *testing.T) {
 	}
 	// that setting it changes the template hash (so the shards are replaced) is
 	// TestPodTemplateHashCoversPodFields's
+}
+
+// TestKeeperLoggingArgs: spec.logging reaches the keeper as --log-format and --log-level, each
+// only when set (an empty spec.logging leaves the arguments, and the hash, as without it).
+func TestKeeperLoggingArgs(t *testing.T) {
+	base := templateQueue()
+	baseHash := PodTemplateHash(base, "img")
+	for _, c := range []struct {
+		logging *rqv1.ShardLogging
+		want    []string // the arguments after --token-file
+	}{
+		{nil, nil},
+		{&rqv1.ShardLogging{}, nil},
+		{&rqv1.ShardLogging{Format: "json"}, []string{"--log-format", "json"}},
+		{&rqv1.ShardLogging{Level: "2"}, []string{"--log-level", "2"}},
+		{&rqv1.ShardLogging{Format: "json", Level: "debug"}, []string{"--log-format", "json", "--log-level", "debug"}},
+	} {
+		rq := templateQueue()
+		rq.Spec.Logging = c.logging
+		pod := ShardPod(rq, "img", "web-shard-0", PodTemplateHash(rq, "img"))
+		args := pod.Spec.Containers[0].Args
+		i := slices.Index(args, "--token-file")
+		if i < 0 || i+2 > len(args) {
+			t.Fatalf("logging %+v: no --token-file in %q", c.logging, args)
+		}
+		if got := args[i+2:]; !slices.Equal(got, c.want) {
+			t.Errorf("logging %+v: arguments after --token-file %q, want %q", c.logging, got, c.want)
+		}
+		if c.want == nil && PodTemplateHash(rq, "img") != baseHash {
+			t.Errorf("logging %+v changes the template hash: every shard would be replaced", c.logging)
+		}
+	}
 }

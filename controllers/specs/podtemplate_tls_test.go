@@ -28,16 +28,17 @@ func TestPodTemplateTLS(t *testing.T) {
 		t.Errorf("labels %v lack %s=true", pod.Labels, rqv1.LabelTLS)
 	}
 	c := pod.Spec.Containers[0]
-	args := c.Args[len(c.Args)-4:]
-	if want := []string{"--tls-cert-file", "/var/run/renderqueue/tls/tls.crt", "--tls-key-file", "/var/run/renderqueue/tls/tls.key"}; !slices.Equal(args, want) {
+	args := c.Args[len(c.Args)-6:]
+	if want := []string{"--tls-cert-file", "/var/run/renderqueue/tls/tls.crt", "--tls-key-file", "/var/run/renderqueue/tls/tls.key",
+		"--tls-ca-file", "/var/run/renderqueue/tls/ca.crt"}; !slices.Equal(args, want) {
 		t.Errorf("args end with %v, want %v", args, want)
 	}
 	if c.ReadinessProbe.HTTPGet.Scheme != "HTTPS" || c.LivenessProbe.HTTPGet.Scheme != "HTTPS" {
 		t.Errorf("probe schemes %s, %s; want HTTPS", c.ReadinessProbe.HTTPGet.Scheme, c.LivenessProbe.HTTPGet.Scheme)
 	}
 	v := pod.Spec.Volumes[len(pod.Spec.Volumes)-1]
-	if v.Secret == nil || v.Secret.SecretName != "web-shard-tls" || *v.Secret.DefaultMode != 0o440 || len(v.Secret.Items) != 2 {
-		t.Errorf("volume %+v, want the Secret web-shard-tls (tls.crt, tls.key, mode 0440)", v)
+	if v.Secret == nil || v.Secret.SecretName != "web-shard-tls" || *v.Secret.DefaultMode != 0o440 || len(v.Secret.Items) != 3 {
+		t.Errorf("volume %+v, want the Secret web-shard-tls (tls.crt, tls.key, ca.crt, mode 0440)", v)
 	}
 	plainPod := ShardPod(templateQueue(), img, "web-shard-0", plain)
 	if _, ok := plainPod.Labels[rqv1.LabelTLS]; ok || plainPod.Spec.Containers[0].ReadinessProbe.HTTPGet.Scheme != "HTTP" {

@@ -22,14 +22,13 @@ import (
 // SKIP LOCKED queue on the same PostgreSQL (pkg/bench).
 func Bench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
-	fs.SetOutput(stderr)
 	fs.Usage = func() {
-		_, _ = fmt.Fprintln(stderr, "usage: renderqueue bench --dsn DSN [flags]")
-		_, _ = fmt.Fprintln(stderr, "\nCreates a scratch database on the server of DSN (the role needs CREATEDB; it is dropped")
-		_, _ = fmt.Fprintln(stderr, "after), writes the same due rows into the renderqueue schema and into a plain table, and")
-		_, _ = fmt.Fprintln(stderr, "measures a keeper it starts (this binary, standalone, window 0) driven over HTTP against")
-		_, _ = fmt.Fprintln(stderr, "SELECT … ORDER BY due_at FOR UPDATE SKIP LOCKED plus UPDATE on the plain table. No render")
-		_, _ = fmt.Fprintln(stderr, "time: workers complete what they claim at once. See docs/benchmarks.md.")
+		_, _ = fmt.Fprintln(fs.Output(), "usage: renderqueue bench --dsn DSN [flags]")
+		_, _ = fmt.Fprintln(fs.Output(), "\nCreates a scratch database on the server of DSN (the role needs CREATEDB; it is dropped")
+		_, _ = fmt.Fprintln(fs.Output(), "after), writes the same due rows into the renderqueue schema and into a plain table, and")
+		_, _ = fmt.Fprintln(fs.Output(), "measures a keeper it starts (this binary, standalone, window 0) driven over HTTP against")
+		_, _ = fmt.Fprintln(fs.Output(), "SELECT … ORDER BY due_at FOR UPDATE SKIP LOCKED plus UPDATE on the plain table. No render")
+		_, _ = fmt.Fprintln(fs.Output(), "time: workers complete what they claim at once. See docs/benchmarks.md.")
 		fs.PrintDefaults()
 	}
 	dsn := fs.String("dsn", os.Getenv("RENDERQUEUE_DSN"), "PostgreSQL connection string of the server (default $RENDERQUEUE_DSN)")
@@ -43,7 +42,7 @@ func Bench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	postgresCPUs := fs.String("postgres-cpus", "", "CPU list (e.g. 0): run PostgreSQL's processes there and the keeper and the workers on the other CPUs, as if the database had a machine of its own (the server must run here; needs root or the server's user)")
 	rounds := fs.Int("rounds", 1, "run the whole benchmark this many times, each on a scratch database of its own and the SKIP LOCKED queue first in every second round, and report the median ratio and its range (one run's ratio is not a verdict: docs/benchmarks.md)")
 	verbose := fs.Bool("v", false, "show progress and the keeper's log on stderr")
-	if err := fs.Parse(args); err != nil {
+	if err := ParseFlags(fs, args, stdout, stderr); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {

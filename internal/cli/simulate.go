@@ -18,14 +18,13 @@ import (
 // (pkg/simulate).
 func Simulate(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("simulate", flag.ContinueOnError)
-	fs.SetOutput(stderr)
 	fs.Usage = func() {
-		_, _ = fmt.Fprintln(stderr, "usage: renderqueue simulate (--load L | --capacity R | --workers W --render-time T) [flags]")
-		_, _ = fmt.Fprintln(stderr, "\nRuns the keeper core on virtual time (no database, no sleeping) for a fleet and a render")
-		_, _ = fmt.Fprintln(stderr, "capacity, and prints per class how late renders start, renders versus demand, the longest")
-		_, _ = fmt.Fprintln(stderr, "wait of a class with due rows, rows not rendered in the last cadence, and the due count")
-		_, _ = fmt.Fprintln(stderr, "over time. The fleet is the seed mix (--rows, --homepages, ...) or a YAML file (--fleet).")
-		_, _ = fmt.Fprintln(stderr, "See docs/priority.md.")
+		_, _ = fmt.Fprintln(fs.Output(), "usage: renderqueue simulate (--load L | --capacity R | --workers W --render-time T) [flags]")
+		_, _ = fmt.Fprintln(fs.Output(), "\nRuns the keeper core on virtual time (no database, no sleeping) for a fleet and a render")
+		_, _ = fmt.Fprintln(fs.Output(), "capacity, and prints per class how late renders start, renders versus demand, the longest")
+		_, _ = fmt.Fprintln(fs.Output(), "wait of a class with due rows, rows not rendered in the last cadence, and the due count")
+		_, _ = fmt.Fprintln(fs.Output(), "over time. The fleet is the seed mix (--rows, --homepages, ...) or a YAML file (--fleet).")
+		_, _ = fmt.Fprintln(fs.Output(), "See docs/priority.md.")
 		fs.PrintDefaults()
 	}
 	fleetFile := fs.String("fleet", "", "YAML file describing the fleet's classes (see docs/priority.md); replaces the seed-mix flags")
@@ -39,19 +38,21 @@ func Simulate(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	workers := fs.Int("workers", 0, "render workers (with --render-time: capacity = workers × 1h / render-time)")
 	renderTime := fs.Duration("render-time", 0, "time one render takes (with --workers)")
 	orders := fs.String("order", "keeper", "claim orders to run, comma-separated: keeper, oldest-due, class-priority, or all")
-	boost := fs.Float64("submitted-boost", 2, "keeper: score multiplier for rows from a sitemap")
-	urgentShare := fs.Float64("urgent-max-share", 0.2, "keeper: most of a claim urgent rows may take (the simulated fleet has no urgent rows)")
+	def := simulate.DefaultKeeper()
+	boost := fs.Float64("submitted-boost", def.SubmittedBoost, "keeper: score multiplier for rows from a sitemap")
+	urgentShare := fs.Float64("urgent-max-share", def.UrgentMaxShare, "keeper: most of a claim urgent rows may take (the simulated fleet has no urgent rows)")
 	var floors FloorFlags
 	fs.Var(&floors, "floor", "keeper: a class's floor, CADENCE/SOURCE=SHARE (e.g. 96h/discovered=0.05); repeat or comma-separate")
-	resched := RescheduleFlag{Policy: policy.KeepPhase}
-	fs.Var(&resched, "reschedule", "next due time of a rendered row: KeepPhase or AfterRender (every order)")
+	resched := RescheduleFlag{Policy: def.Reschedule}
+	fs.Var(&resched, "reschedule", "next due time of a rendered row: Adaptive, KeepPhase or AfterRender (every order)")
+	starvation := fs.Float64("starvation-bound", def.StarvationBound, "keeper: a class with due rows and no render for this many of its cadences gets its most overdue row next; 0: off (the keeper always runs with the default)")
 	batch := fs.Int("batch", simulate.DefaultBatch, "rows per claim")
 	tick := fs.Duration("tick", simulate.DefaultTick, "time step: claims at its start, completions at its end")
 	duration := fs.Duration("duration", 240*time.Hour, "simulated time")
 	measureFrom := fs.Duration("measure-from", 0, "start measuring this long after the start (e.g. 120h for days 6 to 10)")
 	sample := fs.Duration("sample", 0, "interval of the due-count samples (default: duration / 20)")
 	seedVal := fs.Uint64("seed", 1, "random seed of due times and key hashes")
-	if err := fs.Parse(args); err != nil {
+	if err := ParseFlags(fs, args, stdout, stderr); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
@@ -128,7 +129,8 @@ func Simulate(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	base := simulate.Config{
 		Fleet: fleet, Capacity: *capacity, Batch: *batch, Tick: *tick, Duration: *duration,
 		MeasureFrom: *measureFrom, Sample: *sample, Seed: *seedVal,
-		Keeper: policy.Config{SubmittedBoost: *boost, UrgentMaxShare: *urgentShare, Floors: floors, Reschedule: resched.Policy},
+		Keeper: policy.Config{SubmittedBoost: *boost, UrgentMaxShare: *urgentShare, Floors: floors, Reschedule: resched.Policy,
+			StarvationBound: *starvation},
 	}
 	if set["load"] {
 		base.Load = *load

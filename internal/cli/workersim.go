@@ -6,7 +6,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -14,7 +13,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -23,6 +21,7 @@ import (
 	"github.com/renderqueue/renderqueue/pkg/client"
 	"github.com/renderqueue/renderqueue/pkg/client/clientmetrics"
 	"github.com/renderqueue/renderqueue/pkg/client/discovery"
+	"github.com/renderqueue/renderqueue/pkg/logkeys"
 	"github.com/renderqueue/renderqueue/pkg/workersim"
 )
 
@@ -30,12 +29,12 @@ import (
 // (pkg/workersim on pkg/client).
 func WorkerSim(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("worker-sim", flag.ContinueOnError)
-	fs.SetOutput(stderr)
 	fs.Usage = func() {
-		_, _ = fmt.Fprintln(stderr, "usage: renderqueue worker-sim (--renderqueue NAME [--namespace NS] | --dns HOST:PORT | --shard URL[,URL...]) [flags]")
-		_, _ = fmt.Fprintln(stderr, "\nClaims due rows from keeper shards, sleeps a simulated render time, completes them.")
-		_, _ = fmt.Fprintln(stderr, "Shards are found through the RenderQueue object (status.shards[].url, followed as it")
-		_, _ = fmt.Fprintln(stderr, "changes), the headless Service's DNS name, or a fixed list.")
+		w := fs.Output()
+		_, _ = fmt.Fprintln(w, "usage: renderqueue worker-sim (--renderqueue NAME [--namespace NS] | --dns HOST:PORT | --shard URL[,URL...]) [flags]")
+		_, _ = fmt.Fprintln(w, "\nClaims due rows from keeper shards, sleeps a simulated render time, completes them.")
+		_, _ = fmt.Fprintln(w, "Shards are found through the RenderQueue object (status.shards[].url, followed as it")
+		_, _ = fmt.Fprintln(w, "changes), the headless Service's DNS name, or a fixed list.")
 		fs.PrintDefaults()
 	}
 	shards := fs.String("shard", os.Getenv("RENDERQUEUE_SHARDS"), "keeper shard base URL(s), comma-separated (default $RENDERQUEUE_SHARDS)")
@@ -54,20 +53,24 @@ func WorkerSim(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	duration := fs.Duration("duration", 0, "stop after this long (0: run until interrupted)")
 	backoff := fs.Duration("backoff", 100*time.Millisecond, "first wait after an empty claim, a 503 or an error (per shard, doubles up to 5s, jittered)")
 	seedVal := fs.Uint64("seed", 1, "random seed of the render time jitter")
-	progressEvery := fs.Duration("progress", 5*time.Second, "progress line interval on stderr (0: none)")
+	progressEvery := fs.Duration("progress", 5*time.Second, "progress line interval on stderr (0: none); a log record with --log-format=json")
 	metricsAddr := fs.String("metrics-listen", "", "serve the worker's Prometheus metrics at this address's /metrics (e.g. :9090; empty: none)")
-	verbose := fs.Bool("v", false, "log the client's decisions (back-off, failed renders)")
-	if err := fs.Parse(args); err != nil {
+	var logs LogFlags
+	logs.Bind(fs, "log the client's decisions (back-off, failed renders)")
+	if err := ParseFlags(fs, args, stdout, stderr); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
-	level := slog.LevelInfo
-	if *verbose {
-		level = slog.LevelDebug - 1
+	log, err := logs.Logger(stderr)
+	if err != nil {
+		return err
 	}
-	log := logr.FromSlogHandler(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+	if *rqName != "" {
+		log = log.WithValues(logkeys.RenderQueue, *rqName, logkeys.Namespace, *namespace)
+	}
+	json := logs.Format == LogFormatJSON
 
 	disc, where, err := workerDiscovery(*shards, *dnsName, *rqName, *namespace, *kubeconfig, *caFile != "")
 	if err != nil {
@@ -134,7 +137,12 @@ func WorkerSim(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		}
 		return s
 	}
-	_, _ = fmt.Fprintf(stderr, "worker-sim: %d workers, batch %d, render %v ±%.0f%%, shards from %s\n", *concurrency, *batch, *renderTime, *jitter*100, where)
+	if json {
+		log.Info("Worker simulator starting", "workers", *concurrency, "batch", *batch, "renderTime", renderTime.String(),
+			"jitter", *jitter, "shardsFrom", where)
+	} else {
+		_, _ = fmt.Fprintf(stderr, "worker-sim: %d workers, batch %d, render %v ±%.0f%%, shards from %s\n", *concurrency, *batch, *renderTime, *jitter*100, where)
+	}
 	runErr := make(chan error, 1)
 	go func() { runErr <- sim.Run(ctx) }()
 	var tick <-chan time.Time
@@ -146,6 +154,13 @@ func WorkerSim(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	for {
 		select {
 		case <-tick:
+			if json {
+				st := sim.Stats()
+				log.Info("Progress", "shards", len(c.Shards()), "claimed", st.Claimed, "claims", st.Claims, "completed", st.Completed,
+					"rejected", st.Rejected, "released", st.Released, "extended", st.Extended, "emptyClaims", st.Empty,
+					"unavailable", st.Unavailable, "errors", st.Errors, "lastError", st.LastError)
+				continue
+			}
 			_, _ = fmt.Fprintln(stderr, "worker-sim:", line(sim.Stats()))
 		case err := <-runErr:
 			if _, werr := fmt.Fprintln(stdout, "worker-sim done:", line(sim.Stats())); werr != nil && err == nil {

@@ -10,6 +10,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"net/http"
+	"net/url"
 	"sort"
 	"strconv"
 	"strings"
@@ -429,17 +430,18 @@ func (c *Client) claimFrom(ctx context.Context, base string, n int) ([]Item, err
 		return nil, err
 	}
 	// the lease's length by the shard's clock: its expiry minus the reply's Date (a whole
-	// second, so rounded up); Options.Lease when set
+	// second, so rounded up); Options.Lease when set, unless the shard gave less (its longest
+	// lease)
 	serverNow, derr := http.ParseTime(hdr.Get("Date"))
 	items := make([]Item, len(resp.Items))
 	for i, r := range resp.Items {
+		granted := r.LeaseExpires.Sub(sent)
+		if derr == nil {
+			granted = r.LeaseExpires.Sub(serverNow) - time.Second
+		}
 		leaseFor := c.opts.Lease
-		if leaseFor == 0 {
-			if derr == nil {
-				leaseFor = r.LeaseExpires.Sub(serverNow) - time.Second
-			} else {
-				leaseFor = r.LeaseExpires.Sub(sent)
-			}
+		if leaseFor == 0 || granted+time.Second < leaseFor {
+			leaseFor = granted
 		}
 		items[i] = Item{
 			Key: r.Key, Due: r.Due, Cadence: time.Duration(r.Cadence * float64(time.Second)), Route: r.Route,
@@ -460,6 +462,10 @@ type ItemError struct {
 	Key string
 	// Reason is the shard's word for it.
 	Reason string
+	// MovedTo is the base URL of the shard the item's lease moved to with its slot (a handoff
+	// committed after the claim), when the shard said so. Complete, Release and Extend send such
+	// an item there once themselves; this is set when that shard refused it too, or was the same.
+	MovedTo string
 }
 
 func (e *ItemError) Error() string { return fmt.Sprintf("%s: %s", e.Key, e.Reason) }
@@ -471,7 +477,7 @@ func itemErrors(results []shardapi.ItemResult) []error {
 	out := make([]error, len(results))
 	for i, r := range results {
 		if r.Error != "" {
-			out[i] = &ItemError{Key: r.Key, Reason: r.Error}
+			out[i] = &ItemError{Key: r.Key, Reason: r.Error, MovedTo: r.MovedTo}
 		}
 	}
 	return out
@@ -487,13 +493,103 @@ func byShard(n int, shard func(i int) string) map[string][]int {
 	return groups
 }
 
-// Complete reports rendered rows, each to the shard that leased it. It returns one error per
-// item (nil: completed; an *ItemError: refused) and an error when a shard could not be asked
-// (then its items' errors say so too).
-func (c *Client) Complete(ctx context.Context, done []Completion) ([]error, error) {
-	out := make([]error, len(done))
+// route sends n items, each to the shard that leased it (shardOf), with send, which returns one
+// result per item it was given (nil, an *ItemError, or the error of a request that was not
+// answered) and the request's error. Then:
+//   - an item refused because its lease moved with its slot to another shard (a handoff
+//     committed after the claim; ItemError.MovedTo) is sent there, once;
+//   - an item whose shard could not be asked and is no longer one of the queue's (a shard
+//     removed after its slots moved away, its leases with them) is sent to the shards the client
+//     knows: only the one holding its lease accepts it (to the others the row is not theirs, and
+//     nothing is done). Refused by all of them, its lease is lost (an *ItemError).
+//
+// It returns each item's result and the errors of the requests that left items unanswered.
+func (c *Client) route(n int, shardOf func(i int) string, send func(base string, idx []int) []error) ([]error, error) {
+	out := make([]error, n)
+	sentTo := make([]string, n)
+	round := func(groups map[string][]int) {
+		for base, idx := range groups {
+			res := send(base, idx)
+			for j, i := range idx {
+				out[i], sentTo[i] = res[j], base
+			}
+		}
+	}
+	round(byShard(n, shardOf))
+	moved := map[string][]int{}
+	for i, err := range out {
+		var ie *ItemError
+		if errors.As(err, &ie) && ie.MovedTo != "" && ie.MovedTo != sentTo[i] {
+			moved[ie.MovedTo] = append(moved[ie.MovedTo], i)
+		}
+	}
+	if len(moved) > 0 {
+		c.log.V(1).Info("Sending items to the shards their leases moved to", "shards", len(moved))
+		round(moved)
+	}
+	known := map[string]bool{}
+	for _, s := range c.Shards() {
+		known[s.URL] = true
+	}
+	var lost []int
+	for i, err := range out {
+		var ie *ItemError
+		if err != nil && !errors.As(err, &ie) && !known[sentTo[i]] {
+			lost = append(lost, i)
+		}
+	}
+	if len(lost) > 0 {
+		c.log.V(1).Info("Items of a shard that left the queue: asking the shards it knows", "items", len(lost), "shards", len(known))
+		refused := make(map[int]error, len(lost)) // the first refusal of each; missing: some shard did not answer
+		unanswered := map[int]bool{}
+		for base := range known {
+			if len(lost) == 0 {
+				break
+			}
+			res := send(base, lost)
+			var still []int
+			for j, i := range lost {
+				var ie *ItemError
+				switch {
+				case res[j] == nil:
+					out[i] = nil
+					continue
+				case errors.As(res[j], &ie):
+					if refused[i] == nil {
+						refused[i] = res[j]
+					}
+				default:
+					unanswered[i] = true
+				}
+				still = append(still, i)
+			}
+			lost = still
+		}
+		for _, i := range lost {
+			if !unanswered[i] && refused[i] != nil {
+				out[i] = refused[i]
+			}
+		}
+	}
 	var errs []error
-	for base, idx := range byShard(len(done), func(i int) string { return done[i].Item.Shard }) {
+	seen := map[error]bool{}
+	for _, err := range out {
+		var ie *ItemError
+		if err != nil && !errors.As(err, &ie) && !seen[err] {
+			seen[err] = true
+			errs = append(errs, err)
+		}
+	}
+	return out, errors.Join(errs...)
+}
+
+// Complete reports rendered rows, each to the shard that leased it (see route: a lease that
+// moved with its slot is followed to its new shard). It returns one error per item (nil:
+// completed; an *ItemError: refused) and an error when a shard could not be asked (then its
+// items' errors say so too).
+func (c *Client) Complete(ctx context.Context, done []Completion) ([]error, error) {
+	out, err := c.route(len(done), func(i int) string { return done[i].Item.Shard }, func(base string, idx []int) []error {
+		res := make([]error, len(idx))
 		req := shardapi.CompleteRequest{Items: make([]shardapi.Completion, len(idx))}
 		for j, i := range idx {
 			req.Items[j] = shardapi.Completion{Key: done[i].Item.Key, Lease: done[i].Item.Lease}
@@ -508,32 +604,35 @@ func (c *Client) Complete(ctx context.Context, done []Completion) ([]error, erro
 			err = fmt.Errorf("POST %s/v1/complete: %d results for %d items", base, len(resp.Results), len(idx))
 		}
 		if err != nil {
-			errs = append(errs, err)
-			for _, i := range idx {
-				out[i] = err
+			for j := range res {
+				res[j] = err
 			}
 			c.st.errored(err)
 			c.opts.Metrics.Completion("error", len(idx))
-			continue
+			return res
 		}
-		ie := itemErrors(resp.Results)
-		for j, i := range idx {
-			out[i] = ie[j]
-		}
+		copy(res, itemErrors(resp.Results))
 		c.st.completed.Add(int64(resp.Completed))
-		c.st.rejected.Add(int64(len(idx) - resp.Completed))
 		c.opts.Metrics.Completion("completed", resp.Completed)
-		c.opts.Metrics.Completion("rejected", len(idx)-resp.Completed)
+		return res
+	})
+	rejected := 0
+	for _, e := range out {
+		var ie *ItemError
+		if errors.As(e, &ie) {
+			rejected++
+		}
 	}
-	return out, errors.Join(errs...)
+	c.st.rejected.Add(int64(rejected))
+	c.opts.Metrics.Completion("rejected", rejected)
+	return out, err
 }
 
-// Release hands rows back unrendered, each to the shard that leased it: they can be claimed again
-// at once. Errors as for Complete.
+// Release hands rows back unrendered, each to the shard that leased it (see route): they can be
+// claimed again at once. Errors as for Complete.
 func (c *Client) Release(ctx context.Context, items []Item) ([]error, error) {
-	out := make([]error, len(items))
-	var errs []error
-	for base, idx := range byShard(len(items), func(i int) string { return items[i].Shard }) {
+	return c.route(len(items), func(i int) string { return items[i].Shard }, func(base string, idx []int) []error {
+		res := make([]error, len(idx))
 		req := shardapi.ReleaseRequest{Items: make([]shardapi.Lease, len(idx))}
 		for j, i := range idx {
 			req.Items[j] = shardapi.Lease{Key: items[i].Key, Lease: items[i].Lease}
@@ -544,35 +643,31 @@ func (c *Client) Release(ctx context.Context, items []Item) ([]error, error) {
 			err = fmt.Errorf("POST %s/v1/release: %d results for %d items", base, len(resp.Results), len(idx))
 		}
 		if err != nil {
-			errs = append(errs, err)
-			for _, i := range idx {
-				out[i] = err
+			for j := range res {
+				res[j] = err
 			}
 			c.st.errored(err)
-			continue
+			return res
 		}
-		ie := itemErrors(resp.Results)
-		for j, i := range idx {
-			out[i] = ie[j]
-		}
+		copy(res, itemErrors(resp.Results))
 		c.st.released.Add(int64(resp.Released))
 		c.opts.Metrics.Release(resp.Released)
-	}
-	return out, errors.Join(errs...)
+		return res
+	})
 }
 
-// Extend sets the leases of items to expire d from now (0: the shard's default lease), each on
-// the shard that leased it. It returns the items with their new LeaseExpires (unchanged where
-// refused) and errors as for Complete: an *ItemError means the lease is no longer current and
-// was not extended.
+// Extend sets the leases of items to expire d from now (0: the shard's default lease; a shard
+// gives at most its longest lease, as LeaseExpires says), each on the shard that leased it (see
+// route: the returned item's Shard is the shard that extended it, where its lease is now). It
+// returns the items with their new LeaseExpires (unchanged where refused) and errors as for
+// Complete: an *ItemError means the lease is no longer current and was not extended.
 func (c *Client) Extend(ctx context.Context, items []Item, d time.Duration) ([]Item, []error, error) {
 	if d < 0 || d > 24*time.Hour {
 		return nil, nil, fmt.Errorf("extend: lease %v is not within 0..24h", d)
 	}
 	out := append([]Item(nil), items...)
-	errOut := make([]error, len(items))
-	var errs []error
-	for base, idx := range byShard(len(items), func(i int) string { return items[i].Shard }) {
+	errOut, err := c.route(len(items), func(i int) string { return items[i].Shard }, func(base string, idx []int) []error {
+		res := make([]error, len(idx))
 		req := shardapi.ExtendRequest{Items: make([]shardapi.Lease, len(idx)), LeaseSeconds: d.Seconds()}
 		for j, i := range idx {
 			req.Items[j] = shardapi.Lease{Key: items[i].Key, Lease: items[i].Lease}
@@ -583,27 +678,32 @@ func (c *Client) Extend(ctx context.Context, items []Item, d time.Duration) ([]I
 			err = fmt.Errorf("POST %s/v1/extend: %d results for %d items", base, len(resp.Results), len(idx))
 		}
 		if err != nil {
-			errs = append(errs, err)
-			for _, i := range idx {
-				errOut[i] = err
+			for j := range res {
+				res[j] = err
 			}
 			c.st.errored(err)
 			c.opts.Metrics.Extension("error", len(idx))
-			continue
+			return res
 		}
 		for j, i := range idx {
 			r := resp.Results[j]
 			if r.Error != "" || r.LeaseExpires == nil {
-				errOut[i] = &ItemError{Key: r.Key, Reason: r.Error}
-				c.opts.Metrics.Extension("refused", 1)
+				res[j] = &ItemError{Key: r.Key, Reason: r.Error, MovedTo: r.MovedTo}
 				continue
 			}
-			out[i].LeaseExpires = *r.LeaseExpires
+			out[i].LeaseExpires, out[i].Shard = *r.LeaseExpires, base
 			c.st.extended.Add(1)
 			c.opts.Metrics.Extension("extended", 1)
 		}
+		return res
+	})
+	for _, e := range errOut {
+		var ie *ItemError
+		if errors.As(e, &ie) {
+			c.opts.Metrics.Extension("refused", 1)
+		}
 	}
-	return out, errOut, errors.Join(errs...)
+	return out, errOut, err
 }
 
 // StatusError is a reply other than 2xx.
@@ -660,6 +760,11 @@ func (c *Client) post(ctx context.Context, base, path string, body, out any) (ht
 
 // do makes one request and decodes a 2xx JSON reply into out.
 func do(ctx context.Context, hc *http.Client, method, u, token string, body []byte, out any) (http.Header, error) {
+	return doAuth(ctx, hc, method, u, "Authorization", token, body, out)
+}
+
+// doAuth is do with the bearer token in header authHeader.
+func doAuth(ctx context.Context, hc *http.Client, method, u, authHeader, token string, body []byte, out any) (http.Header, error) {
 	var rd io.Reader
 	if body != nil {
 		rd = bytes.NewReader(body)
@@ -673,7 +778,7 @@ func do(ctx context.Context, hc *http.Client, method, u, token string, body []by
 		req.Header.Set("Content-Type", "application/json")
 	}
 	if token != "" {
-		req.Header.Set("Authorization", "Bearer "+token)
+		req.Header.Set(authHeader, "Bearer "+token)
 	}
 	resp, err := hc.Do(req)
 	if err != nil {
@@ -741,6 +846,25 @@ func GetStatus(ctx context.Context, hc *http.Client, baseURL string) (*shardapi.
 		return nil, err
 	}
 	return &st, nil
+}
+
+// ExplainRow reads what the shard at baseURL knows of key: GET <baseURL>/v1/rows?key=KEY with hc
+// and the API token, in the Authorization header or, with proxied, in
+// shardapi.ProxiedAuthorizationHeader — through the kube-apiserver's Pod proxy, which drops
+// Authorization (baseURL may carry the proxy's path). The key goes in the query, which proxies
+// pass on as it is (a path segment's escaped slashes they may unescape). A key no row has is a
+// *StatusError of code 404 whose Message says so; a bad key one of code 400.
+func ExplainRow(ctx context.Context, hc *http.Client, baseURL, token, key string, proxied bool) (*shardapi.RowExplanation, error) {
+	header := "Authorization"
+	if proxied {
+		header = shardapi.ProxiedAuthorizationHeader
+	}
+	u := strings.TrimRight(baseURL, "/") + "/v1/rows?key=" + url.QueryEscape(key)
+	var e shardapi.RowExplanation
+	if _, err := doAuth(ctx, hc, http.MethodGet, u, header, token, nil, &e); err != nil {
+		return nil, err
+	}
+	return &e, nil
 }
 
 // errDecoding marks a reply that does not decode.

@@ -45,5 +45,6 @@
 // changed since it was claimed) are not retried.
 //
 // Metrics (package clientmetrics: clientmetrics.New) exports claims, completions, releases, extensions, errors and render
-// times to Prometheus. GetStatus reads one shard's GET /v1/status (no token needed).
+// times to Prometheus. GetStatus reads one shard's GET /v1/status (no token needed);
+// ExplainRow what one shard knows of one row (GET /v1/rows/{key}, with the token).
 package client

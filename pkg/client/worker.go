@@ -256,8 +256,8 @@ func (k *leaseKeeper) extend() {
 	it := k.it
 	k.mu.Unlock()
 	leaseFor := k.c.opts.Lease
-	if leaseFor == 0 {
-		leaseFor = it.leaseFor
+	if leaseFor == 0 || (it.leaseFor > 0 && it.leaseFor < leaseFor) {
+		leaseFor = it.leaseFor // the shard gives no more than its longest lease
 	}
 	ctx, cancel := context.WithTimeout(k.ctx, max(leaseFor/4, time.Second))
 	sent := time.Now()

@@ -242,7 +242,7 @@ func TestFatalAnswerStopsRun(t *testing.T) {
 // TestLeaseExtension: a render that outlasts its lease keeps it (and completes), extending a
 // current lease works, and a stale lease is refused.
 func TestLeaseExtension(t *testing.T) {
-	cl := clienttest.NewCluster(t, clienttest.Options{}, "a")
+	cl := clienttest.NewCluster(t, clienttest.Options{MaxLease: 2 * time.Hour}, "a")
 	rows := overdue("slow", 3)
 	cl.Upsert(rows...)
 	clienttest.Eventually(t, "the rows held", func() bool { return cl.Due() == len(rows) })

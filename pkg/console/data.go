@@ -36,6 +36,7 @@ type source struct {
 	shardURL    ShardURLFunc
 	hc          *http.Client
 	shardClient ShardClientFunc
+	shardToken  ShardTokenFunc
 	timeout     time.Duration
 }
 

@@ -13,7 +13,12 @@
 //     hour, due and held rows by class, the slot assignment and the latest handoff as a timeline.
 //     An unknown queue is a 404 page; a shard that does not answer is marked unreachable on the
 //     page (its figures are then the operator's last poll, marked as such), never a failed page;
-//   - /api/v1/queues and /api/v1/queues/{namespace}/{name} — the same figures as JSON.
+//   - /queues/{namespace}/{name}/rows?key= — the queue page's search box: what the queue's
+//     shards know of one row (GET /v1/rows/{key} of its owner, as `kubectl renderqueue explain`
+//     asks it), when the console has the shards' token (HandlerOptions.ShardToken: the
+//     operator's --console-explain, SecretToken);
+//   - /api/v1/queues and /api/v1/queues/{namespace}/{name} — the same figures as JSON (and
+//     /api/v1/queues/{namespace}/{name}/rows?key= an explained row).
 //
 // A page refreshes itself every few seconds without reloading: a few lines of script fetch the
 // page's fragments (?format=fragments, JSON) and swap them in.

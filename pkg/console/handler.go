@@ -16,6 +16,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/renderqueue/renderqueue/pkg/console/view"
+	"github.com/renderqueue/renderqueue/pkg/logkeys"
 )
 
 // Defaults of the console's timing.
@@ -43,6 +44,9 @@ type HandlerOptions struct {
 	// ShardClient, if set, gives the client to ask a RenderQueue's shards with (shards serving
 	// HTTPS are verified with their RenderQueue's CA and server name).
 	ShardClient ShardClientFunc
+	// ShardToken, if set, gives the API token of a RenderQueue's shards: the queue page's search
+	// box then explains rows (GET /v1/rows/{key}); without it the search says how to turn it on.
+	ShardToken ShardTokenFunc
 	// ShardTimeout bounds one shard's /v1/status (DefaultShardTimeout when 0).
 	ShardTimeout time.Duration
 	// Refresh is how often an open page refreshes its data (DefaultRefresh when 0).
@@ -71,14 +75,16 @@ type handler struct {
 }
 
 // pageNames are the page templates; each is parsed with layout.html and fragments.html.
-var pageNames = []string{"queues", "queue", "notfound", "error", "login"}
+var pageNames = []string{"queues", "queue", "row", "notfound", "error", "login"}
 
 // NewHandler returns the console's HTTP handler (without authentication; see Server):
 //
 //	GET /                                    the queues page
 //	GET /queues/{namespace}/{name}           one queue (404 page when there is none)
+//	GET /queues/{namespace}/{name}/rows?key= what the queue's shards know of one row
 //	GET /api/v1/queues                       the queues as JSON
 //	GET /api/v1/queues/{namespace}/{name}    one queue as JSON
+//	GET /api/v1/queues/{namespace}/{name}/rows?key=  the same of one row as JSON
 //	GET /static/...                          the embedded stylesheet and script
 //
 // A page asked with ?format=fragments answers JSON {"now": …, "fragments": {id: html}}: what
@@ -97,7 +103,8 @@ func newHandler(o HandlerOptions) (*handler, error) {
 		return nil, errors.New("console: HandlerOptions.Reader and ShardURL are required")
 	}
 	h := &handler{
-		src:      &source{reader: o.Reader, shardURL: o.ShardURL, hc: o.HTTPClient, shardClient: o.ShardClient, timeout: o.ShardTimeout},
+		src: &source{reader: o.Reader, shardURL: o.ShardURL, hc: o.HTTPClient, shardClient: o.ShardClient, shardToken: o.ShardToken,
+			timeout: o.ShardTimeout},
 		history:  o.History,
 		interval: o.SampleInterval,
 		refresh:  o.Refresh,
@@ -140,8 +147,10 @@ func newHandler(o HandlerOptions) (*handler, error) {
 	}))
 	h.mux.HandleFunc("GET /{$}", h.queuesPage)
 	h.mux.HandleFunc("GET /queues/{namespace}/{name}", h.queuePage)
+	h.mux.HandleFunc("GET /queues/{namespace}/{name}/rows", h.rowsPage)
 	h.mux.HandleFunc("GET /api/v1/queues", h.queuesJSON)
 	h.mux.HandleFunc("GET /api/v1/queues/{namespace}/{name}", h.queueJSON)
+	h.mux.HandleFunc("GET /api/v1/queues/{namespace}/{name}/rows", h.rowsJSON)
 	h.mux.HandleFunc("/", h.notFound)
 	return h, nil
 }
@@ -311,7 +320,7 @@ func (h *handler) queueJSON(w http.ResponseWriter, r *http.Request) {
 	case errors.Is(err, errQueueNotFound):
 		writeJSON(w, http.StatusNotFound, map[string]string{"error": fmt.Sprintf("RenderQueue %s/%s not found", ns, name)})
 	case err != nil:
-		h.log.Error(err, "Reading a RenderQueue for the console failed", "namespace", ns, "name", name)
+		h.log.Error(err, "Reading a RenderQueue for the console failed", logkeys.Namespace, ns, logkeys.RenderQueue, name)
 		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": err.Error()})
 	default:
 		writeJSON(w, http.StatusOK, v.QueueDetail)

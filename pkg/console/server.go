@@ -41,6 +41,11 @@ type Options struct {
 	// ShardClient, if set, gives the HTTP client to ask a RenderQueue's shards with (one that
 	// verifies shards serving HTTPS: the operator's RenderQueueReconciler.ShardHTTPClient).
 	ShardClient ShardClientFunc
+	// Explain is set by --console-explain: the search box explains rows (GET /v1/rows/{key}),
+	// with each queue's shard API token, read from its Secret <name>-api-token when asked
+	// (AddToManager: through the manager's uncached API reader, so the operator needs get on
+	// those Secrets, which its role does not grant: docs/console.md).
+	Explain bool
 }
 
 // BindFlags registers the --console* flags on fs, with o's current values (or the defaults) as
@@ -68,6 +73,9 @@ func (o *Options) BindFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&o.SampleInterval, "console-sample-interval", o.SampleInterval,
 		"how often the console samples status.due for its last-hour chart (kept in memory)")
 	fs.DurationVar(&o.ShardTimeout, "console-shard-timeout", o.ShardTimeout, "timeout of one shard's /v1/status asked by the console")
+	fs.BoolVar(&o.Explain, "console-explain", o.Explain,
+		"let the console's search box explain rows with each queue's shard API token, read from the Secret <name>-api-token when asked "+
+			"(the operator then needs get on those Secrets: docs/console.md)")
 }
 
 // isLoopback reports whether a listen address only accepts connections from this host (its
@@ -207,8 +215,13 @@ func AddToManager(mgr manager.Manager, o Options, shardURL ShardURLFunc, log log
 	if err != nil {
 		return fmt.Errorf("console: %w", err)
 	}
+	var token ShardTokenFunc
+	if o.Explain {
+		token = SecretToken(mgr.GetAPIReader())
+	}
 	srv, err := NewServer(o, HandlerOptions{
-		Reader: mgr.GetClient(), ShardURL: shardURL, ShardClient: o.ShardClient, History: hist, SampleInterval: o.SampleInterval, Logger: log,
+		Reader: mgr.GetClient(), ShardURL: shardURL, ShardClient: o.ShardClient, ShardToken: token, History: hist,
+		SampleInterval: o.SampleInterval, Logger: log,
 	})
 	if err != nil {
 		return err

@@ -13,7 +13,9 @@ import (
 )
 
 func TestHTTPExtend(t *testing.T) {
-	e := newShardEnv(t, allSlots(24*time.Hour))
+	settings := allSlots(24 * time.Hour)
+	settings.MaxLease = time.Hour
+	e := newShardEnv(t, settings)
 	e.upsert(srow("a", t0.Add(-time.Hour), time.Hour), srow("b", t0.Add(-2*time.Hour), time.Hour))
 	e.sh.Walk(e.ctx, true)
 	claimed, err := e.sh.Claim(e.clock.Now(), 2, time.Minute)

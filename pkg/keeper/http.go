@@ -18,7 +18,7 @@ import (
 // HandlerOptions configure the shard's HTTP API.
 type HandlerOptions struct {
 	// Token is the bearer token required on the mutating endpoints (/v1/claim, /v1/complete,
-	// /v1/release, /v1/extend). Empty means no authentication (only with --insecure-no-auth).
+	// /v1/release, /v1/extend), on /v1/handover and on /v1/rows/{key}. Empty means no authentication (only with --insecure-no-auth).
 	Token string
 	// Gatherer serves /metrics; nil serves no metrics.
 	Gatherer prometheus.Gatherer
@@ -28,17 +28,26 @@ type HandlerOptions struct {
 }
 
 // Handler returns the shard's HTTP API: POST /v1/claim, /v1/complete, /v1/release, /v1/extend,
-// GET /v1/status, /metrics, /healthz, /readyz.
+// /v1/handover (for the other shards of the queue), GET /v1/rows/{key} (or /v1/rows?key=),
+// /v1/status, /metrics, /healthz, /readyz.
 func (s *Shard) Handler(opts HandlerOptions) http.Handler {
 	mux := http.NewServeMux()
-	lim := httpserve.NewInFlight(opts.Limits)
+	adm := httpserve.NewAdmission(opts.Limits)
 	a := &api{s: s}
-	// auth guards a mutating endpoint: the bearer token first, then the in-flight limits.
-	auth := func(h http.HandlerFunc) http.HandlerFunc { return httpserve.Bearer(opts.Token, lim.Wrap(h)) }
-	mux.HandleFunc("POST /v1/claim", auth(a.serveClaim))
+	// auth guards a mutating endpoint: the bearer token first, then the admission (claims in a
+	// room of their own, which writes and uploads cannot take).
+	auth := func(h http.HandlerFunc) http.HandlerFunc { return httpserve.Bearer(opts.Token, adm.Write(h)) }
+	mux.HandleFunc("POST /v1/claim", httpserve.Bearer(opts.Token, adm.Claim(a.serveClaim)))
 	mux.HandleFunc("POST /v1/complete", auth(a.serveComplete))
 	mux.HandleFunc("POST /v1/release", auth(a.serveRelease))
 	mux.HandleFunc("POST /v1/extend", auth(a.serveExtend))
+	mux.HandleFunc("POST /v1/handover", auth(a.serveHandover))
+	// explaining a row reads no body but may read the store: the writes' room, and the token in
+	// either header (the Pod proxy of `kubectl renderqueue explain` drops Authorization)
+	rows := httpserve.BearerOrProxied(opts.Token, shardapi.ProxiedAuthorizationHeader, adm.Write(a.serveRow))
+	mux.HandleFunc("GET /v1/rows/{key}", rows)
+	mux.HandleFunc("GET /v1/rows/{$}", rows) // an empty key: refused with a reason
+	mux.HandleFunc("GET /v1/rows", rows)
 	mux.HandleFunc("GET /v1/status", func(w http.ResponseWriter, _ *http.Request) {
 		a.codec.WriteJSON(w, http.StatusOK, s.RecentStatus(StatusMaxAge))
 	})
@@ -142,11 +151,30 @@ func itemResults(items []CompleteItem, errs []error) ([]shardapi.ItemResult, int
 		out[i].Key = items[i].Key
 		if errs[i] != nil {
 			out[i].Error = errs[i].Error()
+			out[i].MovedTo = movedURL(errs[i])
 		} else {
 			ok++
 		}
 	}
 	return out, ok
+}
+
+// movedURL is the URL an item's lease moved to (MovedError), or "".
+func movedURL(err error) string {
+	var moved *MovedError
+	if errors.As(err, &moved) {
+		return moved.URL
+	}
+	return ""
+}
+
+// writeLeaseError answers a complete, release or extend request that was not handled: 503 with
+// Retry-After when it may be sent again (a handover this shard awaits, a write that failed).
+func writeLeaseError(w http.ResponseWriter, err error) {
+	if errors.Is(err, ErrHandoverPending) {
+		w.Header().Set("Retry-After", "1")
+	}
+	httpserve.WriteError(w, http.StatusServiceUnavailable, err.Error())
 }
 
 func (a *api) serveComplete(w http.ResponseWriter, r *http.Request) {
@@ -166,7 +194,7 @@ func (a *api) serveComplete(w http.ResponseWriter, r *http.Request) {
 	}
 	errs, err := s.Complete(r.Context(), items)
 	if err != nil {
-		httpserve.WriteError(w, http.StatusServiceUnavailable, err.Error())
+		writeLeaseError(w, err)
 		return
 	}
 	res, ok := itemResults(items, errs)
@@ -193,8 +221,28 @@ func (a *api) serveRelease(w http.ResponseWriter, r *http.Request) {
 		httpserve.WriteError(w, http.StatusBadRequest, "nothing released: "+err.Error())
 		return
 	}
-	res, ok := itemResults(items, s.Release(s.clock(), items))
+	errs, err := s.Release(s.clock(), items)
+	if err != nil {
+		writeLeaseError(w, err)
+		return
+	}
+	res, ok := itemResults(items, errs)
 	a.codec.WriteJSON(w, http.StatusOK, shardapi.ReleaseResponse{Released: ok, Results: res})
+}
+
+// serveHandover answers another shard's ask for the leases of slots it took over (Handover).
+func (a *api) serveHandover(w http.ResponseWriter, r *http.Request) {
+	s := a.s
+	var req shardapi.HandoverRequest
+	if !a.codec.Decode(w, r, &req) {
+		return
+	}
+	resp, err := s.Handover(s.clock(), req)
+	if err != nil {
+		httpserve.WriteError(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	a.codec.WriteJSON(w, http.StatusOK, resp)
 }
 
 func (a *api) serveExtend(w http.ResponseWriter, r *http.Request) {
@@ -213,16 +261,52 @@ func (a *api) serveExtend(w http.ResponseWriter, r *http.Request) {
 		httpserve.WriteError(w, http.StatusBadRequest, "nothing extended: "+err.Error())
 		return
 	}
-	expires, errs := s.Extend(s.clock(), items, leaseFor)
+	expires, errs, err := s.Extend(s.clock(), items, leaseFor)
+	if err != nil {
+		writeLeaseError(w, err)
+		return
+	}
 	resp := shardapi.ExtendResponse{Results: make([]shardapi.ExtendResult, len(items))}
 	for i := range items {
 		resp.Results[i].Key = items[i].Key
 		if errs[i] != nil {
 			resp.Results[i].Error = errs[i].Error()
+			resp.Results[i].MovedTo = movedURL(errs[i])
 			continue
 		}
 		resp.Results[i].LeaseExpires = &expires[i]
 		resp.Extended++
 	}
 	a.codec.WriteJSON(w, http.StatusOK, resp)
+}
+
+// serveRow explains one row: GET /v1/rows/{key}, the key escaped as one path segment, or GET
+// /v1/rows?key=KEY (for proxies that unescape paths, as the kube-apiserver's Pod proxy does).
+func (a *api) serveRow(w http.ResponseWriter, r *http.Request) {
+	key, inPath := r.PathValue("key"), r.URL.Path != "/v1/rows"
+	q, inQuery := r.URL.Query()["key"]
+	switch {
+	case inPath && inQuery:
+		httpserve.WriteError(w, http.StatusBadRequest, "give the key in the path or as ?key=, not both")
+		return
+	case !inPath && len(q) != 1:
+		httpserve.WriteError(w, http.StatusBadRequest, "give one key: GET /v1/rows/{key} (escaped as one path segment) or /v1/rows?key=")
+		return
+	case !inPath:
+		key = q[0]
+	}
+	if why := schedule.KeyProblem(key); why != "" {
+		httpserve.WriteError(w, http.StatusBadRequest, "not a valid key: "+why)
+		return
+	}
+	e, err := a.s.ExplainRow(r.Context(), key)
+	var noRow *NoRowError
+	switch {
+	case errors.As(err, &noRow):
+		httpserve.WriteError(w, http.StatusNotFound, err.Error())
+	case err != nil:
+		httpserve.WriteError(w, http.StatusServiceUnavailable, err.Error())
+	default:
+		a.codec.WriteJSON(w, http.StatusOK, e)
+	}
 }

@@ -105,9 +105,13 @@ func (k *claimKeys) add(key []byte) string {
 	return unsafe.String(unsafe.SliceData(k.b[off:]), len(key))
 }
 
-// Claim leases up to n due rows for leaseFor (the default lease when 0).
+// Claim leases up to n due rows for leaseFor (the default lease when 0; at most the longest
+// lease, Settings.MaxLease).
 func (s *Shard) Claim(now time.Time, n int, leaseFor time.Duration) ([]core.Claimed, error) {
 	start := time.Now()
+	if s.draining.Load() {
+		return nil, ErrDraining
+	}
 	// the claim's rows and keys are allocated and written before the lock (claimBuffers)
 	var rows []core.Claimed
 	var keys claimKeys
@@ -122,8 +126,21 @@ func (s *Shard) Claim(now time.Time, n int, leaseFor time.Duration) ([]core.Clai
 	if leaseFor == 0 {
 		leaseFor = s.settings.LeaseDuration
 	}
+	leaseFor = min(leaseFor, s.settings.maxLease())
 	rows = s.core.ClaimInto(now, n, leaseFor, rows, keys.add)
 	s.mu.Unlock()
+	// the state file must cover these leases before anyone learns of them (session.go)
+	if len(rows) > 0 {
+		if err := s.coverLeases(now.Add(leaseFor)); err != nil {
+			s.mu.Lock()
+			for _, r := range rows {
+				_ = s.core.Release(now, r.Key, r.Lease)
+			}
+			s.mu.Unlock()
+			s.log.Error(err, "Cannot record the lease horizon; the claim is refused and its rows handed back", "shard", s.name)
+			return nil, fmt.Errorf("recording the lease horizon: %w", err)
+		}
+	}
 	s.noteClaimed(n, len(rows), len(keys.b))
 	s.m.Claimed(now, rows, time.Since(start))
 	return rows, nil
@@ -144,6 +161,14 @@ type CompleteItem struct {
 // the shard applies the row as stored and ends the lease, so the new version is claimable when
 // due. It returns one error (or nil) per item, and an error when the write itself failed (then
 // nothing was written and the leases stand).
+//
+// From the lease check until the write's outcome is applied, each accepted item's lease is
+// pinned (core.Core.BeginCompleting): it does not expire, whatever its expiry, and cannot be
+// released or completed again, so the row is handed to no other worker while its completion may
+// still be written. A completion accepted under a live lease is thus answered as SQL has it:
+// written (the lease ends), or not written — the write failed, or the row is gone from the store
+// — and then the lease is back under its expiry, and a lease that expired meanwhile ends at once
+// with the row claimable again.
 func (s *Shard) Complete(ctx context.Context, items []CompleteItem) ([]error, error) {
 	start := time.Now()
 	results := make([]error, len(items))
@@ -157,18 +182,22 @@ func (s *Shard) Complete(ctx context.Context, items []CompleteItem) ([]error, er
 	var idx []pending
 	s.mu.Lock()
 	now := s.clock()
+	if s.anyHandoverPending(now, items) {
+		s.mu.Unlock()
+		return nil, ErrHandoverPending
+	}
 	for i, it := range items {
 		if i%walkStepRows == 0 {
 			// read the next step's index entries ahead, as walks and events do (the keys are
 			// seldom in the caches any more: claimed a request or thousands of rows ago)
 			s.core.Prefetch(min(len(items)-i, walkStepRows), func(j int) string { return items[i+j].Key })
 		}
-		cp, held, err := s.core.Completing(now, it.Key, it.Lease)
+		cp, held, err := s.core.BeginCompleting(now, it.Key, it.Lease)
 		if held {
 			classes[i] = shardmetrics.ClassOf(cp.Cadence, cp.Source)
 		}
 		if err != nil {
-			results[i] = err
+			results[i] = s.orMoved(now, it, err)
 			continue
 		}
 		due := cp.NextDue
@@ -194,10 +223,20 @@ func (s *Shard) Complete(ctx context.Context, items []CompleteItem) ([]error, er
 		for _, p := range idx {
 			results[p.item] = errWriteFailed
 		}
+		// nothing was written: the leases are back under their expiries
+		for lo := 0; lo < len(idx); lo += walkStepRows {
+			s.mu.Lock()
+			now = s.clock()
+			for _, p := range idx[lo:min(lo+walkStepRows, len(idx))] {
+				_ = s.core.AbortCompleting(now, items[p.item].Key, items[p.item].Lease, p.hint)
+			}
+			s.unlockStep()
+		}
 		s.recordCompleted(results, classes, time.Since(start))
 		s.log.Error(err, "Writing completions failed; the request is answered 503 and its leases stand", "shard", s.name, "items", len(writes))
 		return nil, fmt.Errorf("writing %d completions: %w", len(writes), err)
 	}
+	s.noteAnswered() // the store wrote: a walk it did not answer may be tried again
 	// in bounded steps, so claims wait for at most one step
 	for lo := 0; lo < len(written); lo += walkStepRows {
 		s.mu.Lock()
@@ -207,7 +246,9 @@ func (s *Shard) Complete(ctx context.Context, items []CompleteItem) ([]error, er
 		for j := lo; j < hi; j++ {
 			res, i := written[j], idx[j].item
 			if !res.Found {
+				// the row is gone from the store (a delete's event follows): nothing written
 				results[i] = core.ErrNotHeld
+				_ = s.core.AbortCompleting(now, items[i].Key, items[i].Lease, idx[j].hint)
 				continue
 			}
 			if res.Changed {
@@ -231,15 +272,20 @@ func (s *Shard) recordCompleted(errs []error, classes []shardmetrics.RowClass, t
 	}
 	out := make([]string, len(errs))
 	for i, err := range errs {
+		var moved *MovedError
 		switch {
 		case err == nil:
 			out[i] = shardmetrics.ResultOK
+		case errors.As(err, &moved):
+			out[i] = shardmetrics.ResultMoved
 		case errors.Is(err, core.ErrNotHeld):
 			out[i] = shardmetrics.ResultNotHeld
 		case errors.Is(err, errWriteFailed):
 			out[i] = shardmetrics.ResultWriteFailed
 		case errors.Is(err, ErrChangedSinceClaimed):
 			out[i] = shardmetrics.ResultChanged
+		case errors.Is(err, core.ErrCompletionInFlight):
+			out[i] = shardmetrics.ResultInFlight
 		default:
 			out[i] = shardmetrics.ResultLeaseLost
 		}
@@ -247,29 +293,76 @@ func (s *Shard) recordCompleted(errs []error, classes []shardmetrics.RowClass, t
 	s.m.Completed(out, classes, took)
 }
 
-// Release hands leased rows back unrendered: they are claimable again at once.
-func (s *Shard) Release(now time.Time, items []CompleteItem) []error {
+// Release hands leased rows back unrendered: they are claimable again at once. A row whose
+// completion is being written is not released (core.ErrCompletionInFlight): it stays leased until
+// the write resolves.
+func (s *Shard) Release(now time.Time, items []CompleteItem) ([]error, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.anyHandoverPending(now, items) {
+		return nil, ErrHandoverPending
+	}
 	out := make([]error, len(items))
 	for i, it := range items {
-		out[i] = s.core.Release(now, it.Key, it.Lease)
+		out[i] = s.orMoved(now, it, s.core.Release(now, it.Key, it.Lease))
 	}
-	return out
+	return out, nil
 }
 
-// Extend sets each item's lease to expire leaseFor (the default lease when 0) after now; a lease
-// that is no longer current gets an error and stays ended. It returns each lease's new expiry
-// or its error, in item order.
-func (s *Shard) Extend(now time.Time, items []CompleteItem, leaseFor time.Duration) ([]time.Time, []error) {
+// Extend sets each item's lease to expire leaseFor (the default lease when 0; at most the longest
+// lease, Settings.MaxLease) after now; a lease that is no longer current gets an error and stays
+// ended. It returns each lease's new expiry or its error, in item order, and ErrHandoverPending
+// (nothing done) when a lease may still arrive with a handover.
+func (s *Shard) Extend(now time.Time, items []CompleteItem, leaseFor time.Duration) ([]time.Time, []error, error) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
+	if s.anyHandoverPending(now, items) {
+		s.mu.Unlock()
+		return nil, nil, ErrHandoverPending
+	}
 	if leaseFor == 0 {
 		leaseFor = s.settings.LeaseDuration
 	}
+	leaseFor = min(leaseFor, s.settings.maxLease())
 	expires, errs := make([]time.Time, len(items)), make([]error, len(items))
+	var latestExp time.Time
 	for i, it := range items {
 		expires[i], errs[i] = s.core.Extend(now, it.Key, it.Lease, leaseFor)
+		errs[i] = s.orMoved(now, it, errs[i])
+		if errs[i] == nil {
+			latestExp = latest(latestExp, expires[i])
+		}
 	}
-	return expires, errs
+	s.mu.Unlock()
+	// the state file must cover the new expiries before the worker learns of them
+	if err := s.coverLeases(latestExp); err != nil {
+		s.log.Error(err, "Cannot record the lease horizon; the extensions are answered 503", "shard", s.name)
+		return nil, nil, fmt.Errorf("recording the lease horizon: %w", err)
+	}
+	return expires, errs, nil
+}
+
+// orMoved returns err, or, when err says the lease is not current here because it left with
+// its slot, the error naming where it went. Called with s.mu held.
+func (s *Shard) orMoved(now time.Time, it CompleteItem, err error) error {
+	if err == nil || (!errors.Is(err, core.ErrNotHeld) && !errors.Is(err, core.ErrLeaseLost)) {
+		return err
+	}
+	if moved := s.movedTo(now, it.Key, it.Lease); moved != nil {
+		return moved
+	}
+	return err
+}
+
+// anyHandoverPending says whether an item's lease may still arrive with a handover this shard
+// awaits: then the request is answered ErrHandoverPending, nothing done. Called with s.mu held.
+func (s *Shard) anyHandoverPending(now time.Time, items []CompleteItem) bool {
+	if len(s.awaiting) == 0 {
+		return false
+	}
+	for _, it := range items {
+		if s.handoverPending(now, it.Key, it.Lease) {
+			return true
+		}
+	}
+	return false
 }

@@ -83,6 +83,39 @@ func TestStalledBodyIsCutOff(t *testing.T) {
 	}
 }
 
+// TestBodyDeadline: a body that stops arriving is answered 408 and its connection closed once
+// the body deadline (BodyTimeout) has passed, however long the read and idle timeouts are —
+// small bodies (read before admission) and large ones (read by the decoder), and bodies that
+// hold a whole JSON object but stop short of their Content-Length (before, 400 "trailing data"
+// after the read timeout).
+func TestBodyDeadline(t *testing.T) {
+	e := newShardEnv(t, allSlots(time.Hour))
+	addr := serveLimited(t, e.sh, httpserve.Limits{BodyTimeout: 300 * time.Millisecond, ReadTimeout: time.Hour, IdleTimeout: time.Hour})
+	whole := `{"items":[{"key":"a","lease":"0000000000000001"}]}`
+	for _, tc := range []struct {
+		name, path string
+		length     int
+		sent       string
+	}{
+		{"small", "/v1/complete", 1000, `{"items":[{"key":"a",`},
+		{"small whole object", "/v1/release", 1000, whole},
+		{"claim", "/v1/claim", 100, `{"n":`},
+		{"large", "/v1/complete", 1 << 20, `{"items":[{"key":"a",`},
+		{"large whole object", "/v1/complete", 1 << 20, whole},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			start := time.Now()
+			c := rawRequest(t, addr, fmt.Sprintf("POST %s HTTP/1.1\r\nHost: shard\r\nAuthorization: Bearer t\r\n"+
+				"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", tc.path, tc.length, tc.sent))
+			got := readUntilClosed(t, c)
+			if !strings.HasPrefix(got, "HTTP/1.1 408 ") || !strings.Contains(got, "did not arrive in time") {
+				t.Fatalf("reply to a stalled body: %q", got)
+			}
+			t.Logf("408 after %v", time.Since(start).Round(time.Millisecond))
+		})
+	}
+}
+
 // TestIdleConnectionIsClosed: a keep-alive connection with no next request is closed after the
 // idle timeout.
 func TestIdleConnectionIsClosed(t *testing.T) {
@@ -194,34 +227,73 @@ func postJSON(t *testing.T, base, path, body string) (int, []byte) {
 	return resp.StatusCode, b
 }
 
-// TestInFlightCap: beyond MaxInFlight requests, or MaxInFlightBytes of declared bodies, the
-// mutating endpoints answer 503 with Retry-After before reading the body; health, readiness
-// and status are never refused; a freed slot admits requests again.
+// post sends body to path with the test token and returns the status code, reply and
+// Retry-After.
+func post(t *testing.T, base, path string, body []byte) (int, []byte, string) {
+	t.Helper()
+	code, b, retry, err := postWithin(base, path, body, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return code, b, retry
+}
+
+// postWithin is post with a client timeout (0: none), returning the client's error.
+func postWithin(base, path string, body []byte, timeout time.Duration) (int, []byte, string, error) {
+	req, _ := http.NewRequest(http.MethodPost, base+path, bytes.NewReader(body))
+	req.Header.Set("Authorization", "Bearer t")
+	resp, err := (&http.Client{Timeout: timeout}).Do(req)
+	if err != nil {
+		return 0, nil, "", err
+	}
+	defer func() { _ = resp.Body.Close() }()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, b, resp.Header.Get("Retry-After"), nil
+}
+
+// TestInFlightCap: complete, release and extend requests are admitted up to MaxInFlight and
+// MaxInFlightBytes of declared bodies, answered 503 with Retry-After before their bodies are read;
+// claims up to MaxInFlightClaims once their bodies are in. A full room leaves the claims' room
+// (when it is not the one full), health, readiness and status open; a freed room admits requests
+// again.
 func TestInFlightCap(t *testing.T) {
 	e := newShardEnv(t, allSlots(time.Hour))
 	e.sh.Walk(e.ctx, true)
+	release := []byte(`{"items":[{"key":"x","lease":"0000000000000001"}]}`)
+	claim := []byte(`{"n":1}`)
 	for _, tc := range []struct {
 		name   string
 		l      httpserve.Limits
-		holder int64 // Content-Length of the request that holds its slot
+		holder int64  // Content-Length of the stalled completions that hold their room (0: none)
+		hold   int    // how many
+		probe  []byte // refused while the room is full
+		path   string
+		open   [][2]string // path and body of requests other rooms still take
 	}{
-		{"count", httpserve.Limits{MaxInFlight: 2}, 1000},
-		{"bytes", httpserve.Limits{MaxInFlight: 100, MaxInFlightBytes: httpserve.MaxRequestBytes}, httpserve.MaxRequestBytes - 10},
+		{"count", httpserve.Limits{MaxInFlight: 2}, 1000, 2, release, "/v1/release", [][2]string{{"/v1/claim", string(claim)}}},
+		{"bytes", httpserve.Limits{MaxInFlight: 100, MaxInFlightBytes: httpserve.MaxRequestBytes}, httpserve.MaxRequestBytes - 10, 1, release, "/v1/release",
+			[][2]string{{"/v1/claim", string(claim)}}},
+		// the shard's lock, held by the test, keeps one claim in its handler
+		{"claims", httpserve.Limits{MaxInFlightClaims: 1}, 0, 0, claim, "/v1/claim", nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			addr := serveLimited(t, e.sh, tc.l)
 			base := "http://" + addr
-			holders := 1
-			if tc.name == "count" {
-				holders = 2
-			}
 			hold := func() net.Conn {
 				return rawRequest(t, addr, fmt.Sprintf("POST /v1/complete HTTP/1.1\r\nHost: shard\r\nAuthorization: Bearer t\r\n"+
 					"Content-Length: %d\r\n\r\n{", tc.holder))
 			}
 			var held []net.Conn
-			for range holders {
+			for range tc.hold {
 				held = append(held, hold())
+			}
+			inHandler := make(chan int, 1)
+			if tc.hold == 0 {
+				e.sh.mu.Lock()
+				go func() {
+					code, _, _ := post(t, base, tc.path, tc.probe)
+					inHandler <- code
+				}()
 			}
 			var code int
 			var body []byte
@@ -236,22 +308,28 @@ func TestInFlightCap(t *testing.T) {
 						held[i] = hold()
 					}
 				}
-				req, _ := http.NewRequest(http.MethodPost, base+"/v1/release", strings.NewReader(`{"items":[{"key":"x","lease":"0000000000000001"}]}`))
-				req.Header.Set("Authorization", "Bearer t")
-				resp, err := http.DefaultClient.Do(req)
-				if err != nil {
-					t.Fatal(err)
+				if tc.hold == 0 {
+					// a probe admitted before the holder waits for the lock in its turn: it holds
+					// the room, and the next probe is refused
+					code, body, retry, _ = postWithin(base, tc.path, tc.probe, 200*time.Millisecond)
+				} else {
+					code, body, retry = post(t, base, tc.path, tc.probe)
 				}
-				body, _ = io.ReadAll(resp.Body)
-				_ = resp.Body.Close()
-				code, retry = resp.StatusCode, resp.Header.Get("Retry-After")
 				return code == http.StatusServiceUnavailable
 			})
 			var eb shardapi.Error
 			if retry != "1" || json.Unmarshal(body, &eb) != nil || !strings.Contains(eb.Error, "busy") {
 				t.Fatalf("503 reply: Retry-After %q body %s", retry, body)
 			}
+			for _, o := range tc.open {
+				if code, b, _ := post(t, base, o[0], []byte(o[1])); code != http.StatusOK {
+					t.Errorf("%s while the %s room is full: %d %s", o[0], tc.name, code, b)
+				}
+			}
 			for _, p := range []string{"/healthz", "/readyz", "/v1/status"} {
+				if tc.hold == 0 && p != "/healthz" {
+					continue // they take the shard's lock, which the test holds
+				}
 				resp, err := http.Get(base + p)
 				if err != nil {
 					t.Fatal(err)
@@ -264,8 +342,15 @@ func TestInFlightCap(t *testing.T) {
 			for _, c := range held {
 				_ = c.Close()
 			}
+			if tc.hold == 0 {
+				e.sh.mu.Unlock()
+				// (refused when a probe took the room first)
+				if code := <-inHandler; code != http.StatusOK && code != http.StatusServiceUnavailable {
+					t.Fatalf("the request sent to hold the room: %d", code)
+				}
+			}
 			eventually(t, "admitted again", 10*time.Second, func() bool {
-				code, _ := postJSON(t, base, "/v1/release", `{"items":[{"key":"x","lease":"0000000000000001"}]}`)
+				code, _, _ := post(t, base, tc.path, tc.probe)
 				return code == http.StatusOK
 			})
 		})

@@ -83,8 +83,11 @@ func TestMetricsExposition(t *testing.T) {
 		`renderqueue_keeper_class_held{cadence_le="96h",source="discovered"} 2`,
 		`renderqueue_keeper_class_held{cadence_le="1h",source="discovered"} 1`,
 		`renderqueue_keeper_class_due{cadence_le="1h",source="discovered"} 0`,
-		`renderqueue_keeper_coming_due{hours_ahead="1"} 1`, // "a", due again in an hour
-		`renderqueue_keeper_coming_due{hours_ahead="2"} 1`, // "c", due in 90 minutes
+		`renderqueue_keeper_class_waiting_seconds{cadence_le="96h",source="discovered"} 7200`, // "b": due 2 h ago, never claimed
+		`renderqueue_keeper_class_waiting_ratio{cadence_le="96h",source="discovered"} 0.020833333333333332`,
+		`renderqueue_keeper_class_waiting_seconds{cadence_le="1h",source="discovered"} 0`, // "a" rendered
+		`renderqueue_keeper_coming_due{hours_ahead="1"} 1`,                                // "a", due again in an hour
+		`renderqueue_keeper_coming_due{hours_ahead="2"} 1`,                                // "c", due in 90 minutes
 		`renderqueue_keeper_coming_due{hours_ahead="3"} 0`,
 		"renderqueue_keeper_lateness_max_seconds 7200",
 		"renderqueue_keeper_lateness_max_ratio 0.020833333333333332", // 2 h late on a 96 h cadence

@@ -7,6 +7,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/renderqueue/renderqueue/pkg/keeper/core/policy"
+	"github.com/renderqueue/renderqueue/pkg/schedule"
 )
 
 // TestShardCompleteWritesPolicyDue: a completion writes the next due time the shard's Reschedule
@@ -55,5 +56,40 @@ func TestShardCompleteWritesPolicyDue(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestShardRunsTheFairDefaults: a shard claims with the starvation bound on (a class that has had
+// due rows for half its cadence gets a row though the boost ranks it last), and with the Adaptive
+// policy keeps a row's phase while it has not measured an overload.
+func TestShardRunsTheFairDefaults(t *testing.T) {
+	settings := allSlots(0)
+	settings.Reschedule = policy.Adaptive
+	e := newShardEnv(t, settings)
+	hourly := srow("hourly", t0.Add(-90*time.Minute), time.Hour)
+	hourly.Source = schedule.SourceSubmitted
+	hourly2 := srow("hourly2", t0.Add(-80*time.Minute), time.Hour)
+	hourly2.Source = schedule.SourceSubmitted
+	// 1.5, 1.33 and 0.54 cadences late: by score (boost 2) the hourly rows first
+	e.upsert(hourly, hourly2, srow("daily", t0.Add(-13*time.Hour), 24*time.Hour))
+	e.sh.Walk(e.ctx, true)
+	claimed, err := e.sh.Claim(e.clock.Now(), 2, time.Minute)
+	if err != nil || len(claimed) != 2 || claimed[0].Key != "hourly" || claimed[1].Key != "daily" {
+		t.Fatalf("claim: %+v %v; want both classes, each past its bound", claimed, err)
+	}
+	if errs, err := e.sh.Complete(e.ctx, []CompleteItem{{Key: "hourly", Lease: claimed[0].Lease}}); err != nil || errs[0] != nil {
+		t.Fatalf("complete: %v %v", errs, err)
+	}
+	conn, err := pgx.Connect(e.ctx, e.dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = conn.Close(e.ctx) }()
+	var due time.Time
+	if err := conn.QueryRow(e.ctx, "SELECT due_at FROM render_schedule WHERE key = 'hourly'").Scan(&due); err != nil {
+		t.Fatal(err)
+	}
+	if want := t0.Add(90 * time.Minute); !due.Equal(want) { // KeepPhase: nothing measured yet
+		t.Errorf("stored due %v, want %v", due.UTC(), want)
 	}
 }

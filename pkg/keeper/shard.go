@@ -45,10 +45,19 @@ type Settings struct {
 	UrgentMaxShare float64
 	Floors         []policy.Floor
 	Reschedule     policy.Reschedule
+	// MaxLease is the longest lease a claim or an extension gets (a longer one asked for is cut
+	// to it), and so how long the rows of slots whose leases are unknown are held back (fenced
+	// by time: docs/design.md, "Leases across a handoff"). 0: LeaseDuration.
+	MaxLease time.Duration
 	// Epoch, Owned and Incoming are the shard's membership.
 	Epoch    int64
 	Owned    schedule.SlotSet
 	Incoming schedule.SlotSet
+	// Peers are the queue's shards with their addresses and owned slots (for handovers and for
+	// telling a worker where its lease went); Arriving names who gives this shard its incoming
+	// slots, or gave it the slots of the last committed handoff. Both empty standalone.
+	Peers    []Peer
+	Arriving []Arrival
 }
 
 // Validate says what is wrong with the settings.
@@ -62,6 +71,9 @@ func (s Settings) Validate() error {
 	}
 	if s.LeaseDuration <= 0 {
 		errs = append(errs, fmt.Errorf("leaseDuration %v must be positive", s.LeaseDuration))
+	}
+	if s.MaxLease < 0 || (s.MaxLease > 0 && s.MaxLease < s.LeaseDuration) {
+		errs = append(errs, fmt.Errorf("maxLease %v must be 0 (the lease duration) or at least the lease duration %v", s.MaxLease, s.LeaseDuration))
 	}
 	if s.VerifyWalkRate < 0 {
 		errs = append(errs, fmt.Errorf("verifyWalkRate %d rows/s is negative", s.VerifyWalkRate))
@@ -89,7 +101,7 @@ func (s Settings) WalkInterval() time.Duration {
 
 func (s Settings) coreConfig() policy.Config {
 	return policy.Config{Window: s.Window, SubmittedBoost: s.SubmittedBoost, UrgentMaxShare: s.UrgentMaxShare,
-		Floors: s.Floors, Reschedule: s.Reschedule}
+		Floors: s.Floors, Reschedule: s.Reschedule, StarvationBound: policy.DefaultStarvationBound}
 }
 
 // Options are a shard's fixed parts.
@@ -112,6 +124,13 @@ type Options struct {
 	Log logr.Logger
 	// Metrics, when set, receives the shard's Prometheus event metrics (shardmetrics.New).
 	Metrics *shardmetrics.Metrics
+	// Peers asks other shards for the handover of slots given to this one; nil: none can be
+	// asked, and such slots are held back for the longest lease (HandoverGiveUp after they
+	// arrive).
+	Peers PeerClient
+	// StateFile is the keeper's Pod-local state file (StateFileIn of the Pod's emptyDir): the
+	// horizon of its leases, for a process restarted in the same Pod (session.go). Empty: none.
+	StateFile string
 }
 
 // Defaults of Options.ConnectBackoffMin and ConnectBackoffMax.
@@ -132,7 +151,11 @@ type WalkReport struct {
 	Counts  core.WalkCounts
 	// UnreadSegments is the number of segments that could not be read completely.
 	UnreadSegments int
-	Err            string
+	// Unavailable says that the walk failed or was partial only because the store did not answer
+	// (every unread segment's error is store.ErrUnavailable): Run walks again as soon as the store
+	// is seen to answer.
+	Unavailable bool
+	Err         string
 }
 
 // Shard runs one keeper shard: load, subscribe, verify, serve. Its exported methods are safe for
@@ -190,6 +213,37 @@ type Shard struct {
 	subSeq     uint64
 	subPending bool
 	resub      chan struct{}
+
+	// Leases across a handoff (handover.go), all under mu: who gives each arriving slot, the
+	// handover records of slots given away and the leases that left with them, the slots held
+	// back until their giver's leases arrive (runHandovers is woken by handoverWake), why each
+	// fenced slot is fenced, the last known URL of each peer, and when every lease an earlier
+	// process of this shard may have granted has ended (zero: none).
+	peers        PeerClient
+	giverOf      [schedule.NumSlots]giverInfo
+	out          map[int]*outRecord
+	moved        map[string]movedLease
+	awaiting     map[int]awaitedHandover
+	fenceWhy     [schedule.NumSlots]string
+	peerURL      map[string]string
+	handoverWake chan struct{}
+	inherited    time.Time
+
+	// The keeper's session (session.go): this process's random id, its Pod's (from the state
+	// file), the state file, its lease horizon (under horizonMu, which serialises its writes),
+	// and whether it drains (hands out nothing more).
+	instance  string
+	pod       string
+	stateFile string
+	horizonMu sync.Mutex
+	horizon   time.Time
+	draining  atomic.Bool
+
+	// awaitingAnswer is set by Run after a walk the store did not answer (WalkReport.Unavailable),
+	// until the store is seen to answer again (noteAnswered: an event batch, a resumption, a
+	// written completion, a ping), which then signals answered so that Run walks at once.
+	awaitingAnswer atomic.Bool
+	answered       chan struct{}
 }
 
 // NewShard returns a shard that has loaded nothing yet.
@@ -219,16 +273,35 @@ func NewShard(opts Options, s Settings) (*Shard, error) {
 		name: opts.Name, st: opts.Store, open: opts.Open, clock: opts.Clock, log: opts.Log, m: opts.Metrics,
 		openBackoff: newBackoff(opts.ConnectBackoffMin, opts.ConnectBackoffMax),
 		core:        c, settings: s, cov: coverage.New(s.Window, s.Epoch), wake: make(chan struct{}, 1),
-		resub: make(chan struct{}, 1),
+		resub: make(chan struct{}, 1), answered: make(chan struct{}, 1),
+		peers: opts.Peers, out: map[int]*outRecord{}, moved: map[string]movedLease{}, awaiting: map[int]awaitedHandover{},
+		peerURL: map[string]string{}, handoverWake: make(chan struct{}, 1),
+		instance: randomID(), stateFile: opts.StateFile,
 	}
 	sh.pause = sh.pauseAdopting
+	var states [schedule.NumSlots]core.SlotState
 	for _, sl := range s.Owned.Slots() {
-		c.SetSlot(sl, core.SlotOwned)
+		states[sl] = core.SlotOwned
 	}
 	for _, sl := range s.Incoming.Slots() {
-		c.SetSlot(sl, core.SlotIncoming)
+		states[sl] = core.SlotIncoming
 	}
+	c.SetSlots(&states)
+	sh.notePeers(s.Peers)
+	sh.noteArrivals(s.Arriving)
+	// slots the last committed handoff gave this shard: their giver may still have leases
+	sh.takeOver(opts.Clock(), s.Owned.Slots(), true)
 	return sh, nil
+}
+
+// notePeers remembers the peers' URLs (a Pod being deleted drops out of the settings while its
+// handover may still be asked for). Called with s.mu held or before the shard runs.
+func (s *Shard) notePeers(ps []Peer) {
+	for _, p := range ps {
+		if p.URL != "" {
+			s.peerURL[p.Name] = p.URL
+		}
+	}
 }
 
 // held returns the slots the shard holds rows of: owned and incoming.
@@ -258,6 +331,9 @@ func (s *Shard) Subscribe(ctx context.Context) error {
 
 // HandleBatch applies what the subscription delivered: events, a gap or a resumption.
 func (s *Shard) HandleBatch(b store.Batch) {
+	if b.Kind != store.KindGap {
+		s.noteAnswered() // the store's connection delivers again
+	}
 	if b.Kind == store.KindEvents {
 		// in bounded steps, so claims wait for at most one step
 		for evs := b.Events; len(evs) > 0; {
@@ -352,12 +428,14 @@ func (s *Shard) Walk(ctx context.Context, full bool) WalkReport {
 	s.mu.Unlock()
 
 	var unread []int
+	answered := true // every unread segment's error says the store did not answer
 	res, err := s.st.Walk(ctx, slots, func(item store.WalkItem) error {
 		if item.End {
 			if item.Err != nil {
 				for sl := item.Segment.First; sl <= item.Segment.Last; sl++ {
 					unread = append(unread, sl)
 				}
+				answered = answered && errors.Is(item.Err, store.ErrUnavailable)
 			}
 			return nil
 		}
@@ -408,6 +486,7 @@ func (s *Shard) Walk(ctx context.Context, full bool) WalkReport {
 			rep.Err = fmt.Sprintf("%d of %d segments unread, the first: %v", res.Failed(), len(res.Segments), firstSegmentErr(res))
 		}
 	}
+	rep.Unavailable = (rep.Failed || rep.Partial) && len(unread) > 0 && answered
 	rep.FinishedAt = s.clock()
 	firstLoad := s.cov.OnWalkFinished(started, coverage.WalkEnd{Failed: rep.Failed, Partial: rep.Partial, IncomingWalked: s.allIncomingWalked()})
 	if full && !rep.Failed {
@@ -519,6 +598,7 @@ func (s *Shard) UpdateSettings(ctx context.Context, ns Settings) error {
 	}
 	arrived := false
 	var states [schedule.NumSlots]core.SlotState
+	var leaving, owning []int
 	for sl := 0; sl < schedule.NumSlots; sl++ {
 		switch {
 		case ns.Owned.Has(sl):
@@ -526,12 +606,32 @@ func (s *Shard) UpdateSettings(ctx context.Context, ns Settings) error {
 		case ns.Incoming.Has(sl):
 			states[sl] = core.SlotIncoming
 		}
-		if s.core.SlotState(sl) == core.SlotNone && states[sl] != core.SlotNone {
+		was := s.core.SlotState(sl)
+		if was == core.SlotNone && states[sl] != core.SlotNone {
 			arrived = true
+			delete(s.out, sl) // back here: its old handover record is void
+		}
+		if was == core.SlotOwned && states[sl] == core.SlotNone {
+			leaving = append(leaving, sl)
+		}
+		if was != core.SlotOwned && states[sl] == core.SlotOwned {
+			owning = append(owning, sl)
 		}
 	}
-	s.core.SetSlots(&states) // one pass over the rows for all the slots that change
+	now := s.clock()
+	s.notePeers(ns.Peers)
+	s.noteArrivals(ns.Arriving)
+	s.giveAway(now, leaving, ns.Epoch) // their leases out of the core before it drops the slots
+	s.core.SetSlots(&states)           // one pass over the rows for all the slots that change
 	s.settings = ns
+	cover := s.takeOver(now, owning, false)
+	for sl := range s.giverOf {
+		if states[sl] == core.SlotNone {
+			s.giverOf[sl] = giverInfo{}
+			delete(s.awaiting, sl)
+			s.fenceWhy[sl] = ""
+		}
+	}
 	windowChanged := s.cov.OnSettings(ns.Window, ns.Epoch, arrived, s.allIncomingWalked())
 	if windowChanged {
 		s.fullWanted = true // incomplete until a full walk
@@ -547,6 +647,9 @@ func (s *Shard) UpdateSettings(ctx context.Context, ns Settings) error {
 
 	if arrived || windowChanged {
 		s.requestWalk()
+	}
+	if err := s.coverLeases(cover); err != nil {
+		s.log.Error(err, "Cannot record the end of a fence in the state file", "shard", s.name)
 	}
 	return nil
 }
@@ -596,9 +699,16 @@ func (s *Shard) resubscribing() bool {
 }
 
 // Run loads the shard, then keeps it verified: it subscribes, walks, applies events, walks again
-// every WalkInterval (earlier with backoff after a failed or partial walk, at once after a gap
-// resumes or slots arrive), and adopts settings from updates — at once, even while the database
-// is unreachable. It returns when ctx ends.
+// every WalkInterval (earlier after a failed or partial walk, at once after a gap resumes or slots
+// arrive), and adopts settings from updates — at once, even while the database is unreachable. It
+// returns when ctx ends.
+//
+// A failed or partial walk is tried again after a back-off from failedWalkBackoffMin doubling,
+// never longer than the walk interval (nor failedWalkBackoffMax). When the store did not answer it
+// (WalkReport.Unavailable) the walk is tried again as soon as the store is seen to answer — an
+// event batch or resumption from the subscription, a written completion, or a ping, sent every
+// pingInterval meanwhile — and no sooner than failedWalkBackoffMin after the failure: a shard is
+// exact again within about a walk of the database coming back, however long it was gone.
 func (s *Shard) Run(ctx context.Context, updates <-chan Settings) error {
 	s.mu.Lock()
 	s.adopt = updates
@@ -611,7 +721,10 @@ func (s *Shard) Run(ctx context.Context, updates <-chan Settings) error {
 	if err := s.connect(ctx, updates); err != nil {
 		return err
 	}
-	backoff := newBackoff(time.Second, time.Minute)
+	if err := s.beginSession(ctx, updates); err != nil {
+		return err
+	}
+	backoff := newBackoff(failedWalkBackoffMin, failedWalkBackoffMax)
 	for {
 		err := s.Subscribe(ctx)
 		if err == nil {
@@ -637,9 +750,13 @@ func (s *Shard) Run(ctx context.Context, updates <-chan Settings) error {
 
 	events := make(chan error, 1)
 	go func() { events <- s.consume(ctx) }()
+	go s.pingWhileAwaiting(ctx)
+	go s.runHandovers(ctx)
 
 	backoff.reset()
-	nextFull := s.clock() // the load
+	nextFull := s.clock()  // the load
+	var failedAt time.Time // when the last walk failed (failed: it did)
+	failed := false
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
 	for {
@@ -653,17 +770,28 @@ func (s *Shard) Run(ctx context.Context, updates <-chan Settings) error {
 			s.mu.Lock()
 			interval := s.settings.WalkInterval()
 			s.mu.Unlock()
+			failed = rep.Failed || rep.Partial
 			switch {
-			case rep.Failed, rep.Partial:
+			case failed:
 				// inexact until a complete walk: try again soon (a database that just came back
-				// may fail a first walk on connections that died with it)
-				nextFull = s.clock().Add(backoff.next())
+				// may fail a first walk on connections that died with it), and never later than
+				// a verification would come
+				wait := backoff.next()
+				if interval > 0 {
+					wait = min(wait, interval)
+				}
+				failedAt = s.clock()
+				nextFull = failedAt.Add(wait)
+				s.awaitingAnswer.Store(rep.Unavailable)
 			case interval > 0:
 				backoff.reset()
 				nextFull = rep.StartedAt.Add(interval)
 			default:
 				backoff.reset()
 				nextFull = farFuture
+			}
+			if !failed {
+				s.awaitingAnswer.Store(false)
 			}
 			continue
 		}
@@ -678,6 +806,12 @@ func (s *Shard) Run(ctx context.Context, updates <-chan Settings) error {
 			return err
 		case ns := <-updates:
 			s.adoptSettings(ctx, ns)
+		case <-s.answered:
+			// the store answers again after a walk it did not answer: walk now (or once
+			// failedWalkBackoffMin has passed since the failure, checked on the next tick)
+			if failed {
+				nextFull = latest(now, failedAt.Add(failedWalkBackoffMin))
+			}
 		case <-s.wake:
 			s.mu.Lock()
 			if s.subPending { // asked again once the subscription follows
@@ -698,6 +832,67 @@ func (s *Shard) Run(ctx context.Context, updates <-chan Settings) error {
 }
 
 var farFuture = time.Date(9999, 1, 1, 0, 0, 0, 0, time.UTC)
+
+// The back-off of failed or partial walks (Run): from failedWalkBackoffMin doubling up to
+// failedWalkBackoffMax, and never beyond the walk interval.
+const (
+	failedWalkBackoffMin = time.Second
+	failedWalkBackoffMax = time.Minute
+)
+
+// pingInterval is how often Run pings a store that did not answer its last walk (store.Pinger),
+// to walk again as soon as it answers; pingTimeout bounds one ping.
+const (
+	pingInterval = time.Second
+	pingTimeout  = 5 * time.Second
+)
+
+// latest returns the later of a and b.
+func latest(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
+}
+
+// noteAnswered records that the store answered (an event batch or resumption, a written
+// completion, a ping): when Run awaits that after a walk the store did not answer, it walks now.
+func (s *Shard) noteAnswered() {
+	if s.awaitingAnswer.CompareAndSwap(true, false) {
+		select {
+		case s.answered <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// pingWhileAwaiting pings the store every pingInterval while Run awaits an answer (a walk it did
+// not answer), until ctx ends; a store that cannot be pinged is left to the other signs and the
+// back-off.
+func (s *Shard) pingWhileAwaiting(ctx context.Context) {
+	p, ok := s.st.(store.Pinger)
+	if !ok {
+		return
+	}
+	t := time.NewTicker(pingInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if !s.awaitingAnswer.Load() {
+			continue
+		}
+		pctx, cancel := context.WithTimeout(ctx, pingTimeout)
+		err := p.Ping(pctx)
+		cancel()
+		if err == nil {
+			s.noteAnswered()
+		}
+	}
+}
 
 // connect opens the store when the shard has none yet (Options.Open), retrying with back-off
 // until it succeeds or ctx ends; meanwhile the status carries the error and settings updates are

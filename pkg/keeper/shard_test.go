@@ -46,6 +46,20 @@ type faultStore struct {
 	failAll   bool
 }
 
+// BeginSession and EndSession pass the keeper's sessions through (store.Sessions).
+func (f *faultStore) BeginSession(ctx context.Context, s store.Session) (store.Session, bool, error) {
+	return f.Store.(store.Sessions).BeginSession(ctx, s)
+}
+
+func (f *faultStore) EndSession(ctx context.Context, shard, instance string, until time.Time) (bool, error) {
+	return f.Store.(store.Sessions).EndSession(ctx, shard, instance, until)
+}
+
+// ReadRow passes reads of one row through (store.RowReader).
+func (f *faultStore) ReadRow(ctx context.Context, key string) (schedule.Row, bool, error) {
+	return f.Store.(store.RowReader).ReadRow(ctx, key)
+}
+
 func (f *faultStore) set(all bool, slots ...int) {
 	f.mu.Lock()
 	defer f.mu.Unlock()

@@ -58,6 +58,7 @@ func (s *Shard) Status(now time.Time) shardapi.Status {
 	settings, lastErr := s.settings, s.lastErr
 	ownedNotHeld, ownedAsOf := s.ownedNotHeld, s.ownedAsOf
 	lastWalk, walkingSince := s.lastWalk, s.walkingSince
+	fences := s.fencesStatus(now)
 	s.mu.Unlock()
 
 	sum := sc.Build()
@@ -90,7 +91,9 @@ func (s *Shard) Status(now time.Time) shardapi.Status {
 			ByHour:      sum.Coming.ByHour[:],
 			CutAtWindow: settings.Window > 0 && settings.Window < 24*time.Hour,
 		},
-		Error: lastErr,
+		Error:    lastErr,
+		HeldBack: sum.HeldBack,
+		Fences:   fences,
 	}
 	st.Status = cov.State(sum.Due, now)
 	if edge := cov.Edge(); edge.Known && !edge.Unbounded {
@@ -127,11 +130,16 @@ func (s *Shard) Status(now time.Time) shardapi.Status {
 		}
 	}
 	for _, c := range sum.Classes {
-		st.Classes = append(st.Classes, shardapi.Class{Cadence: c.Cadence.Seconds(), Source: c.Source.String(), Due: c.Due, Held: c.Held,
-			MaxLateSeconds: c.MaxLateSeconds, LateBy: c.LateBy[:]})
+		cl := shardapi.Class{Cadence: c.Cadence.Seconds(), Source: c.Source.String(), Due: c.Due, Held: c.Held,
+			MaxLateSeconds: c.MaxLateSeconds, LateBy: c.LateBy[:]}
+		if !c.WaitingSince.IsZero() {
+			w := c.WaitingSince.UTC()
+			cl.WaitingSince = &w
+		}
+		st.Classes = append(st.Classes, cl)
 	}
 	if sum.Oldest != nil {
-		st.Oldest = &shardapi.Oldest{Key: sum.Oldest.Key, Due: sum.Oldest.Due}
+		st.Oldest = &shardapi.Oldest{Due: sum.Oldest.Due} // no key: the status is unauthenticated
 	}
 	if w := lastWalk; w != nil {
 		st.LastWalk = &shardapi.Walk{

@@ -17,6 +17,7 @@ import (
 	"github.com/go-logr/logr"
 
 	rqv1 "github.com/renderqueue/renderqueue/api/v1alpha1"
+	"github.com/renderqueue/renderqueue/pkg/logkeys"
 )
 
 // Provider is the custom-metrics-apiserver ExternalMetricsProvider of the RenderQueue metrics:
@@ -49,7 +50,7 @@ func (p *Provider) WithRequestMetrics(m *RequestMetrics) *Provider {
 // a selected RenderQueue is inexact (renderqueue_due) or has never been computed, and 500 when
 // the RenderQueues cannot be listed.
 func (p *Provider) GetExternalMetric(ctx context.Context, namespace string, metricSelector labels.Selector, info provider.ExternalMetricInfo) (*external_metrics.ExternalMetricValueList, error) {
-	log := p.log.WithValues("namespace", namespace, "metric", info.Metric, "selector", metricSelector.String())
+	log := p.log.WithValues(logkeys.Namespace, namespace, "metric", info.Metric, "selector", metricSelector.String())
 	values, err := p.values(ctx, namespace, metricSelector, info.Metric)
 	p.metrics.observe(APIExternal, namespace, err)
 	if err != nil {

@@ -23,6 +23,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	rqv1 "github.com/renderqueue/renderqueue/api/v1alpha1"
+	"github.com/renderqueue/renderqueue/pkg/logkeys"
 )
 
 // The scaler endpoint serves one RenderQueue's due count as plain JSON, for autoscalers that read
@@ -131,7 +132,7 @@ type scalerHandler struct {
 
 func (h *scalerHandler) serve(w http.ResponseWriter, r *http.Request) {
 	ns, name := r.PathValue("namespace"), r.PathValue("name")
-	log := h.opts.Log.WithValues("namespace", ns, "renderqueue", name)
+	log := h.opts.Log.WithValues(logkeys.Namespace, ns, logkeys.RenderQueue, name)
 	resp := ScalerResponse{Namespace: ns, Name: name}
 
 	// Authenticate and authorize before anything about the request is trusted or counted by

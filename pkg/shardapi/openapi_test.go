@@ -3,10 +3,12 @@ package shardapi_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"sort"
 	"strings"
 	"sync"
@@ -53,7 +55,7 @@ func (r *recorder) wrap(h http.Handler) http.Handler {
 		w.WriteHeader(rec.Code)
 		_, _ = w.Write(rec.Body.Bytes())
 		r.mu.Lock()
-		r.log = append(r.log, exchange{method: req.Method, path: req.URL.Path, reqHeader: req.Header.Clone(), reqBody: body,
+		r.log = append(r.log, exchange{method: req.Method, path: req.URL.RequestURI(), reqHeader: req.Header.Clone(), reqBody: body,
 			code: rec.Code, respHeader: rec.Header().Clone(), respBody: rec.Body.Bytes()})
 		r.mu.Unlock()
 	})
@@ -97,6 +99,7 @@ func TestOpenAPIDocumentMatchesTheHandlers(t *testing.T) {
 		{Key: "https://shop.example.com/p/2", Due: time.Now().Add(-2 * time.Hour), HasDue: true, Cadence: 96 * time.Hour, Route: "product", Source: schedule.SourceSubmitted},
 		{Key: "https://shop.example.com/", Due: time.Now().Add(-time.Minute), HasDue: true, Cadence: time.Hour, Route: "home", Urgent: true},
 		{Key: "https://shop.example.com/p/3", Due: time.Now().Add(3 * time.Hour), HasDue: true, Cadence: 24 * time.Hour, Route: "product"},
+		{Key: "plain-key", Due: time.Now().Add(3 * time.Hour), HasDue: true, Cadence: 24 * time.Hour, Route: "product"},
 	}
 	cl.Upsert(rows...)
 	for cl.Due() != 3 {
@@ -127,6 +130,16 @@ func TestOpenAPIDocumentMatchesTheHandlers(t *testing.T) {
 	if _, _, err := c.Extend(ctx, items, 10*time.Minute); err != nil {
 		t.Fatal(err)
 	}
+	// what the shard knows of a leased row, a row not due yet, and a key no row has (404)
+	for _, key := range []string{items[0].Key, "https://shop.example.com/p/3"} {
+		if e, err := client.ExplainRow(ctx, http.DefaultClient, base, "s3cret", key, false); err != nil || !e.Held {
+			t.Fatalf("explaining %s: %+v %v", key, e, err)
+		}
+	}
+	var notFound *client.StatusError
+	if _, err := client.ExplainRow(ctx, http.DefaultClient, base, "s3cret", "https://shop.example.com/none", true); !errors.As(err, &notFound) || notFound.Code != 404 {
+		t.Fatalf("explaining a key no row has: %v", err)
+	}
 	if _, err := c.Complete(ctx, []client.Completion{{Item: items[0]}, {Item: items[1], NextDue: time.Now().Add(48 * time.Hour)}}); err != nil {
 		t.Fatal(err)
 	}
@@ -149,6 +162,30 @@ func TestOpenAPIDocumentMatchesTheHandlers(t *testing.T) {
 	if _, err := c.Claim(ctx, 10); err != nil {
 		t.Fatal(err)
 	}
+	// a handoff under live leases: the new shard asks for their handover (POST /v1/handover),
+	// and the leases that moved are completed through the old shard's movedTo
+	var moving []schedule.Row
+	for i := range 16 {
+		moving = append(moving, schedule.Row{Key: fmt.Sprintf("https://shop.example.com/m/%d", i), Due: time.Now().Add(-time.Hour),
+			HasDue: true, Cadence: time.Hour, Route: "product"})
+	}
+	cl.Upsert(moving...)
+	var held []client.Item
+	for len(held) < len(moving) {
+		got, err := c.Claim(ctx, len(moving)-len(held))
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, got...)
+	}
+	cl.Rebalance(nil, "web-shard-0", "web-shard-1")
+	done := make([]client.Completion, len(held))
+	for i, it := range held {
+		done[i] = client.Completion{Item: it}
+	}
+	if errs, err := c.Complete(ctx, done); err != nil || errors.Join(errs...) != nil {
+		t.Fatalf("completing leases that moved: %v %v", errs, err)
+	}
 	good := rec.take()
 
 	// raw requests: (path, body, token, want code, request valid per the document)
@@ -158,25 +195,37 @@ func TestOpenAPIDocumentMatchesTheHandlers(t *testing.T) {
 		token                   bool
 		code                    int
 		valid                   bool
+		proxied                 bool // the token in X-Renderqueue-Authorization
 	}{
-		{base, "GET", "/healthz", "", false, 200, true},
-		{base, "GET", "/readyz", "", false, 200, true},
-		{loading, "GET", "/readyz", "", false, 503, true},
-		{loading, "POST", "/v1/claim", `{"n":1}`, true, 503, true},
-		{base, "POST", "/v1/claim", `{"n":1}`, false, 401, true},
-		{base, "POST", "/v1/extend", `{"items":[{"key":"k","lease":"` + lease + `"}]}`, false, 401, true},
-		{base, "POST", "/v1/claim", `{"n":0}`, true, 400, false},
-		{base, "POST", "/v1/claim", `{"n":10001}`, true, 400, false},
-		{base, "POST", "/v1/claim", `{"n":1,"leaseSeconds":-1}`, true, 400, false},
-		{base, "POST", "/v1/claim", `{"n":1,"count":2}`, true, 400, false},
-		{base, "POST", "/v1/claim", `{"n":`, true, 400, false},
-		{base, "POST", "/v1/claim", `{"n":1,"leaseSeconds":` + strings.Repeat("1", httpserve.MaxRequestBytes) + `}`, true, 413, false},
-		{base, "POST", "/v1/complete", `{"items":[]}`, true, 400, false},
-		{base, "POST", "/v1/complete", `{"items":[{"key":"a","lease":"xyz"}]}`, true, 400, false},
-		{base, "POST", "/v1/complete", `{"items":[{"key":"","lease":"` + lease + `"}]}`, true, 400, false},
-		{base, "POST", "/v1/release", `{"items":[{"key":"a","lease":"` + lease + `"},{"key":"a","lease":"` + lease + `"}]}`, true, 400, true},
-		{base, "POST", "/v1/extend", `{"items":[{"key":"a","lease":"` + lease + `"}],"leaseSeconds":90000}`, true, 400, false},
-		{base, "POST", "/v1/extend", `{"items":[{"key":"a","lease":"` + lease + `"}],"leaseSeconds":0.0000001}`, true, 400, true},
+		{base, "GET", "/healthz", "", false, 200, true, false},
+		{base, "GET", "/readyz", "", false, 200, true, false},
+		{loading, "GET", "/readyz", "", false, 503, true, false},
+		{loading, "POST", "/v1/claim", `{"n":1}`, true, 503, true, false},
+		{base, "POST", "/v1/claim", `{"n":1}`, false, 401, true, false},
+		{base, "POST", "/v1/extend", `{"items":[{"key":"k","lease":"` + lease + `"}]}`, false, 401, true, false},
+		{base, "POST", "/v1/claim", `{"n":0}`, true, 400, false, false},
+		{base, "POST", "/v1/claim", `{"n":10001}`, true, 400, false, false},
+		{base, "POST", "/v1/claim", `{"n":1,"leaseSeconds":-1}`, true, 400, false, false},
+		{base, "POST", "/v1/claim", `{"n":1,"count":2}`, true, 400, false, false},
+		{base, "POST", "/v1/claim", `{"n":`, true, 400, false, false},
+		{base, "POST", "/v1/claim", `{"n":1,"leaseSeconds":` + strings.Repeat("1", httpserve.MaxRequestBytes) + `}`, true, 413, false, false},
+		{base, "POST", "/v1/complete", `{"items":[]}`, true, 400, false, false},
+		{base, "POST", "/v1/complete", `{"items":[{"key":"a","lease":"xyz"}]}`, true, 400, false, false},
+		{base, "POST", "/v1/complete", `{"items":[{"key":"","lease":"` + lease + `"}]}`, true, 400, false, false},
+		{base, "POST", "/v1/release", `{"items":[{"key":"a","lease":"` + lease + `"},{"key":"a","lease":"` + lease + `"}]}`, true, 400, true, false},
+		{base, "POST", "/v1/extend", `{"items":[{"key":"a","lease":"` + lease + `"}],"leaseSeconds":90000}`, true, 400, false, false},
+		{base, "POST", "/v1/extend", `{"items":[{"key":"a","lease":"` + lease + `"}],"leaseSeconds":0.0000001}`, true, 400, true, false},
+		{base, "POST", "/v1/handover", `{"shard":"x","slots":"0-3"}`, false, 401, true, false},
+		{base, "POST", "/v1/handover", `{"shard":"x","slots":"3-2"}`, true, 400, true, false},
+		{base, "POST", "/v1/handover", `{"shard":"x","slots":"0-1023"}`, true, 200, true, false},
+		{base, "GET", "/v1/rows/plain-key", "", true, 200, true, false}, // (an escaped URL's slashes: pkg/keeper's tests)
+		{base, "GET", "/v1/rows/no-such-key", "", true, 404, true, false},
+		{base, "GET", "/v1/rows?key=" + url.QueryEscape("https://shop.example.com/p/3"), "", false, 200, true, true},
+		{base, "GET", "/v1/rows?key=" + url.QueryEscape("https://shop.example.com/p/3"), "", false, 401, true, false},
+		{base, "GET", "/v1/rows?key=", "", true, 400, false, false},
+		{base, "GET", "/v1/rows?key=" + strings.Repeat("k", 2049), "", true, 400, false, false},
+		{base, "GET", "/v1/rows/a?key=b", "", true, 400, true, false},
+		{loading, "GET", "/v1/rows?key=a", "", true, 503, true, false},
 	}
 	type rawCase struct {
 		valid bool
@@ -193,6 +242,9 @@ func TestOpenAPIDocumentMatchesTheHandlers(t *testing.T) {
 		}
 		if r.token {
 			req.Header.Set("Authorization", "Bearer s3cret")
+		}
+		if r.proxied {
+			req.Header.Set(shardapi.ProxiedAuthorizationHeader, "Bearer s3cret")
 		}
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {

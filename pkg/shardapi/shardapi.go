@@ -1,5 +1,5 @@
 // Package shardapi is the wire contract of a keeper shard's HTTP API: the JSON bodies of
-// /v1/claim, /v1/complete, /v1/release, /v1/extend and /v1/status. The keeper serves it; the operator, the
+// /v1/claim, /v1/complete, /v1/release, /v1/extend, /v1/rows/{key} and /v1/status. The keeper serves it; the operator, the
 // metrics provider, the worker simulator and users' tools read it. Fields may be added; none may
 // change meaning (docs/design.md, "What a shard vouches for"). Every time is RFC 3339 and every duration is seconds.
 // Package wire (pkg/shardapi/wire) encodes and decodes the hot messages without reflection.
@@ -55,8 +55,27 @@ type Status struct {
 	LastWalk           *Walk          `json:"lastWalk"`
 	// WalkingSince is the start of the walk in progress, if any.
 	WalkingSince *time.Time `json:"walkingSince"`
+	// HeldBack counts the due rows of owned slots that are fenced (Fences): handed out to nobody
+	// until their fence ends. They are due and counted in Due. Absent when none.
+	HeldBack int `json:"heldBack,omitempty"`
+	// Fences are the owned slots whose rows the shard hands out to nobody yet, and why: the
+	// leases an earlier owner of them may have granted are not known yet (a handover it awaits)
+	// or not at all (a dead keeper's: until they must have ended). docs/design.md, "Leases
+	// across a handoff".
+	Fences []Fence `json:"fences,omitempty"`
 	// Error is the last error the shard wants its operator to see (a failed walk, a store outage).
 	Error string `json:"error,omitempty"`
+}
+
+// Fence is a set of owned slots that hand out none of their rows until Until.
+type Fence struct {
+	// Slots in compact text form.
+	Slots string `json:"slots"`
+	// Until is when the fence ends; absent while it waits for a handover (then Reason names the
+	// shard asked).
+	Until *time.Time `json:"until,omitempty"`
+	// Reason says why.
+	Reason string `json:"reason"`
 }
 
 // Gap describes a loss of continuity of the change-event subscription.
@@ -103,9 +122,9 @@ type Lateness struct {
 	P99Relative float64 `json:"p99Relative"`
 }
 
-// Oldest is the held row that has been due the longest.
+// Oldest is the held row that has been due the longest: when it came due. /v1/status is served
+// without authentication, so it names no row (keepers before issue 45 also sent its key).
 type Oldest struct {
-	Key string    `json:"key"`
 	Due time.Time `json:"due"`
 }
 
@@ -121,6 +140,33 @@ type Class struct {
 	// buckets: ≤ 0.1, (0.1, 0.5], (0.5, 1], (1, 2] and > 2 cadences late (LateBound). The
 	// counts sum to Due and add up exactly across shards, unlike percentiles.
 	LateBy []int `json:"lateBy"`
+	// WaitingSince is when the class last had a row claimed or, if later, when its most overdue
+	// claimable row came due: it has had due rows and no render since. Absent (nil) when it has
+	// no claimable due row (urgent rows aside), and from keepers that predate it. The starvation
+	// bound serves a class once it has waited half its cadence; one that has waited longer than
+	// its cadence is starving (Starving): no claims are being made, or more classes are past
+	// their bound than the claims have room for.
+	WaitingSince *time.Time `json:"waitingSince,omitempty"`
+}
+
+// Waiting is how long the class has had due rows and no render at asOf (the status's AsOf); 0
+// when it is not waiting.
+func (c Class) Waiting(asOf time.Time) time.Duration {
+	if c.WaitingSince == nil || !asOf.After(*c.WaitingSince) {
+		return 0
+	}
+	return asOf.Sub(*c.WaitingSince)
+}
+
+// CadenceDuration is the class's cadence as a duration.
+func (c Class) CadenceDuration() time.Duration {
+	return time.Duration(c.Cadence * float64(time.Second))
+}
+
+// Starving reports whether the class has had due rows and no render for longer than its
+// cadence at asOf (the status's AsOf).
+func (c Class) Starving(asOf time.Time) bool {
+	return c.Cadence > 0 && c.Waiting(asOf) > c.CadenceDuration()
 }
 
 // LateBuckets is the number of relative-lateness buckets of Class.LateBy.
@@ -226,6 +272,9 @@ type ItemResult struct {
 	// Error is empty when the item succeeded; otherwise it says why nothing was done for it
 	// (the lease expired or was never current, the row is no longer held, ...).
 	Error string `json:"error,omitempty"`
+	// MovedTo, with Error, is the base URL of the shard the item's lease moved to with its slot
+	// (a handoff committed after the claim): send the item there, once. pkg/client does.
+	MovedTo string `json:"movedTo,omitempty"`
 }
 
 // ReleaseRequest is the body of POST /v1/release: hand leased rows back unrendered.
@@ -271,6 +320,196 @@ type ExtendResult struct {
 	LeaseExpires *time.Time `json:"leaseExpires,omitempty"`
 	// Error is empty when the lease was extended.
 	Error string `json:"error,omitempty"`
+	// MovedTo, with Error, is the base URL of the shard the lease moved to with its slot: extend
+	// it there (see ItemResult.MovedTo).
+	MovedTo string `json:"movedTo,omitempty"`
+}
+
+// HandoverRequest is the body of POST /v1/handover: a shard that took slots over asks the shard
+// that owned them for the leases it granted on their rows, which travel with the slots
+// (docs/design.md, "Leases across a handoff"). It needs the bearer token.
+type HandoverRequest struct {
+	// Shard is the asking shard's name.
+	Shard string `json:"shard"`
+	// Slots are the slots asked for, in compact text form.
+	Slots string `json:"slots"`
+}
+
+// States of HandoverSlots.
+const (
+	// HandoverOwned: the asked shard still owns the slots (it has not adopted the commit yet):
+	// ask again.
+	HandoverOwned = "owned"
+	// HandoverGiven: the asked shard gave the slots away: Leases are the leases it granted on
+	// their rows that run on, FenceUntil the end of a fence it had on them.
+	HandoverGiven = "handedOver"
+	// HandoverUnknown: the asked shard has no record of the slots (its process started after it
+	// gave them, or never owned them): FenceUntil is when every lease an earlier process of it
+	// may have granted has ended.
+	HandoverUnknown = "unknown"
+)
+
+// HandoverResponse is the reply to POST /v1/handover.
+type HandoverResponse struct {
+	// Shard is the answering shard's name; Epoch the membership epoch it has adopted.
+	Shard string `json:"shard"`
+	Epoch int64  `json:"epoch"`
+	// Slots covers every slot asked for, in groups of one state.
+	Slots []HandoverSlots `json:"slots"`
+}
+
+// HandoverSlots is the answer for a group of the slots asked for.
+type HandoverSlots struct {
+	// Slots in compact text form.
+	Slots string `json:"slots"`
+	// State is HandoverOwned, HandoverGiven or HandoverUnknown.
+	State string `json:"state"`
+	// FenceUntil is when the slots' rows may be handed out again, when that is later than now:
+	// no row of them is handed out before it.
+	FenceUntil *time.Time `json:"fenceUntil,omitempty"`
+	// Leases are the leases that run on (HandoverGiven).
+	Leases []HandoverLease `json:"leases,omitempty"`
+}
+
+// HandoverLease is one lease that travels with its slot.
+type HandoverLease struct {
+	Key string `json:"key"`
+	// Slot is the row's slot.
+	Slot int `json:"slot"`
+	// Lease is the lease's token, as the claim handed it out.
+	Lease   string    `json:"lease"`
+	Expires time.Time `json:"expires"`
+	// Rev is the row's rev the lease was granted for.
+	Rev int64 `json:"rev"`
+}
+
+// ProxiedAuthorizationHeader carries the bearer token ("Bearer <token>") of GET /v1/rows/{key}
+// where the Authorization header cannot go: the kube-apiserver's Pod proxy authenticates the
+// caller with that header and drops it before it forwards the request (`kubectl renderqueue
+// explain`). The shard compares either header with its token in constant time.
+const ProxiedAuthorizationHeader = "X-Renderqueue-Authorization"
+
+// States of RowExplanation.State: what the shard does with the row, or why it does not hold it.
+const (
+	// RowWaiting: held and due in an owned slot: a claim hands it out (Rank, Estimate).
+	RowWaiting = "waiting"
+	// RowHeldBack: held and due, but its slot is fenced (Fence): handed out to nobody until the
+	// fence ends (Estimate waits for it).
+	RowHeldBack = "heldBack"
+	// RowLeased: handed out to a worker (Lease).
+	RowLeased = "leased"
+	// RowNotDue: held, not due yet.
+	RowNotDue = "notDue"
+	// RowIncoming: held in a slot being handed to this shard: the giver (Owner) serves it until
+	// the handoff commits.
+	RowIncoming = "incoming"
+	// RowBeyondWindow: not held: due at or after now + the window (the shard holds the rows due
+	// before it; a walk takes the row in once it comes within the window).
+	RowBeyondWindow = "beyondWindow"
+	// RowNotOwned: not held: its slot is another shard's (Owner), or no shard's.
+	RowNotOwned = "notOwned"
+	// RowInvalid: not held: the row in PostgreSQL is invalid (Reason says why; an unscheduled
+	// row, due_at NULL, is one) and is never held.
+	RowInvalid = "invalid"
+	// RowNotSeen: not held although the row in PostgreSQL is valid, owned and within the window:
+	// this shard has not applied its latest version yet (its change event is on the way, or was
+	// lost in a gap that a walk repairs; Reason says which the shard knows).
+	RowNotSeen = "notSeen"
+)
+
+// RowExplanation is the body of GET /v1/rows/{key}: what one shard knows of one key — its slot
+// and the slot's owner, whether the shard holds the row and why not, and for a held row its
+// lateness, score, lease or fence, its rank among the due rows in claim order and a rough
+// estimate of when a claim takes it. It needs the bearer token. A key no row has is a 404.
+type RowExplanation struct {
+	// Shard is the answering shard's name, AsOf when it answered.
+	Shard string    `json:"shard"`
+	AsOf  time.Time `json:"asOf"`
+	Key   string    `json:"key"`
+	// Slot is the key's slot (of its hash, as the database computes it).
+	Slot int `json:"slot"`
+	// Owner is the shard that owns the slot in the membership this shard has adopted (Epoch);
+	// OwnerURL its base URL when known. Owner is empty when no shard owns the slot.
+	Owner    string `json:"owner"`
+	OwnerURL string `json:"ownerURL,omitempty"`
+	Epoch    int64  `json:"epoch"`
+	// Held says the shard holds the row in memory.
+	Held bool `json:"held"`
+	// State is one of the Row* constants; Reason says it in words.
+	State  string `json:"state"`
+	Reason string `json:"reason"`
+	// Row is the row as the shard holds it, or as PostgreSQL has it when the shard does not.
+	Row RowFields `json:"row"`
+	// LateSeconds is asOf − due (negative: not due yet) and LateRelative that in cadences;
+	// Score is the claim score, LateRelative × the source's boost. Held rows only.
+	LateSeconds  *float64 `json:"lateSeconds,omitempty"`
+	LateRelative *float64 `json:"lateRelative,omitempty"`
+	Score        *float64 `json:"score,omitempty"`
+	// Lease is the worker's lease of a leased row.
+	Lease *RowLease `json:"lease,omitempty"`
+	// Fence is the fence of the row's slot, when it is fenced.
+	Fence *Fence `json:"fence,omitempty"`
+	// Rank is the row's place among the due rows of the shard (RowWaiting, RowHeldBack).
+	Rank *RowRank `json:"rank,omitempty"`
+	// Estimate is when a claim may take the row (held rows of owned slots).
+	Estimate *ClaimEstimate `json:"estimate,omitempty"`
+}
+
+// RowFields are a row's scheduling fields.
+type RowFields struct {
+	// Due is absent for an unscheduled row (due_at NULL).
+	Due *time.Time `json:"due,omitempty"`
+	// Cadence in seconds.
+	Cadence float64 `json:"cadence"`
+	Route   string  `json:"route"`
+	Source  string  `json:"source"`
+	Urgent  bool    `json:"urgent"`
+	Rev     int64   `json:"rev"`
+}
+
+// RowLease is the lease of a leased row, without its token (which authorises completions).
+type RowLease struct {
+	// ID names the lease without revealing it: "sha256:" and the first 16 hex digits of the
+	// SHA-256 of the lease token's wire form, which a worker holding the token can compute.
+	ID string `json:"id"`
+	// Since is when this shard granted the lease; absent when it took the lease over with the
+	// row's slot from the slot's earlier owner.
+	Since *time.Time `json:"since,omitempty"`
+	// Expires is when the lease ends unless extended or completed.
+	Expires time.Time `json:"expires"`
+	// Completing says a completion under the lease is being written: the row stays leased until
+	// that write resolves, whatever Expires says.
+	Completing bool `json:"completing,omitempty"`
+}
+
+// RowRank is a due row's place among the claimable due rows of its shard.
+type RowRank struct {
+	// Ahead is how many claimable due rows come before it in claim order: urgent rows first,
+	// then by score, equal scores by due time, then key. AheadUrgent is how many of those are
+	// urgent rows ahead of a row that is not. Due is every claimable due row of the shard, this
+	// one included.
+	Ahead       int `json:"ahead"`
+	AheadUrgent int `json:"aheadUrgent"`
+	Due         int `json:"due"`
+	// Note says where claims depart from this order: the urgent share of a batch, the
+	// starvation bound and the floors hand some rows out of it, and rows of fenced slots count
+	// as ahead until a claim meets them.
+	Note string `json:"note"`
+}
+
+// ClaimEstimate is a rough estimate of when a claim takes a row.
+type ClaimEstimate struct {
+	// At is the estimated claim time and InSeconds its distance from asOf; both absent when
+	// there is no estimate (Why says why).
+	At        *time.Time `json:"at,omitempty"`
+	InSeconds *float64   `json:"inSeconds,omitempty"`
+	Why       string     `json:"why,omitempty"`
+	// ClaimRate is the rows a second the shard's claims handed out over the last
+	// ClaimRateSeconds (a minute, or less since the shard's first claim).
+	ClaimRate        float64 `json:"claimRate"`
+	ClaimRateSeconds float64 `json:"claimRateSeconds"`
+	// Method says how At is estimated, and how rough it is.
+	Method string `json:"method"`
 }
 
 // Error is the body of every 4xx and 5xx reply.

@@ -4,17 +4,21 @@ import (
 	"cmp"
 	"slices"
 
+	"github.com/renderqueue/renderqueue/pkg/keeper/core/pace"
 	"github.com/renderqueue/renderqueue/pkg/keeper/core/policy"
 )
 
 // queueSched is a baseline claim order, not the keeper: queues ordered by due time (ties by
 // row), served in a fixed order of queues — one queue for oldest-due-first, one per class in
-// priority order for strict class priority.
+// priority order for strict class priority. With the Adaptive policy it measures its claims
+// as the core does (package pace), against the fleet's demand.
 type queueSched struct {
 	s       *sim
 	policy  policy.Reschedule
 	queueOf []int // class → queue
 	queues  []dueHeap
+	pace    pace.Meter
+	stretch bool
 }
 
 func newQueueSched(s *sim, p policy.Reschedule, byClass bool) *queueSched {
@@ -47,6 +51,7 @@ func (q *queueSched) add(i int, dueMs int64) {
 }
 
 func (q *queueSched) claim(nowMs int64, n int, out []claimed) []claimed {
+	asked, before := n, len(out)
 	for qi := range q.queues {
 		h := &q.queues[qi]
 		for n > 0 && len(*h) > 0 && (*h)[0].dueMs <= nowMs {
@@ -55,12 +60,16 @@ func (q *queueSched) claim(nowMs int64, n int, out []claimed) []claimed {
 			n--
 		}
 	}
+	if asked > 0 {
+		q.pace.Claimed(nowMs, asked, len(out)-before)
+		q.stretch = pace.Decide(q.pace.Reading(nowMs, q.s.cfg.Fleet.Demand())).Stretch
+	}
 	return out
 }
 
 func (q *queueSched) complete(nowMs int64, c claimed) (int64, error) {
 	ci := q.s.class[c.row]
-	next := policy.NextDue(q.policy, ms2time(nowMs), ms2time(c.dueMs), q.s.cfg.Fleet.Classes[ci].Cadence).UnixMilli()
+	next := policy.NextDue(q.policy.Resolve(q.stretch), ms2time(nowMs), ms2time(c.dueMs), q.s.cfg.Fleet.Classes[ci].Cadence).UnixMilli()
 	q.queues[q.queueOf[ci]].push(entry{dueMs: next, row: int32(c.row)})
 	return next, nil
 }

@@ -25,8 +25,12 @@ func Describe(cfg Config) string {
 		}
 		floors = strings.Join(parts, ",")
 	}
-	return fmt.Sprintf("order keeper; submittedBoost %v, urgentMaxShare %v, reschedule %v, floors %s",
-		k.SubmittedBoost, k.UrgentMaxShare, k.Reschedule, floors)
+	bound := "off"
+	if k.StarvationBound > 0 {
+		bound = strconv.FormatFloat(k.StarvationBound, 'g', -1, 64) + " cadence"
+	}
+	return fmt.Sprintf("order keeper; submittedBoost %v, urgentMaxShare %v, reschedule %v, floors %s, starvation bound %s",
+		k.SubmittedBoost, k.UrgentMaxShare, k.Reschedule, floors, bound)
 }
 
 // Write prints a result for people: the setting, a table of the classes, and the due count over

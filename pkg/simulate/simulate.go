@@ -90,6 +90,13 @@ const (
 	DefaultTick  = time.Minute
 )
 
+// DefaultKeeper is the policy a keeper runs with when none of it is set: the RenderQueue API's
+// defaults (submittedBoost 2, urgentMaxShare 0.2, no floors, reschedule Adaptive; the standalone
+// keeper's flags default to them) and the starvation bound every keeper runs with.
+func DefaultKeeper() policy.Config {
+	return policy.Config{SubmittedBoost: 2, UrgentMaxShare: 0.2, Reschedule: policy.Adaptive, StarvationBound: policy.DefaultStarvationBound}
+}
+
 // withDefaults returns c with its optional fields defaulted.
 func (c Config) withDefaults() Config {
 	c.Fleet = c.Fleet.withDefaults()

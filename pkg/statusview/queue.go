@@ -51,23 +51,15 @@ const KeeperPort = 8080
 // Pods. Shards are read in parallel, each bounded by timeout; one that cannot be read is shown
 // with its error.
 func LoadQueue(ctx context.Context, cfg *rest.Config, namespace, name string, timeout time.Duration) (Queue, error) {
-	dc, err := dynamic.NewForConfig(cfg)
+	rq, err := getRenderQueue(ctx, cfg, namespace, name)
 	if err != nil {
-		return Queue{}, fmt.Errorf("building a Kubernetes client: %w", err)
-	}
-	u, err := dc.Resource(rqv1.GroupVersion.WithResource("renderqueues")).Namespace(namespace).Get(ctx, name, metav1.GetOptions{})
-	if err != nil {
-		return Queue{}, fmt.Errorf("reading renderqueue %s/%s: %w", namespace, name, err)
-	}
-	var rq rqv1.RenderQueue
-	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &rq); err != nil {
-		return Queue{}, fmt.Errorf("decoding renderqueue %s/%s: %w", namespace, name, err)
+		return Queue{}, err
 	}
 	hc, err := rest.HTTPClientFor(cfg)
 	if err != nil {
 		return Queue{}, fmt.Errorf("building an HTTP client for the API server: %w", err)
 	}
-	q := Queue{RenderQueue: &rq, Shards: make([]ShardRead, len(rq.Status.Shards)), Now: time.Now()}
+	q := Queue{RenderQueue: rq, Shards: make([]ShardRead, len(rq.Status.Shards)), Now: time.Now()}
 	var wg sync.WaitGroup
 	for i, s := range rq.Status.Shards {
 		q.Shards[i] = ShardRead{Name: s.Name, State: s.State}
@@ -81,11 +73,28 @@ func LoadQueue(ctx context.Context, cfg *rest.Config, namespace, name string, ti
 	return q, nil
 }
 
+// getRenderQueue reads the RenderQueue namespace/name with cfg's credentials.
+func getRenderQueue(ctx context.Context, cfg *rest.Config, namespace, name string) (*rqv1.RenderQueue, error) {
+	dc, err := dynamic.NewForConfig(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("building a Kubernetes client: %w", err)
+	}
+	u, err := dc.Resource(rqv1.GroupVersion.WithResource("renderqueues")).Namespace(namespace).Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("reading renderqueue %s/%s: %w", namespace, name, err)
+	}
+	var rq rqv1.RenderQueue
+	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &rq); err != nil {
+		return nil, fmt.Errorf("decoding renderqueue %s/%s: %w", namespace, name, err)
+	}
+	return &rq, nil
+}
+
 // podProxyURL is the API server's proxy to the shard's Pod port (the port of its status URL),
 // over HTTPS ("https:<pod>:<port>") when the shard serves it (its URL's scheme, or spec.tls when
 // it has no URL). The API server does not verify the shard's certificate (it never does for the
-// Pod proxy); the user's own credentials are checked by the API server, and /v1/status needs no
-// token.
+// Pod proxy); the user's own credentials are checked by the API server. /v1/status needs no
+// token; /v1/rows takes it in shardapi.ProxiedAuthorizationHeader (the proxy drops Authorization).
 func podProxyURL(host, namespace string, s rqv1.ShardStatus, tls bool) string {
 	port := strconv.Itoa(KeeperPort)
 	if u, err := url.Parse(s.URL); err == nil && u.Host != "" {

@@ -83,7 +83,7 @@ func Write(w io.Writer, st shardapi.Status) error {
 	p.f("  lateness  p50 %s, p99 %s, max %s (relative to cadence: p50 %.2f, p99 %.2f, max %.2f)\n",
 		Seconds(l.P50Seconds), Seconds(l.P99Seconds), Seconds(l.MaxSeconds), l.P50Relative, l.P99Relative, l.MaxRelative)
 	if o := st.Oldest; o != nil {
-		p.f("  oldest    %s, due %s (%s ago)\n", o.Key, stamp(o.Due), Seconds(st.AsOf.Sub(o.Due).Seconds()))
+		p.f("  oldest    due %s (%s ago)\n", stamp(o.Due), Seconds(st.AsOf.Sub(o.Due).Seconds()))
 	}
 	if len(st.Classes) > 0 {
 		classes := append([]shardapi.Class(nil), st.Classes...)
@@ -116,6 +116,12 @@ func Write(w io.Writer, st shardapi.Status) error {
 		for _, line := range strings.SplitAfter(tb.String(), "\n") {
 			if line != "" {
 				p.f("  %s", line)
+			}
+		}
+		for _, c := range classes {
+			if c.Starving(st.AsOf) {
+				p.f("  STARVING  %s/%s: due rows and no render for %s (since %s), longer than its cadence\n",
+					Seconds(c.Cadence), c.Source, Seconds(c.Waiting(st.AsOf).Seconds()), stamp(*c.WaitingSince))
 			}
 		}
 	}

@@ -22,12 +22,12 @@ const canned = `{
   "due": 4211, "leased": 120, "duePerSlot": {"0": 12, "1": 9},
   "lateness": {"maxSeconds": 5400, "p50Seconds": 600, "p99Seconds": 4800,
                "maxRelative": 1.5, "p50Relative": 0.1, "p99Relative": 0.9},
-  "oldest": {"key": "https://shop.example.com/home/7", "due": "2026-11-29T10:30:00Z"},
+  "oldest": {"due": "2026-11-29T10:30:00Z"},
   "byRoute": {"product": 3900, "home": 11, "category": 300},
   "classes": [{"cadence": 345600, "source": "submitted", "due": 2100, "held": 90000,
-               "maxLateSeconds": 5400, "lateBy": [2100, 0, 0, 0, 0]},
+               "maxLateSeconds": 5400, "lateBy": [2100, 0, 0, 0, 0], "waitingSince": "2026-11-29T11:00:00Z"},
               {"cadence": 3600, "source": "discovered", "due": 11, "held": 150,
-               "maxLateSeconds": 5400, "lateBy": [2, 3, 1, 5, 0]},
+               "maxLateSeconds": 5400, "lateBy": [2, 3, 1, 5, 0], "waitingSince": "2026-11-29T10:30:00Z"},
               {"cadence": 345600, "source": "discovered", "due": 1800, "held": 88000}],
   "coming": {"next15m": 80, "next60m": 310, "next24h": 7100, "byHour": [310, 290], "cutAtWindow": false},
   "lastWalk": {"startedAt": "2026-11-29T11:40:00Z", "finishedAt": "2026-11-29T11:40:02.5Z", "partial": false, "failed": false,
@@ -41,12 +41,13 @@ const want = `shard web-shard-1 — status QUEUED, exact yes, complete yes (as o
   rows      held 181,234, owned not held 512,998 (as of 2026-11-29 11:40:00.000Z), invalid 3
   due       4,211 (leased 120)
   lateness  p50 10m, p99 1h20m, max 1h30m (relative to cadence: p50 0.10, p99 0.90, max 1.50)
-  oldest    https://shop.example.com/home/7, due 2026-11-29 10:30:00.000Z (1h30m ago)
+  oldest    due 2026-11-29 10:30:00.000Z (1h30m ago)
   due by class (≤0.1c … >2c: due rows by how many cadences late):
     cadence      source    due    held  max late  ≤0.1c  ≤0.5c  ≤1c  ≤2c  >2c
          1h  discovered     11     150     1h30m      2      3    1    5    0
          4d  discovered  1,800  88,000         –      –      –    –    –    –
          4d   submitted  2,100  90,000     1h30m  2,100      0    0    0    0
+  STARVING  1h/discovered: due rows and no render for 1h30m (since 2026-11-29 10:30:00.000Z), longer than its cadence
   due by route: product 3,900, category 300, home 11
   coming    next 15m 80, next 60m 310, next 24h 7,100
   last walk finished, started 2026-11-29 11:40:00.000Z, took 2.5s: scanned 694,232, admitted 1,180, repaired 0, invalid 3, unread segments 0

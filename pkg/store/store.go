@@ -246,6 +246,62 @@ type DeleteResult struct {
 // ErrClosed is returned by a closed subscription or store.
 var ErrClosed = errors.New("store: closed")
 
+// ErrUnavailable marks an error (a walk segment's, a ping's) that says the store did not answer:
+// it could not be reached, or the connection was lost. A reader that saw it may try again as soon
+// as the store is seen to answer (Pinger) rather than after a back-off: the cause is not in what
+// it asked.
+var ErrUnavailable = errors.New("the store did not answer")
+
+// Pinger is implemented by stores that can check they answer (one round trip). A keeper pings a
+// store whose walks failed with ErrUnavailable, to walk again as soon as it answers.
+type Pinger interface {
+	// Ping returns nil when the store answers, and an error wrapping ErrUnavailable when it does
+	// not.
+	Ping(ctx context.Context) error
+}
+
+// RowReader is implemented by stores that read one row by its key (pkg/store/postgres,
+// pkg/store/memstore): a keeper explaining a key it does not hold (GET /v1/rows/{key}) reads
+// what the store has of it.
+type RowReader interface {
+	// ReadRow returns the row with key as stored now, and found false when there is none. Either
+	// way the returned row's Key and KeyHash are set: the hash is the store's own (the
+	// database's hashtextextended(key, 0)), computed for a key no row has too, so that its slot
+	// is known. key must be valid (schedule.KeyProblem).
+	ReadRow(ctx context.Context, key string) (row schedule.Row, found bool, err error)
+}
+
+// Session is the record of one keeper process of a shard (Sessions).
+type Session struct {
+	// Shard is the shard's name; Instance is random per keeper process, Pod per Pod (the id in
+	// the keeper's Pod-local state file), so that a process can tell a predecessor in its own
+	// Pod from one in another.
+	Shard, Instance, Pod string
+	// StartedAt is when the process began its session.
+	StartedAt time.Time
+	// EndedAt is when the process ended cleanly (EndSession); zero while it runs, or when it
+	// died.
+	EndedAt time.Time
+	// LeasesUntil is, after a clean end, when the last lease the process granted ends (zero: no
+	// lease outlived it).
+	LeasesUntil time.Time
+}
+
+// Sessions records the processes of each keeper shard, so that a process that starts knows
+// whether one before it may still have leases out (docs/design.md, "A keeper that dies"). It is
+// implemented by stores that can (pkg/store/postgres from schema version 9, pkg/store/memstore).
+type Sessions interface {
+	// BeginSession records s as shard s.Shard's running process (its StartedAt is the store's
+	// time) and returns the shard's previous session (found false when there was none).
+	BeginSession(ctx context.Context, s Session) (prev Session, found bool, err error)
+	// EndSession records a clean end of the session (shard, instance) with leasesUntil (zero:
+	// none). It reports false when that session is not the shard's latest any more.
+	EndSession(ctx context.Context, shard, instance string, leasesUntil time.Time) (bool, error)
+}
+
+// ErrNoSessions: the store cannot record keeper sessions (a PostgreSQL schema before version 9).
+var ErrNoSessions = errors.New("the store does not record keeper sessions (schema before version 9: run `renderqueue schema migrate`)")
+
 // ValidationError refuses a whole write because some of its input is bad. Nothing was written.
 type ValidationError struct {
 	// Problems lists every bad input item, in input order.

@@ -13,7 +13,17 @@ package e2e
 //   - kill-operator-in-handoff (6→2): SIGKILL the leading operator replica between prepare and
 //     commit; the other replica (or the restarted one) takes the leader Lease over and finishes;
 //   - restart-postgres-in-handoff (2→5): stop and start PostgreSQL during the prepare;
-//   - rescale-in-flight (5→3→4→6→2→5): change spec.shards again while each handoff is in flight.
+//   - rescale-in-flight (5→3→4→6→2→5): change spec.shards again while each handoff is in flight;
+//
+// and the faults of a real node (chaos_node_test.go):
+//
+//   - cut-keeper-from-postgres (5): a shard's Pod cut from PostgreSQL for 30 s or more (iptables in
+//     its network namespace): reported inexact within 50 s, exact again after (soak only for now:
+//     soakOnly);
+//   - cut-operator-from-shard-in-handoff (5→6): the leading operator cut from a giving shard for
+//     30 s while the handoff prepares;
+//   - restart-kubelet, restart-containerd (6): the keepers run on, the same processes;
+//   - evict-shard (6): a shard Pod evicted through the Eviction API.
 //
 // A prepare is held in flight where a case needs it to be by an ACCESS EXCLUSIVE lock on
 // render_schedule (a receiver's walk waits for it), taken before the change and released after
@@ -26,8 +36,13 @@ package e2e
 //   - every completion a worker saw acknowledged must be in PostgreSQL: an audit trigger (created
 //     by the test) records every row version written, and each acknowledged completion's next
 //     due time must be among its key's;
-//   - no key may be acknowledged twice for overlapping leases (a row handed out twice at once
-//     and both renders recorded); overlapping leases themselves are counted and reported.
+//   - no row is handed out twice at once: any two leases of one key that overlap in time fail
+//     the test (leases travel with their slots through a handoff, and a keeper that took over
+//     from a dead one holds its rows back: docs/design.md);
+//   - no row is rendered twice: two acknowledged completions of one key from different leases
+//     granted for the same due time (the same render asked for twice) fail the test. A render
+//     of the row after a producer made it due again is a new render, not a duplicate, even
+//     within its cadence: the writer does that on purpose.
 //
 // CHAOS_DURATION (a Go duration) loops the case mix until that much time has passed (`make soak
 // DURATION=30m`); unset, the mix runs once (the CI version, about 4 minutes). The summary is
@@ -89,6 +104,7 @@ type ackRec struct {
 type leaseRec struct {
 	lease   string
 	shard   string
+	due     time.Time // the row's due time the lease was granted for: which render it is
 	claimed time.Time
 	expires time.Time
 	ended   time.Time // acknowledged or refused; zero: ran out
@@ -121,18 +137,21 @@ type caseRec struct {
 // chaos is TestChaos's state: the load (writers, workers) and what it recorded.
 type chaos struct {
 	e       *env
+	tls     bool // spec.tls OperatorIssued
 	pool    *pgxpool.Pool
 	horizon time.Duration
 	gate    sync.RWMutex // writers and workers hold it shared per request; a sample takes it
 	stop    atomic.Bool
 	wg      sync.WaitGroup
 	cl      *client.Client
+	hc      *http.Client // the workers' HTTP client (TLS with the shards' CA under ch.tls)
 
 	mu         sync.Mutex
 	keys       []string
 	acks       []ackRec
 	leases     map[string][]*leaseRec
 	refused    map[string]int
+	res        *resources // the processes' resources over time (resources_test.go)
 	unanswered int
 	claimed    int
 	writes     int
@@ -141,7 +160,28 @@ type chaos struct {
 	cases      []caseRec
 }
 
-func TestChaos(t *testing.T) {
+// TestChaos runs the case mix with the shards' API over plain HTTP.
+func TestChaos(t *testing.T) { runChaos(t, false, nil) }
+
+// soakOnly are cases left out of the single CI round (TestChaos and TestChaosTLS without
+// CHAOS_DURATION or CHAOS_CASES) because they still find a fault in the product, which must not
+// block every other change until it is fixed; `make soak` and CHAOS_CASES run them.
+//
+//   - cut-keeper-from-postgres: in 1 of 4 runs (TestChaosTLS, 2026-12-05) the quiescent sample
+//     after the 30 s partition found the queue exact with 5 due rows fewer than SQL (one claim's
+//     batch) for 90 s; the other runs were exact and true.
+var soakOnly = []string{"cut-keeper-from-postgres"}
+
+// tlsCases are the cases TestChaosTLS runs unless CHAOS_CASES says otherwise: a handoff fault and
+// every fault of the node (the rest of the mix differs from TestChaos's only in the transport, and
+// the two runs together must stay within CI's time).
+var tlsCases = []string{"kill-giver-in-prepare", "cut-keeper-from-postgres", "cut-operator-from-shard-in-handoff", "restart-kubelet", "restart-containerd", "evict-shard"}
+
+// TestChaosTLS is TestChaos with the shards' API over HTTPS (spec.tls OperatorIssued): the
+// workers, the operator's polls and the handoff all go over TLS.
+func TestChaosTLS(t *testing.T) { runChaos(t, true, tlsCases) }
+
+func runChaos(t *testing.T, tls bool, only []string) {
 	e := startEnv(t)
 	var duration time.Duration
 	if d := os.Getenv("CHAOS_DURATION"); d != "" {
@@ -150,7 +190,7 @@ func TestChaos(t *testing.T) {
 			t.Fatalf("CHAOS_DURATION=%q: want a positive Go duration such as 30m", d)
 		}
 	}
-	ch := &chaos{e: e, horizon: chaosHorizon(duration), leases: map[string][]*leaseRec{}, refused: map[string]int{}}
+	ch := &chaos{e: e, tls: tls, horizon: chaosHorizon(duration), leases: map[string][]*leaseRec{}, refused: map[string]int{}}
 	step := func(name string, f func(t *testing.T)) { e.runSteps(t, []envStep{{name, f}}) }
 	t.Cleanup(func() {
 		if ch.pool != nil {
@@ -160,6 +200,12 @@ func TestChaos(t *testing.T) {
 	step("setup", ch.setup)
 	t.Cleanup(ch.stopLoad) // before the pool closes and the cluster stops
 	step("load", ch.startLoad)
+	ch.startResources(t) // what grows: samples at the start, every 5 minutes and at the end
+	t.Cleanup(func() {
+		if ch.res != nil {
+			ch.res.halt(nil) // a test that failed before verify: no last sample
+		}
+	})
 	step("sample-initial", func(t *testing.T) { ch.sample(t, "initial, 3 shards") })
 
 	cases := []chaosCase{
@@ -168,12 +214,23 @@ func TestChaos(t *testing.T) {
 		{"kill-operator-in-handoff", ch.caseKillOperator},
 		{"restart-postgres-in-handoff", ch.caseRestartPostgres},
 		{"rescale-in-flight", ch.caseRescaleInFlight},
+		{"cut-keeper-from-postgres", ch.caseCutKeeperFromPostgres},
+		{"cut-operator-from-shard-in-handoff", ch.caseCutOperatorFromShard},
+		{"restart-kubelet", ch.caseRestartKubelet},
+		{"restart-containerd", ch.caseRestartContainerd},
+		{"evict-shard", ch.caseEvictShard},
 	}
-	if only := os.Getenv("CHAOS_CASES"); only != "" { // a comma-separated subset, in the mix's order
-		want := strings.Split(only, ",")
-		cases = slices.DeleteFunc(cases, func(c chaosCase) bool { return !slices.Contains(want, c.name) })
+	if env := os.Getenv("CHAOS_CASES"); env != "" { // a comma-separated subset, in the mix's order
+		only = strings.Split(env, ",")
+	} else if duration == 0 {
+		// The CI's single round leaves out the cases that still find a fault in the product (see
+		// soakOnly); the soak and CHAOS_CASES run them.
+		cases = slices.DeleteFunc(cases, func(c chaosCase) bool { return slices.Contains(soakOnly, c.name) })
+	}
+	if only != nil {
+		cases = slices.DeleteFunc(cases, func(c chaosCase) bool { return !slices.Contains(only, c.name) })
 		if len(cases) == 0 {
-			t.Fatalf("CHAOS_CASES=%q names none of the cases", only)
+			t.Fatalf("the cases %q name none of the mix's", only)
 		}
 	}
 	start := time.Now()
@@ -243,7 +300,7 @@ func (ch *chaos) setup(t *testing.T) {
 	t.Logf("kubectl apply --server-side -k config/default:\n%s", out)
 	e.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd/renderqueues.renderqueue.dev")
 	e.kubectl("-n", operatorNS, "scale", "deployment/renderqueue-operator", "--replicas=2")
-	e.kubectl("-n", namespace, "create", "secret", "generic", storeSecret, "--from-literal=dsn="+e.c.Postgres.TCPDSN)
+	e.kubectl("-n", namespace, "create", "secret", "generic", storeSecret, "--from-literal=dsn="+e.c.Postgres.PodDSN)
 	e.kubectl("-n", operatorNS, "rollout", "status", "deployment/renderqueue-operator", "--timeout=150s")
 	manifest := fmt.Sprintf(`apiVersion: renderqueue.dev/v1alpha1
 kind: RenderQueue
@@ -255,6 +312,9 @@ spec:
   leaseDuration: %s
   store: {secretRef: {name: %s, key: dsn}}
 `, queueName, namespace, chaosLease, storeSecret)
+	if ch.tls {
+		manifest += "  tls: {mode: OperatorIssued}\n"
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	if out, err := e.c.Kubectl(ctx, []byte(manifest), "apply", "-f", "-"); err != nil {
@@ -285,8 +345,20 @@ func (ch *chaos) startLoad(t *testing.T) {
 	if err != nil {
 		ch.e.fatalf(t, "%v", err)
 	}
-	cl, err := client.New(client.Options{Discovery: disc, Token: string(sec.Data["token"]), Batch: chaosBatch,
-		HTTPClient: &http.Client{Timeout: 15 * time.Second}})
+	hc := &http.Client{Timeout: 15 * time.Second}
+	if ch.tls {
+		e.checkShardsServeTLS(t)
+		cm, err := e.c.Client.CoreV1().ConfigMaps(namespace).Get(ctx, rqv1.ShardCAConfigMapName(queueName), metav1.GetOptions{})
+		if err != nil {
+			ch.e.fatalf(t, "reading the shard CA: %v", err)
+		}
+		if hc, err = client.NewHTTPClient(client.TLSOptions{CAPEM: []byte(cm.Data["ca.crt"]), ServerName: rqv1.ShardServerName(namespace, queueName)}); err != nil {
+			ch.e.fatalf(t, "%v", err)
+		}
+		hc.Timeout = 15 * time.Second
+	}
+	ch.hc = hc
+	cl, err := client.New(client.Options{Discovery: disc, Token: string(sec.Data["token"]), Batch: chaosBatch, HTTPClient: hc})
 	if err != nil {
 		ch.e.fatalf(t, "%v", err)
 	}
@@ -332,7 +404,7 @@ func (ch *chaos) worker(id int) {
 		ch.mu.Lock()
 		ch.claimed += len(items)
 		for _, it := range items {
-			ch.leases[it.Key] = append(ch.leases[it.Key], &leaseRec{lease: it.Lease, shard: it.Shard, claimed: now, expires: it.LeaseExpires})
+			ch.leases[it.Key] = append(ch.leases[it.Key], &leaseRec{lease: it.Lease, shard: it.Shard, due: it.Due, claimed: now, expires: it.LeaseExpires})
 		}
 		ch.mu.Unlock()
 		// the render: slow enough that the writer keeps a backlog of due rows (the workers complete
@@ -585,7 +657,9 @@ func (ch *chaos) roles(t *testing.T, st rqv1.RenderQueueStatus) (givers, receive
 }
 
 func (ch *chaos) kill(t *testing.T, ns, pod string) int {
-	pid, err := ch.e.c.Runner.KillPod(ns, pod, syscall.SIGKILL)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	pid, err := ch.e.c.Node.KillContainer(ctx, ns, pod, "", syscall.SIGKILL)
 	if err != nil {
 		ch.e.fatalf(t, "kill -9 %s/%s: %v", ns, pod, err)
 	}
@@ -635,7 +709,7 @@ func (ch *chaos) caseKillReceiver(t *testing.T) string {
 	ch.e.eventually(t, 30*time.Second, 50*time.Millisecond, victim+" walking its incoming slots", func() (bool, string) {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		defer cancel()
-		ss, err := client.GetStatus(ctx, &http.Client{}, url)
+		ss, err := client.GetStatus(ctx, ch.hc, url)
 		if err != nil {
 			return false, err.Error()
 		}
@@ -787,6 +861,7 @@ func (ch *chaos) caseRescaleInFlight(t *testing.T) string {
 // verify stops the load, takes the last sample and checks every acknowledged completion against
 // the audit of written row versions; then it prints the summary.
 func (ch *chaos) verify(t *testing.T) {
+	ch.stopResources(t)
 	ch.stopLoad()
 	ch.sample(t, "final, load stopped")
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -815,10 +890,9 @@ func (ch *chaos) verify(t *testing.T) {
 			missing = append(missing, a)
 		}
 	}
-	// leases of one key that overlapped in time: the row handed out twice at once. Where the
-	// earlier lease was still acknowledged after the later one was granted, two shards served
-	// the row at once (a commit adopted by the receiver before the giver); otherwise the earlier
-	// lease was lost (the row moved away with its slot, README: leases), as documented.
+	// leases of one key that overlapped in time: the row handed out twice at once. Each fails
+	// the test; they are told apart (different shards, the earlier lease still acknowledged)
+	// to say where it came from.
 	overlaps, cross, bothServed, bothAcked := 0, 0, 0, 0
 	var details []string
 	for k, ls := range ch.leases {
@@ -855,6 +929,33 @@ func (ch *chaos) verify(t *testing.T) {
 		}
 		t.Logf("overlapping leases: %s", d)
 	}
+	if overlaps > 0 {
+		ch.e.errorf(t, "%d overlapping leases of one key (%d across shards, %d with the earlier one acknowledged): a row was handed out twice at once", overlaps, cross, bothServed)
+	}
+	// duplicate renders: acknowledged completions of one key from different leases granted for
+	// the same due time
+	duplicates := 0
+	for k, ls := range ch.leases {
+		byDue := map[int64]*leaseRec{}
+		for _, l := range ls {
+			if l.outcome != "acknowledged" {
+				continue
+			}
+			if first, ok := byDue[l.due.UnixMicro()]; ok {
+				duplicates++
+				if duplicates <= 20 {
+					t.Logf("duplicate render: %s due %s: lease %s from %s acknowledged at %s, lease %s from %s at %s", k,
+						l.due.Format(time.RFC3339Nano), first.lease, first.shard, first.ended.Format("15:04:05.000"),
+						l.lease, l.shard, l.ended.Format("15:04:05.000"))
+				}
+				continue
+			}
+			byDue[l.due.UnixMicro()] = l
+		}
+	}
+	if duplicates > 0 {
+		ch.e.errorf(t, "%d duplicate renders: one row's render for one due time acknowledged from two leases", duplicates)
+	}
 	acked := 0
 	for _, ls := range ch.leases {
 		for _, l := range ls {
@@ -887,7 +988,17 @@ func (ch *chaos) verify(t *testing.T) {
 	fmt.Fprintf(&b, "| completions never answered (5 attempts) | %d |\n", ch.unanswered)
 	fmt.Fprintf(&b, "| overlapping leases of one key (of them: different shards; earlier one still acknowledged) | %d (%d; %d) |\n", overlaps, cross, bothServed)
 	fmt.Fprintf(&b, "| keys acknowledged twice for overlapping leases | %d |\n", bothAcked)
+	fmt.Fprintf(&b, "| duplicate renders (one due time acknowledged from two leases) | %d |\n", duplicates)
 	fmt.Fprintf(&b, "| producer writes (failed) | %d (%d) |\n", ch.writes, ch.writeErrs)
+	if ch.res != nil {
+		problems, judged := ch.res.growthProblems()
+		fmt.Fprintf(&b, "| processes followed for %s or more, judged for growth (resources_test.go) | %d |\n", resourceMinSpan, judged)
+		fmt.Fprintf(&b, "| resources that grew without bound | %d |\n", len(problems))
+		fmt.Fprintf(&b, "\nresources, sampled at the start, every %s and at the end:\n\n%s", resourceEvery, ch.res.table())
+		for _, p := range problems {
+			ch.e.errorf(t, "grew without bound: %s", p)
+		}
+	}
 	summary := b.String()
 	t.Log(summary)
 	if p := os.Getenv("CHAOS_SUMMARY"); p != "" {

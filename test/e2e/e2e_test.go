@@ -1,11 +1,11 @@
 //go:build e2e
 
-// Package e2e is renderqueue's end-to-end test: a local control plane (etcd, kube-apiserver with
-// the aggregation layer, kube-controller-manager), a throwaway PostgreSQL, real kubectl, and the
-// real renderqueue binary as every Pod's process — the operator Deployment of config/default,
-// applied as shipped, and the shard Pods it creates (package cluster's Runner plays scheduler and
-// kubelet) — with a HorizontalPodAutoscaler reading renderqueue_due through the aggregator, the
-// metrics API's Service and its EndpointSlice.
+// Package e2e is renderqueue's end-to-end test on a one-node cluster of real components (package
+// cluster: etcd, kube-apiserver, kube-controller-manager, kube-scheduler, the kubelet with
+// containerd and runc, kube-proxy, CoreDNS), a throwaway PostgreSQL and real kubectl. Every Pod
+// runs the image `make image` builds — the operator Deployment of config/default, applied as
+// shipped, and the shard Pods it creates — and a HorizontalPodAutoscaler reads renderqueue_due
+// through the aggregator and the metrics API's Service (kube-proxy).
 //
 // Run it with `make e2e` (or `go test -tags e2e ./test/e2e/...` with KUBEBUILDER_ASSETS set; without
 // it the test runs hack/setup-envtest.sh, which builds the binaries once). It needs root.
@@ -22,6 +22,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -186,6 +187,8 @@ type env struct {
 	bin  string
 	c    *cluster.Cluster
 	k8s  client.Client
+	// images are the images the node runs (BuildImages).
+	images *cluster.Images
 
 	mu      sync.Mutex
 	failure string // the first failure recorded (fail), repeated as the test's last line
@@ -231,9 +234,16 @@ func (e *env) eventually(t *testing.T, timeout, interval time.Duration, what str
 }
 
 // runSteps runs steps as subtests of t in order, stopping at the first that fails.
+//
+// E2E_STEPS (comma-separated step names) runs only those steps, for working on one: the steps
+// build on each other (seed, install and ready first), so it is for development, not a test.
 func (e *env) runSteps(t *testing.T, steps []envStep) {
 	t.Helper()
+	only := os.Getenv("E2E_STEPS")
 	for _, s := range steps {
+		if only != "" && !slices.Contains(strings.Split(only, ","), s.name) {
+			continue
+		}
 		if !t.Run(s.name, func(st *testing.T) { e.t = st; s.run(st) }) {
 			e.t = t
 			// a failure the step did not record: name the step at least
@@ -409,7 +419,7 @@ func startEnv(t *testing.T) *env {
 		t.Skip("e2e: skipped with -short")
 	}
 	if os.Geteuid() != 0 {
-		t.Skip("e2e: needs root (the pod runner: mount namespaces, overlay root filesystems, a local route for the pod network; docs/local-cluster.md)")
+		t.Skip("e2e: needs root (a real node: containerd, the kubelet, network namespaces, iptables; docs/local-cluster.md)")
 	}
 	root := repoRoot(t)
 	as := assets(t)
@@ -438,15 +448,25 @@ func startEnv(t *testing.T) *env {
 		t.Fatalf("e2e: `renderqueue operator` has no --metrics-api flags (the external metrics API):\n%s", help)
 	}
 
-	// 2. The stack.
+	// 2. The images every Pod runs: the renderqueue image of `make image` (the same bytes a user
+	// pushes), the sandbox, CoreDNS and the test probe.
 	ctx := context.Background()
+	logf := func(format string, args ...any) { t.Logf(format, args...) }
+	images, err := cluster.BuildImages(ctx, root, as, logf)
+	if err != nil {
+		t.Fatalf("building the images: %v", err)
+	}
+	e.images = images
+
+	// 3. The stack.
 	var componentLog io.Writer
 	if os.Getenv("E2E_VERBOSE") != "" {
 		componentLog = os.Stderr
 	}
 	c, err := cluster.Start(ctx, cluster.Options{
-		Repo: root, Assets: as, Binary: e.bin, Dir: filepath.Join(work, "cluster"),
-		Logf: func(format string, args ...any) { t.Logf(format, args...) }, ComponentLog: componentLog,
+		Repo: root, Assets: as, Dir: filepath.Join(work, "cluster"),
+		Images: images.Archives, SandboxImage: images.Sandbox, CoreDNSImage: images.CoreDNS,
+		WaitForNode: true, Logf: logf, ComponentLog: componentLog,
 	})
 	if err != nil {
 		t.Fatalf("starting the local cluster: %v", err)
@@ -490,11 +510,15 @@ func TestEndToEnd(t *testing.T) {
 		{"scale-to-4", e.stepScale},
 		{"kill-keeper", e.stepKillKeeper},
 		{"delete-pod", e.stepDeletePod},
+		{"exec-port-forward-logs", e.stepExecPortForwardLogs},
 		{"prometheus-alerts", e.stepPrometheusAlerts},
 		{"console", e.stepConsole},
 		{"postgres-outage", e.stepPostgresOutage},
 		{"missing-secret", e.stepMissingSecret},
 		{"bad-dsn", e.stepBadDSN},
+		{"scheduling", e.stepScheduling},
+		{"oom-kill", e.stepOOMKill},
+		{"dns-worker", e.stepDNSWorker},
 		{"workers", e.stepWorkers},
 	})
 }
@@ -538,7 +562,7 @@ func (e *env) stepInstall(t *testing.T) {
 	e.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd/renderqueues.renderqueue.dev")
 	// The shard Pods reach PostgreSQL over TCP (their /tmp is an emptyDir: the socket directory
 	// is not there), as they would reach a database server in a cluster.
-	e.kubectl("-n", namespace, "create", "secret", "generic", "renderqueue-db", "--from-literal=dsn="+e.c.Postgres.TCPDSN)
+	e.kubectl("-n", namespace, "create", "secret", "generic", "renderqueue-db", "--from-literal=dsn="+e.c.Postgres.PodDSN)
 	start := time.Now()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
@@ -639,7 +663,7 @@ spec:
     metadata: {labels: {app: %[1]s}}
     spec:
       containers:
-      - {name: worker, image: "registry.k8s.io/pause:3.10"}
+      - {name: worker, image: %[5]q}
 ---
 apiVersion: autoscaling/v2
 kind: HorizontalPodAutoscaler
@@ -655,7 +679,7 @@ spec:
         name: renderqueue_due
         selector: {matchLabels: {renderqueue.dev/name: %[3]s}}
       target: {type: AverageValue, averageValue: "%[4]d"}
-`, workers, namespace, queueName, target)
+`, workers, namespace, queueName, target, e.images.Sandbox)
 	out, err := e.c.Kubectl(ctx, []byte(manifest), "apply", "-f", "-")
 	if err != nil {
 		t.Fatalf("%v\n%s", err, out)
@@ -735,19 +759,18 @@ func (e *env) stepScale(t *testing.T) {
 	t.Logf("kubectl get renderqueues:\n%s", e.kubectl("get", "renderqueues"))
 }
 
-// stepKillKeeper kills one shard's keeper process; the runner restarts it like kubelet, the Pod
-// comes back Ready and the count is exact again.
+// stepKillKeeper kills one shard's keeper process (SIGKILL to the container's process); the
+// kubelet restarts the container, the Pod comes back Ready and the count is exact again.
 func (e *env) stepKillKeeper(t *testing.T) {
 	pod := queueName + "-shard-1"
-	before, ok := e.c.Runner.Process(namespace, pod)
-	if !ok {
-		t.Fatalf("the runner does not run %s", pod)
-	}
-	pid, err := e.c.Runner.KillPod(namespace, pod, syscall.SIGKILL)
+	before := e.pod(t, namespace, pod)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	pid, err := e.c.Node.KillContainer(ctx, namespace, pod, "", syscall.SIGKILL)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("killed %s (pid %d, %s)", pod, pid, before.IP)
+	t.Logf("killed %s (pid %d, %s)", pod, pid, before.Status.PodIP)
 	e.eventually(t, 60*time.Second, 250*time.Millisecond, pod+" restarted and Ready", func() (bool, string) {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
@@ -771,36 +794,39 @@ func (e *env) stepKillKeeper(t *testing.T) {
 	t.Logf("kubectl get pods:\n%s", e.kubectl("get", "pods", "-l", "renderqueue.dev/queue="+queueName))
 }
 
-// stepDeletePod deletes a shard Pod: the runner stops its process, the operator creates the Pod
-// again (a new UID), the runner starts it, and the count is exact again.
+// stepDeletePod deletes a shard Pod: the kubelet stops its containers, the operator creates the
+// Pod again (a new UID), the scheduler binds it, the kubelet starts it, and the count is exact
+// again.
 func (e *env) stepDeletePod(t *testing.T) {
 	pod := queueName + "-shard-2"
-	before, ok := e.c.Runner.Process(namespace, pod)
-	if !ok {
-		t.Fatalf("the runner does not run %s", pod)
+	before := e.pod(t, namespace, pod)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	pid, err := e.c.Node.ContainerPID(ctx, namespace, pod, "")
+	cancel()
+	if err != nil {
+		t.Fatal(err)
 	}
 	e.kubectl("delete", "pod", pod, "--wait=true")
-	t.Logf("deleted pod %s (uid %s, pid %d)", pod, before.UID, before.Pid)
+	t.Logf("deleted pod %s (uid %s)", pod, before.UID)
 	e.eventually(t, 90*time.Second, 250*time.Millisecond, pod+" recreated, running and Ready", func() (bool, string) {
-		p, ok := e.c.Runner.Process(namespace, pod)
-		if !ok || p.UID == before.UID || p.Pid == 0 {
-			return false, fmt.Sprintf("runner: %+v", p)
-		}
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		got, err := e.c.Client.CoreV1().Pods(namespace).Get(ctx, pod, metav1.GetOptions{})
 		if err != nil {
 			return false, err.Error()
 		}
+		if got.UID == before.UID {
+			return false, "still the deleted Pod"
+		}
 		for _, c := range got.Status.Conditions {
 			if c.Type == corev1.PodReady && c.Status == corev1.ConditionTrue {
-				return got.UID == p.UID, ""
+				return true, ""
 			}
 		}
 		return false, "not Ready yet"
 	})
-	if err := syscall.Kill(before.Pid, 0); err == nil {
-		t.Errorf("the process of the deleted Pod (pid %d) is still running", before.Pid)
+	if err := syscall.Kill(pid, 0); err == nil {
+		t.Errorf("the keeper process of the deleted Pod (pid %d) is still running", pid)
 	}
 	e.exactAndTrue(90*time.Second, 4)
 }
@@ -863,29 +889,38 @@ func (e *env) stepPostgresOutage(t *testing.T) {
 	})
 }
 
-// dumpLogs prints the tails of every container's log (the operator's and the shards') after a
-// failure.
+// dumpLogs prints the tails of every container's log (the operator's and the shards', each
+// instance's) after a failure, as the kubelet wrote them.
 func (e *env) dumpLogs() {
 	t := e.t
-	if e.c == nil || e.c.Runner == nil {
+	if e.c == nil || e.c.Node == nil {
 		return
 	}
-	for _, p := range e.c.Runner.Processes() {
-		if p.LogPath == "" {
-			continue
-		}
-		b, _ := os.ReadFile(p.LogPath)
+	for _, f := range e.c.Node.LogFiles() {
+		b, _ := os.ReadFile(f.Path)
 		lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
 		n := 20
-		if p.Namespace == operatorNS {
+		if f.Namespace == operatorNS {
 			n = 60
 		}
 		if len(lines) > n {
 			lines = lines[len(lines)-n:]
 		}
-		t.Logf("pod %s/%s container %s (%s, restarts %d) log %s, last lines:\n%s", p.Namespace, p.Name, p.Container, p.IP, p.Restarts, p.LogPath, strings.Join(lines, "\n"))
+		t.Logf("pod %s/%s container %s log %s, last lines:\n%s", f.Namespace, f.Pod, f.Container, f.Path, strings.Join(lines, "\n"))
 	}
-	t.Logf("control plane logs: %s", e.c.LogDir())
+	t.Logf("control plane and node logs: %s", e.c.LogDir())
+}
+
+// pod gets a Pod from the API.
+func (e *env) pod(t *testing.T, ns, name string) *corev1.Pod {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	p, err := e.c.Client.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("getting Pod %s/%s: %v", ns, name, err)
+	}
+	return p
 }
 
 // handoffState names the state of the membership's last handoff ("none" before the first).

@@ -4,7 +4,7 @@ package e2e
 
 // Steps for what goes wrong in a real install: the store Secret missing, and a DSN pointing at a
 // closed port. They run after the main steps (the sample queue `web` at 4 shards, exact, the
-// store Secret renderqueue-db holding e.c.Postgres.TCPDSN) and leave the stack as they found it.
+// store Secret renderqueue-db holding e.c.Postgres.PodDSN) and leave the stack as they found it.
 
 import (
 	"context"
@@ -22,7 +22,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	rqv1 "github.com/renderqueue/renderqueue/api/v1alpha1"
-	"github.com/renderqueue/renderqueue/test/e2e/cluster/process"
+	"github.com/renderqueue/renderqueue/test/e2e/cluster/node"
 )
 
 const storeSecret = "renderqueue-db" // config/samples' store Secret
@@ -38,7 +38,7 @@ func (e *env) stepMissingSecret(t *testing.T) {
 	defer func() {
 		if !restored {
 			_, _ = e.c.Kubectl(context.Background(), nil, "-n", namespace, "create", "secret", "generic", storeSecret,
-				"--from-literal=dsn="+e.c.Postgres.TCPDSN)
+				"--from-literal=dsn="+e.c.Postgres.PodDSN)
 		}
 	}()
 	e.kubectl("-n", namespace, "delete", "pod", pod, "--wait=true")
@@ -69,7 +69,7 @@ func (e *env) stepMissingSecret(t *testing.T) {
 	})
 	t.Logf("kubectl describe renderqueue %s (store Secret missing):\n%s", queueName, described)
 
-	e.kubectl("-n", namespace, "create", "secret", "generic", storeSecret, "--from-literal=dsn="+e.c.Postgres.TCPDSN)
+	e.kubectl("-n", namespace, "create", "secret", "generic", storeSecret, "--from-literal=dsn="+e.c.Postgres.PodDSN)
 	restored = true
 	t.Logf("recreated Secret %s", storeSecret)
 	e.exactAndTrue(2*time.Minute, 4)
@@ -87,7 +87,8 @@ func (e *env) stepBadDSN(t *testing.T) {
 		t.Fatalf("parsing the test DSN: %v", err)
 	}
 	port := freePort(t)
-	dsn := fmt.Sprintf("host=127.0.0.1 port=%d user=%s dbname=%s password=%s sslmode=disable", port, cfg.User, cfg.Database, password)
+	// The node's address (the Pods reach PostgreSQL there): nothing listens on this port yet.
+	dsn := fmt.Sprintf("host=%s port=%d user=%s dbname=%s password=%s sslmode=disable", node.NodeIP, port, cfg.User, cfg.Database, password)
 	e.kubectl("-n", namespace, "create", "secret", "generic", secret, "--from-literal=dsn="+dsn)
 	manifest := fmt.Sprintf(`apiVersion: renderqueue.dev/v1alpha1
 kind: RenderQueue
@@ -117,7 +118,7 @@ spec:
 	}
 
 	shard := rqv1.ShardName(name, 0)
-	addr := fmt.Sprintf("127.0.0.1:%d", port)
+	addr := net.JoinHostPort(node.NodeIP, strconv.Itoa(port))
 	var described string
 	e.eventually(t, 90*time.Second, time.Second, "kubectl describe to show the keeper's database error", func() (bool, string) {
 		st := broken().Status
@@ -152,7 +153,7 @@ spec:
 	e.exactAndTrue(time.Minute, 4)
 }
 
-// proxyPostgres listens on 127.0.0.1:port and forwards every connection to the PostgreSQL
+// proxyPostgres listens on the node's address at port and forwards every connection to the PostgreSQL
 // server of cfg (its Unix socket, or its TCP address). stop closes the listener and every
 // connection.
 func proxyPostgres(t *testing.T, port int, cfg *pgconn.Config) (stop func()) {
@@ -161,7 +162,7 @@ func proxyPostgres(t *testing.T, port int, cfg *pgconn.Config) (stop func()) {
 	if strings.HasPrefix(cfg.Host, "/") {
 		network, target = "unix", fmt.Sprintf("%s/.s.PGSQL.%d", cfg.Host, cfg.Port)
 	}
-	ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
+	ln, err := net.Listen("tcp", net.JoinHostPort(node.NodeIP, strconv.Itoa(port)))
 	if err != nil {
 		t.Fatalf("proxy on port %d: %v", port, err)
 	}
@@ -203,12 +204,13 @@ func proxyPostgres(t *testing.T, port int, cfg *pgconn.Config) (stop func()) {
 	}
 }
 
-// freePort is a loopback TCP port that was free a moment ago.
+// freePort is a TCP port of the node's address that was free a moment ago.
 func freePort(t *testing.T) int {
 	t.Helper()
-	p, err := process.FreePort()
+	l, err := net.Listen("tcp", net.JoinHostPort(node.NodeIP, "0"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	return p
+	defer func() { _ = l.Close() }()
+	return l.Addr().(*net.TCPAddr).Port
 }

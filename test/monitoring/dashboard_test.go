@@ -148,6 +148,8 @@ func TestDashboard(t *testing.T) {
 		"renderqueue_keeper_completed_rows_total",        // completion rate
 		"renderqueue_queue_handoffs_rolled_back_total",   // handoffs
 		"renderqueue_metrics_api_request_errors_total",
+		"renderqueue_worker_claims_total", "renderqueue_worker_completions_total", // the render workers
+		"renderqueue_worker_render_seconds_bucket",
 	} {
 		if !used[want] {
 			t.Errorf("the dashboard does not show %s", want)

@@ -133,3 +133,54 @@ func toStrings(v any) []string {
 	}
 	return out
 }
+
+// TestWorkerPodMonitor checks that the workers' PodMonitor scrapes the sample render workers: the
+// label it selects on is on their Pod template, the port it scrapes is their container's, and
+// the sample serves pkg/client's metrics there.
+func TestWorkerPodMonitor(t *testing.T) {
+	pm := kindOf(t, docs(t, "config", "prometheus", "podmonitor-workers.yaml"), "PodMonitor")
+	if at(pm, "spec", "namespaceSelector", "any") != true {
+		t.Error("render workers run in the RenderQueues' namespaces: the PodMonitor must select any")
+	}
+	expr := at(pm, "spec", "selector", "matchExpressions", 0)
+	label, _ := at(expr, "key").(string)
+	if at(expr, "operator") != "Exists" || label == "" {
+		t.Fatalf("the workers' PodMonitor selects %v", at(pm, "spec", "selector"))
+	}
+	relabel := at(pm, "spec", "podMetricsEndpoints", 0, "relabelings", 0)
+	if src := toStrings(at(relabel, "sourceLabels")); len(src) != 1 || src[0] != "__meta_kubernetes_pod_label_"+sanitize(label) ||
+		at(relabel, "targetLabel") != "renderqueue" {
+		t.Errorf("the workers' PodMonitor relabels %v, not %s to renderqueue", relabel, label)
+	}
+
+	deploy := kindOf(t, docs(t, "config", "samples", "workers", "deployment.yaml"), "Deployment")
+	podLabels, _ := at(deploy, "spec", "template", "metadata", "labels").(map[string]any)
+	if podLabels[label] != "web" {
+		t.Errorf("the sample workers' Pods are not labelled %s=web (the RenderQueue they work for): %v", label, podLabels)
+	}
+	port, _ := at(pm, "spec", "podMetricsEndpoints", 0, "port").(string)
+	c := at(deploy, "spec", "template", "spec", "containers", 0)
+	var containerPort float64
+	for _, p := range at(c, "ports").([]any) {
+		if at(p, "name") == port {
+			containerPort, _ = at(p, "containerPort").(float64)
+		}
+	}
+	if containerPort == 0 {
+		t.Fatalf("the sample workers have no port %q: %v", port, at(c, "ports"))
+	}
+	if want := "--metrics-listen=:" + strconv.FormatFloat(containerPort, 'f', -1, 64); !slices.Contains(toStrings(at(c, "args")), want) {
+		t.Errorf("the sample workers do not serve their metrics on port %q (%s): %v", port, want, at(c, "args"))
+	}
+}
+
+// sanitize is Prometheus's Kubernetes discovery's label name for a Pod label key: every character
+// outside [a-zA-Z0-9_] becomes _.
+func sanitize(key string) string {
+	return strings.Map(func(r rune) rune {
+		if r == '_' || (r >= 'a' && r <= 'z') || (r >= 'A' && r <= 'Z') || (r >= '0' && r <= '9') {
+			return r
+		}
+		return '_'
+	}, key)
+}

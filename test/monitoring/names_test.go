@@ -5,16 +5,23 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/prometheus/promql/parser"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/renderqueue/renderqueue/controllers"
+	"github.com/renderqueue/renderqueue/internal/memlimit"
 	"github.com/renderqueue/renderqueue/pkg/buildinfo"
+	"github.com/renderqueue/renderqueue/pkg/client/clientmetrics"
 	"github.com/renderqueue/renderqueue/pkg/keeper"
 	"github.com/renderqueue/renderqueue/pkg/keeper/shardmetrics"
 	"github.com/renderqueue/renderqueue/pkg/metricsapi"
@@ -66,10 +73,27 @@ func describedNames(t *testing.T, c prometheus.Collector) []string {
 	return out
 }
 
-// exported is the set of series names renderqueue exports: every metric the keeper and the
-// operator register, read from their real registries (plus _bucket, _sum and _count of the
-// histograms).
-type exported map[string]string // name -> "keeper" or "operator"
+// exported is the set of series names renderqueue exports: every metric the keeper, the operator
+// and a render worker on pkg/client register, read from their real registries (plus _bucket, _sum
+// and _count of the histograms), and those of the libraries they run on: the Go runtime and
+// process collectors both serve, and controller-runtime's, which the operator serves.
+type exported map[string]string // name -> "keeper", "operator", "worker", "runtime" or "controller-runtime"
+
+// controllerRuntimeOnce starts, once per process, a controller named as the operator's, so that
+// controller-runtime's per-controller series (controller_runtime_reconcile_errors_total, ...)
+// exist in its registry. Names are unique per process.
+var controllerRuntimeOnce = sync.OnceValue(func() error {
+	c, err := controller.NewUnmanaged(controllers.ControllerName, controller.Options{
+		Reconciler: reconcile.Func(func(context.Context, reconcile.Request) (reconcile.Result, error) { return reconcile.Result{}, nil }),
+	})
+	if err != nil {
+		return err
+	}
+	// Start creates the series first; with the context ended it returns at once
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	return c.Start(ctx)
+})
 
 func exportedMetrics(t *testing.T) exported {
 	t.Helper()
@@ -80,16 +104,8 @@ func exportedMetrics(t *testing.T) exported {
 			t.Fatalf("gathering the %s metrics: %v", component, err)
 		}
 		for _, mf := range mfs {
-			out[mf.GetName()] = component
-			switch mf.GetType() {
-			case dto.MetricType_HISTOGRAM:
-				for _, s := range []string{"_bucket", "_sum", "_count"} {
-					out[mf.GetName()+s] = component
-				}
-			case dto.MetricType_SUMMARY:
-				for _, s := range []string{"_sum", "_count"} {
-					out[mf.GetName()+s] = component
-				}
+			for _, n := range seriesNames(mf) {
+				out[n] = component
 			}
 		}
 		for _, c := range append(slices.Clone(reg.collectors), describeOnly...) {
@@ -114,8 +130,24 @@ func exportedMetrics(t *testing.T) exported {
 	if rep := sh.Walk(context.Background(), true); rep.Failed {
 		t.Fatalf("walk: %+v", rep)
 	}
-	kreg.MustRegister(keeper.NewStatusCollector(sh), buildinfo.NewCollector("keeper", buildinfo.Read("test")))
+	kreg.MustRegister(keeper.NewStatusCollector(sh), buildinfo.NewCollector("keeper", buildinfo.Read("test")),
+		memlimit.NewCollector(memlimit.KeeperMetric, memlimit.Reader{}))
 	add("keeper", kreg)
+
+	// The Go runtime's and the process's collectors, which the keeper registers as well and
+	// controller-runtime's registry holds (process_resident_memory_bytes, go_memstats_*).
+	rreg := newRecorder()
+	rreg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	add("runtime", rreg)
+
+	// A render worker on pkg/client (renderqueue_worker_*).
+	wreg := newRecorder()
+	wm, err := clientmetrics.New(wreg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wm.Rendered("success", time.Second) // a histogram's _bucket, _sum and _count are known from a series
+	add("worker", wreg)
 
 	// The operator, as cmd/renderqueue registers it on controller-runtime's registry; the
 	// per-queue collector reads RenderQueues at scrape time, so its names come from its
@@ -129,6 +161,39 @@ func exportedMetrics(t *testing.T) exported {
 	}
 	oreg.MustRegister(buildinfo.NewCollector("operator", buildinfo.Read("test")))
 	add("operator", oreg, controllers.NewQueueCollector(nil, nil))
+
+	// controller-runtime's own metrics, which the operator's metrics server serves.
+	if err := controllerRuntimeOnce(); err != nil {
+		t.Fatalf("starting a controller: %v", err)
+	}
+	mfs, err := ctrlmetrics.Registry.Gather()
+	if err != nil {
+		t.Fatalf("gathering controller-runtime's metrics: %v", err)
+	}
+	for _, mf := range mfs {
+		for _, n := range seriesNames(mf) {
+			if _, ok := out[n]; !ok {
+				out[n] = "controller-runtime"
+			}
+		}
+	}
+	return out
+}
+
+// seriesNames are the names of a metric family's series: its own, and a histogram's or a
+// summary's _bucket, _sum and _count.
+func seriesNames(mf *dto.MetricFamily) []string {
+	out := []string{mf.GetName()}
+	switch mf.GetType() {
+	case dto.MetricType_HISTOGRAM:
+		for _, s := range []string{"_bucket", "_sum", "_count"} {
+			out = append(out, mf.GetName()+s)
+		}
+	case dto.MetricType_SUMMARY:
+		for _, s := range []string{"_sum", "_count"} {
+			out = append(out, mf.GetName()+s)
+		}
+	}
 	return out
 }
 
@@ -146,9 +211,19 @@ func TestExportedMetrics(t *testing.T) {
 			t.Errorf("keeper metric %s is not named renderqueue_keeper_*", n)
 		case component == "operator" && !strings.HasPrefix(n, "renderqueue_queue_") && !strings.HasPrefix(n, "renderqueue_metrics_api_"):
 			t.Errorf("operator metric %s is not named renderqueue_queue_* or renderqueue_metrics_api_*", n)
+		case component == "worker" && !strings.HasPrefix(n, "renderqueue_worker_"):
+			t.Errorf("worker metric %s is not named renderqueue_worker_*", n)
+		case component == "runtime" && !strings.HasPrefix(n, "go_") && !strings.HasPrefix(n, "process_"):
+			t.Errorf("runtime metric %s is not named go_* or process_*", n)
 		}
-		if strings.HasSuffix(n, "_timestamp") || strings.Contains(n, "_milliseconds") {
+		if strings.HasPrefix(n, "renderqueue_") && (strings.HasSuffix(n, "_timestamp") || strings.Contains(n, "_milliseconds")) {
 			t.Errorf("%s: timestamps and durations are in seconds (_seconds)", n)
+		}
+	}
+	for _, want := range []string{"process_resident_memory_bytes", memlimit.KeeperMetric, "controller_runtime_reconcile_errors_total",
+		"renderqueue_worker_claims_total"} {
+		if _, ok := names[want]; !ok {
+			t.Errorf("%s is not among the exported names", want)
 		}
 	}
 	// the quirks of issue 12 stay fixed: the shard's due gauge is not the external metric's name

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"sort"
 	"sync"
 	"testing"
@@ -18,6 +19,7 @@ import (
 
 	"github.com/go-logr/logr"
 
+	"github.com/renderqueue/renderqueue/pkg/client"
 	"github.com/renderqueue/renderqueue/pkg/keeper"
 	"github.com/renderqueue/renderqueue/pkg/membership"
 	"github.com/renderqueue/renderqueue/pkg/schedule"
@@ -42,8 +44,14 @@ type Options struct {
 	Token string
 	// Lease is the shards' default lease. Default 1 minute.
 	Lease time.Duration
+	// MaxLease is the shards' longest lease (keeper.Settings.MaxLease); 0: Lease.
+	MaxLease time.Duration
 	// Window is the shards' window (0: hold every row).
 	Window time.Duration
+	// ReceiversFirst makes a commit reach the shards that receive slots before those that give
+	// them (by default the givers adopt it first). Shards see a new assignment in no fixed order:
+	// either way a row is leased by one shard at a time, its leases travelling with its slot.
+	ReceiversFirst bool
 	// Wrap, when set, wraps each shard's HTTP handler (to record the traffic, say).
 	Wrap func(http.Handler) http.Handler
 }
@@ -58,6 +66,9 @@ type Cluster struct {
 	mu     sync.Mutex
 	assign membership.Assignment
 	shards map[string]*Shard
+	// moves are the last handoff's, committedAt when it was committed (zero while it prepares)
+	moves       []membership.MoveText
+	committedAt time.Time
 }
 
 // Shard is one running keeper shard.
@@ -160,6 +171,11 @@ func NewCluster(t TB, opts Options, names ...string) *Cluster {
 			t.Fatalf("clienttest: %v", err)
 		}
 	}
+	c.moves = nil // the first assignment: its moves come from "", no earlier owner
+	for _, m := range plan.Moves() {
+		c.moves = append(c.moves, membership.MoveText{From: m.From, To: m.To, Slots: schedule.FormatSlots(m.Slots)})
+	}
+	c.committedAt = time.Now()
 	c.publish(nil)
 	for _, n := range names {
 		c.waitReady(n)
@@ -217,9 +233,26 @@ func (c *Cluster) Due() int {
 	return n
 }
 
-func (c *Cluster) settingsFor(name string) keeper.Settings {
-	return keeper.Settings{Window: c.opts.Window, LeaseDuration: c.opts.Lease, SubmittedBoost: 2, UrgentMaxShare: 0.2,
+// settingsFor is shard name's settings as the operator publishes them: with its peers (every
+// shard's URL and owned slots) and who gives it its incoming slots (or gave it those of the last
+// committed handoff). urls are the shards' URLs. Called with c.mu held.
+func (c *Cluster) settingsFor(name string, urls map[string]string) keeper.Settings {
+	st := keeper.Settings{Window: c.opts.Window, LeaseDuration: c.opts.Lease, MaxLease: c.opts.MaxLease, SubmittedBoost: 2, UrgentMaxShare: 0.2,
 		Epoch: c.assign.Epoch, Owned: c.assign.Owned(name), Incoming: c.assign.Incoming(name)}
+	for _, n := range c.assign.Shards() {
+		st.Peers = append(st.Peers, keeper.Peer{Name: n, URL: urls[n], Owned: c.assign.Owned(n)})
+	}
+	for _, m := range c.moves {
+		if m.To != name {
+			continue
+		}
+		set, err := schedule.ParseSlots(m.Slots)
+		if err != nil {
+			c.t.Fatalf("clienttest: %v", err)
+		}
+		st.Arriving = append(st.Arriving, keeper.Arrival{From: m.From, Slots: set, CommittedAt: c.committedAt})
+	}
+	return st
 }
 
 // publish hands every shard of the assignment its settings, givers (shards losing slots) first,
@@ -229,16 +262,33 @@ func (c *Cluster) publish(givers map[string]bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	names := c.assign.Shards()
-	sort.SliceStable(names, func(i, j int) bool { return givers[names[i]] && !givers[names[j]] })
-	inAssignment := map[string]bool{}
+	for name := range c.shards {
+		if !slices.Contains(names, name) {
+			names = append(names, name) // left without slots: it gives them away, then stops
+		}
+	}
+	first := func(name string) bool { return givers[name] != c.opts.ReceiversFirst }
+	sort.SliceStable(names, func(i, j int) bool { return first(names[i]) && !first(names[j]) })
+	// the new shards' addresses first: every shard's settings name them all
+	urls := map[string]string{}
+	for name, s := range c.shards {
+		urls[name] = s.URL
+	}
+	fresh := map[string]*httptest.Server{}
 	for _, name := range names {
-		inAssignment[name] = true
-		st := c.settingsFor(name)
+		if _, ok := c.shards[name]; !ok {
+			srv := httptest.NewUnstartedServer(nil)
+			fresh[name], urls[name] = srv, "http://"+srv.Listener.Addr().String()
+		}
+	}
+	for _, name := range names {
+		st := c.settingsFor(name, urls)
 		if s, ok := c.shards[name]; ok {
 			s.updates <- st
 			continue
 		}
-		sh, err := keeper.NewShard(keeper.Options{Name: name, Store: c.store, Log: logr.Discard()}, st)
+		sh, err := keeper.NewShard(keeper.Options{Name: name, Store: c.store, Log: logr.Discard(),
+			Peers: &client.Peers{HTTP: &http.Client{Timeout: 5 * time.Second}, Token: c.opts.Token}}, st)
 		if err != nil {
 			c.t.Fatalf("clienttest: %v", err)
 		}
@@ -248,10 +298,34 @@ func (c *Cluster) publish(givers map[string]bool) {
 		if c.opts.Wrap != nil {
 			h = c.opts.Wrap(h)
 		}
-		s.srv = httptest.NewServer(h)
+		s.srv = fresh[name]
+		s.srv.Config.Handler = h
+		s.srv.Start()
 		s.URL = s.srv.URL
 		go func() { s.done <- sh.Run(ctx, s.updates) }()
 		c.shards[name] = s
+	}
+}
+
+// stopSurplus stops the shards the assignment gives no slots, once no shard awaits their
+// handover (as a keeper that is deleted serves its handovers while it drains).
+func (c *Cluster) stopSurplus() {
+	c.t.Helper()
+	c.waitFor("the handovers of the slots that moved", func() bool {
+		for _, st := range c.Status() {
+			for _, f := range st.Fences {
+				if f.Until == nil {
+					return false
+				}
+			}
+		}
+		return true
+	})
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	inAssignment := map[string]bool{}
+	for _, name := range c.assign.Shards() {
+		inAssignment[name] = true
 	}
 	for name, s := range c.shards {
 		if !inAssignment[name] {
@@ -323,6 +397,10 @@ func (c *Cluster) Rebalance(between func(phase string), target ...string) {
 		case membership.ActionPrepare, membership.ActionCommit, membership.ActionRollback:
 			c.mu.Lock()
 			c.assign, err = membership.Apply(c.assign, act.Phase)
+			c.moves, c.committedAt = h.Moves, time.Time{}
+			if act.Kind == membership.ActionCommit {
+				c.committedAt = time.Now()
+			}
 			c.mu.Unlock()
 			if err != nil {
 				c.t.Fatalf("clienttest: %s: %v", act.Kind, err)
@@ -335,6 +413,7 @@ func (c *Cluster) Rebalance(between func(phase string), target ...string) {
 				between(string(act.Kind))
 			}
 			if act.Kind == membership.ActionCommit {
+				c.stopSurplus()
 				return
 			}
 		case membership.ActionWait:

@@ -19,6 +19,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -134,13 +135,25 @@ func Do(ctx context.Context, t testing.TB, timeout time.Duration, what string, s
 }
 
 // Text returns the text content of the first node matching the CSS selector sel, trimmed. It
-// waits (within ctx) for such a node to exist.
+// waits (within ctx) for such a node to exist. The text is read in the page in one step
+// (document.querySelector), so a page that re-renders the node meanwhile (the console refreshes)
+// cannot leave the read holding a node that is gone.
 func Text(ctx context.Context, sel string) (string, error) {
-	s, err := chromedp.Run(ctx, chromedp.TextContent(chromedp.CSS(sel)))
-	if err != nil {
-		return "", fmt.Errorf("text of %s: %w", sel, err)
+	expr := fmt.Sprintf(`(() => { const n = document.querySelector(%s); return n === null ? null : n.textContent; })()`, strconv.Quote(sel))
+	for {
+		s, err := chromedp.Run(ctx, chromedp.Evaluate[*string](expr))
+		switch {
+		case err != nil:
+			return "", fmt.Errorf("text of %s: %w", sel, err)
+		case s != nil:
+			return strings.TrimSpace(*s), nil
+		}
+		select {
+		case <-ctx.Done():
+			return "", fmt.Errorf("text of %s: no such node: %w", sel, ctx.Err())
+		case <-time.After(50 * time.Millisecond):
+		}
 	}
-	return strings.TrimSpace(s), nil
 }
 
 // TextNow is Text for a node that should be there already: it fails after a second instead of

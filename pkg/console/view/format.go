@@ -67,6 +67,32 @@ func TemplateFuncs() template.FuncMap {
 			}
 		},
 		"dur": func(a time.Time, b *time.Time) string { return statusview.Seconds(b.Sub(a).Seconds()) },
+		"explainForm": func(ns, name, key, root string) ExplainForm {
+			return ExplainForm{Namespace: ns, Name: name, Key: key, Root: root}
+		},
+		"rowTone": RowTone,
+	}
+}
+
+// ExplainForm is the search box of a queue's page: the queue, the key given, and the page's
+// relative path to the console's root.
+type ExplainForm struct {
+	Namespace, Name, Key, Root string
+}
+
+// RowTone is the tone of an explained row's state (shardapi.RowExplanation.State): waiting,
+// leased and not due are the shard at work; held back or in an incoming slot, worth a look;
+// invalid or not seen, wrong; beyond the window or another shard's, neutral.
+func RowTone(state string) string {
+	switch state {
+	case "waiting", "leased", "notDue":
+		return toneOK
+	case "heldBack", "incoming":
+		return toneWarn
+	case "invalid", "notSeen":
+		return toneBad
+	default:
+		return toneUnknown
 	}
 }
 

@@ -273,11 +273,12 @@ var goodWhenTrue = map[string]bool{
 	rqv1.ConditionWalksComplete: true,
 	rqv1.ConditionProgressing:   false,
 	rqv1.ConditionReconciled:    true,
+	rqv1.ConditionClassesServed: true,
 }
 
 // conditionOrder is the order conditions are shown in; others follow by type.
 var conditionOrder = []string{rqv1.ConditionReady, rqv1.ConditionExact, rqv1.ConditionEdgeHealthy,
-	rqv1.ConditionWalksComplete, rqv1.ConditionProgressing, rqv1.ConditionReconciled}
+	rqv1.ConditionWalksComplete, rqv1.ConditionProgressing, rqv1.ConditionReconciled, rqv1.ConditionClassesServed}
 
 func conditionTone(c metav1.Condition) string {
 	switch c.Status {

@@ -27,6 +27,8 @@ func TestConditionTone(t *testing.T) {
 		{rqv1.ConditionWalksComplete, metav1.ConditionFalse, toneBad},
 		{rqv1.ConditionProgressing, metav1.ConditionTrue, toneWarn},
 		{rqv1.ConditionProgressing, metav1.ConditionFalse, toneOK},
+		{rqv1.ConditionClassesServed, metav1.ConditionFalse, toneBad},
+		{rqv1.ConditionClassesServed, metav1.ConditionTrue, toneOK},
 		{rqv1.ConditionExact, metav1.ConditionUnknown, toneUnknown},
 		{"SomethingNew", metav1.ConditionTrue, toneUnknown},
 	}

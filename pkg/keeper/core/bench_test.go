@@ -115,6 +115,13 @@ func BenchmarkKeeperClaim(b *testing.B) {
 			b.ReportMetric(float64(claiming.Microseconds())/float64(b.N), "us/claim")
 		}
 		b.Run(coretest.SizeName(n)+"/batch=100", claim)
+		// the same with the keeper's defaults: the Adaptive policy's pace measured at every claim,
+		// the starvation bound looked at (every group is claimed often: it hands out nothing)
+		if err := c.SetConfig(policy.Config{SubmittedBoost: 2, UrgentMaxShare: 0.2, Reschedule: policy.Adaptive,
+			StarvationBound: policy.DefaultStarvationBound}); err != nil {
+			b.Fatal(err)
+		}
+		b.Run(coretest.SizeName(n)+"/batch=100/adaptive+bound", claim)
 		// the same with a floor on every group (8 floors of 0.05)
 		var floors []policy.Floor
 		for _, cad := range coretest.Cadences() {

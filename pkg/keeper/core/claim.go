@@ -5,6 +5,7 @@ import (
 	"math"
 	"time"
 
+	"github.com/renderqueue/renderqueue/pkg/keeper/core/pace"
 	"github.com/renderqueue/renderqueue/pkg/keeper/core/policy"
 	"github.com/renderqueue/renderqueue/pkg/schedule"
 )
@@ -16,6 +17,10 @@ var (
 	// ErrLeaseLost: the key is held but not under the presented lease (it expired, was released,
 	// or the token is wrong).
 	ErrLeaseLost = errors.New("lease is not current: it expired, was released or never existed")
+	// ErrCompletionInFlight: a completion under the lease is being written (BeginCompleting);
+	// until its write resolves the lease can be neither released nor completed again, and the
+	// row is not handed out. The first completion's answer says whether it was written.
+	ErrCompletionInFlight = errors.New("a completion under this lease is being written: the row stays leased until the write resolves, and that completion's answer says whether it was written")
 )
 
 // Claimed is one claimed row.
@@ -46,14 +51,17 @@ type phase uint8
 
 const (
 	phaseUrgent phase = iota // urgent groups
+	phaseStarve              // non-urgent groups past their starvation bound
 	phaseFloor               // non-urgent groups whose floor has quota left
 	phaseScore               // non-urgent groups
 )
 
 // Claim leases up to n due rows (due ≤ now) for leaseFor, most overdue first: urgent rows first
-// but at most floor(UrgentMaxShare × n) of them while other due rows exist, then the floors'
-// reserved rows (see Floor; among them by score), then by score, ties by due then key. Rows in
-// incoming slots and leased rows are never claimed.
+// but at most floor(UrgentMaxShare × n) of them while other due rows exist, then the most overdue
+// row of each class past its StarvationBound (longest waiting in its cadences first), then the
+// floors' reserved rows (see Floor; among them by score), then by score, ties by due then key.
+// Rows in incoming slots, leased rows and the rows of fenced slots (HoldSlots, Fence) are never
+// claimed. Every claim is measured for the Adaptive reschedule policy (Pace).
 func (c *Core) Claim(now time.Time, n int, leaseFor time.Duration) []Claimed {
 	var out []Claimed
 	if n > 0 {
@@ -102,6 +110,15 @@ func (c *Core) claimRows(nowMs int64, n int, leaseFor time.Duration, co *claimOu
 			f.quota = int(min(math.Floor(f.credit), float64(n)))
 			f.taken = 0
 		}
+	}
+	if c.cfg.StarvationBound > 0 {
+		for taken() < n {
+			if !c.claimBest(nowMs, phaseStarve, leaseFor, co) {
+				break
+			}
+		}
+	}
+	if len(c.floors) > 0 {
 		for taken() < n {
 			if !c.claimBest(nowMs, phaseFloor, leaseFor, co) {
 				break
@@ -121,6 +138,28 @@ func (c *Core) claimRows(nowMs int64, n int, leaseFor time.Duration, co *claimOu
 	if len(c.floors) > 0 {
 		c.settleFloors(nowMs)
 	}
+	c.pace.Claimed(nowMs, n, taken())
+	c.recent.Claimed(nowMs, taken())
+	if c.cfg.Reschedule == policy.Adaptive {
+		c.paced = pace.Decide(c.pace.Reading(nowMs, c.demand()))
+	}
+}
+
+// Pace is the Adaptive reschedule policy's decision at the last claim, and what it was decided
+// from (the zero Decision, keeping phase, before the first claim; not kept up to date under
+// another policy).
+func (c *Core) Pace() pace.Decision { return c.paced }
+
+// demand is the renders an hour the owned rows need: Σ rows / cadence over the held rows, and
+// over the rows beyond the window as the last walks found them (Core.beyond).
+func (c *Core) demand() float64 {
+	d := c.beyondOwned
+	for _, g := range c.groups {
+		if n := c.trees.Len(&g.owned); n > 0 {
+			d += float64(n) / float64(g.cadenceMs)
+		}
+	}
+	return d * float64(time.Hour.Milliseconds())
 }
 
 // settleFloors charges each floor's credit with the rows its class got in the claim just made:
@@ -132,7 +171,7 @@ func (c *Core) settleFloors(nowMs int64) {
 		if g.floor < 0 {
 			continue
 		}
-		if e, ok := c.trees.Head(&g.owned); ok && c.rows.At(e.ID()).Due() <= nowMs {
+		if e, ok := c.claimHead(g, nowMs); ok && c.rows.At(e.ID()).Due() <= nowMs {
 			due[g.floor] = true
 		}
 	}
@@ -146,11 +185,12 @@ func (c *Core) settleFloors(nowMs int64) {
 	}
 }
 
-// claimBest claims the best due row among the groups of phase p.
+// claimBest claims the best due row among the groups of phase p: by score, or in phaseStarve by
+// the time the group has waited, in its cadences.
 func (c *Core) claimBest(nowMs int64, p phase, leaseFor time.Duration, co *claimOut) bool {
 	var best *group
 	var bestID uint32
-	var bestScore float64
+	var bestScore, bestKey float64
 	for _, g := range c.groups {
 		if g.urgent != (p == phaseUrgent) {
 			continue
@@ -158,7 +198,7 @@ func (c *Core) claimBest(nowMs int64, p phase, leaseFor time.Duration, co *claim
 		if p == phaseFloor && (g.floor < 0 || c.floors[g.floor].quota == 0) {
 			continue
 		}
-		e, ok := c.trees.Head(&g.owned)
+		e, ok := c.claimHead(g, nowMs)
 		if !ok {
 			continue
 		}
@@ -169,8 +209,17 @@ func (c *Core) claimBest(nowMs int64, p phase, leaseFor time.Duration, co *claim
 			continue
 		}
 		s := policy.Score(nowMs, due, g.cadenceMs, g.source == schedule.SourceSubmitted, c.cfg.SubmittedBoost)
-		if best == nil || s > bestScore || (s == bestScore && c.before(id, bestID)) {
-			best, bestID, bestScore = g, id, s
+		key := s
+		if p == phaseStarve {
+			// waiting since its last claim or its head came due, whichever is later
+			waited := float64(nowMs-max(due, g.lastClaimMs)) / float64(g.cadenceMs)
+			if waited < c.cfg.StarvationBound {
+				continue
+			}
+			key = waited
+		}
+		if best == nil || key > bestKey || (key == bestKey && c.before(id, bestID)) {
+			best, bestID, bestScore, bestKey = g, id, s, key
 		}
 	}
 	if best == nil {
@@ -179,15 +228,16 @@ func (c *Core) claimBest(nowMs int64, p phase, leaseFor time.Duration, co *claim
 	if best.floor >= 0 {
 		f := &c.floors[best.floor]
 		f.taken++
-		if p == phaseFloor {
-			f.quota--
+		if p == phaseFloor || p == phaseStarve && f.quota > 0 {
+			f.quota-- // a row the bound hands out is one of the floor's reserved rows
 		}
 	}
+	best.lastClaimMs = nowMs
 	c.trees.LeaseHead(&best.owned)
 	r := c.rows.At(bestID)
 	r.Set(flagLeased)
 	expires := nowMs + leaseFor.Milliseconds()
-	token := c.leases.Grant(bestID, r.Rev, expires)
+	token := c.leases.Grant(bestID, r.Rev, nowMs, expires)
 	co.rows = append(co.rows, Claimed{
 		Key:          co.keyString(c.rows.Key(r)),
 		Slot:         int(r.Slot),
@@ -243,11 +293,15 @@ func (c *Core) CheckLease(now time.Time, key string, token uint64) error {
 }
 
 // Release ends key's lease without rendering: the row is claimable again at once.
-// Completing a row is Release after applying the row's new version from the store.
+// Completing a row is Release after applying the row's new version from the store. A lease whose
+// completion is being written (BeginCompleting) is not released: ErrCompletionInFlight.
 func (c *Core) Release(now time.Time, key string, token uint64) error {
 	id, err := c.leaseOf(now.UnixMilli(), key, token)
 	if err != nil {
 		return err
+	}
+	if c.leases.Pinned(id) {
+		return ErrCompletionInFlight
 	}
 	c.endLease(id)
 	return nil
@@ -255,7 +309,8 @@ func (c *Core) Release(now time.Time, key string, token uint64) error {
 
 // Extend sets key's current lease (token) to expire leaseFor after now, later or sooner than it
 // would have: for a render that outlasts its lease, or to hand the row out again sooner. A lease
-// that is no longer current is refused (ErrLeaseLost, ErrNotHeld) and nothing changes.
+// that is no longer current is refused (ErrLeaseLost, ErrNotHeld) and nothing changes. A lease
+// whose completion is being written keeps the new expiry for when the write fails (AbortCompleting).
 func (c *Core) Extend(now time.Time, key string, token uint64, leaseFor time.Duration) (time.Time, error) {
 	nowMs := now.UnixMilli()
 	id, err := c.leaseOf(nowMs, key, token)
@@ -298,8 +353,47 @@ type Hint struct {
 // Completing checks that token is key's current lease at now, like CheckLease, and returns what
 // completing the row at now writes: its next due time by the Reschedule policy, with its class and
 // the due time it is held with. held reports whether the key is held: the class and due are valid
-// whenever it is, lease or not (one index lookup for what a completion needs).
+// whenever it is, lease or not (one index lookup for what a completion needs). A lease whose
+// completion is being written already (BeginCompleting) gets ErrCompletionInFlight. Completing
+// changes nothing but expiring leases: a caller that writes the completion asynchronously uses
+// BeginCompleting.
 func (c *Core) Completing(now time.Time, key string, token uint64) (cp Completion, held bool, err error) {
+	return c.completing(now, key, token)
+}
+
+// BeginCompleting is Completing for a completion that is written after it returns (a group
+// commit): when the lease is current, it is pinned until the write resolves — it does not expire,
+// cannot be released or completed again, and the row is not handed out — so that no second worker
+// is given the row while the first one's completion may still be written. The write's outcome
+// then ends it (ApplyCompleted: written, or refused because the row changed) or puts it back
+// under its expiry (AbortCompleting: not written). Without a current lease nothing is pinned.
+func (c *Core) BeginCompleting(now time.Time, key string, token uint64) (cp Completion, held bool, err error) {
+	cp, held, err = c.completing(now, key, token)
+	if err == nil {
+		c.leases.Pin(cp.Hint.rec-1, token)
+	}
+	return cp, held, err
+}
+
+// AbortCompleting ends the completion BeginCompleting began under key's lease (token) without
+// applying anything: its write failed, so the row is as it was. The lease takes its place under
+// its expiry again; one whose time passed meanwhile ends at once, and the row is claimable. It
+// returns ErrNotHeld or ErrLeaseLost when the row or the lease went meanwhile (an event dropped
+// the row, its slot left), and nothing changes.
+func (c *Core) AbortCompleting(now time.Time, key string, token uint64, hint Hint) error {
+	id, ok := c.rows.FindFrom(key, hint.rec-1)
+	if !ok {
+		return ErrNotHeld
+	}
+	if !c.leases.Unpin(id, token) && !c.leases.Current(id, token) {
+		return ErrLeaseLost
+	}
+	c.expireLeases(now.UnixMilli())
+	return nil
+}
+
+// completing is Completing.
+func (c *Core) completing(now time.Time, key string, token uint64) (cp Completion, held bool, err error) {
 	nowMs := now.UnixMilli()
 	c.expireLeases(nowMs)
 	id, held := c.rows.Find(key)
@@ -312,13 +406,16 @@ func (c *Core) Completing(now time.Time, key string, token uint64) (cp Completio
 		Cadence: time.Duration(g.cadenceMs) * time.Millisecond,
 		Source:  g.source,
 		Due:     time.UnixMilli(r.Due()).UTC(),
-		NextDue: policy.NextDue(c.cfg.Reschedule, now, time.UnixMilli(r.Due()), time.Duration(g.cadenceMs)*time.Millisecond),
+		NextDue: policy.NextDue(c.cfg.Reschedule.Resolve(c.paced.Stretch), now, time.UnixMilli(r.Due()), time.Duration(g.cadenceMs)*time.Millisecond),
 		Hint:    Hint{rec: id + 1},
 		Route:   c.routes[r.Route],
 	}
 	rev, current := c.leases.Rev(id, token)
 	if !current {
 		return cp, true, ErrLeaseLost
+	}
+	if c.leases.Pinned(id) {
+		return cp, true, ErrCompletionInFlight
 	}
 	cp.ClaimedRev = rev
 	cp.AsClaimed = rev != 0 && r.Rev == rev

@@ -10,6 +10,7 @@
 //
 // The core is built from parts of its own, each a package below this one:
 //   - policy: what it is configured with (Config, Floor, Reschedule) and the claim score;
+//   - pace: the claim rate against the demand, and the Adaptive policy's decision;
 //   - rowstore: where the held rows live (records, keys, the key index);
 //   - duetree: each group's rows ordered by due time, with the counts claims and summaries use;
 //   - lease: the lease table (tokens, expiries);
@@ -28,9 +29,12 @@
 //     of pkg/schedule, a bad key or route, unknown source) are never held and never coerced;
 //     they are counted.
 //   - Claim order (policy.Config): urgent rows first (at most UrgentMaxShare of a batch while other
-//     rows are due), then each class's floor (Floors), then by score (now − due) / cadence ×
-//     boost(source), ties by due then key. Due times are held at millisecond precision.
-//   - Completion: the next due time of a rendered row follows the Reschedule policy (Completing).
+//     rows are due), then one row of each class past its StarvationBound, then each class's
+//     floor (Floors), then by score (now − due) / cadence × boost(source), ties by due then key.
+//     Due times are held at millisecond precision.
+//   - Completion: the next due time of a rendered row follows the Reschedule policy (Completing);
+//     Adaptive resolves to KeepPhase or AfterRender by what the claims have seen (package pace,
+//     Core.Pace).
 package core
 
 import (
@@ -42,6 +46,7 @@ import (
 
 	"github.com/renderqueue/renderqueue/pkg/keeper/core/duetree"
 	"github.com/renderqueue/renderqueue/pkg/keeper/core/lease"
+	"github.com/renderqueue/renderqueue/pkg/keeper/core/pace"
 	"github.com/renderqueue/renderqueue/pkg/keeper/core/policy"
 	"github.com/renderqueue/renderqueue/pkg/keeper/core/rowstore"
 	"github.com/renderqueue/renderqueue/pkg/schedule"
@@ -138,6 +143,8 @@ type group struct {
 	incoming  duetree.Tree
 	// floor is the index of the group's floor in policy.Config.Floors, or -1.
 	floor int
+	// lastClaimMs is when a row of the group was last claimed; math.MinInt64 before the first.
+	lastClaimMs int64
 }
 
 type groupKey struct {
@@ -174,6 +181,9 @@ type Core struct {
 	slotHeld [schedule.NumSlots]int32
 	// parity is the value of flagSeen that marks a row of the slot seen (walk.go).
 	parity [schedule.NumSlots]bool
+	// fence is, per slot, until when (Unix ms) the slot hands out none of its rows: fenceLifted
+	// until Fence ends it, 0 (or a past time) when it is not fenced (fence.go).
+	fence [schedule.NumSlots]int64
 
 	// due counts the rows due at or before a cursor time (summary.go).
 	due dueCounts
@@ -189,6 +199,18 @@ type Core struct {
 
 	// floors is the claim state of policy.Config.Floors, by index.
 	floors []floorState
+
+	// pace measures the claims for the Adaptive reschedule policy; paced is its decision at the
+	// last claim.
+	pace  pace.Meter
+	paced pace.Decision
+	// recent counts the rows claims handed out over the last minute (ClaimRate, Explain).
+	recent pace.Recent
+	// beyond is, per slot, the demand (renders per millisecond, Σ 1 / cadence) of the slot's
+	// valid rows beyond the window, as the last walk that read the slot found them, plus the
+	// rows dropped beyond the window since; beyondOwned sums it over the owned slots.
+	beyond      [schedule.NumSlots]float64
+	beyondOwned float64
 
 	// bulk: rows are placed into their trees' pending lists (BeginBulk).
 	bulk bool
@@ -314,10 +336,13 @@ func (c *Core) SetSlots(states *[schedule.NumSlots]SlotState) {
 	leaving := func(slot uint16) bool { return old[slot] != SlotNone && states[slot] == SlotNone }
 	for s := range c.slots {
 		if leaving(uint16(s)) {
+			c.fence[s] = 0
 			c.walked[s] = false
+			c.beyond[s] = 0
 			c.walk.leave(s)
 		}
 	}
+	c.sumBeyond()
 	for k, v := range c.invalid {
 		if leaving(v.slot) {
 			delete(c.invalid, k)
@@ -481,6 +506,7 @@ func (c *Core) apply(nowMs int64, row *schedule.Row, heldID uint32) Outcome {
 		if held {
 			c.removeRow(id)
 			res = Dropped
+			c.addBeyond(slot, row.Cadence)
 		}
 		c.remember(row.Key, row.Rev, slot)
 		return Outcome{Result: res, WasHeld: held}
@@ -559,6 +585,26 @@ func (c *Core) Delete(now time.Time, key string, slot int, rev int64) Outcome {
 	return Outcome{Result: Removed, WasHeld: held}
 }
 
+// addBeyond counts a row of slot and cadence that went beyond the window in the slot's demand
+// beyond the window (see Core.beyond).
+func (c *Core) addBeyond(slot int, cadence time.Duration) {
+	d := 1 / float64(cadence.Milliseconds())
+	c.beyond[slot] += d
+	if c.slots[slot] == SlotOwned {
+		c.beyondOwned += d
+	}
+}
+
+// sumBeyond sums the demand beyond the window over the owned slots.
+func (c *Core) sumBeyond() {
+	c.beyondOwned = 0
+	for s, d := range c.beyond {
+		if c.slots[s] == SlotOwned {
+			c.beyondOwned += d
+		}
+	}
+}
+
 // remember records, while a walk runs, that key's newest rev is not held.
 func (c *Core) remember(key string, rev int64, slot int) {
 	if c.walk != nil {
@@ -598,7 +644,7 @@ func (c *Core) groupOf(row *schedule.Row) (uint16, bool) {
 		return 0, false
 	}
 	g := uint16(len(c.groups))
-	grp := &group{cadenceMs: k.cadenceMs, source: k.source, urgent: k.urgent}
+	grp := &group{cadenceMs: k.cadenceMs, source: k.source, urgent: k.urgent, lastClaimMs: math.MinInt64}
 	grp.floor = c.floorOf(grp)
 	c.groups = append(c.groups, grp)
 	c.groupIdx[k] = g

@@ -3,6 +3,7 @@ package core
 import (
 	"fmt"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -66,12 +67,13 @@ func genRow(t *rapid.T, nowMs int64) schedule.Row {
 func TestCoreMatchesReference(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
 		cfg := policy.Config{
-			Window:         []time.Duration{0, 2 * time.Hour, 24 * time.Hour}[rapid.IntRange(0, 2).Draw(t, "window")],
-			SubmittedBoost: []float64{1, 2, 1.5}[rapid.IntRange(0, 2).Draw(t, "boost")],
-			UrgentMaxShare: []float64{0, 0.2, 0.5, 1}[rapid.IntRange(0, 3).Draw(t, "share")],
-			Floors:         genFloors(t),
-			Reschedule:     policy.Reschedule(rapid.IntRange(0, 1).Draw(t, "reschedule")),
-			FirstLease:     1000,
+			Window:          []time.Duration{0, 2 * time.Hour, 24 * time.Hour}[rapid.IntRange(0, 2).Draw(t, "window")],
+			SubmittedBoost:  []float64{1, 2, 1.5}[rapid.IntRange(0, 2).Draw(t, "boost")],
+			UrgentMaxShare:  []float64{0, 0.2, 0.5, 1}[rapid.IntRange(0, 3).Draw(t, "share")],
+			Floors:          genFloors(t),
+			Reschedule:      policy.Reschedule(rapid.IntRange(0, 2).Draw(t, "reschedule")),
+			StarvationBound: []float64{0, policy.DefaultStarvationBound, 0.1, 2}[rapid.IntRange(0, 3).Draw(t, "starvationBound")],
+			FirstLease:      1000,
 		}
 		core, err := New(cfg)
 		if err != nil {
@@ -92,7 +94,61 @@ func TestCoreMatchesReference(t *testing.T) {
 		for step := 0; step < steps; step++ {
 			nowMs += int64(rapid.IntRange(0, 90).Draw(t, "advanceMin")) * 60_000
 			now := time.UnixMilli(nowMs)
-			switch op := rapid.IntRange(0, 11).Draw(t, "op"); op {
+			switch op := rapid.IntRange(0, 14).Draw(t, "op"); op {
+			case 12:
+				// fence some slots: until lifted, until a time (maybe past: lifting), or lifted now
+				var slots []int
+				for _, s := range testSlots {
+					if rapid.Bool().Draw(t, "fenceSlot") {
+						slots = append(slots, s)
+					}
+				}
+				if rapid.IntRange(0, 2).Draw(t, "fenceKind") == 0 {
+					core.HoldSlots(now, slots)
+					ref.setFence(nowMs, slots, math.MaxInt64)
+					break
+				}
+				until := nowMs + int64(rapid.IntRange(-30, 180).Draw(t, "fenceMin"))*60_000
+				core.Fence(now, slots, time.UnixMilli(until))
+				ref.setFence(nowMs, slots, until)
+			case 13:
+				// leases handed over from another shard: a fresh token, or one handed out here
+				// (the same lease handed over twice)
+				var ls []Lease
+				for i := rapid.IntRange(1, 4).Draw(t, "imports"); i > 0; i-- {
+					l := Lease{Key: fmt.Sprintf("k%d", rapid.IntRange(0, 24).Draw(t, "importKey")),
+						Token:   uint64(rapid.IntRange(1_000_000, 1_000_050).Draw(t, "importToken")),
+						Expires: time.UnixMilli(nowMs + int64(rapid.IntRange(-10, 120).Draw(t, "importMin"))*60_000),
+						Rev:     int64(rapid.IntRange(1, 40).Draw(t, "importRev"))}
+					if len(tokens) > 0 && rapid.Bool().Draw(t, "importOwn") {
+						ti := rapid.IntRange(0, len(tokens)-1).Draw(t, "importTokenIdx")
+						l.Key, l.Token, l.Rev = tokenKeys[ti], tokens[ti], tokenRevs[ti]
+					}
+					l.Slot = slotOfKey(l.Key)
+					ls = append(ls, l)
+				}
+				want := 0
+				for _, l := range ls {
+					if ref.importLease(nowMs, l) {
+						want++
+						tokens, tokenKeys, tokenRevs = append(tokens, l.Token), append(tokenKeys, l.Key), append(tokenRevs, l.Rev)
+					}
+				}
+				if got := core.ImportLeases(now, ls); got != want {
+					t.Fatalf("step %d: ImportLeases(%+v) took %d, reference %d", step, ls, got, want)
+				}
+			case 14:
+				var slots []int
+				for _, s := range testSlots {
+					if rapid.Bool().Draw(t, "exportSlot") {
+						slots = append(slots, s)
+					}
+				}
+				got := core.ExportLeases(now, slots, time.Minute)
+				slices.SortFunc(got, func(a, b Lease) int { return strings.Compare(a.Key, b.Key) })
+				if want := ref.exportLeases(nowMs, slots); fmt.Sprint(got) != fmt.Sprint(want) {
+					t.Fatalf("step %d: ExportLeases(%v)\n got %v\nwant %v", step, slots, got, want)
+				}
 			case 11:
 				// bulk mode on or off (a load places rows into pending lists)
 				if rapid.Bool().Draw(t, "bulk") {
@@ -311,8 +367,8 @@ func summaryString(s summary.Summary) string {
 	if s.Oldest != nil {
 		o = fmt.Sprintf("%s@%s", s.Oldest.Key, s.Oldest.Due.Format(time.RFC3339))
 	}
-	return fmt.Sprintf("held=%d incoming=%d invalid=%d due=%d leased=%d perSlot=%v perIncomingSlot=%v lateness=%+v oldest=%s byRoute=%v classes=%+v coming=%+v",
-		s.Held, s.HeldIncoming, s.Invalid, s.Due, s.Leased, s.DuePerSlot, s.DuePerIncomingSlot, s.Lateness, o, s.ByRoute, s.Classes, s.Coming)
+	return fmt.Sprintf("held=%d incoming=%d invalid=%d due=%d leased=%d heldBack=%d perSlot=%v perIncomingSlot=%v lateness=%+v oldest=%s byRoute=%v classes=%+v coming=%+v",
+		s.Held, s.HeldIncoming, s.Invalid, s.Due, s.Leased, s.HeldBack, s.DuePerSlot, s.DuePerIncomingSlot, s.Lateness, o, s.ByRoute, s.Classes, s.Coming)
 }
 
 // TestFloorsTakeNoMoreThanTheirShare checks the floors' bound against score order: for random

@@ -15,7 +15,7 @@ import (
 // purePackages are the directories of the core and of the packages it is built from, relative to
 // this one: each is held to the same rules (coretest, which builds cores for benchmarks, is not
 // one of them).
-var purePackages = []string{".", "duetree", "lease", "policy", "rowstore", "summary"}
+var purePackages = []string{".", "duetree", "lease", "pace", "policy", "rowstore", "summary"}
 
 // pureImports are the only packages the core and its parts may import besides each other: no
 // clock, I/O, goroutines or randomness of its own beyond what these allow (the core's callers

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/renderqueue/renderqueue/pkg/keeper/core/pace"
 	"github.com/renderqueue/renderqueue/pkg/keeper/core/policy"
 	"github.com/renderqueue/renderqueue/pkg/keeper/core/summary"
 	"github.com/renderqueue/renderqueue/pkg/schedule"
@@ -28,6 +29,28 @@ type refModel struct {
 	counts    WalkCounts
 	nextLease uint64
 	credit    []float64 // per Config.Floors
+	// lastClaim is when a non-urgent row of each class was last claimed (the starvation bound)
+	lastClaim map[refClass]int64
+	// claims since the last claim that found fewer due rows than it asked for (the Adaptive
+	// policy's claim rate), and its decision at the last claim
+	saturated bool
+	claims    []refClaim
+	stretch   bool
+	// beyond is the demand beyond the window per slot (renders per ms), walkBeyond what the
+	// running walk has counted
+	beyond, walkBeyond map[int]float64
+	// fence is, per slot, until when (ms) it hands out nothing (math.MaxInt64: until lifted)
+	fence [schedule.NumSlots]int64
+}
+
+type refClass struct {
+	cadence time.Duration
+	source  schedule.Source
+}
+
+type refClaim struct {
+	ms  int64
+	got int
 }
 
 type refRow struct {
@@ -36,10 +59,11 @@ type refRow struct {
 	leased  bool
 	token   uint64
 	expires int64
+	rev     int64 // the rev the lease was granted for
 }
 
 func newRef(cfg policy.Config) *refModel {
-	return &refModel{cfg: cfg, held: map[string]*refRow{}, invalid: map[string]int64{}, nextLease: cfg.FirstLease, credit: make([]float64, len(cfg.Floors))}
+	return &refModel{cfg: cfg, held: map[string]*refRow{}, invalid: map[string]int64{}, nextLease: cfg.FirstLease, credit: make([]float64, len(cfg.Floors)), lastClaim: map[refClass]int64{}, beyond: map[int]float64{}}
 }
 
 func (m *refModel) knownRev(key string) (int64, bool) {
@@ -91,13 +115,14 @@ func (m *refModel) apply(nowMs int64, r schedule.Row) Result {
 			m.tomb[r.Key] = r.Rev
 		}
 		if old != nil {
+			m.beyond[r.Slot()] += 1 / float64(r.Cadence.Milliseconds())
 			return Dropped
 		}
 		return NotHeld
 	}
 	nr := &refRow{row: r, dueMs: dueMs}
 	if old != nil && old.leased {
-		nr.leased, nr.token, nr.expires = true, old.token, old.expires
+		nr.leased, nr.token, nr.expires, nr.rev = true, old.token, old.expires, old.rev
 	}
 	m.held[r.Key] = nr
 	if m.walking {
@@ -124,7 +149,9 @@ func (m *refModel) del(key string, slot int, rev int64) Result {
 func (m *refModel) setSlot(s int, st SlotState) {
 	m.slots[s] = st
 	if st == SlotNone {
+		m.fence[s] = 0
 		m.walked[s] = false
+		m.beyond[s] = 0
 		for k, r := range m.held {
 			if r.row.Slot() == s {
 				delete(m.held, k)
@@ -162,7 +189,7 @@ func (m *refModel) claim(nowMs int64, n int, leaseFor time.Duration) []string {
 	}
 	var urgent, other []*refRow
 	for _, r := range m.held {
-		if m.slots[r.row.Slot()] != SlotOwned || r.leased || r.dueMs > nowMs {
+		if m.slots[r.row.Slot()] != SlotOwned || r.leased || r.dueMs > nowMs || m.fence[r.row.Slot()] > nowMs {
 			continue
 		}
 		if r.row.Urgent {
@@ -195,17 +222,66 @@ func (m *refModel) claim(nowMs int64, n int, leaseFor time.Duration) []string {
 	// floors: each floor reserves ⌊credit⌋ rows of its class, best first across classes
 	taken := make([]int, len(m.cfg.Floors))
 	done := map[*refRow]bool{}
-	if len(m.cfg.Floors) > 0 {
-		quota := make([]int, len(m.cfg.Floors))
-		for i, f := range m.cfg.Floors {
-			m.credit[i] += f.Share * float64(n-len(picked))
-			quota[i] = int(min(math.Floor(m.credit[i]), float64(n)))
+	quota := make([]int, len(m.cfg.Floors))
+	for i, f := range m.cfg.Floors {
+		m.credit[i] += f.Share * float64(n-len(picked))
+		quota[i] = int(min(math.Floor(m.credit[i]), float64(n)))
+	}
+	// the starvation bound: each class that has had due rows and no claim for StarvationBound
+	// of its cadence gets its best row, longest waiting (in cadences) first; a row it gets
+	// counts as one of its floor's reserved rows
+	if m.cfg.StarvationBound > 0 {
+		type starving struct {
+			head   *refRow
+			waited float64
 		}
+		var classes []starving
+		seen := map[refClass]bool{}
+		for _, r := range other { // best first: a class's first row is its head
+			k := refClass{r.row.Cadence, r.row.Source}
+			if seen[k] {
+				continue
+			}
+			seen[k] = true
+			since := r.dueMs
+			if last, ok := m.lastClaim[k]; ok && last > since {
+				since = last
+			}
+			if w := float64(nowMs-since) / float64(r.row.Cadence.Milliseconds()); w >= m.cfg.StarvationBound {
+				classes = append(classes, starving{r, w})
+			}
+		}
+		slices.SortStableFunc(classes, func(a, b starving) int {
+			switch {
+			case a.waited > b.waited:
+				return -1
+			case a.waited < b.waited:
+				return 1
+			case a.head.dueMs != b.head.dueMs:
+				if a.head.dueMs < b.head.dueMs {
+					return -1
+				}
+				return 1
+			}
+			return strings.Compare(a.head.row.Key, b.head.row.Key)
+		})
+		for _, c := range classes {
+			if len(picked) == n {
+				break
+			}
+			picked = append(picked, c.head)
+			done[c.head] = true
+			if i := m.floorOf(c.head); i >= 0 && quota[i] > 0 {
+				quota[i]--
+			}
+		}
+	}
+	if len(m.cfg.Floors) > 0 {
 		for _, r := range other {
 			if len(picked) == n {
 				break
 			}
-			if i := m.floorOf(r); i >= 0 && quota[i] > 0 {
+			if i := m.floorOf(r); i >= 0 && quota[i] > 0 && !done[r] {
 				quota[i]--
 				picked = append(picked, r)
 				done[r] = true
@@ -246,10 +322,52 @@ func (m *refModel) claim(nowMs int64, n int, leaseFor time.Duration) []string {
 	keys := make([]string, len(picked))
 	for i, r := range picked {
 		m.nextLease++
-		r.leased, r.token, r.expires = true, m.nextLease, nowMs+leaseFor.Milliseconds()
+		r.leased, r.token, r.expires, r.rev = true, m.nextLease, nowMs+leaseFor.Milliseconds(), r.row.Rev
 		keys[i] = r.row.Key
+		if !r.row.Urgent {
+			m.lastClaim[refClass{r.row.Cadence, r.row.Source}] = nowMs
+		}
 	}
+	m.pace(nowMs, n, len(picked))
 	return keys
+}
+
+// pace records a claim for the Adaptive policy and decides, naively: the rows the claims of the
+// saturated stretch got, each weighted exp(−age / pace.Window), over the weight a constant rate
+// would have, against the demand summed over every owned held row.
+func (m *refModel) pace(nowMs int64, asked, got int) {
+	if got < asked {
+		m.saturated, m.claims = false, nil
+	} else if got > 0 {
+		if !m.saturated {
+			m.saturated, m.claims = true, nil
+		}
+		m.claims = append(m.claims, refClaim{nowMs, got})
+	}
+	r := pace.Reading{}
+	for _, h := range m.held {
+		if m.slots[h.row.Slot()] == SlotOwned {
+			r.Demand += float64(time.Hour) / float64(h.row.Cadence)
+		}
+	}
+	for s, d := range m.beyond {
+		if m.slots[s] == SlotOwned {
+			r.Demand += d * float64(time.Hour.Milliseconds())
+		}
+	}
+	if m.saturated {
+		w := float64(pace.Window.Milliseconds())
+		span := float64(nowMs - m.claims[0].ms)
+		r.Saturated = time.Duration(nowMs-m.claims[0].ms) * time.Millisecond
+		if span > 0 {
+			acc := 0.0
+			for _, c := range m.claims {
+				acc += float64(c.got) * math.Exp(-float64(nowMs-c.ms)/w)
+			}
+			r.ClaimRate = acc / (w * (1 - math.Exp(-span/w))) * float64(time.Hour.Milliseconds())
+		}
+	}
+	m.stretch = pace.Decide(r).Stretch
 }
 
 // floorOf returns the index of r's floor, or -1 (urgent rows have none).
@@ -276,7 +394,7 @@ func (m *refModel) completing(nowMs int64, key string, token uint64) (int64, boo
 	}
 	c := r.row.Cadence.Milliseconds()
 	next := nowMs + c
-	if m.cfg.Reschedule == policy.KeepPhase {
+	if p := m.cfg.Reschedule; p == policy.KeepPhase || p == policy.Adaptive && !m.stretch {
 		target := nowMs + c
 		best := r.dueMs + c
 		for k := int64(2); r.dueMs+(k-1)*c <= target; k++ {
@@ -313,6 +431,52 @@ func (m *refModel) release(nowMs int64, key string, token uint64) error {
 	return nil
 }
 
+// setFence fences slots until untilMs (math.MaxInt64: until lifted); a time not after nowMs
+// lifts their fences.
+func (m *refModel) setFence(nowMs int64, slots []int, untilMs int64) {
+	m.expire(nowMs)
+	if untilMs <= nowMs {
+		untilMs = 0
+	}
+	for _, s := range slots {
+		if m.slots[s] != SlotNone {
+			m.fence[s] = untilMs
+		}
+	}
+}
+
+// importLease takes over a lease granted elsewhere, as Core.ImportLeases does for one.
+func (m *refModel) importLease(nowMs int64, l Lease) bool {
+	m.expire(nowMs)
+	exp := l.Expires.UnixMilli()
+	r := m.held[l.Key]
+	if exp <= nowMs || r == nil {
+		return false
+	}
+	if r.leased {
+		if r.token != l.Token {
+			return false
+		}
+		r.expires = max(r.expires, exp)
+		return true
+	}
+	r.leased, r.token, r.expires, r.rev = true, l.Token, exp, l.Rev
+	return true
+}
+
+// exportLeases lists the leases of slots, as Core.ExportLeases does (nothing is pinned here).
+func (m *refModel) exportLeases(nowMs int64, slots []int) []Lease {
+	m.expire(nowMs)
+	var out []Lease
+	for k, r := range m.held {
+		if r.leased && slices.Contains(slots, r.row.Slot()) {
+			out = append(out, Lease{Key: k, Slot: r.row.Slot(), Token: r.token, Expires: time.UnixMilli(r.expires).UTC(), Rev: r.rev})
+		}
+	}
+	slices.SortFunc(out, func(a, b Lease) int { return strings.Compare(a.Key, b.Key) })
+	return out
+}
+
 func (m *refModel) beginWalk(nowMs int64, prev Edge, slots []int) {
 	m.walking = true
 	m.tomb = map[string]int64{}
@@ -324,6 +488,7 @@ func (m *refModel) beginWalk(nowMs int64, prev Edge, slots []int) {
 	m.prevEdge = prev
 	m.startMs = nowMs
 	m.counts = WalkCounts{}
+	m.walkBeyond = map[int]float64{}
 }
 
 func (m *refModel) walkRow(nowMs int64, r schedule.Row) {
@@ -349,8 +514,10 @@ func (m *refModel) walkRow(nowMs int64, r schedule.Row) {
 	case Dropped:
 		m.counts.Repaired++
 		notHeld()
+		m.walkBeyond[r.Slot()] += 1 / float64(r.Cadence.Milliseconds())
 	case NotHeld:
 		notHeld()
+		m.walkBeyond[r.Slot()] += 1 / float64(r.Cadence.Milliseconds())
 	}
 }
 
@@ -369,6 +536,7 @@ func (m *refModel) endWalk(unread []int) WalkCounts {
 	for s, ok := range read {
 		if ok {
 			m.walked[s] = true
+			m.beyond[s] = m.walkBeyond[s]
 		}
 	}
 	m.walking = false
@@ -382,6 +550,7 @@ func (m *refModel) summary(nowMs int64) summary.Summary {
 	var abs []int64
 	var rel []float64
 	classes := map[[2]int64]*summary.Class{}
+	head := map[[2]int64]int64{} // the earliest due of each class's claimable due non-urgent rows
 	var oldest *refRow
 	for _, r := range m.held {
 		if r.leased {
@@ -420,6 +589,13 @@ func (m *refModel) summary(nowMs int64) summary.Summary {
 		}
 		s.Due++
 		cl.Due++
+		fenced := m.fence[r.row.Slot()] > nowMs
+		if fenced {
+			s.HeldBack++
+		}
+		if h, ok := head[ck]; !r.row.Urgent && !r.leased && !fenced && (!ok || r.dueMs < h) {
+			head[ck] = r.dueMs
+		}
 		cl.MaxLateSeconds = max(cl.MaxLateSeconds, float64(nowMs-r.dueMs)/1000)
 		cl.LateBy[lateBucket(nowMs-r.dueMs, r.row.Cadence.Milliseconds())]++
 		s.DuePerSlot[r.row.Slot()]++
@@ -430,7 +606,14 @@ func (m *refModel) summary(nowMs int64) summary.Summary {
 			oldest = r
 		}
 	}
-	for _, cl := range classes {
+	for ck, cl := range classes {
+		if h, ok := head[ck]; ok {
+			since := h
+			if last, ok := m.lastClaim[refClass{cl.Cadence, cl.Source}]; ok && last > since {
+				since = last
+			}
+			cl.WaitingSince = time.UnixMilli(since).UTC()
+		}
 		s.Classes = append(s.Classes, *cl)
 	}
 	slices.SortFunc(s.Classes, func(a, b summary.Class) int {

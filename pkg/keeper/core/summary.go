@@ -131,7 +131,8 @@ func (c *Core) CountSummary(now time.Time) SummaryCounts {
 		c.moveCursor(nowMs)
 	}
 	sc := SummaryCounts{
-		Summary:   summary.Summary{AsOf: now, Held: c.rows.Len(), Invalid: len(c.invalid), Leased: c.leases.Len()},
+		Summary: summary.Summary{AsOf: now, Held: c.rows.Len(), Invalid: len(c.invalid), Leased: c.leases.Len() - c.leases.Holds(),
+			HeldBack: c.heldBackDue(&c.due.slot, nowMs)},
 		slotDue:   c.due.slot,
 		slotState: c.slots,
 		walked:    c.walked,
@@ -142,7 +143,8 @@ func (c *Core) CountSummary(now time.Time) SummaryCounts {
 	groups := make([]summary.Group, 0, len(c.groups))
 	for _, g := range c.groups {
 		s.HeldIncoming += c.trees.Len(&g.incoming)
-		groups = append(groups, summary.Group{CadenceMs: g.cadenceMs, Source: g.source, Owned: &g.owned})
+		groups = append(groups, summary.Group{CadenceMs: g.cadenceMs, Source: g.source, Owned: &g.owned,
+			WaitingSinceMs: c.waitingSince(g, nowMs)})
 	}
 	summary.Count(s, c.trees, nowMs, groups, func(id uint32) string { return string(c.rows.Key(c.rows.At(id))) })
 	return sc
@@ -185,4 +187,22 @@ func (sc *SummaryCounts) Build() summary.Summary {
 		}
 	}
 	return s
+}
+
+// waitingSince is since when non-urgent group g has had claimable due rows at nowMs and no claim
+// (the later of its last claim and its most overdue claimable row's due time), in Unix
+// milliseconds; 0 when it has none, or is urgent.
+func (c *Core) waitingSince(g *group, nowMs int64) int64 {
+	if g.urgent {
+		return 0
+	}
+	e, ok := c.claimHead(g, nowMs)
+	if !ok {
+		return 0
+	}
+	due := c.rows.At(e.ID()).Due()
+	if due > nowMs {
+		return 0
+	}
+	return max(due, g.lastClaimMs)
 }

@@ -28,6 +28,7 @@ func summaryScan(c *Core, nowMs int64) summary.Summary {
 		source    schedule.Source
 	}
 	classes := map[classKey]*summary.Class{}
+	head := map[classKey]int64{} // the earliest due of each class's claimable due non-urgent rows
 	var abs []int64
 	var rel []float64
 	var oldest *rowstore.Rec
@@ -62,6 +63,9 @@ func summaryScan(c *Core, nowMs int64) summary.Summary {
 		}
 		s.Due++
 		cl.Due++
+		if h, ok := head[ck]; !g.urgent && !r.Has(flagLeased) && (!ok || due < h) {
+			head[ck] = due
+		}
 		cl.MaxLateSeconds = max(cl.MaxLateSeconds, float64(nowMs-due)/1000)
 		cl.LateBy[lateBucket(nowMs-due, g.cadenceMs)]++
 		s.DuePerSlot[int(r.Slot)]++
@@ -72,7 +76,12 @@ func summaryScan(c *Core, nowMs int64) summary.Summary {
 			oldest = r
 		}
 	})
-	for _, cl := range classes {
+	for ck, cl := range classes {
+		if h, ok := head[ck]; ok {
+			// since its head came due, or its last claim (the core's record of it)
+			g := c.groups[c.groupIdx[groupKey{ck.cadenceMs, ck.source, false}]]
+			cl.WaitingSince = time.UnixMilli(max(h, g.lastClaimMs)).UTC()
+		}
 		s.Classes = append(s.Classes, *cl)
 	}
 	slices.SortFunc(s.Classes, func(a, b summary.Class) int {

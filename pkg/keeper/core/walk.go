@@ -59,6 +59,8 @@ type walkState struct {
 	sweepNext int
 	// read marks the walked slots read completely (set when closing).
 	read [schedule.NumSlots]bool
+	// beyond is, per slot, the demand of the rows read beyond the window (see Core.beyond).
+	beyond [schedule.NumSlots]float64
 }
 
 // leave takes slot s, which left the shard while the walk ran (its rows are dropped), out of the
@@ -175,8 +177,10 @@ func (c *Core) WalkRow(now time.Time, row schedule.Row) Outcome {
 	case Dropped:
 		w.counts.Repaired++ // held, but a missed write had moved it beyond the window
 		w.countNotHeld(dueMs)
+		w.beyond[row.Slot()] += 1 / float64(row.Cadence.Milliseconds())
 	case NotHeld:
 		w.countNotHeld(dueMs)
+		w.beyond[row.Slot()] += 1 / float64(row.Cadence.Milliseconds())
 	}
 	return o
 }
@@ -296,8 +300,10 @@ func (c *Core) SweepWalk(maxRows int) (WalkCounts, bool) {
 	for s, ok := range w.read {
 		if ok {
 			c.walked[s] = true
+			c.beyond[s] = w.beyond[s]
 		}
 	}
+	c.sumBeyond()
 	c.walk = nil
 	c.tombstones = nil
 	return w.counts, true

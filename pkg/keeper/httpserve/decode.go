@@ -107,14 +107,13 @@ func decode(w http.ResponseWriter, r *http.Request, v any, pool *sync.Pool) bool
 	if err != nil {
 		var tooBig *http.MaxBytesError
 		var tooMany errTooManyItems
-		var netErr net.Error
 		switch {
 		case errors.As(err, &tooBig):
 			WriteError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("request body over %d bytes", MaxRequestBytes))
 		case errors.As(err, &tooMany):
 			WriteError(w, http.StatusRequestEntityTooLarge, err.Error())
-		case errors.As(err, &netErr) && netErr.Timeout():
-			WriteError(w, http.StatusRequestTimeout, "the request body did not arrive in time")
+		case timedOut(err):
+			writeBodyError(w, err)
 		case errors.Is(err, io.EOF):
 			WriteError(w, http.StatusBadRequest, "empty request body: want a JSON object")
 		default:
@@ -126,11 +125,23 @@ func decode(w http.ResponseWriter, r *http.Request, v any, pool *sync.Pool) bool
 		WriteError(w, http.StatusBadRequest, "malformed JSON body: more than one JSON value")
 		return false
 	}
-	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+	switch _, err := dec.Token(); {
+	case errors.Is(err, io.EOF):
+		return true
+	case timedOut(err):
+		// a whole JSON object, then the body stopped short of its Content-Length: 408, not
+		// "trailing data"
+		writeBodyError(w, err)
+	default:
 		WriteError(w, http.StatusBadRequest, "malformed JSON body: trailing data after the JSON object")
-		return false
 	}
-	return true
+	return false
+}
+
+// timedOut says whether err is a read that hit its deadline.
+func timedOut(err error) bool {
+	var netErr net.Error
+	return errors.As(err, &netErr) && netErr.Timeout()
 }
 
 // errTooManyItems refuses a request whose items array is longer than shardapi.MaxClaim.

@@ -88,7 +88,7 @@ func putBuffer(p *sync.Pool, bp *[]byte) {
 // MaxFastBodyBytes is the largest Content-Length of a complete or release request that Decode
 // reads whole to decode it without reflection: a full claim batch (shardapi.MaxClaim items) with
 // keys of up to about 350 bytes. What such bodies hold in buffers is part of the body bytes
-// InFlight admits (Limits.MaxInFlightBytes); a body with too many items is refused as soon as the
+// Admission admits (Limits.MaxInFlightBytes); a body with too many items is refused as soon as the
 // item after the last allowed one starts, as by the streaming decoding.
 const MaxFastBodyBytes = 4 << 20
 

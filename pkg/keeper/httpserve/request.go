@@ -58,6 +58,29 @@ func Bearer(token string, h http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		got := []byte(r.Header.Get("Authorization"))
 		if subtle.ConstantTimeCompare(got, want) != 1 {
+			closeUnread(w) // the body is not read
+			w.Header().Set("WWW-Authenticate", `Bearer realm="renderqueue"`)
+			WriteError(w, http.StatusUnauthorized, "missing or wrong bearer token")
+			return
+		}
+		h(w, r)
+	}
+}
+
+// BearerOrProxied guards h like Bearer, taking the token from the Authorization header or, where
+// a proxy cannot pass that header on, from proxiedHeader ("Bearer <token>" in either): the
+// kube-apiserver's Pod proxy authenticates its caller with Authorization and drops it. Both are
+// compared in constant time. An empty token guards nothing (h itself).
+func BearerOrProxied(token, proxiedHeader string, h http.HandlerFunc) http.HandlerFunc {
+	if token == "" {
+		return h
+	}
+	want := []byte("Bearer " + token)
+	return func(w http.ResponseWriter, r *http.Request) {
+		direct := subtle.ConstantTimeCompare([]byte(r.Header.Get("Authorization")), want)
+		proxied := subtle.ConstantTimeCompare([]byte(r.Header.Get(proxiedHeader)), want)
+		if direct|proxied != 1 {
+			closeUnread(w)
 			w.Header().Set("WWW-Authenticate", `Bearer realm="renderqueue"`)
 			WriteError(w, http.StatusUnauthorized, "missing or wrong bearer token")
 			return

@@ -1,7 +1,8 @@
 // Package kubesource is the keeper shard's settings source inside Kubernetes: it watches the
 // shard's own RenderQueue object (and nothing else — its RBAC allows just that object) and turns
-// its spec (window, verifyInterval, verifyWalkRate, leaseDuration, priority: boost, urgent share,
-// floors, reschedule) and status.membership (the shard's owned and incoming slots and the epoch) into
+// its spec (window, verifyInterval, verifyWalkRate, leaseDuration, maxLeaseDuration, priority:
+// boost, urgent share, floors, reschedule) and status (membership: the shard's owned and incoming
+// slots, the epoch, who gives it slots in a handoff; shards: the other shards' URLs) into
 // keeper.Settings, as CloudNativePG's instance manager watches its own Cluster.
 package kubesource
 
@@ -54,6 +55,7 @@ func SettingsFor(rq *rqv1.RenderQueue, shard string) (keeper.Settings, error) {
 		VerifyInterval: rq.Spec.VerifyIntervalDuration(),
 		VerifyWalkRate: rq.Spec.VerifyWalkRateValue(),
 		LeaseDuration:  rq.Spec.LeaseDurationValue(),
+		MaxLease:       rq.Spec.MaxLeaseDurationValue(),
 		SubmittedBoost: boost,
 		UrgentMaxShare: share,
 		Floors:         floors,
@@ -78,10 +80,71 @@ func SettingsFor(rq *rqv1.RenderQueue, shard string) (keeper.Settings, error) {
 	if s.Incoming, err = find(rq.Status.Membership.Incoming, "incoming"); err != nil {
 		return keeper.Settings{}, err
 	}
+	if s.Peers, err = peersOf(rq); err != nil {
+		return keeper.Settings{}, err
+	}
+	if s.Arriving, err = arrivingTo(rq, shard); err != nil {
+		return keeper.Settings{}, err
+	}
 	if err := s.Validate(); err != nil {
 		return keeper.Settings{}, fmt.Errorf("renderqueue %s/%s: settings of %s: %w", rq.Namespace, rq.Name, shard, err)
 	}
 	return s, nil
+}
+
+// peersOf is the queue's shards as the status knows them: each shard of the assignment with the
+// slots it owns and its URL (status.shards[].url; empty while its Pod has no IP or is being
+// deleted), and each shard of status.shards with no slots.
+func peersOf(rq *rqv1.RenderQueue) ([]keeper.Peer, error) {
+	urls := map[string]string{}
+	for _, sh := range rq.Status.Shards {
+		urls[sh.Name] = sh.URL
+	}
+	var out []keeper.Peer
+	seen := map[string]bool{}
+	for _, a := range rq.Status.Membership.Assignment {
+		set, err := schedule.ParseSlots(a.Slots)
+		if err != nil {
+			return nil, fmt.Errorf("renderqueue %s/%s: owned slots of %s: %w", rq.Namespace, rq.Name, a.Shard, err)
+		}
+		out = append(out, keeper.Peer{Name: a.Shard, URL: urls[a.Shard], Owned: set})
+		seen[a.Shard] = true
+	}
+	for _, sh := range rq.Status.Shards {
+		if !seen[sh.Name] {
+			out = append(out, keeper.Peer{Name: sh.Name, URL: sh.URL})
+		}
+	}
+	return out, nil
+}
+
+// arrivingTo names the shards that give shard its slots: the moves of the handoff in
+// status.membership.handoff to shard, while it prepares (the incoming slots) or once committed
+// (the slots it took over, with when). Nothing after a rollback.
+func arrivingTo(rq *rqv1.RenderQueue, shard string) ([]keeper.Arrival, error) {
+	h := rq.Status.Membership.Handoff
+	if h == nil || (h.State != rqv1.HandoffPreparing && h.State != rqv1.HandoffCommitted) {
+		return nil, nil
+	}
+	var out []keeper.Arrival
+	for _, m := range h.Moves {
+		if m.To != shard {
+			continue
+		}
+		set, err := schedule.ParseSlots(m.Slots)
+		if err != nil {
+			return nil, fmt.Errorf("renderqueue %s/%s: slots moving from %q to %s: %w", rq.Namespace, rq.Name, m.From, m.To, err)
+		}
+		a := keeper.Arrival{From: m.From, Slots: set}
+		if h.State == rqv1.HandoffCommitted {
+			a.CommittedAt = h.StartedAt.Time
+			if h.FinishedAt != nil {
+				a.CommittedAt = h.FinishedAt.Time
+			}
+		}
+		out = append(out, a)
+	}
+	return out, nil
 }
 
 // floorsOf converts spec.priority.floors; none gives nil (so equal settings compare equal).

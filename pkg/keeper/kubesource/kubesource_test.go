@@ -92,7 +92,7 @@ func TestSettingsFor(t *testing.T) {
 			t.Errorf("%s: incoming %q, want %q", tc.name, got, tc.incoming)
 		}
 		if s.Window != 24*time.Hour || s.SubmittedBoost != 2 || s.UrgentMaxShare != 0.2 || s.LeaseDuration != 5*time.Minute ||
-			s.Floors != nil || s.Reschedule != policy.KeepPhase {
+			s.Floors != nil || s.Reschedule != policy.Adaptive {
 			t.Errorf("%s: policy %+v", tc.name, s)
 		}
 		// spec.verifyWalkRate unset: the keeper's default (the API's default is the keeper's)
@@ -223,5 +223,45 @@ func TestSourceFollowsItsRenderQueue(t *testing.T) {
 		waitFor(fmt.Sprintf("walk rate %d", rate), func(s keeper.Settings) bool {
 			return s.VerifyWalkRate == int(rate) && s.Epoch == 3 && s.Reschedule == policy.AfterRender
 		})
+	}
+}
+
+// TestSettingsForHandoffs: the longest lease, the peers (URL and owned slots, shards without
+// slots too) and who gives the shard its slots — while the handoff prepares, once committed (with
+// when), and not after a rollback.
+func TestSettingsForHandoffs(t *testing.T) {
+	rq := testRQ()
+	rq.Spec.LeaseDuration = dur(time.Minute)
+	finished := metav1.NewTime(time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC))
+	rq.Status.Membership = rqv1.MembershipStatus{Epoch: 7,
+		Assignment: []rqv1.ShardSlots{{Shard: "web-shard-0", Slots: "0-511"}, {Shard: "web-shard-1", Slots: "512-1023"}},
+		Handoff: &rqv1.HandoffStatus{State: rqv1.HandoffCommitted, FromEpoch: 5, PrepareEpoch: 6, FinalEpoch: 7, FinishedAt: &finished,
+			Moves: []rqv1.SlotMove{{From: "web-shard-0", To: "web-shard-1", Slots: "512-600"}, {From: "web-shard-2", To: "web-shard-1", Slots: "601-1023"},
+				{From: "web-shard-2", To: "web-shard-0", Slots: "300-511"}}}}
+	rq.Status.Shards = []rqv1.ShardStatus{{Name: "web-shard-0", URL: "http://10.0.0.1:8080"}, {Name: "web-shard-1", URL: "http://10.0.0.2:8080"},
+		{Name: "web-shard-2"}}
+	s, err := SettingsFor(rq, "web-shard-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.MaxLease != time.Minute {
+		t.Errorf("max lease %v, want spec.leaseDuration (1m) when unset", s.MaxLease)
+	}
+	peers := fmt.Sprint(s.Peers)
+	if want := "[{web-shard-0 http://10.0.0.1:8080 0-511} {web-shard-1 http://10.0.0.2:8080 512-1023} {web-shard-2  }]"; peers != want {
+		t.Errorf("peers %s, want %s", peers, want)
+	}
+	arriving := fmt.Sprint(s.Arriving)
+	if want := "[{web-shard-0 512-600 " + finished.String() + "} {web-shard-2 601-1023 " + finished.String() + "}]"; arriving != want {
+		t.Errorf("arriving %s, want %s", arriving, want)
+	}
+	rq.Spec.MaxLeaseDuration = dur(15 * time.Minute)
+	rq.Status.Membership.Handoff.State = rqv1.HandoffPreparing
+	if s, err = SettingsFor(rq, "web-shard-1"); err != nil || s.MaxLease != 15*time.Minute || len(s.Arriving) != 2 || !s.Arriving[0].CommittedAt.IsZero() {
+		t.Errorf("preparing: max lease %v, arriving %v, %v", s.MaxLease, s.Arriving, err)
+	}
+	rq.Status.Membership.Handoff.State = rqv1.HandoffRolledBack
+	if s, err = SettingsFor(rq, "web-shard-1"); err != nil || s.Arriving != nil {
+		t.Errorf("rolled back: arriving %v, %v", s.Arriving, err)
 	}
 }

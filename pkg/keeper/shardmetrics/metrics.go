@@ -70,6 +70,12 @@ const (
 	ResultNotHeld     = "not_held"
 	ResultWriteFailed = "write_failed"
 	ResultChanged     = "changed" // the row changed since it was claimed: not written
+	// ResultInFlight: a completion under the same lease was being written; this one was refused
+	// (a retry sent before the first answer came).
+	ResultInFlight = "in_flight"
+	// ResultMoved: the lease left with its slot in a handoff; the worker was sent to the shard
+	// that owns the slot now.
+	ResultMoved = "moved"
 )
 
 // Metrics are a shard's event metrics (counters and histograms). A nil *Metrics records nothing.
@@ -89,7 +95,17 @@ type Metrics struct {
 	claimedByClass   map[RowClass]prometheus.Counter
 	latenessByClass  map[string]prometheus.Observer
 	completedByClass map[classResult]prometheus.Counter
+	httpConns        prometheus.Gauge
+	httpRefused      prometheus.Counter
+	httpRetired      prometheus.Counter
+	handoverLeases   *prometheus.CounterVec
+	handovers        *prometheus.CounterVec
 }
+
+// Handover results (label values of renderqueue_keeper_handovers_total{result}): how the
+// handover of slots that came to this shard ended (shardapi.HandoverGiven, HandoverUnknown, or
+// HandoverUnanswered).
+const HandoverUnanswered = "unanswered"
 
 type classResult struct {
 	class  RowClass
@@ -125,7 +141,7 @@ func New(reg prometheus.Registerer) *Metrics {
 			[]string{"cadence_le"}),
 		completesTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "renderqueue_keeper_completed_rows_total",
-			Help: "Rows completed, by cadence class, source and result: ok, lease_lost, not_held, changed (the row changed since it was claimed: not written), write_failed (the store's write failed, the request was answered 503; class labels empty when the row is not held)."},
+			Help: "Rows completed, by cadence class, source and result: ok, lease_lost, not_held, changed (the row changed since it was claimed: not written), write_failed (the store's write failed, the request was answered 503), in_flight (a completion under the same lease was still being written: refused), moved (the lease left with its slot in a handoff: the worker was sent to the new owner); class labels empty when the row is not held."},
 			[]string{"cadence_le", "source", "result"}),
 		claimLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "renderqueue_keeper_claim_duration_seconds", Help: "Time to serve a claim request.",
@@ -133,6 +149,20 @@ func New(reg prometheus.Registerer) *Metrics {
 		completeLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "renderqueue_keeper_complete_duration_seconds", Help: "Time to serve a complete request, including the group-committed write.",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14)}),
+		httpConns: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "renderqueue_keeper_http_connections", Help: "Open connections of the shard's HTTP server (at most --http-max-connections)."}),
+		httpRefused: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "renderqueue_keeper_http_connections_refused_total", Help: "Connections refused (answered 503 and closed) because --http-max-connections were open."}),
+		httpRetired: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "renderqueue_keeper_http_connections_retired_total", Help: "Connections told to close after their reply because they were older than --http-max-connection-age."}),
+		handoverLeases: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "renderqueue_keeper_handover_leases_total",
+			Help: "Leases that travelled with their slots in handoffs: given (to the shard that took the slots over) or taken (from the shard that gave them)."},
+			[]string{"direction"}),
+		handovers: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "renderqueue_keeper_handovers_total",
+			Help: "Handovers of slots that came to this shard, by result: handedOver (the giver's leases taken over), unknown (the giver's process had no record; fenced until its predecessor's leases ended), unanswered (the giver did not answer; fenced for the longest lease)."},
+			[]string{"result"}),
 		claimedByClass:   map[RowClass]prometheus.Counter{},
 		latenessByClass:  map[string]prometheus.Observer{},
 		completedByClass: map[classResult]prometheus.Counter{},
@@ -148,15 +178,68 @@ func New(reg prometheus.Registerer) *Metrics {
 		for _, src := range sources {
 			rc := RowClass{cadence: c, source: src}
 			m.claimedByClass[rc] = m.claimsTotal.WithLabelValues(c, src)
-			for _, res := range []string{ResultOK, ResultLeaseLost, ResultNotHeld, ResultChanged, ResultWriteFailed} {
+			for _, res := range []string{ResultOK, ResultLeaseLost, ResultNotHeld, ResultChanged, ResultWriteFailed, ResultInFlight} {
 				m.completedByClass[classResult{rc, res}] = m.completesTotal.WithLabelValues(c, src, res)
 			}
 		}
 	}
 	m.completedByClass[classResult{RowClass{}, ResultNotHeld}] = m.completesTotal.WithLabelValues("", "", ResultNotHeld)
+	m.completedByClass[classResult{RowClass{}, ResultMoved}] = m.completesTotal.WithLabelValues("", "", ResultMoved)
+	for _, d := range []string{"given", "taken"} {
+		m.handoverLeases.WithLabelValues(d)
+	}
+	for _, r := range []string{shardapi.HandoverGiven, shardapi.HandoverUnknown, HandoverUnanswered} {
+		m.handovers.WithLabelValues(r)
+	}
 	reg.MustRegister(m.eventsTotal, m.gapsTotal, m.walkSeconds, m.walkRows, m.walksTotal, m.unreadSegments,
-		m.claimsTotal, m.claimLateness, m.completesTotal, m.claimLatency, m.completeLatency)
+		m.claimsTotal, m.claimLateness, m.completesTotal, m.claimLatency, m.completeLatency,
+		m.httpConns, m.httpRefused, m.httpRetired, m.handoverLeases, m.handovers)
 	return m
+}
+
+// HandedOver counts leases given away with their slots.
+func (m *Metrics) HandedOver(leases int) {
+	if m == nil {
+		return
+	}
+	m.handoverLeases.WithLabelValues("given").Add(float64(leases))
+}
+
+// Handover counts a handover of slots to this shard that ended with result, taking leases over.
+func (m *Metrics) Handover(result string, leases int) {
+	if m == nil {
+		return
+	}
+	m.handovers.WithLabelValues(result).Inc()
+	m.handoverLeases.WithLabelValues("taken").Add(float64(leases))
+}
+
+// ConnOpened counts an HTTP connection opened (httpserve.ConnObserver).
+func (m *Metrics) ConnOpened() {
+	if m != nil {
+		m.httpConns.Inc()
+	}
+}
+
+// ConnClosed counts an HTTP connection closed (httpserve.ConnObserver).
+func (m *Metrics) ConnClosed() {
+	if m != nil {
+		m.httpConns.Dec()
+	}
+}
+
+// ConnRefused counts an HTTP connection refused over the cap (httpserve.ConnObserver).
+func (m *Metrics) ConnRefused() {
+	if m != nil {
+		m.httpRefused.Inc()
+	}
+}
+
+// ConnRetired counts an HTTP connection retired at its maximum age (httpserve.ConnObserver).
+func (m *Metrics) ConnRetired() {
+	if m != nil {
+		m.httpRetired.Inc()
+	}
 }
 
 // EventsApplied counts n change events applied from the subscription.
@@ -268,7 +351,9 @@ type statusDescs struct {
 	held, ownedNotHeld, invalid, due, leased, exact, complete *prometheus.Desc
 	lateMax, lateP50, lateP99, relMax, relP50, relP99         *prometheus.Desc
 	classDue, classHeld, comingDue                            *prometheus.Desc
+	classWaiting, classWaitingRatio                           *prometheus.Desc
 	edge, lastWalkEnd, lastWalkPartial, lastWalkFailed, epoch *prometheus.Desc
+	heldBack, fencedSlots                                     *prometheus.Desc
 }
 
 // NewStatusCollector returns a collector of the state gauges of the status that status returns
@@ -293,6 +378,12 @@ func NewStatusCollector(status func() shardapi.Status) *StatusCollector {
 		relP99:       d("lateness_p99_ratio", "p99 relative lateness of the due rows: (now - due) / cadence."),
 		classDue:     d("class_due", "Due rows of owned slots by cadence class (cadence_le) and source.", "cadence_le", "source"),
 		classHeld:    d("class_held", "Held rows of owned slots by cadence class (cadence_le) and source.", "cadence_le", "source"),
+		classWaiting: d("class_waiting_seconds",
+			"How long the class has had due rows and no render (waitingSince in /v1/status), by cadence class (cadence_le) and source: the longest of its classes; 0 when none is waiting.",
+			"cadence_le", "source"),
+		classWaitingRatio: d("class_waiting_ratio",
+			"How long the class has had due rows and no render, in cadences, by cadence class (cadence_le) and source: the largest of its classes; above 1 the class is starving (RenderQueueClassStarving).",
+			"cadence_le", "source"),
 		comingDue: d("coming_due",
 			"Held rows of owned slots not yet due, by the hour in which they come due: hours_ahead=h counts due in (now+h-1h, now+h].",
 			"hours_ahead"),
@@ -302,6 +393,9 @@ func NewStatusCollector(status func() shardapi.Status) *StatusCollector {
 		lastWalkPartial: d("last_walk_partial", "1 when the last finished walk left segments unread."),
 		lastWalkFailed:  d("last_walk_failed", "1 when the last finished walk failed as a whole."),
 		epoch:           d("membership_epoch", "The membership epoch the shard has adopted."),
+		heldBack: d("rows_held_back",
+			"Due rows of owned slots handed out to nobody until a fence ends: the leases an earlier owner may have granted on them are not known yet or not at all (counted in renderqueue_keeper_due)."),
+		fencedSlots: d("fenced_slots", "Owned slots that hand out none of their rows until their fence ends."),
 	}}
 }
 
@@ -310,7 +404,8 @@ func (c *StatusCollector) Describe(ch chan<- *prometheus.Desc) {
 	d := c.descs
 	for _, desc := range []*prometheus.Desc{d.held, d.ownedNotHeld, d.invalid, d.due, d.leased, d.exact, d.complete,
 		d.lateMax, d.lateP50, d.lateP99, d.relMax, d.relP50, d.relP99, d.classDue, d.classHeld, d.comingDue,
-		d.edge, d.lastWalkEnd, d.lastWalkPartial, d.lastWalkFailed, d.epoch} {
+		d.classWaiting, d.classWaitingRatio,
+		d.edge, d.lastWalkEnd, d.lastWalkPartial, d.lastWalkFailed, d.epoch, d.heldBack, d.fencedSlots} {
 		ch <- desc
 	}
 }
@@ -339,6 +434,7 @@ func collectStatus(d statusDescs, st shardapi.Status, ch chan<- prometheus.Metri
 	g(d.relP99, st.Lateness.P99Relative)
 
 	due, held := map[RowClass]int{}, map[RowClass]int{}
+	waiting, ratio := map[RowClass]float64{}, map[RowClass]float64{}
 	for _, cl := range st.Classes {
 		src := cl.Source
 		if src != sources[0] && src != sources[1] {
@@ -347,12 +443,20 @@ func collectStatus(d statusDescs, st shardapi.Status, ch chan<- prometheus.Metri
 		rc := RowClass{cadence: cadenceClass(time.Duration(cl.Cadence * float64(time.Second))), source: src}
 		due[rc] += cl.Due
 		held[rc] += cl.Held
+		if w := cl.Waiting(st.AsOf); w > 0 {
+			waiting[rc] = max(waiting[rc], w.Seconds())
+			if cl.Cadence > 0 {
+				ratio[rc] = max(ratio[rc], w.Seconds()/cl.Cadence)
+			}
+		}
 	}
 	for _, cad := range CadenceClasses() {
 		for _, src := range sources {
 			rc := RowClass{cadence: cad, source: src}
 			g(d.classDue, float64(due[rc]), cad, src)
 			g(d.classHeld, float64(held[rc]), cad, src)
+			g(d.classWaiting, waiting[rc], cad, src)
+			g(d.classWaitingRatio, ratio[rc], cad, src)
 		}
 	}
 	for h, n := range st.Coming.ByHour {
@@ -367,6 +471,14 @@ func collectStatus(d statusDescs, st shardapi.Status, ch chan<- prometheus.Metri
 		g(d.lastWalkFailed, b2f(w.Failed))
 	}
 	g(d.epoch, float64(st.Membership.Epoch))
+	g(d.heldBack, float64(st.HeldBack))
+	fenced := 0
+	for _, f := range st.Fences {
+		if set, err := schedule.ParseSlots(f.Slots); err == nil {
+			fenced += set.Len()
+		}
+	}
+	g(d.fencedSlots, float64(fenced))
 }
 
 func b2f(v bool) float64 {

@@ -1,13 +1,16 @@
 package shardmetrics
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/renderqueue/renderqueue/pkg/keeper/core"
+	"github.com/renderqueue/renderqueue/pkg/shardapi"
 )
 
 func TestCadenceClass(t *testing.T) {
@@ -42,4 +45,47 @@ func BenchmarkMetricsClaimed(b *testing.B) {
 		m.Claimed(now, rows, time.Millisecond)
 	}
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(len(rows)), "ns/row")
+}
+
+// TestClassWaiting: renderqueue_keeper_class_waiting_seconds and _ratio are, per cadence class
+// and source, the longest wait (in seconds, and in cadences) of its classes at the status's asOf;
+// 0 for classes not waiting and for every class the shard does not have.
+func TestClassWaiting(t *testing.T) {
+	asOf := time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
+	ago := func(d time.Duration) *time.Time { at := asOf.Add(-d); return &at }
+	st := shardapi.Status{AsOf: asOf, Classes: []shardapi.Class{
+		{Cadence: 3600, Source: "discovered", WaitingSince: ago(90 * time.Minute)},  // 1h: starving, 1.5 cadences
+		{Cadence: 1800, Source: "discovered", WaitingSince: ago(30 * time.Minute)},  // also 1h: 1 cadence, shorter wait
+		{Cadence: 24 * 3600, Source: "submitted", WaitingSince: ago(6 * time.Hour)}, // 0.25 cadences
+		{Cadence: 96 * 3600, Source: "discovered"},                                  // not waiting
+		{Cadence: 96 * 3600, Source: "submitted", WaitingSince: ago(-time.Minute)},  // since after asOf: not waiting
+	}}
+	c := NewStatusCollector(func() shardapi.Status { return st })
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(c)
+	want := `
+# HELP renderqueue_keeper_class_waiting_ratio How long the class has had due rows and no render, in cadences, by cadence class (cadence_le) and source: the largest of its classes; above 1 the class is starving (RenderQueueClassStarving).
+# TYPE renderqueue_keeper_class_waiting_ratio gauge
+`
+	wantSeconds := `
+# HELP renderqueue_keeper_class_waiting_seconds How long the class has had due rows and no render (waitingSince in /v1/status), by cadence class (cadence_le) and source: the longest of its classes; 0 when none is waiting.
+# TYPE renderqueue_keeper_class_waiting_seconds gauge
+`
+	for _, cad := range CadenceClasses() {
+		for _, src := range []string{"discovered", "submitted"} {
+			ratio, secs := "0", "0"
+			switch cad + "/" + src {
+			case "1h/discovered":
+				ratio, secs = "1.5", "5400"
+			case "24h/submitted":
+				ratio, secs = "0.25", "21600"
+			}
+			want += fmt.Sprintf("renderqueue_keeper_class_waiting_ratio{cadence_le=%q,source=%q} %s\n", cad, src, ratio)
+			wantSeconds += fmt.Sprintf("renderqueue_keeper_class_waiting_seconds{cadence_le=%q,source=%q} %s\n", cad, src, secs)
+		}
+	}
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want+wantSeconds),
+		"renderqueue_keeper_class_waiting_ratio", "renderqueue_keeper_class_waiting_seconds"); err != nil {
+		t.Error(err)
+	}
 }

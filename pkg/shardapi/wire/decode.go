@@ -219,6 +219,9 @@ func (p *parser) itemResult(r *shardapi.ItemResult) bool {
 		case "error":
 			bit = 1 << 1
 			r.Error, ok = p.strOrNull()
+		case "movedTo":
+			bit = 1 << 2
+			r.MovedTo, ok = p.strOrNull()
 		default:
 			return false
 		}

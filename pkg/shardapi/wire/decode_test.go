@@ -224,7 +224,7 @@ func TestRoundTrip(t *testing.T) {
 			Source: "file", Urgent: i%2 == 0, Lease: "0123456789abcdef", LeaseExpires: tm.Add(-time.Minute)}}}
 		complete := shardapi.CompleteRequest{Items: []shardapi.Completion{{Key: s, Lease: s}, {Key: "k", Lease: "l", NextDue: &tm}}}
 		release := shardapi.ReleaseRequest{Items: []shardapi.Lease{{Key: s, Lease: s}}}
-		cres := shardapi.CompleteResponse{Completed: 1, Results: []shardapi.ItemResult{{Key: s}, {Key: "k", Error: s}}}
+		cres := shardapi.CompleteResponse{Completed: 1, Results: []shardapi.ItemResult{{Key: s}, {Key: "k", Error: s}, {Key: "m", Error: "moved", MovedTo: s}}}
 		rres := shardapi.ReleaseResponse{Released: i, Results: []shardapi.ItemResult{{Key: s, Error: "lease expired"}}}
 		b, err := AppendClaimResponse(nil, &claim)
 		if err != nil || !checkDecoders(t, b)["claim reply"] {

@@ -84,6 +84,10 @@ func appendResults(b []byte, results []shardapi.ItemResult) []byte {
 			b = append(b, `,"error":`...)
 			b = appendString(b, results[i].Error)
 		}
+		if results[i].MovedTo != "" {
+			b = append(b, `,"movedTo":`...)
+			b = appendString(b, results[i].MovedTo)
+		}
 		b = append(b, '}')
 	}
 	return append(b, "]}"...)

@@ -90,7 +90,7 @@ func checkAppend(t *testing.T, s1, s2 string, tm time.Time, f float64, urgent bo
 		}
 		complete.Items = append(complete.Items, c)
 		release.Items = append(release.Items, shardapi.Lease{Key: s1, Lease: s2})
-		cres.Results = append(cres.Results, shardapi.ItemResult{Key: s1, Error: []string{"", s2}[i%2]})
+		cres.Results = append(cres.Results, shardapi.ItemResult{Key: s1, Error: []string{"", s2}[i%2], MovedTo: []string{"", "", s1}[i%3]})
 		rres.Results = append(rres.Results, shardapi.ItemResult{Key: s2, Error: []string{s1, ""}[i%2]})
 	}
 	cres.Completed, rres.Released = n*int(f), -n

@@ -71,6 +71,8 @@ type Store struct {
 	rev    int64
 	subs   map[*subscription]struct{}
 	closed bool
+	// sessions are the keeper sessions, by shard (store.Sessions)
+	sessions map[string]store.Session
 }
 
 var _ store.Store = (*Store)(nil)
@@ -90,6 +92,58 @@ func New(opts Options) *Store {
 		opts.MaxQueuedEvents = 1 << 18
 	}
 	return &Store{opts: opts, rows: map[string]schedule.Row{}, subs: map[*subscription]struct{}{}}
+}
+
+var _ store.RowReader = (*Store)(nil)
+
+// ReadRow implements store.RowReader.
+func (s *Store) ReadRow(_ context.Context, key string) (schedule.Row, bool, error) {
+	if why := schedule.KeyProblem(key); why != "" {
+		return schedule.Row{}, false, fmt.Errorf("reading a row: %s", why)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return schedule.Row{}, false, store.ErrClosed
+	}
+	if r, ok := s.rows[key]; ok {
+		return r, true, nil
+	}
+	return schedule.Row{Key: key, KeyHash: s.opts.Hash(key)}, false, nil
+}
+
+var _ store.Sessions = (*Store)(nil)
+
+// BeginSession implements store.Sessions.
+func (s *Store) BeginSession(_ context.Context, sess store.Session) (store.Session, bool, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return store.Session{}, false, store.ErrClosed
+	}
+	if s.sessions == nil {
+		s.sessions = map[string]store.Session{}
+	}
+	prev, found := s.sessions[sess.Shard]
+	sess.StartedAt, sess.EndedAt, sess.LeasesUntil = time.Now(), time.Time{}, time.Time{}
+	s.sessions[sess.Shard] = sess
+	return prev, found, nil
+}
+
+// EndSession implements store.Sessions.
+func (s *Store) EndSession(_ context.Context, shard, instance string, leasesUntil time.Time) (bool, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return false, store.ErrClosed
+	}
+	sess, ok := s.sessions[shard]
+	if !ok || sess.Instance != instance {
+		return false, nil
+	}
+	sess.EndedAt, sess.LeasesUntil = time.Now(), leasesUntil
+	s.sessions[shard] = sess
+	return true, nil
 }
 
 // Migrate implements store.Store; there is no schema.

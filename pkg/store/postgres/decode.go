@@ -38,13 +38,14 @@ func decodeRow(vals [][]byte, keys *columns.Strings, routes columns.Interner, r 
 }
 
 // decodeAfterKey decodes the binary-format columns of rowColumns after key (7 of them) into r,
-// whose Key is set already.
+// whose Key is set already. Its errors name a row by its key_hash, never by its key: they reach
+// a shard's unauthenticated status (a failed walk's error).
 func decodeAfterKey(vals [][]byte, routes columns.Interner, r *schedule.Row) error {
 	if len(vals) != 7 {
-		return fmt.Errorf("key %q: %d columns after the key, want 7", r.Key, len(vals))
+		return fmt.Errorf("a row: %d columns after the key, want 7", len(vals))
 	}
 	if len(vals[0]) != 8 || len(vals[2]) != 8 || len(vals[5]) != 1 || len(vals[6]) != 8 {
-		return fmt.Errorf("key %q: malformed row (column sizes after the key %d,%d,%d,%d,%d,%d,%d)", r.Key,
+		return fmt.Errorf("a row: malformed (column sizes after the key %d,%d,%d,%d,%d,%d,%d)",
 			len(vals[0]), len(vals[1]), len(vals[2]), len(vals[3]), len(vals[4]), len(vals[5]), len(vals[6]))
 	}
 	r.KeyHash = int64(binary.BigEndian.Uint64(vals[0]))
@@ -54,7 +55,7 @@ func decodeAfterKey(vals [][]byte, routes columns.Interner, r *schedule.Row) err
 		r.HasDue = true
 	default:
 		if vals[1] != nil {
-			return fmt.Errorf("key %q: malformed due_at (%d bytes)", r.Key, len(vals[1]))
+			return fmt.Errorf("the row of key_hash %d: malformed due_at (%d bytes)", r.KeyHash, len(vals[1]))
 		}
 		r.Due = time.Time{}
 		r.HasDue = false
@@ -67,7 +68,7 @@ func decodeAfterKey(vals [][]byte, routes columns.Interner, r *schedule.Row) err
 	case "discovered":
 		r.Source = schedule.SourceDiscovered
 	default:
-		return fmt.Errorf("key %q: unknown source %q", r.Key, vals[4])
+		return fmt.Errorf("the row of key_hash %d: unknown source %q", r.KeyHash, vals[4])
 	}
 	r.Urgent = vals[5][0] != 0
 	r.Rev = int64(binary.BigEndian.Uint64(vals[6]))

@@ -37,6 +37,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -96,6 +97,12 @@ type Options struct {
 	// EventMaxAge (about 40 bytes each); beyond it the oldest are forgotten and payloads signed
 	// no later than them are dropped as a gap. Default 524288.
 	MaxRememberedEvents int
+	// FloodRate bounds the notifications a second a subscription reads: past it (a flood of
+	// NOTIFYs, which any role that can connect may send) it stops reading, signals a gap and
+	// listens again after FloodPause, doubling while the flood goes on up to FloodPauseMax
+	// (changes.Config). Defaults 20000 a second, 500ms and 2s.
+	FloodRate                 int
+	FloodPause, FloodPauseMax time.Duration
 
 	// QuietCompletions makes Complete leave out the change events of the rows it writes whose
 	// slot no other listener holds (schema version 7, migrations/0007_quiet_completions.sql), while
@@ -227,6 +234,88 @@ func withUnixSendBuffer(dial pgconn.DialFunc) pgconn.DialFunc {
 // Pool returns the store's connection pool (for tools and tests that need plain SQL).
 func (s *Store) Pool() *pgxpool.Pool { return s.pool }
 
+var _ store.Pinger = (*Store)(nil)
+
+// Ping implements store.Pinger: one round trip on a pool connection (a broken idle one is
+// replaced).
+func (s *Store) Ping(ctx context.Context) error {
+	if s.closed() {
+		return store.ErrClosed
+	}
+	if err := s.pool.Ping(ctx); err != nil {
+		return fmt.Errorf("ping: %w: %w", store.ErrUnavailable, err)
+	}
+	return nil
+}
+
+var _ store.Sessions = (*Store)(nil)
+
+// BeginSession implements store.Sessions (renderqueue_keeper_begin, schema version 9; before it
+// store.ErrNoSessions).
+func (s *Store) BeginSession(ctx context.Context, sess store.Session) (store.Session, bool, error) {
+	if s.closed() {
+		return store.Session{}, false, store.ErrClosed
+	}
+	var prev store.Session
+	var pod, instance *string
+	var started, ended, until *time.Time
+	err := s.pool.QueryRow(ctx, `SELECT instance, pod, started_at, ended_at, leases_until FROM renderqueue_keeper_begin($1, $2, $3)`,
+		sess.Shard, sess.Instance, sess.Pod).Scan(&instance, &pod, &started, &ended, &until)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return store.Session{}, false, nil
+	case err != nil:
+		return store.Session{}, false, sessionError("beginning the keeper session of "+sess.Shard, err)
+	}
+	prev = store.Session{Shard: sess.Shard, Instance: deref(instance), Pod: deref(pod)}
+	if started != nil {
+		prev.StartedAt = *started
+	}
+	if ended != nil {
+		prev.EndedAt = *ended
+	}
+	if until != nil {
+		prev.LeasesUntil = *until
+	}
+	return prev, true, nil
+}
+
+// EndSession implements store.Sessions (renderqueue_keeper_end).
+func (s *Store) EndSession(ctx context.Context, shard, instance string, leasesUntil time.Time) (bool, error) {
+	if s.closed() {
+		return false, store.ErrClosed
+	}
+	var until *time.Time
+	if !leasesUntil.IsZero() {
+		until = &leasesUntil
+	}
+	var ok bool
+	if err := s.pool.QueryRow(ctx, `SELECT renderqueue_keeper_end($1, $2, $3)`, shard, instance, until).Scan(&ok); err != nil {
+		return false, sessionError("ending the keeper session of "+shard, err)
+	}
+	return ok, nil
+}
+
+// sessionError wraps err of a session call: store.ErrNoSessions when the schema has no
+// sessions (the function does not exist), store.ErrUnavailable when the database did not answer.
+func sessionError(what string, err error) error {
+	var pe *pgconn.PgError
+	switch {
+	case errors.As(err, &pe) && pe.Code == "42883": // undefined_function
+		return fmt.Errorf("%s: %w", what, store.ErrNoSessions)
+	case errors.As(err, &pe):
+		return fmt.Errorf("%s: %w", what, err)
+	}
+	return fmt.Errorf("%s: %w: %w", what, store.ErrUnavailable, err)
+}
+
+func deref(p *string) string {
+	if p == nil {
+		return ""
+	}
+	return *p
+}
+
 // Close closes the store's subscriptions, stops the group committer (waiting for the group in
 // flight) and closes the pool.
 func (s *Store) Close() error {
@@ -266,6 +355,9 @@ func (s *Store) Subscribe(ctx context.Context, slots []int) (store.Subscription,
 		MaxQueuedEvents:     s.opts.MaxQueuedEvents,
 		MaxQueuedBytes:      s.opts.MaxQueuedBytes,
 		MaxRememberedEvents: s.opts.MaxRememberedEvents,
+		FloodRate:           s.opts.FloodRate,
+		FloodPause:          s.opts.FloodPause,
+		FloodPauseMax:       s.opts.FloodPauseMax,
 		OnOpen: func(sub *changes.Subscription) error {
 			s.closeMu.Lock()
 			defer s.closeMu.Unlock()

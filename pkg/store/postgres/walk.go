@@ -222,6 +222,10 @@ func (w *walker) segment(ctx context.Context, i int) error {
 			}
 			failures++
 			if failures > w.s.opts.WalkRetries {
+				if isConnError(err) {
+					// the database was not reached, or the connection went: store.ErrUnavailable
+					return fmt.Errorf("walking slots %v: %w: %w", seg, store.ErrUnavailable, err)
+				}
 				return fmt.Errorf("walking slots %v: %w", seg, err)
 			}
 			w.s.log.V(1).Info("walk page failed, retrying", "segment", seg.String(), "error", err.Error())

@@ -85,6 +85,8 @@ func Run(t *testing.T, h Harness) {
 		{"CompleteKnown", testCompleteKnown},
 		{"DeleteResults", testDelete},
 		{"RejectBadInput", testRejectBadInput},
+		{"KeeperSessions", testSessions},
+		{"ReadRow", testReadRow},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) { tc.fn(t, h) })
@@ -1329,6 +1331,90 @@ func ExpectOverflow(t *testing.T, sub store.Subscription, max int, overflow erro
 			if e.Row.Key == want.Key {
 				return events
 			}
+		}
+	}
+}
+
+// testSessions: a shard's first session finds none before it; each later one finds the one before
+// it, ended cleanly (with its leases' end, or none) or not; an end by a session that is no longer
+// the latest changes nothing.
+func testSessions(t *testing.T, h Harness) {
+	st := h.New(t, Options{})
+	ss, ok := st.(store.Sessions)
+	if !ok {
+		t.Fatalf("%T does not record keeper sessions (store.Sessions)", st)
+	}
+	ctx := ctxT(t)
+	before := time.Now().Add(-time.Minute)
+	if _, found, err := ss.BeginSession(ctx, store.Session{Shard: "web-shard-0", Instance: "i1", Pod: "p1"}); err != nil || found {
+		t.Fatalf("first session: found %v, %v", found, err)
+	}
+	// another shard's sessions are its own
+	if _, found, err := ss.BeginSession(ctx, store.Session{Shard: "web-shard-1", Instance: "j1", Pod: "q1"}); err != nil || found {
+		t.Fatalf("another shard's first session: found %v, %v", found, err)
+	}
+	prev, found, err := ss.BeginSession(ctx, store.Session{Shard: "web-shard-0", Instance: "i2", Pod: "p1"})
+	if err != nil || !found || prev.Instance != "i1" || prev.Pod != "p1" || !prev.EndedAt.IsZero() || prev.StartedAt.Before(before) {
+		t.Fatalf("after a process that died: %+v found %v, %v", prev, found, err)
+	}
+	if ok, err := ss.EndSession(ctx, "web-shard-0", "i1", time.Time{}); err != nil || ok {
+		t.Fatalf("ending a session that is not the latest: %v %v", ok, err)
+	}
+	until := time.Now().Add(time.Minute).UTC().Truncate(time.Microsecond)
+	if ok, err := ss.EndSession(ctx, "web-shard-0", "i2", until); err != nil || !ok {
+		t.Fatalf("ending the latest session: %v %v", ok, err)
+	}
+	prev, found, err = ss.BeginSession(ctx, store.Session{Shard: "web-shard-0", Instance: "i3", Pod: "p2"})
+	if err != nil || !found || prev.Instance != "i2" || prev.EndedAt.IsZero() || !prev.LeasesUntil.Equal(until) {
+		t.Fatalf("after a clean end with leases until %v: %+v found %v, %v", until, prev, found, err)
+	}
+	if ok, err := ss.EndSession(ctx, "web-shard-0", "i3", time.Time{}); err != nil || !ok {
+		t.Fatalf("ending without leases: %v %v", ok, err)
+	}
+	prev, _, err = ss.BeginSession(ctx, store.Session{Shard: "web-shard-0", Instance: "i4", Pod: "p2"})
+	if err != nil || prev.EndedAt.IsZero() || !prev.LeasesUntil.IsZero() {
+		t.Fatalf("after a clean end without leases: %+v, %v", prev, err)
+	}
+}
+
+// testReadRow: a row read by its key is the row as stored (unscheduled ones included); a key no
+// row has is not found, with the hash a row of that key then gets; a deleted row is gone; a bad
+// key is refused.
+func testReadRow(t *testing.T, h Harness) {
+	st := h.New(t, Options{})
+	rr, ok := st.(store.RowReader)
+	if !ok {
+		t.Fatalf("%T does not read rows by key (store.RowReader)", st)
+	}
+	ctx := ctxT(t)
+	rows := upsert(t, st, makeRows("read", 4))
+	for _, want := range rows {
+		got, found, err := rr.ReadRow(ctx, want.Key)
+		if err != nil || !found {
+			t.Fatalf("%s: found %v, %v", want.Key, found, err)
+		}
+		if diff := sameFields(got, want); diff != "" || got.KeyHash != want.KeyHash || got.Rev != want.Rev {
+			t.Errorf("%s: read %+v, stored %+v %s", want.Key, got, want, diff)
+		}
+	}
+	missing := Row("read/missing", base)
+	got, found, err := rr.ReadRow(ctx, missing.Key)
+	if err != nil || found || got.Key != missing.Key {
+		t.Fatalf("a missing key: %+v found %v, %v", got, found, err)
+	}
+	stored := upsert(t, st, []schedule.Row{missing})
+	if got.KeyHash != stored[0].KeyHash {
+		t.Errorf("a missing key's hash %d, the hash its row got %d", got.KeyHash, stored[0].KeyHash)
+	}
+	if _, err := st.Delete(ctx, []string{rows[0].Key}); err != nil {
+		t.Fatal(err)
+	}
+	if got, found, err := rr.ReadRow(ctx, rows[0].Key); err != nil || found || got.KeyHash != rows[0].KeyHash {
+		t.Errorf("a deleted row: %+v found %v, %v", got, found, err)
+	}
+	for _, bad := range []string{"", strings.Repeat("x", schedule.MaxKeyBytes+1), "a\x00b"} {
+		if _, _, err := rr.ReadRow(ctx, bad); err == nil {
+			t.Errorf("key %.20q: read without an error", bad)
 		}
 	}
 }

@@ -6,13 +6,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"sync"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -21,9 +21,8 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/renderqueue/renderqueue/test/e2e/cluster/controlplane"
-	"github.com/renderqueue/renderqueue/test/e2e/cluster/kubelet"
+	"github.com/renderqueue/renderqueue/test/e2e/cluster/node"
 	"github.com/renderqueue/renderqueue/test/e2e/cluster/process"
-	"github.com/renderqueue/renderqueue/test/e2e/cluster/runtime"
 	"github.com/renderqueue/renderqueue/test/e2e/cluster/wait"
 )
 
@@ -32,20 +31,24 @@ type Options struct {
 	// Repo is the repository root (for hack/postgres.sh). Required unless SkipPostgres.
 	Repo string
 	// Assets is the KUBEBUILDER_ASSETS directory with etcd, kube-apiserver,
-	// kube-controller-manager and kubectl. Required.
+	// kube-controller-manager, kube-scheduler, kubectl, the kubelet and kube-proxy
+	// (hack/setup-envtest.sh). Required.
 	Assets string
-	// Binary is the renderqueue binary: the Runner runs it for every image whose repository is
-	// named renderqueue (runtime.RenderqueueImage). Required unless Images maps what the Pods run.
-	Binary string
-	// Images are further image mappings of the Runner (see kubelet.RunnerOptions.Images).
-	Images []runtime.ImageMapping
-	// Dir holds the cluster's state (certificates, etcd data, logs, Pod directories). Required;
-	// the caller removes it.
+	// Images are the OCI image archives the node imports into containerd: every image a Pod runs
+	// (the renderqueue image of `make image`, the sandbox image, CoreDNS's, test images).
+	// Required.
+	Images []string
+	// SandboxImage is the Pods' sandbox image (one of Images). Required.
+	SandboxImage string
+	// CoreDNSImage is CoreDNS's image (one of Images); empty: no cluster DNS.
+	CoreDNSImage string
+	// Dir holds the cluster's state (certificates, etcd data, configuration, logs). Required; the
+	// caller removes it. The node's own state is under node.StateDir and node.RunDir.
 	Dir string
 	// Logf reports progress (nil: silent).
 	Logf func(format string, args ...any)
 	// ComponentLog, if not nil, also receives the output of every process (line-prefixed);
-	// everything always goes to the log files under Dir/logs and the Pod directories.
+	// everything always goes to the log files under Dir/logs and the kubelet's Pod logs.
 	ComponentLog io.Writer
 	// HPASyncPeriod is kube-controller-manager's --horizontal-pod-autoscaler-sync-period
 	// (default 2s).
@@ -53,17 +56,13 @@ type Options struct {
 	// HPADownscaleStabilization is its --horizontal-pod-autoscaler-downscale-stabilization
 	// (default 30s).
 	HPADownscaleStabilization time.Duration
-	// CrashLoopBackOff and MaxCrashLoopBackOff are the Runner's container restart back-off
-	// (default: kubelet's 10s doubling to 5m).
-	CrashLoopBackOff, MaxCrashLoopBackOff time.Duration
-	// RetryPeriod is how often the Runner retries a Pod that cannot start yet (default 10s).
-	RetryPeriod time.Duration
-	// MaxGrace caps the termination grace period of Pods (default 10s, so that Stop is quick).
-	MaxGrace time.Duration
+	// MaxRestartBackOff caps the kubelet's crash-loop back-off (node.Options.MaxRestartBackOff).
+	MaxRestartBackOff time.Duration
+	// WaitForNode makes Start wait for another run's node to end instead of refusing at once
+	// (node.ErrBusy).
+	WaitForNode bool
 	// SkipPostgres leaves out the throwaway PostgreSQL.
 	SkipPostgres bool
-	// SkipRunner leaves out the Runner (and the pod network and the Node).
-	SkipRunner bool
 }
 
 func (o *Options) logf(format string, args ...any) {
@@ -80,33 +79,29 @@ type Cluster struct {
 	RESTConfig *rest.Config
 	// Client is an admin clientset.
 	Client kubernetes.Interface
-	// Postgres is the throwaway database (nil with SkipPostgres).
+	// Postgres is the throwaway database (nil with SkipPostgres). The Pods reach it at
+	// Postgres.PodDSN (the node's address).
 	Postgres *Postgres
-	// Runner plays kubelet and scheduler for the Node (nil with SkipRunner).
-	Runner *kubelet.Runner
-	// Network is the pod network (nil with SkipRunner).
-	Network *runtime.PodNetwork
+	// Node is the one Node: containerd, the kubelet, kube-proxy, CoreDNS.
+	Node *node.Node
 	// Dir is the state directory.
 	Dir string
 
-	o            Options
-	cp           *controlplane.ControlPlane
-	kubeletAPI   *kubelet.Server
-	runnerCancel context.CancelFunc
-	runnerDone   chan struct{}
+	o    Options
+	host *node.Host
+	cp   *controlplane.ControlPlane
 
 	mu    sync.Mutex
 	procs []*process.Process
 }
 
-// Start starts PostgreSQL, etcd, kube-apiserver, kube-controller-manager, the pod network and
-// the Runner (which registers its Node). On error everything already started is stopped.
+// Start prepares this machine for the node (node.Prepare: the lock, a sweep of a killed run's
+// leftovers, the bridge), starts PostgreSQL (listening on the node's address too), etcd,
+// kube-apiserver, kube-controller-manager and kube-scheduler, then the node (containerd with the
+// images, the kubelet, kube-proxy, CoreDNS). On error everything already started is stopped.
 func Start(ctx context.Context, o Options) (c *Cluster, err error) {
-	if o.Assets == "" || o.Dir == "" || (o.Repo == "" && !o.SkipPostgres) || (o.Binary == "" && len(o.Images) == 0 && !o.SkipRunner) {
-		return nil, errors.New("cluster: Assets, Dir, Repo (unless SkipPostgres) and Binary or Images (unless SkipRunner) are required")
-	}
-	if o.MaxGrace <= 0 {
-		o.MaxGrace = 10 * time.Second
+	if o.Assets == "" || o.Dir == "" || (o.Repo == "" && !o.SkipPostgres) || len(o.Images) == 0 || o.SandboxImage == "" {
+		return nil, errors.New("cluster: Assets, Dir, Images, SandboxImage and Repo (unless SkipPostgres) are required")
 	}
 	if err := os.MkdirAll(o.Dir, 0o755); err != nil {
 		return nil, fmt.Errorf("cluster: creating %s: %w", o.Dir, err)
@@ -117,14 +112,22 @@ func Start(ctx context.Context, o Options) (c *Cluster, err error) {
 			c.Stop()
 		}
 	}()
+	if c.host, err = node.Prepare(ctx, node.HostOptions{Wait: o.WaitForNode, Logf: o.Logf}); err != nil {
+		return c, err
+	}
 	if !o.SkipPostgres {
-		o.logf("starting a throwaway PostgreSQL (hack/postgres.sh)")
-		if c.Postgres, err = StartPostgres(ctx, o.Repo); err != nil {
+		o.logf("starting a throwaway PostgreSQL (hack/postgres.sh), also on %s for the Pods", node.NodeIP)
+		if c.Postgres, err = StartPostgres(ctx, o.Repo, node.NodeIP, node.PodCIDR); err != nil {
 			return c, err
 		}
 	}
+	_, serviceCIDR, err := net.ParseCIDR(node.ServiceCIDR)
+	if err != nil {
+		return c, fmt.Errorf("cluster: %w", err)
+	}
 	if c.cp, err = controlplane.Start(ctx, controlplane.Options{
 		Assets: o.Assets, Dir: o.Dir, Logf: o.Logf, ComponentLog: o.ComponentLog,
+		NodeName: node.Name, NodeIP: net.ParseIP(node.NodeIP), ServiceCIDR: serviceCIDR,
 		HPASyncPeriod: o.HPASyncPeriod, HPADownscaleStabilization: o.HPADownscaleStabilization,
 	}); err != nil {
 		return c, err
@@ -134,67 +137,20 @@ func Start(ctx context.Context, o Options) (c *Cluster, err error) {
 	if c.Client, err = kubernetes.NewForConfig(c.RESTConfig); err != nil {
 		return c, fmt.Errorf("cluster: building a clientset: %w", err)
 	}
-	if o.SkipRunner {
-		o.logf("local cluster up (no runner): KUBECONFIG=%s", c.Kubeconfig)
-		return c, nil
-	}
-	if c.Network, err = runtime.AddPodNetwork(); err != nil {
-		return c, err
-	}
-	o.logf("pod network %s (ip route add local %s dev lo)", c.Network.CIDR, c.Network.CIDR)
-	cert, cas, err := c.cp.KubeletTLS()
-	if err != nil {
-		return c, err
-	}
-	if c.kubeletAPI, err = kubelet.NewServer(cert, cas); err != nil {
-		return c, err
-	}
-	runner, err := kubelet.NewRunner(kubelet.RunnerOptions{
-		Client: c.Client, Server: c.cp.URL, Network: c.Network, Binary: o.Binary, Images: o.Images,
-		Dir: filepath.Join(o.Dir, "pods"), Logf: o.Logf, ProcessLog: o.ComponentLog,
-		CrashLoopBackOff: o.CrashLoopBackOff, MaxCrashLoopBackOff: o.MaxCrashLoopBackOff,
-		RetryPeriod: o.RetryPeriod, MaxGrace: o.MaxGrace, Kubelet: c.kubeletAPI,
-	})
-	if err != nil {
-		return c, err
-	}
-	c.Runner = runner
-	rctx, cancel := context.WithCancel(context.Background())
-	c.runnerCancel, c.runnerDone = cancel, make(chan struct{})
-	runErr := make(chan error, 1)
-	go func() {
-		defer close(c.runnerDone)
-		if err := runner.Run(rctx); err != nil {
-			o.logf("runner: %v", err)
-			runErr <- err
-		}
-	}()
-	if err := wait.Poll(ctx, 30*time.Second, 100*time.Millisecond, "the runner's Node to be registered", func(ctx context.Context) (bool, string, error) {
-		select {
-		case err := <-runErr:
-			return false, "", err
-		default:
-		}
-		n, err := c.Client.CoreV1().Nodes().Get(ctx, runner.NodeName(), metav1.GetOptions{})
-		if err != nil {
-			return false, err.Error(), nil
-		}
-		for _, cond := range n.Status.Conditions {
-			if cond.Type == corev1.NodeReady && cond.Status == corev1.ConditionTrue {
-				return true, "", nil
-			}
-		}
-		return false, "not Ready yet", nil
+	if c.Node, err = node.Start(ctx, node.Options{
+		Assets: o.Assets, ControlPlane: c.cp, Client: c.Client, Dir: o.Dir,
+		Images: o.Images, SandboxImage: o.SandboxImage, CoreDNSImage: o.CoreDNSImage,
+		MaxRestartBackOff: o.MaxRestartBackOff, Logf: o.Logf, ComponentLog: o.ComponentLog,
 	}); err != nil {
 		return c, err
 	}
-	o.logf("local cluster up: Node %s runs every Pod; KUBECONFIG=%s", runner.NodeName(), c.Kubeconfig)
+	o.logf("local cluster up: Node %s (%s); KUBECONFIG=%s", node.Name, node.NodeIP, c.Kubeconfig)
 	return c, nil
 }
 
-// Stop stops the processes started with StartProcess (last first), the Runner and its
-// containers, the control plane, the pod network and PostgreSQL. It is safe to call more than
-// once.
+// Stop stops the processes started with StartProcess (last first), the scheduler and the
+// controller manager (nothing makes new Pods), the Pods and the node, the API server and etcd,
+// PostgreSQL, and sweeps the machine (node.Host.Release). It is safe to call more than once.
 func (c *Cluster) Stop() {
 	c.mu.Lock()
 	procs := c.procs
@@ -203,24 +159,18 @@ func (c *Cluster) Stop() {
 	for i := len(procs) - 1; i >= 0; i-- {
 		procs[i].Stop(10 * time.Second)
 	}
-	if c.runnerCancel != nil {
-		c.runnerCancel()
-		<-c.runnerDone
-		c.runnerCancel = nil
+	if c.cp != nil {
+		c.cp.StopControllers()
 	}
-	if c.kubeletAPI != nil {
-		_ = c.kubeletAPI.Close()
-		c.kubeletAPI = nil
+	if c.Node != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+		c.Node.Stop(ctx)
+		cancel()
+		c.Node = nil
 	}
 	if c.cp != nil {
 		c.cp.Stop()
 		c.cp = nil
-	}
-	if c.Network != nil {
-		if err := c.Network.Remove(); err != nil {
-			c.o.logf("removing the pod network: %v", err)
-		}
-		c.Network = nil
 	}
 	if c.Postgres != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -229,6 +179,10 @@ func (c *Cluster) Stop() {
 			c.o.logf("stopping PostgreSQL: %v", err)
 		}
 		c.Postgres = nil
+	}
+	if c.host != nil {
+		c.host.Release()
+		c.host = nil
 	}
 }
 

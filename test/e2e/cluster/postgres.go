@@ -16,9 +16,9 @@ import (
 type Postgres struct {
 	// DSN is the connection string (unix socket of the cluster's directory).
 	DSN string
-	// TCPDSN is the same database over TCP on 127.0.0.1: what Pods use, whose /tmp (an emptyDir,
-	// or their own root filesystem) does not hold the socket directory.
-	TCPDSN string
+	// PodDSN is the same database over TCP at the node's address: what the Pods use (from their
+	// network namespaces, through the bridge).
+	PodDSN string
 
 	repo   string
 	dir    string
@@ -29,9 +29,12 @@ type Postgres struct {
 var dsnHost = regexp.MustCompile(`(?:^|\s)host=(\S+)`)
 var dsnPort = regexp.MustCompile(`(?:^|\s)port=(\S+)`)
 
-// StartPostgres starts a throwaway cluster with repo/hack/postgres.sh.
-func StartPostgres(ctx context.Context, repo string) (*Postgres, error) {
+// StartPostgres starts a throwaway cluster with repo/hack/postgres.sh, listening on listen (an
+// address of this machine) as well as on loopback, and trusting TCP clients from clients (a
+// CIDR).
+func StartPostgres(ctx context.Context, repo, listen, clients string) (*Postgres, error) {
 	cmd := exec.CommandContext(ctx, filepath.Join(repo, "hack", "postgres.sh"), "start")
+	cmd.Env = append(os.Environ(), "RENDERQUEUE_PG_LISTEN="+listen, "RENDERQUEUE_PG_CLIENTS="+clients)
 	var out, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &stderr
 	if err := cmd.Run(); err != nil {
@@ -56,8 +59,8 @@ func StartPostgres(ctx context.Context, repo string) (*Postgres, error) {
 		return nil, fmt.Errorf("reading the cluster's bindir: %w", err)
 	}
 	pg.bindir = strings.TrimSpace(string(b))
-	pg.TCPDSN = dsnHost.ReplaceAllStringFunc(dsn, func(m string) string {
-		return strings.Replace(m, "host="+pg.dir, "host=127.0.0.1", 1)
+	pg.PodDSN = dsnHost.ReplaceAllStringFunc(dsn, func(m string) string {
+		return strings.Replace(m, "host="+pg.dir, "host="+listen, 1)
 	})
 	return pg, nil
 }
@@ -75,6 +78,9 @@ func (pg *Postgres) pgCtl(ctx context.Context, args ...string) error {
 	}
 	return nil
 }
+
+// Port is the server's TCP port.
+func (pg *Postgres) Port() string { return pg.port }
 
 // Pause stops the server (fast shutdown: connections are cut) and keeps its data.
 func (pg *Postgres) Pause(ctx context.Context) error {

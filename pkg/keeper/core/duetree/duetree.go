@@ -707,6 +707,55 @@ func (f *Forest) Select(t *Tree, k int) Entry {
 	return f.pool.leaf(node).e[k]
 }
 
+// Prefix returns how many entries, and how many claimable ones, lie in t's longest prefix whose
+// entries all satisfy in: in must hold for a prefix of t's order and for no entry after it (a
+// threshold in claim order, say). It asks in about once per level and leaf binary-search step
+// (O(height × log of a node's size)), never of every entry. in may read the entry's record; its
+// leased bit may be out of date (a separator's). in must not change t.
+func (f *Forest) Prefix(t *Tree, in func(e Entry) bool) (n, claimableN int) {
+	f.Flush(t)
+	if t.n == 0 {
+		return 0, 0
+	}
+	node := t.root
+	for h := t.height; h > 0; h-- {
+		nd := f.pool.inner(node)
+		// the children whose first entry is in the prefix: all of those before the last such
+		// child lie in it whole (the prefix is contiguous); the last may hold its end
+		lo, hi := 0, int(nd.n)
+		for lo < hi {
+			m := (lo + hi) / 2
+			if in(nd.sep[m]) {
+				lo = m + 1
+			} else {
+				hi = m
+			}
+		}
+		if lo == 0 {
+			return n, claimableN
+		}
+		for i := range lo - 1 {
+			n += int(nd.cnt[i])
+			claimableN += int(nd.clm[i])
+		}
+		node = nd.child[lo-1]
+	}
+	l := f.pool.leaf(node)
+	lo, hi := 0, int(l.n)
+	for lo < hi {
+		m := (lo + hi) / 2
+		if in(l.e[m]) {
+			lo = m + 1
+		} else {
+			hi = m
+		}
+	}
+	for _, e := range l.e[:lo] {
+		claimableN += int(claimable(e))
+	}
+	return n + lo, claimableN
+}
+
 // Visit calls fn for t's entries at positions [lo, hi), in order. fn must not change t.
 func (f *Forest) Visit(t *Tree, lo, hi int, fn func(e Entry)) {
 	f.Flush(t)

@@ -167,6 +167,19 @@ func TestTreeOrderStatistics(t *testing.T) {
 				t.Fatalf("round %d: select(%d) = record %d, want %d", round, k, got.ID(), entries[k].ID())
 			}
 		}
+		for _, k := range []int{0, 1, len(entries) / 3, len(entries) / 2, len(entries) - 1, len(entries)} {
+			// the prefix before entries[k] (all of them at len(entries)), asked by comparison
+			in := func(e Entry) bool { return k == len(entries) || f.Compare(e, entries[k]) < 0 }
+			want := 0
+			for _, e := range entries[:k] {
+				if !m.recs[e.ID()].leased {
+					want++
+				}
+			}
+			if n, c := f.Prefix(tr, in); n != k || c != want {
+				t.Fatalf("round %d: Prefix before entry %d = %d entries, %d claimable; want %d, %d", round, k, n, c, k, want)
+			}
+		}
 		if first, _ := f.First(tr); first.ID() != entries[0].ID() {
 			t.Fatalf("round %d: first is record %d, want %d", round, first.ID(), entries[0].ID())
 		}

@@ -25,10 +25,20 @@ type Config struct {
 	Floors []Floor
 	// Reschedule picks a completed row's next due time; the zero value is KeepPhase.
 	Reschedule Reschedule
+	// StarvationBound bounds how long a class of rows (the non-urgent rows of one cadence and
+	// source) with due rows goes without a render, in its cadences: a class that has had due
+	// rows and no row claimed for StarvationBound × its cadence gets its most overdue row claimed
+	// ahead of floors and score order (after the urgent share). 0 turns the bound off; the keeper
+	// runs with DefaultStarvationBound.
+	StarvationBound float64
 	// FirstLease is the first lease token handed out; the service starts it at a random value so
 	// tokens from an earlier process are not accepted by a later one.
 	FirstLease uint64
 }
+
+// DefaultStarvationBound is the keeper's StarvationBound: no class with due rows goes more than
+// half its cadence (and one claim) without a render.
+const DefaultStarvationBound = 0.5
 
 // MaxFloors is the most floors a configuration may have.
 const MaxFloors = 64
@@ -115,8 +125,11 @@ func (c Config) Validate() error {
 		errs = append(errs, fmt.Errorf("urgentMaxShare %v must be within [0, 1]", c.UrgentMaxShare))
 	}
 	errs = append(errs, validateFloors(c.Floors)...)
-	if c.Reschedule != KeepPhase && c.Reschedule != AfterRender {
-		errs = append(errs, fmt.Errorf("reschedule %v is not a policy (want %v or %v)", c.Reschedule, KeepPhase, AfterRender))
+	if c.Reschedule != KeepPhase && c.Reschedule != AfterRender && c.Reschedule != Adaptive {
+		errs = append(errs, fmt.Errorf("reschedule %v is not a policy (want %v, %v or %v)", c.Reschedule, KeepPhase, AfterRender, Adaptive))
+	}
+	if math.IsNaN(c.StarvationBound) || math.IsInf(c.StarvationBound, 0) || c.StarvationBound < 0 {
+		errs = append(errs, fmt.Errorf("starvationBound %v must be a finite number ≥ 0", c.StarvationBound))
 	}
 	return errors.Join(errs...)
 }

@@ -30,6 +30,10 @@ func TestConfigValidate(t *testing.T) {
 		{"floor cadence µs", Config{SubmittedBoost: 1, Floors: []Floor{{time.Hour + time.Microsecond, 1, 0.1}}}, "whole milliseconds"},
 		{"floor source", Config{SubmittedBoost: 1, Floors: []Floor{{time.Hour, 7, 0.1}}}, "unknown source"},
 		{"reschedule", Config{SubmittedBoost: 1, Reschedule: 9}, "not a policy"},
+		{"adaptive", Config{SubmittedBoost: 1, Reschedule: Adaptive, StarvationBound: DefaultStarvationBound}, ""},
+		{"negative starvation bound", Config{SubmittedBoost: 1, StarvationBound: -0.5}, "starvationBound -0.5"},
+		{"starvation bound NaN", Config{SubmittedBoost: 1, StarvationBound: math.NaN()}, "starvationBound NaN"},
+		{"starvation bound +Inf", Config{SubmittedBoost: 1, StarvationBound: math.Inf(1)}, "starvationBound +Inf"},
 	}
 	for _, tc := range cases {
 		err := tc.cfg.Validate()
@@ -64,12 +68,30 @@ func TestNextDue(t *testing.T) {
 			t.Errorf("%v late %v cadence %v: due + %v, want due + %v", tc.policy, tc.late, tc.cadence, got, tc.want)
 		}
 	}
-	for _, p := range []Reschedule{KeepPhase, AfterRender} {
+	for _, p := range []Reschedule{KeepPhase, AfterRender, Adaptive} {
 		if got, err := ParseReschedule(p.String()); got != p || err != nil {
 			t.Errorf("ParseReschedule(%q) = %v, %v", p.String(), got, err)
 		}
 	}
 	if _, err := ParseReschedule("keepphase"); err == nil {
 		t.Error("ParseReschedule accepted a misspelt name")
+	}
+}
+
+func TestResolve(t *testing.T) {
+	cases := []struct {
+		policy  Reschedule
+		stretch bool       // the core's decision (pace.Decide)
+		want    Reschedule // what the completion follows
+	}{
+		{Adaptive, false, KeepPhase},
+		{Adaptive, true, AfterRender},
+		{KeepPhase, true, KeepPhase},      // an explicit policy is never overridden
+		{AfterRender, false, AfterRender}, // nor this one
+	}
+	for _, tc := range cases {
+		if got := tc.policy.Resolve(tc.stretch); got != tc.want {
+			t.Errorf("%v.Resolve(%v) = %v, want %v", tc.policy, tc.stretch, got, tc.want)
+		}
 	}
 }

@@ -27,9 +27,16 @@ const (
 	// a drained backlog comes due again one cadence later at the rate the drain ran — the drain
 	// echo: a wave as steep as the drain, which a fleet running near capacity cannot absorb.
 	AfterRender
+	// Adaptive (the API's default): KeepPhase while the shard keeps up or drains a backlog with
+	// capacity to spare, AfterRender while its rows need more renders than its claims hand out.
+	// The core decides at every claim from what it has seen (package pace): the demand Σ rows /
+	// cadence of its rows against the rows an hour its claims have handed out since the due rows
+	// last ran out. So a drained backlog keeps its phases (no echo), and a sustained overload
+	// stretches every interval instead of running rows half a cadence late until they skip one.
+	Adaptive
 )
 
-var rescheduleNames = [...]string{KeepPhase: "KeepPhase", AfterRender: "AfterRender"}
+var rescheduleNames = [...]string{KeepPhase: "KeepPhase", AfterRender: "AfterRender", Adaptive: "Adaptive"}
 
 func (r Reschedule) String() string {
 	if int(r) < len(rescheduleNames) {
@@ -38,20 +45,33 @@ func (r Reschedule) String() string {
 	return fmt.Sprintf("Reschedule(%d)", uint8(r))
 }
 
-// ParseReschedule parses a policy name: "KeepPhase" or "AfterRender", exactly.
+// ParseReschedule parses a policy name: "KeepPhase", "AfterRender" or "Adaptive", exactly.
 func ParseReschedule(s string) (Reschedule, error) {
 	for i, n := range rescheduleNames {
 		if s == n {
 			return Reschedule(i), nil
 		}
 	}
-	return 0, fmt.Errorf("unknown reschedule policy %q (want KeepPhase or AfterRender)", s)
+	return 0, fmt.Errorf("unknown reschedule policy %q (want KeepPhase, AfterRender or Adaptive)", s)
 }
 
 // NextDue is the next due time policy p gives a row due at due with the given cadence that is
-// rendered (completed) at now. Times are used at millisecond precision.
+// rendered (completed) at now. Times are used at millisecond precision. Adaptive is KeepPhase
+// here: the core resolves it (Resolve) from the shard's load before it calls NextDue.
 func NextDue(p Reschedule, now, due time.Time, cadence time.Duration) time.Time {
 	return time.UnixMilli(nextDueMs(p, now.UnixMilli(), due.UnixMilli(), cadence.Milliseconds())).UTC()
+}
+
+// Resolve is the policy a completion follows: p itself, or for Adaptive AfterRender when stretch
+// (the shard's demand exceeds its capacity, pace.Decide) and KeepPhase otherwise.
+func (p Reschedule) Resolve(stretch bool) Reschedule {
+	if p != Adaptive {
+		return p
+	}
+	if stretch {
+		return AfterRender
+	}
+	return KeepPhase
 }
 
 func nextDueMs(p Reschedule, nowMs, dueMs, cadenceMs int64) int64 {

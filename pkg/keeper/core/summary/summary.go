@@ -20,6 +20,9 @@ type Summary struct {
 	Invalid int
 	// Due counts rows with due ≤ AsOf (leased ones included); Leased the rows under lease.
 	Due, Leased int
+	// HeldBack counts the due rows of owned slots that are fenced at AsOf (core.Core.Fence):
+	// handed out to nobody until their fence ends, and counted in Due.
+	HeldBack int
 	// DuePerSlot has an entry for every owned slot with due rows.
 	DuePerSlot map[int]int
 	// DuePerIncomingSlot has an entry for every incoming slot with due rows (held, not counted in
@@ -56,6 +59,21 @@ type Class struct {
 	MaxLateSeconds float64
 	// LateBy counts the due rows by relative lateness, in the buckets of shardapi.LateBound.
 	LateBy [shardapi.LateBuckets]int
+	// WaitingSince is when the class last had a row claimed or, if later, when its most overdue
+	// claimable row came due: it has had due rows and no render since (its non-urgent rows).
+	// Zero when it has no claimable due row. The starvation bound serves a class once it has
+	// waited half its cadence; one waiting a whole cadence is starving — claims are not being
+	// made, or more classes are past their bound than the claims have room for.
+	WaitingSince time.Time
+}
+
+// Waiting is how long the class has had due rows and no render at now (0 when it is not
+// waiting).
+func (c Class) Waiting(now time.Time) time.Duration {
+	if c.WaitingSince.IsZero() || now.Before(c.WaitingSince) {
+		return 0
+	}
+	return now.Sub(c.WaitingSince)
 }
 
 // Coming counts held rows of owned slots not yet due, by how soon they come due: Next15m has
@@ -73,6 +91,9 @@ type Group struct {
 	CadenceMs int64
 	Source    schedule.Source
 	Owned     *duetree.Tree
+	// WaitingSinceMs is Class.WaitingSince of a non-urgent group, in Unix milliseconds; 0 when
+	// it has no claimable due row, or is urgent.
+	WaitingSinceMs int64
 }
 
 // Count fills in the figures of s (zero until then) about the held rows of owned slots at nowMs —
@@ -112,6 +133,9 @@ func Count(s *Summary, f *duetree.Forest, nowMs int64, groups []Group, key func(
 		}
 		cl.Held += held
 		cl.Due += ranks[0]
+		if g.WaitingSinceMs != 0 {
+			cl.WaitingSince = time.UnixMilli(g.WaitingSinceMs).UTC()
+		}
 		s.Due += ranks[0]
 		if n := ranks[0]; n > 0 {
 			first, _ := f.First(t)

@@ -18,6 +18,7 @@ var (
 	ErrBadPayload    = errBadPayload
 	ErrTruncated     = errTruncated
 	ErrSchemaChanged = errSchemaChanged
+	ErrFlood         = errFlood
 )
 
 const (
@@ -49,3 +50,6 @@ func (sub *Subscription) QueueStats() (events int, bytes int64, dropped int64) {
 	defer sub.mu.Unlock()
 	return sub.q.Stats()
 }
+
+// Opened is how many notifications the subscription has checked and parsed.
+func (sub *Subscription) Opened() int64 { return sub.opened.Load() }

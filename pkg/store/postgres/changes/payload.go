@@ -77,7 +77,9 @@ type envelope struct {
 func openEnvelope(p string) (envelope, error) {
 	var e envelope
 	if len(p) == 0 || p[0] != '2' {
-		return e, fmt.Errorf("%w: format %q", errUnsigned, prefix(p))
+		// the format only: the reason reaches the shard's unauthenticated status, and an old
+		// format's payload carries keys
+		return e, fmt.Errorf("%w: format %q", errUnsigned, p[:min(1, len(p))])
 	}
 	ts, rest, ok := strings.Cut(p[1:], ",")
 	if !ok {

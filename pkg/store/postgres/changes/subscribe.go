@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -31,6 +32,10 @@ var errOverflow = errors.New("change events arrived faster than they were taken:
 
 // errTruncated is the gap cause reported when the table was truncated.
 var errTruncated = errors.New("render_schedule was truncated: rows were removed without change events")
+
+// errFlood is the gap cause reported when notifications arrive faster than Config.FloodRate: the
+// subscription stops reading them (it closes its connection) and listens again after a pause.
+var errFlood = errors.New("change event notifications arrived faster than the flood rate: not reading them; listening again after a pause")
 
 // errSchemaChanged is the gap cause reported when a migration moved change events to other
 // channels (a payload on SchemaChannel): the subscription reconnects to listen where they go now.
@@ -58,6 +63,13 @@ type Config struct {
 	// MaxRememberedEvents caps the payloads remembered to refuse replays within EventMaxAge.
 	// Default 524288.
 	MaxRememberedEvents int
+	// FloodRate bounds the notifications a second the subscription reads and checks: past it (a
+	// flood: any role that can connect may NOTIFY on the event channels) it stops parsing, signals
+	// a gap and closes its connection, and listens again after FloodPause (doubling while floods
+	// go on, up to FloodPauseMax), so that a flood costs the keeper a walk, not its claims.
+	// Defaults 20000 a second, 500ms and 2s.
+	FloodRate                 int
+	FloodPause, FloodPauseMax time.Duration
 	// OnOpen, when set, is called with the subscription once it is connected and before it
 	// starts; an error closes it and Subscribe returns that error. OnClose, when set, is called
 	// each time Close has stopped it. A store uses them to close its open subscriptions.
@@ -92,6 +104,15 @@ func (c *Config) setDefaults() {
 	}
 	if c.MaxRememberedEvents <= 0 {
 		c.MaxRememberedEvents = 1 << 19
+	}
+	if c.FloodRate <= 0 {
+		c.FloodRate = 20000
+	}
+	if c.FloodPause <= 0 {
+		c.FloodPause = 500 * time.Millisecond
+	}
+	if c.FloodPauseMax < c.FloodPause {
+		c.FloodPauseMax = max(2*time.Second, c.FloodPause)
 	}
 }
 
@@ -141,11 +162,24 @@ type Subscription struct {
 	version   int
 	accept    [schedule.NumSlots]bool
 	restart   error
+	// flood counts the notifications read in the current second (windowStart); flooded is set
+	// when they passed Config.FloodRate, and the connection is then ended unread (reader
+	// goroutine only).
+	flood struct {
+		windowStart time.Time
+		count       int
+		flooded     bool
+		pause       time.Duration // the pause before listening again after the last flood
+		last        time.Time     // when the last flood was found
+	}
 
 	ctrl chan *setReq
 	// carried is a SetSlots request whose LISTEN failed with the connection; reconnect applies it
 	// (reader goroutine only).
 	carried *setReq
+
+	// opened counts the notifications checked and parsed (open); a flood's are not.
+	opened atomic.Int64
 
 	mu sync.Mutex
 	// pid is the backend pid of the connection that last recorded its slots in
@@ -474,10 +508,20 @@ func (sub *Subscription) run(ctx context.Context, conn *pgconn.PgConn) {
 			sub.failWaiting(store.ErrClosed)
 			return
 		}
-		if errors.Is(err, errSchemaChanged) {
+		switch {
+		case errors.Is(err, errSchemaChanged):
 			sub.log.Info("Change event subscription reconnecting: the schema moved change events to other channels", "error", err.Error())
 			sub.setLost(true, err)
-		} else {
+		case errors.Is(err, errFlood):
+			pause := sub.floodPause()
+			sub.log.Error(err, "Change event notifications flood the listener: not reading them; the shard walks instead once it listens again",
+				"floodRate", sub.opts.FloodRate, "listeningAgainIn", pause)
+			sub.setLost(true, err)
+			if !sub.sleep(ctx, pause) {
+				sub.failWaiting(store.ErrClosed)
+				return
+			}
+		default:
 			sub.log.Info("change event subscription lost its connection; reconnecting", "error", err.Error())
 			sub.setLost(true, fmt.Errorf("listener connection lost: %w", err))
 		}
@@ -502,8 +546,8 @@ func (sub *Subscription) serve(ctx context.Context, conn *pgconn.PgConn) error {
 		// notifications that arrived while LISTEN/UNLISTEN ran are buffered by the connection:
 		// hand them over now, not when the next notification or health check wakes the wait
 		sub.deliverPending(conn)
-		if sub.restart != nil {
-			return sub.restart
+		if err := sub.stopReading(); err != nil {
+			return err
 		}
 		waitCtx, cancel := context.WithTimeout(ctx, sub.opts.HealthInterval)
 		sub.mu.Lock()
@@ -519,8 +563,8 @@ func (sub *Subscription) serve(ctx context.Context, conn *pgconn.PgConn) error {
 		timedOut := errors.Is(waitCtx.Err(), context.DeadlineExceeded)
 		cancel()
 		sub.deliverPending(conn)
-		if sub.restart != nil {
-			return sub.restart
+		if err := sub.stopReading(); err != nil {
+			return err
 		}
 		if err == nil {
 			continue
@@ -539,8 +583,8 @@ func (sub *Subscription) serve(ctx context.Context, conn *pgconn.PgConn) error {
 			if perr != nil {
 				return fmt.Errorf("health check: %w", perr)
 			}
-			if sub.restart != nil {
-				return sub.restart
+			if err := sub.stopReading(); err != nil {
+				return err
 			}
 		}
 	}
@@ -672,6 +716,12 @@ func (sub *Subscription) failWaiting(err error) {
 // listens where the events go now. conn is the live connection (to read a rotated key), or nil.
 func (sub *Subscription) deliverPending(conn *pgconn.PgConn) {
 	for len(sub.pending) > 0 {
+		if sub.flooding(len(sub.pending)) {
+			// a flood: dropped unread, the connection ends (stopReading) and a gap is signalled
+			clear(sub.pending)
+			sub.pending = sub.pending[:0]
+			return
+		}
 		// reading the key again may read more notifications into a fresh pending
 		batch := sub.pending
 		sub.pending, sub.spare = sub.spare[:0], nil
@@ -682,6 +732,7 @@ func (sub *Subscription) deliverPending(conn *pgconn.PgConn) {
 			if !sub.listening[n.Channel] {
 				continue
 			}
+			sub.opened.Add(1)
 			body, err := sub.open(conn, n)
 			if err == nil && n.Channel == SchemaChannel {
 				var v int
@@ -718,6 +769,62 @@ func (sub *Subscription) deliverPending(conn *pgconn.PgConn) {
 		}
 		sub.spare = batch[:0]
 		sub.push(items...)
+	}
+}
+
+// flooding counts n notifications read into the current second and says whether the
+// subscription is flooded: more than Config.FloodRate notifications in a second (from the first
+// notification of that second), or flooded already on this connection.
+func (sub *Subscription) flooding(n int) bool {
+	if sub.flood.flooded {
+		return true
+	}
+	now := time.Now()
+	if now.Sub(sub.flood.windowStart) >= time.Second {
+		sub.flood.windowStart, sub.flood.count = now, 0
+	}
+	sub.flood.count += n
+	if sub.flood.count > sub.opts.FloodRate {
+		sub.flood.flooded = true
+	}
+	return sub.flood.flooded
+}
+
+// stopReading returns why the connection must end after the notifications read were handed over:
+// a flood (errFlood) or a migration that moved the events (restart); nil to go on.
+func (sub *Subscription) stopReading() error {
+	if sub.flood.flooded {
+		return errFlood
+	}
+	return sub.restart
+}
+
+// floodPause returns how long to wait before listening again after a flood was found: FloodPause,
+// doubled for each flood found within FloodPauseMax of listening again after the last one (the
+// flood goes on), up to FloodPauseMax. It resets the flood count for the next connection.
+func (sub *Subscription) floodPause() time.Duration {
+	now := time.Now()
+	switch {
+	case sub.flood.pause == 0 || now.Sub(sub.flood.last) > sub.flood.pause+sub.opts.FloodPauseMax:
+		sub.flood.pause = sub.opts.FloodPause
+	default:
+		sub.flood.pause = min(2*sub.flood.pause, sub.opts.FloodPauseMax)
+	}
+	sub.flood.last = now
+	sub.flood.flooded, sub.flood.count, sub.flood.windowStart = false, 0, time.Time{}
+	return sub.flood.pause
+}
+
+// sleep waits d, or until ctx ends (then it returns false). SetSlots requests wait meanwhile and
+// are taken by the reconnect.
+func (sub *Subscription) sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
 	}
 }
 

@@ -15,8 +15,11 @@ import (
 	"time"
 )
 
-// pki is the set of certificates and keys of the local control plane, written to files in dir.
-type pki struct {
+// PKI is the set of certificates and keys of the local cluster, written to files in a directory:
+// one cluster CA signs the API server's and the kubelet's serving certificates and a client
+// certificate for every component, each with the identity a real cluster gives it (the node's in
+// group system:nodes, so that the Node authorizer and NodeRestriction apply to it).
+type PKI struct {
 	dir string
 
 	CACert, CAKey                   string // cluster CA: signs the serving and client certificates
@@ -25,12 +28,20 @@ type pki struct {
 	FrontProxyCACert                string // request-header CA of the aggregation layer
 	ProxyClientCert, ProxyClientKey string // the aggregator's client certificate (front-proxy-client)
 	SAKey, SAPub                    string // service account token signing key pair
-	KubeletCert, KubeletKey         string // the runner's kubelet API serving certificate (127.0.0.1)
+	KubeletCert, KubeletKey         string // the kubelet's serving certificate (the node's name and IP)
 	KubeletClientCert               string // the API server's client certificate for the kubelet API
 	KubeletClientKey                string
+	NodeCert, NodeKey               string // the kubelet's client certificate: system:node:<node> in system:nodes
+	ProxyCert, ProxyKey             string // kube-proxy's client certificate: system:kube-proxy
+	SchedulerCert, SchedulerKey     string // kube-scheduler's: system:kube-scheduler
+	ControllerManagerCert           string // kube-controller-manager's: system:kube-controller-manager
+	ControllerManagerKey            string
 
 	caPEM []byte
 }
+
+// CAPEM is the cluster CA's certificate, PEM-encoded.
+func (p *PKI) CAPEM() []byte { return p.caPEM }
 
 type keyPair struct {
 	cert *x509.Certificate
@@ -100,12 +111,14 @@ func keyPEM(k *ecdsa.PrivateKey) ([]byte, error) {
 	return pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: der}), nil
 }
 
-// newPKI generates every certificate and key the control plane needs into dir.
-func newPKI(dir string) (*pki, error) {
+// newPKI generates every certificate and key the cluster needs into dir: serving certificates
+// for the API server (loopback, nodeIP, the first address of serviceCIDR and the kubernetes
+// Service's names) and for the kubelet of nodeName (nodeIP), and client certificates.
+func newPKI(dir, nodeName string, nodeIP, apiServiceIP net.IP) (*PKI, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("creating %s: %w", dir, err)
 	}
-	p := &pki{dir: dir}
+	p := &PKI{dir: dir}
 	files := map[string][]byte{}
 	put := func(name string, data []byte) string {
 		files[name] = data
@@ -132,7 +145,7 @@ func newPKI(dir string) (*pki, error) {
 
 	serving := leafTemplate("kube-apiserver", nil, x509.ExtKeyUsageServerAuth)
 	serving.DNSNames = []string{"localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local"}
-	serving.IPAddresses = []net.IP{net.ParseIP("127.0.0.1"), net.ParseIP("10.0.0.1")}
+	serving.IPAddresses = []net.IP{net.ParseIP("127.0.0.1"), nodeIP, apiServiceIP}
 	sv, svPEM, err := sign(serving, ca)
 	if err != nil {
 		return nil, err
@@ -151,9 +164,9 @@ func newPKI(dir string) (*pki, error) {
 		return nil, err
 	}
 
-	kubelet := leafTemplate("local-runner-kubelet", nil, x509.ExtKeyUsageServerAuth)
-	kubelet.DNSNames = []string{"localhost", "local"}
-	kubelet.IPAddresses = []net.IP{net.ParseIP("127.0.0.1")}
+	kubelet := leafTemplate("system:node:"+nodeName, []string{"system:nodes"}, x509.ExtKeyUsageServerAuth)
+	kubelet.DNSNames = []string{"localhost", nodeName}
+	kubelet.IPAddresses = []net.IP{net.ParseIP("127.0.0.1"), nodeIP}
 	kl, klPEM, err := sign(kubelet, ca)
 	if err != nil {
 		return nil, err
@@ -169,6 +182,27 @@ func newPKI(dir string) (*pki, error) {
 	p.KubeletClientCert = put("apiserver-kubelet-client.crt", kcPEM)
 	if p.KubeletClientKey, err = putKey("apiserver-kubelet-client.key", kc.key); err != nil {
 		return nil, err
+	}
+
+	for _, c := range []struct {
+		cn        string
+		orgs      []string
+		name      string
+		cert, key *string
+	}{
+		{"system:node:" + nodeName, []string{"system:nodes"}, "node", &p.NodeCert, &p.NodeKey},
+		{"system:kube-proxy", nil, "kube-proxy", &p.ProxyCert, &p.ProxyKey},
+		{"system:kube-scheduler", nil, "kube-scheduler", &p.SchedulerCert, &p.SchedulerKey},
+		{"system:kube-controller-manager", nil, "kube-controller-manager", &p.ControllerManagerCert, &p.ControllerManagerKey},
+	} {
+		kp, kpPEM, err := sign(leafTemplate(c.cn, c.orgs, x509.ExtKeyUsageClientAuth), ca)
+		if err != nil {
+			return nil, err
+		}
+		*c.cert = put(c.name+".crt", kpPEM)
+		if *c.key, err = putKey(c.name+".key", kp.key); err != nil {
+			return nil, err
+		}
 	}
 
 	fpCA, fpCAPEM, err := sign(caTemplate("renderqueue-e2e-front-proxy-ca"), nil)

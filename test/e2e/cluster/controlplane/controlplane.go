@@ -1,25 +1,27 @@
 // Package controlplane runs the local cluster's control plane from a KUBEBUILDER_ASSETS directory
-// (hack/setup-envtest.sh): etcd, kube-apiserver — with the aggregation layer and aggregator
-// routing to EndpointSlice addresses (no kube-proxy makes cluster IPs reachable), and a kubelet
-// client certificate for `kubectl logs` — and kube-controller-manager with
-// ControllerManagerControllers. It writes the certificates they need (one cluster CA, one
-// front-proxy CA), an admin kubeconfig, and each component's log under the state directory. The
-// Node and its Pods are someone else's: package kubelet.
+// (hack/setup-envtest.sh): etcd, kube-apiserver (Node and RBAC authorization, the NodeRestriction
+// admission plugin, the aggregation layer, a kubelet client certificate for `kubectl logs`,
+// `exec` and `port-forward`), kube-controller-manager (every controller but node IPAM, each with
+// its own service account) and kube-scheduler. It writes the certificates of the whole cluster
+// (PKI: one cluster CA, one front-proxy CA, a client certificate per component with its real
+// identity), a kubeconfig per component, and each component's log under the state directory. The
+// API server listens on the node's address (Options.NodeIP), which the Pods reach through the
+// kubernetes Service. The Node and its Pods are package node's.
 package controlplane
 
 import (
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
 	"time"
 
+	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
@@ -32,21 +34,9 @@ import (
 )
 
 // ControllerManagerControllers are the kube-controller-manager controllers the local cluster
-// runs: enough for Deployments, HPAs, owner-reference cleanup, namespaces, PDB status,
-// ServiceAccounts and the EndpointSlices of Services that select Pods (which the aggregator
-// routes APIService requests to). The node lifecycle controllers are left out: the runner's one
-// Node is Ready while the runner runs, and nothing evicts its Pods.
-var ControllerManagerControllers = []string{
-	"deployment-controller",
-	"replicaset-controller",
-	"horizontal-pod-autoscaler-controller",
-	"garbage-collector-controller",
-	"namespace-controller",
-	"serviceaccount-controller",
-	"root-ca-certificate-publisher-controller",
-	"disruption-controller",
-	"endpointslice-controller",
-}
+// runs: all of them (`*`) but node IPAM, which would hand the Node a pod CIDR of its own; the one
+// Node's pod range is the CNI configuration's (package node).
+const ControllerManagerControllers = "*,-node-ipam-controller"
 
 // Options configure a control plane.
 type Options struct {
@@ -56,6 +46,14 @@ type Options struct {
 	// Dir holds the state: pki/ (certificates and keys), etcd/ (etcd's data), logs/ (a log file
 	// per component), kubeconfig (the admin's). Required; the caller removes it.
 	Dir string
+	// NodeName is the one Node's name (its kubelet's certificates are issued for it). Required.
+	NodeName string
+	// NodeIP is the address the API server listens on and advertises (the Pods reach it through
+	// the kubernetes Service); it must be an address of this machine. Required.
+	NodeIP net.IP
+	// ServiceCIDR is the Services' cluster IP range; its first address is the kubernetes
+	// Service's. Required.
+	ServiceCIDR *net.IPNet
 	// Logf reports progress (nil: silent).
 	Logf func(format string, args ...any)
 	// ComponentLog, if not nil, also receives every component's output (line-prefixed).
@@ -74,28 +72,33 @@ func (o *Options) logf(format string, args ...any) {
 	}
 }
 
-// ControlPlane is a running etcd, kube-apiserver and kube-controller-manager; Stop stops them.
+// ControlPlane is a running etcd, kube-apiserver, kube-controller-manager and kube-scheduler;
+// Stop stops them.
 type ControlPlane struct {
-	// URL is the API server's (https://127.0.0.1:PORT).
+	// URL is the API server's (https://NODE-IP:PORT).
 	URL string
 	// Kubeconfig is the path of an admin kubeconfig (user in group system:masters).
 	Kubeconfig string
 	// RESTConfig is the admin client configuration (its CAFile is the cluster CA).
 	RESTConfig *rest.Config
+	// PKI is the cluster's certificates and keys.
+	PKI *PKI
 
-	pki       *pki
+	dir       string
 	etcd      *process.Process
 	apiserver *process.Process
 	kcm       *process.Process
+	scheduler *process.Process
 }
 
-// Start starts etcd, kube-apiserver and kube-controller-manager from o.Assets and waits until the
-// API server is ready and the controller manager has created the default ServiceAccount. On
-// error, what it started is stopped.
+// Start starts etcd, kube-apiserver, kube-controller-manager and kube-scheduler from o.Assets and
+// waits until the API server is ready and the controller manager has created the default
+// ServiceAccount. On error, what it started is stopped.
 func Start(ctx context.Context, o Options) (_ *ControlPlane, err error) {
-	if o.Assets == "" || o.Dir == "" {
-		return nil, errors.New("control plane: Assets and Dir are required")
+	if o.Assets == "" || o.Dir == "" || o.NodeName == "" || o.NodeIP == nil || o.ServiceCIDR == nil {
+		return nil, errors.New("control plane: Assets, Dir, NodeName, NodeIP and ServiceCIDR are required")
 	}
+	apiServiceIP := firstAddress(o.ServiceCIDR)
 	if o.HPASyncPeriod <= 0 {
 		o.HPASyncPeriod = 2 * time.Second
 	}
@@ -103,13 +106,13 @@ func Start(ctx context.Context, o Options) (_ *ControlPlane, err error) {
 		o.HPADownscaleStabilization = 30 * time.Second
 	}
 	dir := o.Dir
-	cp := &ControlPlane{}
+	cp := &ControlPlane{dir: dir}
 	defer func() {
 		if err != nil {
 			cp.Stop()
 		}
 	}()
-	if cp.pki, err = newPKI(filepath.Join(dir, "pki")); err != nil {
+	if cp.PKI, err = newPKI(filepath.Join(dir, "pki"), o.NodeName, o.NodeIP, apiServiceIP); err != nil {
 		return nil, err
 	}
 	logs := filepath.Join(dir, "logs")
@@ -171,35 +174,35 @@ func Start(ctx context.Context, o Options) (_ *ControlPlane, err error) {
 	if err != nil {
 		return nil, err
 	}
-	cp.URL = fmt.Sprintf("https://127.0.0.1:%d", apiPort)
-	p := cp.pki
+	cp.URL = "https://" + net.JoinHostPort(o.NodeIP.String(), strconv.Itoa(apiPort))
+	p := cp.PKI
 	o.logf("starting kube-apiserver on %s", cp.URL)
 	cp.apiserver, err = process.Start("kube-apiserver", apiBin, []string{
 		"--etcd-servers=" + etcdURL,
-		"--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
+		// Only on the node's address (the bridge the run made), not on every interface.
+		"--bind-address=" + o.NodeIP.String(), "--advertise-address=" + o.NodeIP.String(),
 		"--secure-port=" + strconv.Itoa(apiPort),
 		"--tls-cert-file=" + p.ServingCert, "--tls-private-key-file=" + p.ServingKey,
 		"--client-ca-file=" + p.CACert,
 		"--service-account-issuer=https://kubernetes.default.svc.cluster.local",
 		"--service-account-key-file=" + p.SAPub,
 		"--service-account-signing-key-file=" + p.SAKey,
-		"--service-cluster-ip-range=10.0.0.0/24",
-		"--authorization-mode=RBAC",
+		"--service-cluster-ip-range=" + o.ServiceCIDR.String(),
+		"--authorization-mode=Node,RBAC",
+		"--enable-admission-plugins=NodeRestriction",
 		"--allow-privileged=true",
-		"--endpoint-reconciler-type=none", // the advertise address is loopback, invalid in EndpointSlices
 		// The aggregation layer: the aggregator authenticates to extension API servers (the
 		// operator's external metrics API) with the front-proxy client certificate and passes
-		// the user in request headers. With aggregator routing it dials an APIService's Service
-		// at one of its EndpointSlice addresses (the Pod IP) and target port, not its cluster IP,
-		// which nothing makes reachable here (no kube-proxy).
+		// the user in request headers. It dials an APIService's Service at its cluster IP, which
+		// kube-proxy's rules on this machine route to the Pod.
 		"--requestheader-client-ca-file=" + p.FrontProxyCACert,
 		"--requestheader-allowed-names=front-proxy-client",
 		"--requestheader-username-headers=X-Remote-User",
 		"--requestheader-group-headers=X-Remote-Group",
 		"--requestheader-extra-headers-prefix=X-Remote-Extra-",
 		"--proxy-client-cert-file=" + p.ProxyClientCert, "--proxy-client-key-file=" + p.ProxyClientKey,
-		"--enable-aggregator-routing=true",
-		// kubectl logs: the API server reaches the runner's kubelet API at the Node's InternalIP.
+		// kubectl logs, exec, port-forward: the API server reaches the kubelet API at the Node's
+		// InternalIP, and the kubelet authorizes it (a webhook) as kube-apiserver-kubelet-client.
 		"--kubelet-client-certificate=" + p.KubeletClientCert, "--kubelet-client-key=" + p.KubeletClientKey,
 		"--kubelet-certificate-authority=" + p.CACert,
 		"--kubelet-preferred-address-types=InternalIP",
@@ -217,9 +220,15 @@ func Start(ctx context.Context, o Options) (_ *ControlPlane, err error) {
 		QPS: 50, Burst: 100,
 	}
 	cp.Kubeconfig = filepath.Join(dir, "kubeconfig")
-	if err := writeKubeconfig(cp.Kubeconfig, cp.URL, p.caPEM, func(a *clientcmdapi.AuthInfo) {
-		a.ClientCertificate, a.ClientKey = p.AdminCert, p.AdminKey
-	}); err != nil {
+	if err := cp.WriteKubeconfig(cp.Kubeconfig, p.AdminCert, p.AdminKey); err != nil {
+		return nil, err
+	}
+	kcmConfig := filepath.Join(dir, "kube-controller-manager.kubeconfig")
+	schedConfig := filepath.Join(dir, "kube-scheduler.kubeconfig")
+	if err := cp.WriteKubeconfig(kcmConfig, p.ControllerManagerCert, p.ControllerManagerKey); err != nil {
+		return nil, err
+	}
+	if err := cp.WriteKubeconfig(schedConfig, p.SchedulerCert, p.SchedulerKey); err != nil {
 		return nil, err
 	}
 	hc, err := rest.HTTPClientFor(cp.RESTConfig)
@@ -240,23 +249,22 @@ func Start(ctx context.Context, o Options) (_ *ControlPlane, err error) {
 	if err != nil {
 		return nil, err
 	}
-	controllers := ""
-	for i, c := range ControllerManagerControllers {
-		if i > 0 {
-			controllers += ","
-		}
-		controllers += c
+	// The API server has just bootstrapped its RBAC roles; the kubelet API's authorization (a
+	// webhook to the API server) must allow the API server's client: kubeadm's binding.
+	if err := cp.bindKubeletClient(ctx); err != nil {
+		return nil, err
 	}
 	o.logf("starting kube-controller-manager (HPA sync period %s)", o.HPASyncPeriod)
 	cp.kcm, err = process.Start("kube-controller-manager", kcmBin, []string{
-		"--kubeconfig=" + cp.Kubeconfig,
-		"--authentication-kubeconfig=" + cp.Kubeconfig,
-		"--authorization-kubeconfig=" + cp.Kubeconfig,
+		"--kubeconfig=" + kcmConfig,
+		"--authentication-kubeconfig=" + kcmConfig,
+		"--authorization-kubeconfig=" + kcmConfig,
 		"--bind-address=127.0.0.1",
 		"--secure-port=0",
 		"--leader-elect=false",
-		"--use-service-account-credentials=false",
-		"--controllers=" + controllers,
+		"--use-service-account-credentials=true",
+		"--controllers=" + ControllerManagerControllers,
+		"--cluster-signing-cert-file=" + p.CACert, "--cluster-signing-key-file=" + p.CAKey,
 		"--root-ca-file=" + p.CACert,
 		"--service-account-private-key-file=" + p.SAKey,
 		"--horizontal-pod-autoscaler-sync-period=" + o.HPASyncPeriod.String(),
@@ -286,30 +294,87 @@ func Start(ctx context.Context, o Options) (_ *ControlPlane, err error) {
 	}); err != nil {
 		return nil, err
 	}
+
+	// kube-scheduler
+	schedBin, err := bin("kube-scheduler")
+	if err != nil {
+		return nil, err
+	}
+	o.logf("starting kube-scheduler")
+	cp.scheduler, err = process.Start("kube-scheduler", schedBin, []string{
+		"--kubeconfig=" + schedConfig,
+		"--authentication-kubeconfig=" + schedConfig,
+		"--authorization-kubeconfig=" + schedConfig,
+		"--bind-address=127.0.0.1",
+		"--secure-port=0",
+		"--leader-elect=false",
+		"--v=0",
+	}, baseEnv, filepath.Join(logs, "kube-scheduler.log"), o.ComponentLog)
+	if err != nil {
+		return nil, err
+	}
 	return cp, nil
 }
 
-// Stop stops the controller manager, the API server and etcd, in that order. It is safe to call
-// more than once.
-func (cp *ControlPlane) Stop() {
-	for _, p := range []*process.Process{cp.kcm, cp.apiserver, cp.etcd} {
+// StopControllers stops the scheduler and the controller manager, so that nothing makes or
+// places new Pods (before the node's Pods are deleted); Stop stops the rest.
+func (cp *ControlPlane) StopControllers() {
+	for _, p := range []*process.Process{cp.scheduler, cp.kcm} {
 		if p != nil {
 			p.Stop(10 * time.Second)
 		}
 	}
 }
 
-// KubeletTLS is what a Node's kubelet API serves with: its certificate (for 127.0.0.1, signed by
-// the cluster CA) and the CA whose client certificates it accepts (the cluster CA: the API server
-// presents its kubelet client certificate).
-func (cp *ControlPlane) KubeletTLS() (tls.Certificate, *x509.CertPool, error) {
-	cert, err := tls.LoadX509KeyPair(cp.pki.KubeletCert, cp.pki.KubeletKey)
-	if err != nil {
-		return tls.Certificate{}, nil, fmt.Errorf("control plane: loading the kubelet certificate: %w", err)
+// Stop stops the scheduler, the controller manager, the API server and etcd, in that order. It is
+// safe to call more than once.
+func (cp *ControlPlane) Stop() {
+	for _, p := range []*process.Process{cp.scheduler, cp.kcm, cp.apiserver, cp.etcd} {
+		if p != nil {
+			p.Stop(10 * time.Second)
+		}
 	}
-	cas := x509.NewCertPool()
-	cas.AppendCertsFromPEM(cp.pki.caPEM)
-	return cert, cas, nil
+}
+
+// WriteKubeconfig writes a kubeconfig for the API server at path, authenticating with the client
+// certificate cert and its key.
+func (cp *ControlPlane) WriteKubeconfig(path, cert, key string) error {
+	return writeKubeconfig(path, cp.URL, cp.PKI.caPEM, func(a *clientcmdapi.AuthInfo) {
+		a.ClientCertificate, a.ClientKey = cert, key
+	})
+}
+
+// bindKubeletClient binds the API server's kubelet client identity to system:kubelet-api-admin
+// (what kubeadm does), so that the kubelet's webhook authorization lets `kubectl logs`, `exec` and
+// `port-forward` through. It waits for the API server to have bootstrapped the role.
+func (cp *ControlPlane) bindKubeletClient(ctx context.Context) error {
+	cs, err := kubernetes.NewForConfig(cp.RESTConfig)
+	if err != nil {
+		return fmt.Errorf("building a clientset: %w", err)
+	}
+	crb := &rbacv1.ClusterRoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: "kube-apiserver-kubelet-client"},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "system:kubelet-api-admin"},
+		Subjects:   []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: rbacv1.UserKind, Name: "kube-apiserver-kubelet-client"}},
+	}
+	return wait.Poll(ctx, 60*time.Second, 250*time.Millisecond, "the kubelet client's ClusterRoleBinding", func(ctx context.Context) (bool, string, error) {
+		if _, err := cs.RbacV1().ClusterRoles().Get(ctx, "system:kubelet-api-admin", metav1.GetOptions{}); err != nil {
+			return false, err.Error(), nil
+		}
+		_, err := cs.RbacV1().ClusterRoleBindings().Create(ctx, crb, metav1.CreateOptions{})
+		if err != nil && !apierrors.IsAlreadyExists(err) {
+			return false, err.Error(), nil
+		}
+		return true, "", nil
+	})
+}
+
+// firstAddress is the first host address of n (10.96.0.0/24 → 10.96.0.1).
+func firstAddress(n *net.IPNet) net.IP {
+	ip := make(net.IP, len(n.IP.To4()))
+	copy(ip, n.IP.To4())
+	ip[len(ip)-1]++
+	return ip
 }
 
 // httpOK reports whether GET url answers 200.
