@@ -165,8 +165,8 @@ func (r *RenderQueueReconciler) now() time.Time {
 //     shards are still polled);
 //  2. children: ServiceAccount/Role/RoleBinding, headless Service, PDB (a name taken by an
 //     object the operator does not manage is a ChildConflict: as in 1); with spec.tls, the CA
-//     ConfigMap and the shards' certificate (reconcileTLS; no CA is ShardTLSUnavailable: as in
-//     1);
+//     ConfigMap and the shards' certificate (reconcileTLS; no CA is ShardTLSUnavailable, a
+//     provided Secret that cannot be used ShardTLSSecretInvalid: as in 1);
 //  3. Pods: create missing shard Pods (the target shards and every shard the persisted
 //     assignment gives slots to) and, before that, the API token Secret; delete surplus ones that
 //     own no slots. A Pod the API server refuses is ShardPodRefused; the rest goes on;

@@ -1,6 +1,7 @@
 package controllers
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"net/http"
@@ -24,7 +25,8 @@ import (
 // creation by name) and reads and updates the CA Secret by name; config/rbac/role.yaml's Role
 // renderqueue-operator in renderqueue-system. The certificate Secrets of RenderQueues are
 // created and updated (never read): the ClusterRole's secrets rule. The CA ConfigMaps are
-// cached children.
+// cached children. A Secret of spec.tls Provided is read with a grant its owner gives
+// (config/samples/shard-tls-secret-rbac.yaml): none here.
 //
 // +kubebuilder:rbac:groups="",namespace=renderqueue-system,resources=secrets,verbs=create
 // +kubebuilder:rbac:groups="",namespace=renderqueue-system,resources=secrets,resourceNames=renderqueue-shard-ca,verbs=get;update
@@ -37,8 +39,9 @@ const (
 	EventShardCertificateIssued = "ShardCertificateIssued"
 )
 
-// shardTLS is what reconcileTLS settled for a RenderQueue with spec.tls OperatorIssued: the
-// status.tls to record and the CA bundle its shards are verified with. Zero when TLS is off.
+// shardTLS is what reconcileTLS settled for a RenderQueue with spec.tls OperatorIssued or
+// Provided: the status.tls to record and the CA bundle its shards are verified with. Zero when
+// TLS is off.
 type shardTLS struct {
 	status *rqv1.ShardTLSStatus
 	bundle []byte
@@ -51,11 +54,16 @@ type shardTLS struct {
 // Pod is about to be created (missingPod) and no certificate is due, the Secret is created
 // with a new certificate unless it exists (AlreadyExists: kept as it is), so that a deleted
 // Secret is back before a Pod mounts it. A CA the operator cannot have is a blocker
-// (ShardTLSUnavailable): no Pod is created or replaced without its certificate.
+// (ShardTLSUnavailable): no Pod is created or replaced without its certificate. With Provided,
+// reconcileProvidedTLS does it all.
 func (r *RenderQueueReconciler) reconcileTLS(ctx context.Context, rq *rqv1.RenderQueue, missingPod bool,
 	now time.Time) (shardTLS, []policy.Event, *policy.Blocker, error) {
 	if !rq.Spec.TLSEnabled() {
 		return shardTLS{}, nil, nil, nil
+	}
+	if rq.Spec.TLS.Mode == rqv1.ShardTLSProvided {
+		st, blocker, err := r.reconcileProvidedTLS(ctx, rq, now)
+		return st, nil, blocker, err
 	}
 	if r.ShardCA == nil {
 		return shardTLS{status: rq.Status.TLS}, nil, &policy.Blocker{Reason: rqv1.ReasonShardTLSUnavailable,
@@ -68,21 +76,8 @@ func (r *RenderQueueReconciler) reconcileTLS(ctx context.Context, rq *rqv1.Rende
 			Message: fmt.Sprintf("the operator cannot issue the shards' certificate; no shard Pod is created or replaced until it can: %v", err)}, nil
 	}
 	out := shardTLS{status: rq.Status.TLS, bundle: ca.Bundle}
-
-	cm := &corev1.ConfigMap{}
-	cm.Name, cm.Namespace = rqv1.ShardCAConfigMapName(rq.Name), rq.Namespace
-	op, err := controllerutil.CreateOrUpdate(ctx, r.Client, cm, func() error {
-		specs.ShardCAConfigMap(rq, cm, ca.Bundle)
-		return controllerutil.SetControllerReference(rq, cm, r.Scheme)
-	})
-	if apierrors.IsAlreadyExists(err) {
-		err = &childConflictError{what: "shard CA ConfigMap", name: cm.Name, queue: rq.Name, err: err}
-	}
-	if err != nil {
-		return out, nil, nil, fmt.Errorf("reconciling the shard CA ConfigMap %s: %w", cm.Name, err)
-	}
-	if op != controllerutil.OperationResultNone {
-		log.FromContext(ctx).V(1).Info("Reconciled child", "kind", "shard CA ConfigMap", "name", cm.Name, "operation", op)
+	if err := r.publishShardCA(ctx, rq, ca.Bundle); err != nil {
+		return out, nil, nil, err
 	}
 
 	d, err := shardtls.Decide(rq, ca, now)
@@ -143,6 +138,84 @@ func (r *RenderQueueReconciler) reconcileTLS(ctx context.Context, rq *rqv1.Rende
 			issued.Status.ServerName, issued.Status.Serial, issued.Status.NotAfter.UTC().Format(time.RFC3339), sec.Name, why)}}, nil, nil
 }
 
+// publishShardCA makes the ConfigMap rqv1.ShardCAConfigMapName of rq publish bundle, the CA bundle
+// its shards' certificate verifies with, for render workers.
+func (r *RenderQueueReconciler) publishShardCA(ctx context.Context, rq *rqv1.RenderQueue, bundle []byte) error {
+	cm := &corev1.ConfigMap{}
+	cm.Name, cm.Namespace = rqv1.ShardCAConfigMapName(rq.Name), rq.Namespace
+	op, err := controllerutil.CreateOrUpdate(ctx, r.Client, cm, func() error {
+		specs.ShardCAConfigMap(rq, cm, bundle)
+		return controllerutil.SetControllerReference(rq, cm, r.Scheme)
+	})
+	if apierrors.IsAlreadyExists(err) {
+		err = &childConflictError{what: "shard CA ConfigMap", name: cm.Name, queue: rq.Name, err: err}
+	}
+	if err != nil {
+		return fmt.Errorf("reconciling the shard CA ConfigMap %s: %w", cm.Name, err)
+	}
+	if op != controllerutil.OperationResultNone {
+		log.FromContext(ctx).V(1).Info("Reconciled child", "kind", "shard CA ConfigMap", "name", cm.Name, "operation", op)
+	}
+	return nil
+}
+
+// reconcileProvidedTLS is reconcileTLS for spec.tls Provided: it reads the Secret
+// spec.tls.secretName past the cache (the operator may read it only when its owner grants
+// that), checks it (shardtls.CheckProvided) and publishes its ca.crt in the CA ConfigMap. A
+// Secret that is missing, unreadable or unusable is a blocker (ShardTLSSecretInvalid, the
+// message saying what is wrong and what to do): no shard Pod is created or replaced, and the
+// recorded status.tls is kept. The Secret is read at every reconcile, so a renewal (by
+// cert-manager, say) reaches the status and the ConfigMap within a poll interval; the shards
+// reload the files the kubelet updates.
+func (r *RenderQueueReconciler) reconcileProvidedTLS(ctx context.Context, rq *rqv1.RenderQueue, now time.Time) (shardTLS, *policy.Blocker, error) {
+	kept := shardTLS{status: rq.Status.TLS}
+	name := rq.Spec.TLS.SecretName
+	blocker := func(msg string) *policy.Blocker {
+		return &policy.Blocker{Reason: rqv1.ReasonShardTLSSecretInvalid, Message: msg + "; no shard Pod is created or replaced until then"}
+	}
+	var reader client.Reader = r.Client
+	if r.APIReader != nil {
+		reader = r.APIReader
+	}
+	var sec corev1.Secret
+	err := reader.Get(ctx, client.ObjectKey{Namespace: rq.Namespace, Name: name}, &sec)
+	switch {
+	case apierrors.IsNotFound(err):
+		return kept, blocker(fmt.Sprintf("the Secret %s (spec.tls.secretName) does not exist in namespace %s: create it, or let cert-manager write it", name, rq.Namespace)), nil
+	case apierrors.IsForbidden(err):
+		return kept, blocker(fmt.Sprintf("the operator may not read the Secret %s (spec.tls.secretName): grant it get on that Secret with a Role and RoleBinding in namespace %s, as config/samples/shard-tls-secret-rbac.yaml does", name, rq.Namespace)), nil
+	case err != nil:
+		return kept, nil, fmt.Errorf("reading the shards' TLS Secret %s/%s: %w", rq.Namespace, name, err)
+	}
+	p, problem := shardtls.CheckProvided(rq, &sec, now)
+	if problem != "" {
+		return kept, blocker(problem), nil
+	}
+	if err := r.publishShardCA(ctx, rq, p.Bundle); err != nil {
+		return kept, nil, err
+	}
+	return shardTLS{status: &p.Status, bundle: r.providedPollBundle(ctx, p.Bundle)}, nil, nil
+}
+
+// providedPollBundle is the CA bundle the operator verifies the shards of a RenderQueue with
+// spec.tls Provided with: the Secret's ca.crt and, when the operator has a shard CA, its bundle
+// too — shards created while the RenderQueue was OperatorIssued serve its certificate until
+// they are replaced.
+func (r *RenderQueueReconciler) providedPollBundle(ctx context.Context, provided []byte) []byte {
+	out := bytes.Clone(provided)
+	if r.ShardCA == nil {
+		return out
+	}
+	ca, err := r.ShardCA.CA(ctx)
+	if err != nil {
+		return out
+	}
+	if len(out) > 0 && out[len(out)-1] != '\n' {
+		out = append(out, '\n')
+	}
+	return append(out, ca.Bundle...)
+}
+
 // ShardHTTPClient is the HTTP client to ask rq's shards with, for others in the operator that
 // do (the web console): the base client (HTTPClient, or http.DefaultClient) while rq has no TLS
 // (spec.tls disabled and nothing recorded in status.tls), otherwise one that verifies https://
@@ -155,6 +228,13 @@ func (r *RenderQueueReconciler) ShardHTTPClient(ctx context.Context, rq *rqv1.Re
 	if !rq.Spec.TLSEnabled() && rq.Status.TLS == nil {
 		return base, nil
 	}
+	if rq.Spec.TLS.Mode == rqv1.ShardTLSProvided {
+		bundle, err := r.publishedBundle(ctx, rq)
+		if err != nil {
+			return nil, err
+		}
+		return r.tlsClients.Get(rqv1.ShardServerName(rq.Namespace, rq.Name), bundle)
+	}
 	if r.ShardCA == nil {
 		return nil, fmt.Errorf("RenderQueue %s/%s serves TLS and the operator has no shard CA", rq.Namespace, rq.Name)
 	}
@@ -165,18 +245,40 @@ func (r *RenderQueueReconciler) ShardHTTPClient(ctx context.Context, rq *rqv1.Re
 	return r.tlsClients.Get(rqv1.ShardServerName(rq.Namespace, rq.Name), ca.Bundle)
 }
 
+// publishedBundle is providedPollBundle of the CA bundle rq's CA ConfigMap publishes (spec.tls
+// Provided: the Secret's ca.crt as the reconciler last found it valid).
+func (r *RenderQueueReconciler) publishedBundle(ctx context.Context, rq *rqv1.RenderQueue) ([]byte, error) {
+	var cm corev1.ConfigMap
+	if err := r.Get(ctx, client.ObjectKey{Namespace: rq.Namespace, Name: rqv1.ShardCAConfigMapName(rq.Name)}, &cm); err != nil {
+		return nil, fmt.Errorf("reading the CA bundle of RenderQueue %s/%s's shards: %w", rq.Namespace, rq.Name, err)
+	}
+	return r.providedPollBundle(ctx, []byte(cm.Data[rqv1.ShardCAKey])), nil
+}
+
 // ShardCASource gives the operator's current shard CA (shardtls.CAStore).
 type ShardCASource interface {
 	CA(ctx context.Context) (*certs.CA, error)
 }
 
 // pollTLS completes st (reconcileTLS's, zero when it did not run) for the poll and the status:
-// the status.tls shardtls.StatusToKeep keeps and, while shards serve TLS, the shard CA bundle to
-// poll them with over HTTPS.
+// the status.tls shardtls.StatusToKeep keeps and, while shards serve TLS, the CA bundle to poll
+// them with over HTTPS: the shard CA's, or with spec.tls Provided the one last published (when
+// reconcileTLS did not run or was blocked).
 func (r *RenderQueueReconciler) pollTLS(ctx context.Context, rq *rqv1.RenderQueue, st shardTLS, pods map[string]*corev1.Pod) shardTLS {
 	var tlsPods bool
 	st.status, tlsPods = shardtls.StatusToKeep(rq, st.status, pods)
-	if st.bundle != nil || !tlsPods || r.ShardCA == nil {
+	if st.bundle != nil || !tlsPods {
+		return st
+	}
+	if rq.Spec.TLS.Mode == rqv1.ShardTLSProvided {
+		bundle, err := r.publishedBundle(ctx, rq)
+		if err == nil {
+			st.bundle = bundle
+			return st
+		}
+		log.FromContext(ctx).Info("No published CA bundle to poll the TLS shards with", "error", err.Error())
+	}
+	if r.ShardCA == nil {
 		return st
 	}
 	ca, err := r.ShardCA.CA(ctx)

@@ -96,6 +96,12 @@ const (
 	// certificate and the operator cannot issue one (it runs without a shard CA, or cannot read or
 	// create its CA Secret); the message says why. No shard Pod is created or replaced meanwhile.
 	ReasonShardTLSUnavailable = "ShardTLSUnavailable"
+	// ReasonShardTLSSecretInvalid: Reconciled is False: spec.tls Provided names a Secret the
+	// operator cannot use: missing, not readable by the operator, without a key it needs, or
+	// holding a certificate that is not valid now for the shards' server name or does not
+	// verify with its ca.crt; the message says which. No shard Pod is created or replaced
+	// meanwhile.
+	ReasonShardTLSSecretInvalid = "ShardTLSSecretInvalid"
 )
 
 // Labels set on every child object of a RenderQueue.
@@ -105,7 +111,7 @@ const (
 	// LabelShard holds the shard's name (the Pod's name, <rq>-shard-<i>) on a shard Pod.
 	LabelShard = Group + "/shard"
 	// LabelTLS is "true" on shard Pods that serve their API over HTTPS (spec.tls
-	// OperatorIssued when they were created).
+	// OperatorIssued or Provided when they were created).
 	LabelTLS = Group + "/tls"
 	// LabelComponent says what the object is for ("keeper" on shard Pods).
 	LabelComponent = "app.kubernetes.io/component"

@@ -137,6 +137,11 @@ func TestValidateStoredObjects(t *testing.T) {
 		}, "spec.imagePullSecrets[0].name"},
 		{"an image with a space", func(rq *rqv1.RenderQueue) { rq.Spec.Image = "img :v1" }, "spec.image"},
 		{"a TLS mode of none", func(rq *rqv1.RenderQueue) { rq.Spec.TLS.Mode = "None" }, "spec.tls.mode"},
+		{"TLS Provided without a Secret", func(rq *rqv1.RenderQueue) { rq.Spec.TLS.Mode = rqv1.ShardTLSProvided }, "spec.tls.secretName"},
+		{"a TLS Secret without Provided", func(rq *rqv1.RenderQueue) { rq.Spec.TLS.SecretName = "web-tls" }, "spec.tls.secretName"},
+		{"a TLS Secret in another namespace", func(rq *rqv1.RenderQueue) {
+			rq.Spec.TLS = rqv1.ShardTLS{Mode: rqv1.ShardTLSProvided, SecretName: "other/web-tls"}
+		}, "spec.tls.secretName"},
 		{"a floor cadence of 1500us", func(rq *rqv1.RenderQueue) {
 			rq.Spec.Priority.Floors = []rqv1.Floor{{Cadence: metav1.Duration{Duration: 1500 * time.Microsecond}, Source: "submitted", Share: "0.1"}}
 		}, "spec.priority.floors[0].cadence"},

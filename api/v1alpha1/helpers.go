@@ -37,7 +37,7 @@ func ShardName(queue string, i int) string { return fmt.Sprintf("%s-shard-%d", q
 func (rq *RenderQueue) ShardName(i int) string { return ShardName(rq.Name, i) }
 
 // ShardServerName is the TLS server name of the shards of the RenderQueue namespace/name with
-// spec.tls OperatorIssued, <name>-shards.<namespace>.svc (the headless Service's name): clients
+// spec.tls OperatorIssued or Provided, <name>-shards.<namespace>.svc (the headless Service's name): clients
 // verify the shards' certificate for it whatever address they dial.
 func ShardServerName(namespace, name string) string { return name + "-shards." + namespace + ".svc" }
 
@@ -51,8 +51,20 @@ func ShardCAConfigMapName(name string) string { return name + "-shard-ca" }
 // ShardCAKey is the key of the CA bundle in the ConfigMap ShardCAConfigMapName.
 const ShardCAKey = "ca.crt"
 
-// TLSEnabled reports whether the shards serve their API over HTTPS.
-func (s *RenderQueueSpec) TLSEnabled() bool { return s.TLS.Mode == ShardTLSOperatorIssued }
+// TLSEnabled reports whether the shards serve their API over HTTPS (spec.tls OperatorIssued or
+// Provided).
+func (s *RenderQueueSpec) TLSEnabled() bool {
+	return s.TLS.Mode == ShardTLSOperatorIssued || s.TLS.Mode == ShardTLSProvided
+}
+
+// ShardTLSSecret is the Secret the shards of the RenderQueue name serve their certificate from
+// while TLSEnabled: spec.tls.secretName with Provided, else ShardTLSSecretName(name).
+func (s *RenderQueueSpec) ShardTLSSecret(name string) string {
+	if s.TLS.Mode == ShardTLSProvided {
+		return s.TLS.SecretName
+	}
+	return ShardTLSSecretName(name)
+}
 
 // decimal is the format the API server enforces on the Priority fields.
 var decimal = regexp.MustCompile(`^[0-9]+([.][0-9]+)?$`)

@@ -190,8 +190,9 @@ type RenderQueueSpec struct {
 	TopologySpreadConstraints []TopologySpreadConstraint `json:"topologySpreadConstraints,omitempty"`
 
 	// TLS says whether the shards serve their API (claims, completions, status, metrics) over
-	// HTTPS with a certificate the operator issues. Defaults to Disabled: plain HTTP. Changing it
-	// replaces the shards one at a time, like a new image does. See docs/security.md.
+	// HTTPS, with a certificate the operator issues or one you provide in a Secret. Defaults to
+	// Disabled: plain HTTP. Changing it replaces the shards one at a time, like a new image does.
+	// See docs/security.md.
 	// +kubebuilder:default={}
 	// +optional
 	TLS ShardTLS `json:"tls,omitempty"`
@@ -219,7 +220,7 @@ type ShardLogging struct {
 }
 
 // ShardTLSMode says how the shards' API is served.
-// +kubebuilder:validation:Enum=Disabled;OperatorIssued
+// +kubebuilder:validation:Enum=Disabled;OperatorIssued;Provided
 type ShardTLSMode string
 
 // Shard TLS modes.
@@ -229,18 +230,42 @@ const (
 	// ShardTLSOperatorIssued: HTTPS with a serving certificate the operator issues from its
 	// shard CA and keeps current, for the server name ShardServerName.
 	ShardTLSOperatorIssued ShardTLSMode = "OperatorIssued"
+	// ShardTLSProvided: HTTPS with the serving certificate of a Secret someone else keeps
+	// current (cert-manager, say), named by ShardTLS.SecretName.
+	ShardTLSProvided ShardTLSMode = "Provided"
 )
 
 // ShardTLS is the TLS setting of the shards' API.
+// +kubebuilder:validation:XValidation:rule="!has(self.mode) || self.mode != 'Provided' || (has(self.secretName) && size(self.secretName) > 0)",message="tls.secretName is required when tls.mode is Provided",fieldPath=".secretName"
+// +kubebuilder:validation:XValidation:rule="(has(self.mode) && self.mode == 'Provided') || !has(self.secretName)",message="tls.secretName is only allowed when tls.mode is Provided",fieldPath=".secretName"
 type ShardTLS struct {
-	// Mode is Disabled (plain HTTP, the default) or OperatorIssued: the operator issues the
-	// shards a serving certificate from its own CA, in the Secret <name>-shard-tls, renews it
-	// 30 days before its end (the shards reload it without a restart), and publishes the CA
-	// bundle clients verify it with in the ConfigMap <name>-shard-ca (key ca.crt). Clients verify
-	// the server name <name>-shards.<namespace>.svc whatever address they dial.
+	// Mode is Disabled (plain HTTP, the default), OperatorIssued or Provided.
+	//
+	// OperatorIssued: the operator issues the shards a serving certificate from its own CA, in
+	// the Secret <name>-shard-tls, renews it 30 days before its end (the shards reload it without
+	// a restart), and publishes the CA bundle clients verify it with in the ConfigMap
+	// <name>-shard-ca (key ca.crt).
+	//
+	// Provided: the shards serve the certificate of the Secret secretName, which you (or
+	// cert-manager) keep current: keys tls.crt (the certificate, then any intermediates),
+	// tls.key and ca.crt (the CA clients verify it with), as cert-manager writes them. It must be
+	// valid for <name>-shards.<namespace>.svc. The operator reads it (grant it get on the Secret:
+	// config/samples/shard-tls-secret-rbac.yaml), checks it, publishes its ca.crt in the
+	// ConfigMap <name>-shard-ca, and creates or replaces no shard Pod while it is missing,
+	// unreadable or invalid. The shards reload a renewed certificate without a restart.
+	//
+	// Either way, clients verify the server name <name>-shards.<namespace>.svc whatever address
+	// they dial.
 	// +kubebuilder:default=Disabled
 	// +optional
 	Mode ShardTLSMode `json:"mode,omitempty"`
+
+	// SecretName is the Secret in the RenderQueue's namespace holding the shards' serving
+	// certificate, with mode Provided (and only then).
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:XValidation:rule="self.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*$')",message="tls.secretName must be a Secret name: lower-case alphanumerics, '-' and '.', starting and ending with an alphanumeric"
+	// +optional
+	SecretName string `json:"secretName,omitempty"`
 }
 
 // LabelValue is a Kubernetes label value: empty, or at most 63 characters of alphanumerics, '-',
@@ -468,17 +493,19 @@ type RenderQueueStatus struct {
 	// +optional
 	Selector string `json:"selector,omitempty"`
 
-	// TLS is the shards' serving certificate as the operator last issued it (spec.tls
-	// OperatorIssued); unset when TLS is disabled. The operator never reads the Secret back: it
-	// renews the certificate from what is recorded here.
+	// TLS is the shards' serving certificate: as the operator last issued it (spec.tls
+	// OperatorIssued; the operator never reads that Secret back: it renews the certificate from
+	// what is recorded here), or as it last found it in the Secret you provide (Provided);
+	// unset when TLS is disabled.
 	// +optional
 	TLS *ShardTLSStatus `json:"tls,omitempty"`
 }
 
-// ShardTLSStatus records the serving certificate the operator wrote into the shards' Secret.
+// ShardTLSStatus records the serving certificate the operator wrote into the shards' Secret, or
+// found in the Secret provided.
 type ShardTLSStatus struct {
 	// SecretName is the Secret (type kubernetes.io/tls) holding the certificate and key the
-	// shards serve, <name>-shard-tls.
+	// shards serve: <name>-shard-tls, or spec.tls.secretName with Provided.
 	SecretName string `json:"secretName"`
 	// CAConfigMapName is the ConfigMap whose key ca.crt holds the CA bundle clients verify the
 	// shards with, <name>-shard-ca.
@@ -492,9 +519,11 @@ type ShardTLSStatus struct {
 	// NotAfter is the end of the certificate's validity.
 	NotAfter metav1.Time `json:"notAfter"`
 	// RenewAfter is when the operator replaces the certificate (30 days before NotAfter, or
-	// at once when its CA changed).
-	RenewAfter metav1.Time `json:"renewAfter"`
-	// CAFingerprint is the SHA-256 fingerprint (hex) of the CA certificate that signed it.
+	// at once when its CA changed). Unset with Provided: whoever writes the Secret renews it.
+	// +optional
+	RenewAfter metav1.Time `json:"renewAfter,omitzero"`
+	// CAFingerprint is the SHA-256 fingerprint (hex) of the CA certificate clients verify it
+	// with (with Provided: the certificate of ca.crt its chain ends at).
 	CAFingerprint string `json:"caFingerprint"`
 }
 
@@ -508,7 +537,7 @@ type ShardStatus struct {
 	Slots string `json:"slots,omitempty"`
 
 	// URL is the base URL of the shard's HTTP API (http://<Pod IP>:8080, https:// with
-	// spec.tls OperatorIssued) while its Pod has an IP
+	// spec.tls OperatorIssued or Provided) while its Pod has an IP
 	// and is not being deleted; render workers discover the shards from it (pkg/client/discovery's
 	// discovery.RenderQueue), so they need read access to this object only, not to Pods.
 	// +kubebuilder:validation:MaxLength=512

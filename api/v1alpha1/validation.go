@@ -168,10 +168,20 @@ func (rq *RenderQueue) Validate() error {
 		errs = append(errs, field.Invalid(spec.Child("image"), s.Image, "must not contain whitespace"))
 	}
 	switch s.TLS.Mode {
-	case "", ShardTLSDisabled, ShardTLSOperatorIssued:
+	case "", ShardTLSDisabled, ShardTLSOperatorIssued, ShardTLSProvided:
 	default:
 		errs = append(errs, field.NotSupported(spec.Child("tls", "mode"), s.TLS.Mode,
-			[]ShardTLSMode{ShardTLSDisabled, ShardTLSOperatorIssued}))
+			[]ShardTLSMode{ShardTLSDisabled, ShardTLSOperatorIssued, ShardTLSProvided}))
+	}
+	switch secret := spec.Child("tls", "secretName"); {
+	case s.TLS.Mode == ShardTLSProvided && s.TLS.SecretName == "":
+		errs = append(errs, field.Required(secret, "tls.secretName is required when tls.mode is Provided"))
+	case s.TLS.Mode != ShardTLSProvided && s.TLS.SecretName != "":
+		errs = append(errs, field.Forbidden(secret, "tls.secretName is only allowed when tls.mode is Provided"))
+	case s.TLS.SecretName != "":
+		for _, msg := range validation.IsDNS1123Subdomain(s.TLS.SecretName) {
+			errs = append(errs, field.Invalid(secret, s.TLS.SecretName, msg))
+		}
 	}
 	return errs.ToAggregate()
 }

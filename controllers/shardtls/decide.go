@@ -48,7 +48,7 @@ type Decision struct {
 // once: the shards keep their certificate until it is due, so that workers have read the new
 // bundle long before a certificate of the new CA is served.
 func Decide(rq *rqv1.RenderQueue, ca *certs.CA, now time.Time) (Decision, error) {
-	if !rq.Spec.TLSEnabled() {
+	if rq.Spec.TLS.Mode != rqv1.ShardTLSOperatorIssued {
 		return Decision{}, nil
 	}
 	rec := rq.Status.TLS

@@ -9,11 +9,12 @@ import (
 )
 
 // TLSMountPath is where the shards' certificate Secret is mounted in a shard Pod (spec.tls
-// OperatorIssued).
+// OperatorIssued or Provided).
 const TLSMountPath = "/var/run/renderqueue/tls"
 
 // withShardTLS makes spec, a shard Pod's spec, serve HTTPS when rq asks for it (spec.tls
-// OperatorIssued): the certificate Secret <name>-shard-tls mounted read-only (mode 0440), the
+// OperatorIssued or Provided): the certificate Secret (<name>-shard-tls, or spec.tls.secretName)
+// mounted read-only (mode 0440), the
 // keeper given its files (--tls-cert-file, --tls-key-file; it reloads them when the kubelet
 // updates the Secret) and the CA bundle it verifies the other shards with when it asks them for
 // the leases of slots it took over (--tls-ca-file), and the probes over HTTPS (the kubelet does not verify the certificate).
@@ -35,7 +36,7 @@ func withShardTLS(rq *rqv1.RenderQueue, spec *corev1.PodSpec) {
 	}
 	c.VolumeMounts = append(c.VolumeMounts, corev1.VolumeMount{Name: "shard-tls", MountPath: TLSMountPath, ReadOnly: true})
 	spec.Volumes = append(spec.Volumes, corev1.Volume{Name: "shard-tls", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{
-		SecretName: rqv1.ShardTLSSecretName(rq.Name),
+		SecretName: rq.Spec.ShardTLSSecret(rq.Name),
 		Items: []corev1.KeyToPath{{Key: shardtls.KeyCert, Path: shardtls.KeyCert}, {Key: shardtls.KeyKey, Path: shardtls.KeyKey},
 			{Key: shardtls.KeyCA, Path: shardtls.KeyCA}},
 		DefaultMode: ptr.To[int32](0o440),

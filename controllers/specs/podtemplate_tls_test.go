@@ -8,7 +8,7 @@ import (
 )
 
 // TestPodTemplateTLS: spec.tls Disabled (or unset) leaves the template and its hash as they were;
-// OperatorIssued changes the hash (the shards are replaced) and the template.
+// OperatorIssued and Provided change the hash (the shards are replaced) and the template.
 func TestPodTemplateTLS(t *testing.T) {
 	const img = "registry.example/renderqueue:v1"
 	plain := PodTemplateHash(templateQueue(), img)
@@ -40,6 +40,28 @@ func TestPodTemplateTLS(t *testing.T) {
 	if v.Secret == nil || v.Secret.SecretName != "web-shard-tls" || *v.Secret.DefaultMode != 0o440 || len(v.Secret.Items) != 3 {
 		t.Errorf("volume %+v, want the Secret web-shard-tls (tls.crt, tls.key, ca.crt, mode 0440)", v)
 	}
+
+	// Provided: the same, from the Secret it names; another Secret is another template.
+	provided := templateQueue()
+	provided.Spec.TLS = rqv1.ShardTLS{Mode: rqv1.ShardTLSProvided, SecretName: "web-cert-manager"}
+	providedHash := PodTemplateHash(provided, img)
+	if providedHash == plain || providedHash == hash {
+		t.Errorf("spec.tls Provided has the hash %s of plain HTTP (%s) or OperatorIssued (%s)", providedHash, plain, hash)
+	}
+	renamed := templateQueue()
+	renamed.Spec.TLS = rqv1.ShardTLS{Mode: rqv1.ShardTLSProvided, SecretName: "web-cert-2"}
+	if PodTemplateHash(renamed, img) == providedHash {
+		t.Error("another spec.tls.secretName did not change the hash: the shards would keep the old Secret")
+	}
+	pp := ShardPod(provided, img, "web-shard-0", providedHash)
+	pc := pp.Spec.Containers[0]
+	if pp.Labels[rqv1.LabelTLS] != "true" || !slices.Equal(pc.Args[len(pc.Args)-6:], args) || pc.ReadinessProbe.HTTPGet.Scheme != "HTTPS" {
+		t.Errorf("Provided: labels %v, args %v, readiness scheme %s; want those of OperatorIssued", pp.Labels, pc.Args, pc.ReadinessProbe.HTTPGet.Scheme)
+	}
+	if v := pp.Spec.Volumes[len(pp.Spec.Volumes)-1]; v.Secret == nil || v.Secret.SecretName != "web-cert-manager" || len(v.Secret.Items) != 3 {
+		t.Errorf("Provided: volume %+v, want the Secret web-cert-manager (tls.crt, tls.key, ca.crt)", v)
+	}
+
 	plainPod := ShardPod(templateQueue(), img, "web-shard-0", plain)
 	if _, ok := plainPod.Labels[rqv1.LabelTLS]; ok || plainPod.Spec.Containers[0].ReadinessProbe.HTTPGet.Scheme != "HTTP" {
 		t.Error("a plain shard Pod is labelled for TLS or probed over HTTPS")
