@@ -145,7 +145,13 @@ func namespaced(kind string) bool {
 // operatorContainer returns the Deployment's operator container (itself, not a copy).
 func operatorContainer(t *testing.T, m manifest) map[string]any {
 	t.Helper()
-	dep := m.get(t, key{"Deployment", operatorNS, operatorName})
+	return operatorContainerIn(t, m, operatorNS)
+}
+
+// operatorContainerIn is operatorContainer of a Deployment in namespace ns.
+func operatorContainerIn(t *testing.T, m manifest, ns string) map[string]any {
+	t.Helper()
+	dep := m.get(t, key{"Deployment", ns, operatorName})
 	containers, _, _ := unstructured.NestedFieldNoCopy(dep.Object, "spec", "template", "spec", "containers")
 	list, _ := containers.([]any)
 	for _, c := range list {
@@ -199,8 +205,7 @@ func TestInstallYAML(t *testing.T) {
 		m.get(t, k)
 	}
 	for k := range objs {
-		authReader := k.Kind == "RoleBinding" && k.Namespace == "kube-system" // must stay there
-		if namespaced(k.Kind) && k.Namespace != operatorNS && !authReader {
+		if namespaced(k.Kind) && k.Namespace != operatorNS {
 			t.Errorf("%s %s is in namespace %q, want %s", k.Kind, k.Name, k.Namespace, operatorNS)
 		}
 	}

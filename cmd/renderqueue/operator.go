@@ -83,9 +83,9 @@ func (e *metricsAPIExtension) Setup(mgr ctrl.Manager, log logr.Logger, kubeconfi
 	return nil
 }
 
-// defaultShardCASecret is --shard-ca-secret's default: in the operator's namespace of
-// config/default, the name its Role grants (config/rbac/role.yaml).
-const defaultShardCASecret = "renderqueue-system/renderqueue-shard-ca"
+// defaultShardCASecret is --shard-ca-secret's default: in the operator's own namespace, the name
+// its Role grants (config/rbac/role.yaml).
+const defaultShardCASecret = "renderqueue-shard-ca"
 
 // operatorOptions are the flags of `renderqueue operator`.
 type operatorOptions struct {
@@ -124,7 +124,8 @@ func runOperator(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	fs.StringVar(&o.metricsCertDir, "metrics-cert-dir", "", "directory with tls.crt and tls.key for --metrics-secure")
 	fs.StringVar(&o.probeAddr, "health-probe-bind-address", ":8081", "address of /healthz and /readyz")
 	fs.BoolVar(&o.leaderElect, "leader-elect", false, "elect a leader, so that only one replica reconciles")
-	fs.StringVar(&o.leaderElectionNS, "leader-election-namespace", "", "namespace of the leader election Lease (default: the operator's own)")
+	fs.StringVar(&o.leaderElectionNS, "leader-election-namespace", "",
+		"namespace of the leader election Lease (default: the operator's own: $POD_NAMESPACE, else its service account's, else "+cli.DefaultOwnNamespace+")")
 	fs.DurationVar(&o.pollInterval, "shard-poll-interval", controllers.DefaultPollInterval, "how often every shard's /v1/status is polled")
 	fs.DurationVar(&o.pollTimeout, "shard-poll-timeout", controllers.DefaultShardPollTimeout, "timeout of one shard's /v1/status")
 	fs.DurationVar(&o.rebalanceTimeout, "rebalance-timeout", controllers.DefaultRebalanceTimeout,
@@ -141,8 +142,8 @@ func runOperator(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		"prefix ending in /*, :* or @*; the operator's own --keeper-image is always allowed. Default: any image",
 		func(v string) error { o.allowedImages = append(o.allowedImages, splitList(v)...); return nil })
 	fs.StringVar(&o.shardCASecret, "shard-ca-secret", defaultShardCASecret,
-		"namespace/name of the Secret holding the CA the shards' certificates are issued from (spec.tls OperatorIssued); "+
-			"created when missing. Empty: RenderQueues asking for TLS are refused")
+		"the Secret holding the CA the shards' certificates are issued from (spec.tls OperatorIssued): a name in the operator's "+
+			"own namespace, or namespace/name; created when missing. Empty: RenderQueues asking for OperatorIssued TLS are refused")
 	exts := operatorExtensions()
 	for _, e := range exts {
 		e.Flags(fs)
@@ -175,13 +176,22 @@ func runOperator(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	if err != nil {
 		return fmt.Errorf("--allowed-images: %w", err)
 	}
+	// the operator's own namespace: where its Secrets, Services and Lease are unless a flag names
+	// another (so that config/default installed into any namespace works)
+	ownNS, ownNSFrom := cli.OwnNamespace()
+	if o.leaderElectionNS == "" {
+		o.leaderElectionNS = ownNS
+	}
 	var caSecret types.NamespacedName
 	if o.shardCASecret != "" {
-		ns, name, ok := strings.Cut(o.shardCASecret, "/")
-		if !ok || len(validation.IsDNS1123Label(ns)) > 0 || len(validation.IsDNS1123Subdomain(name)) > 0 {
-			return fmt.Errorf("--shard-ca-secret %q is not namespace/name", o.shardCASecret)
+		if caSecret, err = cli.NamespacedName("--shard-ca-secret", o.shardCASecret, ownNS); err != nil {
+			return err
 		}
-		caSecret = types.NamespacedName{Namespace: ns, Name: name}
+	}
+	for _, e := range exts {
+		if m, ok := e.(*metricsAPIExtension); ok {
+			m.opts.Namespace = ownNS
+		}
 	}
 
 	cfg, err := cli.RESTConfig(o.kubeconfig)
@@ -254,7 +264,8 @@ func runOperator(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	}
 	log.Info("Operator starting", "keeperImage", o.keeperImage, "leaderElect", o.leaderElect,
 		"shardPollInterval", o.pollInterval, "rebalanceTimeout", o.rebalanceTimeout, "maxConcurrentReconciles", o.maxReconciles,
-		"watchNamespaces", o.watchNamespaces, "allowedImages", allowed.String(), "shardCASecret", o.shardCASecret)
+		"watchNamespaces", o.watchNamespaces, "allowedImages", allowed.String(), "shardCASecret", caSecret.String(),
+		"namespace", ownNS, "namespaceFrom", ownNSFrom)
 	if err := mgr.Start(ctx); err != nil {
 		return fmt.Errorf("running the manager: %w", err)
 	}

@@ -5,6 +5,8 @@ import (
 	"os"
 	"strings"
 
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -76,4 +78,43 @@ func ReadToken(file string) (string, error) {
 		return "", fmt.Errorf("token file %s is empty", file)
 	}
 	return tok, nil
+}
+
+// DefaultOwnNamespace is the namespace OwnNamespace gives when nothing says where the process
+// runs: config/default's.
+const DefaultOwnNamespace = "renderqueue-system"
+
+// serviceAccountNamespaceFile is where a Pod's service account token volume holds its namespace.
+const serviceAccountNamespaceFile = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+
+// OwnNamespace is the namespace this process runs in, and where that was learnt: $POD_NAMESPACE
+// (the downward API, as config/manager sets it), else the Pod's service account namespace file,
+// else DefaultOwnNamespace (a process outside a Pod).
+func OwnNamespace() (namespace, source string) {
+	return ownNamespace(os.Getenv("POD_NAMESPACE"), serviceAccountNamespaceFile)
+}
+
+func ownNamespace(env, file string) (namespace, source string) {
+	if ns := strings.TrimSpace(env); ns != "" {
+		return ns, "$POD_NAMESPACE"
+	}
+	if b, err := os.ReadFile(file); err == nil {
+		if ns := strings.TrimSpace(string(b)); ns != "" {
+			return ns, file
+		}
+	}
+	return DefaultOwnNamespace, "the default"
+}
+
+// NamespacedName parses v as namespace/name, or as a bare name in namespace ns; flag names the
+// flag it came from, for the error.
+func NamespacedName(flag, v, ns string) (types.NamespacedName, error) {
+	n, name, ok := strings.Cut(v, "/")
+	if !ok {
+		n, name = ns, v
+	}
+	if len(validation.IsDNS1123Label(n)) > 0 || len(validation.IsDNS1123Subdomain(name)) > 0 || strings.Contains(name, "/") {
+		return types.NamespacedName{}, fmt.Errorf("%s %q is not a name or namespace/name", flag, v)
+	}
+	return types.NamespacedName{Namespace: n, Name: name}, nil
 }

@@ -74,7 +74,7 @@ func TestServingCertificate(t *testing.T) {
 	k8s, err := client.New(admin, client.Options{Scheme: scheme})
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(k8s.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "renderqueue-system"}})).To(Succeed())
-	for _, f := range []string{"clusterrolebinding-auth-delegator.yaml", "rolebinding-auth-reader.yaml",
+	for _, f := range []string{"clusterrolebinding-auth-delegator.yaml", "clusterrole-auth-reader.yaml", "clusterrolebinding-auth-reader.yaml",
 		"role-cert-secret.yaml", "rolebinding-cert-secret.yaml", "clusterrole-apiservice.yaml", "clusterrolebinding-apiservice.yaml",
 		"service.yaml", "apiservice.yaml"} {
 		applyYAML(ctx, t, k8s, filepath.Join("..", "..", "config", "metrics-api", f))

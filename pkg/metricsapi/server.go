@@ -95,6 +95,10 @@ type Options struct {
 	// when zero.
 	CertRefresh time.Duration
 
+	// Namespace is where CertSecret and Service are when they name no namespace: the
+	// operator's own. Empty: they must be namespace/name.
+	Namespace string
+
 	// Logger receives the provider's request errors (V(1)) and the server's lifecycle. The
 	// generic API server underneath logs through klog.
 	Logger logr.Logger
@@ -117,10 +121,10 @@ func (o *Options) BindFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.CertDir, "metrics-api-cert-dir", o.CertDir,
 		"directory for the self-signed certificate (apiserver.crt/.key) when no --metrics-api-tls-cert-file is given; empty: in memory")
 	fs.StringVar(&o.CertSecret, "metrics-api-cert-secret", o.CertSecret,
-		"namespace/name of a Secret keeping the metrics API's CA and serving certificate, shared by every replica; its CA "+
-			"bundle is written into the APIService (no insecureSkipTLSVerify). Needs --metrics-api-service")
+		"a Secret keeping the metrics API's CA and serving certificate, shared by every replica (a name in the operator's "+
+			"namespace, or namespace/name); its CA bundle is written into the APIService (no insecureSkipTLSVerify). Needs --metrics-api-service")
 	fs.StringVar(&o.Service, "metrics-api-service", o.Service,
-		"namespace/name of the Service in front of the metrics API (the certificate's DNS names)")
+		"the Service in front of the metrics API (the certificate's DNS names): a name in the operator's namespace, or namespace/name")
 	fs.StringVar(&o.APIService, "metrics-api-apiservice", o.APIService,
 		"the APIService whose caBundle --metrics-api-cert-secret keeps current (default "+DefaultAPIService+")")
 	fs.StringVar(&o.AuthKubeconfig, "metrics-api-auth-kubeconfig", o.AuthKubeconfig,
@@ -250,14 +254,14 @@ func NewServer(opts Options) (*Server, error) {
 
 // newServingCerts builds the keeper of Options.CertSecret's certificate (not synced yet).
 func newServingCerts(opts Options) (*servingCerts, error) {
-	secret, err := parseNamespacedName("metrics API: --metrics-api-cert-secret", opts.CertSecret)
+	secret, err := parseNamespacedName("metrics API: --metrics-api-cert-secret", opts.CertSecret, opts.Namespace)
 	if err != nil {
 		return nil, err
 	}
 	if opts.Service == "" {
 		return nil, errors.New("metrics API: --metrics-api-cert-secret needs --metrics-api-service (the certificate's DNS names)")
 	}
-	svc, err := parseNamespacedName("metrics API: --metrics-api-service", opts.Service)
+	svc, err := parseNamespacedName("metrics API: --metrics-api-service", opts.Service, opts.Namespace)
 	if err != nil {
 		return nil, err
 	}

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -75,7 +76,7 @@ func TestServer(t *testing.T) {
 
 	// The component's RBAC, as written (the APIService comes in the aggregator subtest).
 	g.Expect(k8s.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "renderqueue-system"}})).To(Succeed())
-	for _, f := range []string{"clusterrolebinding-auth-delegator.yaml", "rolebinding-auth-reader.yaml",
+	for _, f := range []string{"clusterrolebinding-auth-delegator.yaml", "clusterrole-auth-reader.yaml", "clusterrolebinding-auth-reader.yaml",
 		"clusterrole-external-metrics-reader.yaml", "clusterrolebinding-hpa.yaml",
 		"role-cert-secret.yaml", "rolebinding-cert-secret.yaml", "clusterrole-apiservice.yaml", "clusterrolebinding-apiservice.yaml"} {
 		applyYAML(ctx, t, k8s, filepath.Join("..", "..", "config", "metrics-api", f))
@@ -109,7 +110,9 @@ func TestServer(t *testing.T) {
 	asOperator.Impersonate = rest.ImpersonationConfig{UserName: operatorSA}
 	srv, err := metricsapi.NewServer(metricsapi.Options{
 		Reader: k8s, RESTConfig: asOperator, AuthKubeconfig: delegation, Listener: lis, Logger: testr.New(t),
-		CertSecret: certSecret, Service: svcName, CertRefresh: 500 * time.Millisecond,
+		// as config/metrics-api names them: in the operator's namespace
+		CertSecret: strings.TrimPrefix(certSecret, "renderqueue-system/"), Service: strings.TrimPrefix(svcName, "renderqueue-system/"),
+		Namespace: "renderqueue-system", CertRefresh: 500 * time.Millisecond,
 	})
 	g.Expect(err).NotTo(HaveOccurred())
 	srvCtx, stopSrv := context.WithCancel(ctx)
