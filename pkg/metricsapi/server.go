@@ -149,7 +149,7 @@ var (
 // NewServer builds the metrics API server: it binds the listening socket (unless a Listener is
 // given), loads or generates the serving certificate and builds the delegating authenticator and
 // authorizer, which reads the kube-system/extension-apiserver-authentication ConfigMap — so the
-// API server must be reachable and the authentication-reader RoleBinding in place.
+// API server must be reachable and the grant to read kube-system/extension-apiserver-authentication in place.
 func NewServer(opts Options) (*Server, error) {
 	if opts.Reader == nil {
 		return nil, errors.New("metrics API: Options.Reader is required")
