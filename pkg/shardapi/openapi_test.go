@@ -1,11 +1,13 @@
 package shardapi_test
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -43,23 +45,45 @@ type recorder struct {
 	log []exchange
 }
 
+// wrap records what h reads of each request's body (as it reads it: a body the shard refuses
+// unread is recorded empty, one that stalls as far as it came) and what h writes, passing both
+// through: h keeps its connection (http.ResponseController reaches it through Unwrap), so read
+// deadlines and closes behave as served.
 func (r *recorder) wrap(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
-		body, _ := io.ReadAll(req.Body)
-		req.Body = io.NopCloser(bytes.NewReader(body))
-		rec := httptest.NewRecorder()
-		h.ServeHTTP(rec, req)
-		for k, v := range rec.Header() {
-			w.Header()[k] = v
-		}
-		w.WriteHeader(rec.Code)
-		_, _ = w.Write(rec.Body.Bytes())
+		var body bytes.Buffer
+		req.Body = struct {
+			io.Reader
+			io.Closer
+		}{io.TeeReader(req.Body, &body), req.Body}
+		tw := &teeWriter{ResponseWriter: w, code: http.StatusOK}
+		h.ServeHTTP(tw, req)
 		r.mu.Lock()
-		r.log = append(r.log, exchange{method: req.Method, path: req.URL.RequestURI(), reqHeader: req.Header.Clone(), reqBody: body,
-			code: rec.Code, respHeader: rec.Header().Clone(), respBody: rec.Body.Bytes()})
+		r.log = append(r.log, exchange{method: req.Method, path: req.URL.RequestURI(), reqHeader: req.Header.Clone(), reqBody: body.Bytes(),
+			code: tw.code, respHeader: w.Header().Clone(), respBody: tw.body.Bytes()})
 		r.mu.Unlock()
 	})
 }
+
+// teeWriter passes a reply through and keeps its status and body.
+type teeWriter struct {
+	http.ResponseWriter
+	code int
+	body bytes.Buffer
+}
+
+func (w *teeWriter) WriteHeader(code int) {
+	w.code = code
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *teeWriter) Write(b []byte) (int, error) {
+	w.body.Write(b)
+	return w.ResponseWriter.Write(b)
+}
+
+// Unwrap gives http.ResponseController the connection's writer.
+func (w *teeWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 func (r *recorder) take() []exchange {
 	r.mu.Lock()
@@ -246,22 +270,26 @@ func TestOpenAPIDocumentMatchesTheHandlers(t *testing.T) {
 		if r.proxied {
 			req.Header.Set(shardapi.ProxiedAuthorizationHeader, "Bearer s3cret")
 		}
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
+		// a shard refusing a body it does not read closes the connection: the client may see
+		// that as a failed write before it reads the reply, so the code is taken from the record
+		if resp, err := http.DefaultClient.Do(req); err == nil {
+			_, _ = io.Copy(io.Discard, resp.Body)
+			_ = resp.Body.Close()
 		}
-		_, _ = io.Copy(io.Discard, resp.Body)
-		_ = resp.Body.Close()
-		what := fmt.Sprintf("%s %s %.80s", r.method, r.path, r.body)
-		if resp.StatusCode != r.code {
-			t.Errorf("%s: HTTP %d, want %d", what, resp.StatusCode, r.code)
-		}
-		rawCases = append(rawCases, rawCase{valid: r.valid, what: what})
+		rawCases = append(rawCases, rawCase{valid: r.valid, what: fmt.Sprintf("%s %s %.80s", r.method, r.path, r.body)})
 	}
 	bad := rec.take()
 	if len(bad) != len(rawCases) {
 		t.Fatalf("recorded %d raw exchanges, sent %d", len(bad), len(rawCases))
 	}
+	for i := range bad {
+		if bad[i].code != raw[i].code {
+			t.Errorf("%s: HTTP %d, want %d", rawCases[i].what, bad[i].code, raw[i].code)
+		}
+		bad[i].reqBody = []byte(raw[i].body) // as sent: a refusal may leave it unread
+	}
+
+	busy := stalledWrites(t, rec)
 
 	doc.Servers = nil // match the test servers' addresses
 	router, err := legacyrouter.NewRouter(doc)
@@ -294,12 +322,18 @@ func TestOpenAPIDocumentMatchesTheHandlers(t *testing.T) {
 		if err := openapi3filter.ValidateResponse(context.Background(), out); err != nil {
 			t.Errorf("%s: the reply HTTP %d %s does not match the document: %v", what, ex.code, truncate(ex.respBody), err)
 		}
+		if undeclared := undeclaredHeaders(route.Operation, ex.code, ex.respHeader); len(undeclared) > 0 {
+			t.Errorf("%s: the reply HTTP %d has headers the document does not declare for it: %v", what, ex.code, undeclared)
+		}
 	}
 	for _, ex := range good {
 		check(ex, true, fmt.Sprintf("%s %s (client)", ex.method, ex.path))
 	}
 	for i, ex := range bad {
 		check(ex, rawCases[i].valid, rawCases[i].what)
+	}
+	for _, b := range busy {
+		check(b.ex, b.valid, b.what)
 	}
 	var missing []string
 	for path, item := range doc.Paths.Map() {
@@ -318,9 +352,168 @@ func TestOpenAPIDocumentMatchesTheHandlers(t *testing.T) {
 	}
 }
 
+// busyCase is an exchange of stalledWrites, and whether its request is one the document allows.
+type busyCase struct {
+	ex    exchange
+	valid bool
+	what  string
+}
+
+// stalledWrites serves a shard that handles one write at a time and waits 300 ms for a body
+// (clienttest.Options.Limits), sends it a completion whose body stalls — it holds the writes'
+// room — and then completions until one is refused 503 with Retry-After; the stalled one is
+// answered 408 and its connection closed. It returns the exchanges (recorded by rec), each with
+// its request as sent.
+func stalledWrites(t *testing.T, rec *recorder) []busyCase {
+	t.Helper()
+	cl := clienttest.NewCluster(t, clienttest.Options{Token: "s3cret", Wrap: rec.wrap,
+		Limits: httpserve.Limits{BodyTimeout: 300 * time.Millisecond, MaxInFlight: 1}}, "busy-shard-0")
+	u, err := url.Parse(cl.URLs()[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := net.Dial("tcp", u.Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = conn.Close() }()
+	const stalled = `{"items":[`
+	if _, err := fmt.Fprintf(conn, "POST /v1/complete HTTP/1.1\r\nHost: %s\r\nAuthorization: Bearer s3cret\r\n"+
+		"Content-Type: application/json\r\nContent-Length: 200\r\n\r\n%s", u.Host, stalled); err != nil {
+		t.Fatal(err)
+	}
+	// completions of a lease no row has (200, refused per item) until the stalled body holds the
+	// room: then one is refused whole
+	const other = `{"items":[{"key":"a","lease":"0000000000000000"}]}`
+	var sent []string
+	var retryAfter string
+	for deadline := time.Now().Add(5 * time.Second); retryAfter == "" && time.Now().Before(deadline); {
+		req, err := http.NewRequest("POST", cl.URLs()[0]+"/v1/complete", strings.NewReader(other))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Authorization", "Bearer s3cret")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			continue // refused unread, the connection closed under the body
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		_ = resp.Body.Close()
+		sent = append(sent, other)
+		if resp.StatusCode == http.StatusServiceUnavailable {
+			retryAfter = resp.Header.Get("Retry-After")
+		}
+	}
+	if retryAfter == "" {
+		t.Fatal("no completion was refused 503 with Retry-After while another's body stalled")
+	}
+	_ = conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatalf("the stalled completion's reply: %v", err)
+	}
+	_ = resp.Body.Close()
+	if resp.StatusCode != http.StatusRequestTimeout || !resp.Close {
+		t.Errorf("the stalled completion: HTTP %d, connection close %v; want 408 and the connection closed", resp.StatusCode, resp.Close)
+	}
+	var out []busyCase
+	var seen408, seen503 bool
+	for _, ex := range rec.take() {
+		switch ex.code {
+		case http.StatusRequestTimeout:
+			seen408 = true
+			ex.reqBody = []byte(stalled)
+			out = append(out, busyCase{ex: ex, valid: false, what: "POST /v1/complete (a body that stalls)"})
+		default:
+			seen503 = seen503 || ex.code == http.StatusServiceUnavailable
+			ex.reqBody = []byte(other)
+			out = append(out, busyCase{ex: ex, valid: true, what: fmt.Sprintf("POST /v1/complete (while a body stalls: HTTP %d)", ex.code)})
+		}
+	}
+	if !seen408 || !seen503 || len(out) != len(sent)+1 {
+		t.Fatalf("recorded %d exchanges (408 %v, 503 %v), sent %d", len(out), seen408, seen503, len(sent)+1)
+	}
+	return out
+}
+
+// undeclaredHeaders lists the headers of a reply with status code to op that the document does
+// not declare for it, leaving out those every HTTP reply may carry.
+func undeclaredHeaders(op *openapi3.Operation, code int, h http.Header) []string {
+	resp := op.Responses.Status(code)
+	if resp == nil {
+		resp = op.Responses.Default()
+	}
+	var out []string
+	for name := range h {
+		switch http.CanonicalHeaderKey(name) {
+		case "Content-Type", "Content-Length", "Date":
+			continue
+		}
+		declared := false
+		if resp != nil && resp.Value != nil {
+			for d := range resp.Value.Headers {
+				declared = declared || strings.EqualFold(d, name)
+			}
+		}
+		if !declared {
+			out = append(out, name)
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
 func truncate(b []byte) string {
 	if len(b) > 300 {
 		return string(b[:300]) + "..."
 	}
 	return string(b)
+}
+
+// TestOpenAPIResponseSchemasAreOpen: every reply schema of openapi.yaml, nested objects
+// included, admits fields it does not list (a strict generated client keeps working when a
+// shard of a newer release adds one), and every request body schema is closed, as the handlers
+// refuse a field they do not know.
+func TestOpenAPIResponseSchemasAreOpen(t *testing.T) {
+	doc := loadDoc(t)
+	var closed func(where string, s *openapi3.SchemaRef, seen map[*openapi3.Schema]bool)
+	closed = func(where string, s *openapi3.SchemaRef, seen map[*openapi3.Schema]bool) {
+		if s == nil || s.Value == nil || seen[s.Value] {
+			return
+		}
+		seen[s.Value] = true
+		if has := s.Value.AdditionalProperties.Has; has != nil && !*has {
+			t.Errorf("%s: a reply schema is closed (additionalProperties: false)", where)
+		}
+		for name, p := range s.Value.Properties {
+			closed(where+"."+name, p, seen)
+		}
+		closed(where+"[]", s.Value.Items, seen)
+		if s.Value.AdditionalProperties.Schema != nil {
+			closed(where+"{}", s.Value.AdditionalProperties.Schema, seen)
+		}
+	}
+	requests := 0
+	for path, item := range doc.Paths.Map() {
+		for method, op := range item.Operations() {
+			for code, resp := range op.Responses.Map() {
+				for ct, mt := range resp.Value.Content {
+					closed(fmt.Sprintf("%s %s %s %s", method, path, code, ct), mt.Schema, map[*openapi3.Schema]bool{})
+				}
+			}
+			if op.RequestBody == nil {
+				continue
+			}
+			for ct, mt := range op.RequestBody.Value.Content {
+				requests++
+				if has := mt.Schema.Value.AdditionalProperties.Has; has == nil || *has {
+					t.Errorf("%s %s request %s: open, but the shard refuses fields it does not know", method, path, ct)
+				}
+			}
+		}
+	}
+	if requests != 5 {
+		t.Errorf("%d request bodies checked, want 5 (claim, complete, release, extend, handover)", requests)
+	}
 }

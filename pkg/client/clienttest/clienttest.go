@@ -21,6 +21,7 @@ import (
 
 	"github.com/renderqueue/renderqueue/pkg/client"
 	"github.com/renderqueue/renderqueue/pkg/keeper"
+	"github.com/renderqueue/renderqueue/pkg/keeper/httpserve"
 	"github.com/renderqueue/renderqueue/pkg/membership"
 	"github.com/renderqueue/renderqueue/pkg/schedule"
 	"github.com/renderqueue/renderqueue/pkg/shardapi"
@@ -54,6 +55,9 @@ type Options struct {
 	ReceiversFirst bool
 	// Wrap, when set, wraps each shard's HTTP handler (to record the traffic, say).
 	Wrap func(http.Handler) http.Handler
+	// Limits are the shards' request limits (keeper.HandlerOptions.Limits); zero fields take
+	// the defaults.
+	Limits httpserve.Limits
 }
 
 // Cluster is a set of real keeper shards over one in-memory store.
@@ -294,7 +298,7 @@ func (c *Cluster) publish(givers map[string]bool) {
 		}
 		ctx, cancel := context.WithCancel(c.ctx)
 		s := &Shard{Name: name, Keeper: sh, updates: make(chan keeper.Settings, 8), cancel: cancel, done: make(chan error, 1)}
-		h := sh.Handler(keeper.HandlerOptions{Token: c.opts.Token})
+		h := sh.Handler(keeper.HandlerOptions{Token: c.opts.Token, Limits: c.opts.Limits})
 		if c.opts.Wrap != nil {
 			h = c.opts.Wrap(h)
 		}
@@ -438,7 +442,7 @@ func NewLoadingShard(t TB, opts Options) string {
 	if err != nil {
 		t.Fatalf("clienttest: %v", err)
 	}
-	h := sh.Handler(keeper.HandlerOptions{Token: opts.Token})
+	h := sh.Handler(keeper.HandlerOptions{Token: opts.Token, Limits: opts.Limits})
 	if opts.Wrap != nil {
 		h = opts.Wrap(h)
 	}
