@@ -21,12 +21,12 @@ import (
 
 	rqv1 "github.com/renderqueue/renderqueue/api/v1alpha1"
 	"github.com/renderqueue/renderqueue/pkg/client"
-	"github.com/renderqueue/renderqueue/pkg/client/discovery"
+	"github.com/renderqueue/renderqueue/pkg/client/discovery/kube"
 )
 
 // TestWorkerSampleRBAC applies config/samples/workers to a real API server and checks that its
 // ServiceAccount can do what the worker does — discover the shards through the RenderQueue "web"
-// (pkg/client/discovery's RenderQueue, a field-selected list and watch) — and nothing more: not
+// (pkg/client/discovery/kube's RenderQueue, a field-selected list and watch) — and nothing more: not
 // another RenderQueue, not Pods, not Secrets.
 func TestWorkerSampleRBAC(t *testing.T) {
 	assets := os.Getenv("KUBEBUILDER_ASSETS")
@@ -92,7 +92,7 @@ func TestWorkerSampleRBAC(t *testing.T) {
 	sa := rest.CopyConfig(cfg)
 	sa.Impersonate = rest.ImpersonationConfig{UserName: "system:serviceaccount:default:render-workers"}
 	// the worker's discovery works with the sample's rights
-	d, err := discovery.RenderQueue(sa, "default", "web")
+	d, err := kube.RenderQueue(sa, "default", "web")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -538,8 +538,8 @@ type ShardStatus struct {
 
 	// URL is the base URL of the shard's HTTP API (http://<Pod IP>:8080, https:// with
 	// spec.tls OperatorIssued or Provided) while its Pod has an IP
-	// and is not being deleted; render workers discover the shards from it (pkg/client/discovery's
-	// discovery.RenderQueue), so they need read access to this object only, not to Pods.
+	// and is not being deleted; render workers discover the shards from it (pkg/client/discovery/kube's
+	// RenderQueue), so they need read access to this object only, not to Pods.
 	// +kubebuilder:validation:MaxLength=512
 	// +optional
 	URL string `json:"url,omitempty"`

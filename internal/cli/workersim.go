@@ -21,6 +21,7 @@ import (
 	"github.com/renderqueue/renderqueue/pkg/client"
 	"github.com/renderqueue/renderqueue/pkg/client/clientmetrics"
 	"github.com/renderqueue/renderqueue/pkg/client/discovery"
+	"github.com/renderqueue/renderqueue/pkg/client/discovery/kube"
 	"github.com/renderqueue/renderqueue/pkg/logkeys"
 	"github.com/renderqueue/renderqueue/pkg/workersim"
 )
@@ -214,7 +215,7 @@ func workerDiscovery(shards, dnsName, rqName, namespace, kubeconfig string, http
 		if err != nil {
 			return nil, "", err
 		}
-		d, err := discovery.RenderQueue(cfg, namespace, rqName)
+		d, err := kube.RenderQueue(cfg, namespace, rqName)
 		return d, "renderqueue " + namespace + "/" + rqName, err
 	case dnsName != "":
 		host, p, err := net.SplitHostPort(dnsName)

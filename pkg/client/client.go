@@ -19,7 +19,6 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
-	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/renderqueue/renderqueue/pkg/client/clientmetrics"
 	"github.com/renderqueue/renderqueue/pkg/shardapi"
@@ -33,7 +32,7 @@ const MaxReplyBytes = 32 << 20
 
 // DefaultBackoff is the per-shard back-off after an empty claim, a 503 or an error: 100 ms,
 // doubling up to 5 s, each wait up to 50% longer at random.
-var DefaultBackoff = wait.Backoff{Duration: 100 * time.Millisecond, Factor: 2, Jitter: 0.5, Steps: math.MaxInt32, Cap: 5 * time.Second}
+var DefaultBackoff = Backoff{Duration: 100 * time.Millisecond, Factor: 2, Jitter: 0.5, Steps: math.MaxInt32, Cap: 5 * time.Second}
 
 // Options configure a Client. Discovery is required; the zero value of the others gives the
 // defaults.
@@ -56,7 +55,7 @@ type Options struct {
 	// (the RenderQueue's spec.leaseDuration).
 	Lease time.Duration
 	// Backoff is the per-shard back-off (see DefaultBackoff, the default when Duration is 0).
-	Backoff wait.Backoff
+	Backoff Backoff
 	// DrainTimeout is how long Run lets rows in progress finish once its context is cancelled;
 	// then their handlers' contexts are cancelled (cause ErrShutdown). Default 30 s.
 	DrainTimeout time.Duration
@@ -75,7 +74,7 @@ type Shard struct {
 	Name string
 	// URL is the base URL of the shard's HTTP API, e.g. http://10.0.0.7:8080.
 	URL string
-	// Due is the shard's due count when DueKnown (discovery.RenderQueue); claims favour shards with
+	// Due is the shard's due count when DueKnown (kube.RenderQueue); claims favour shards with
 	// more due rows.
 	Due      int64
 	DueKnown bool
@@ -131,7 +130,7 @@ type Client struct {
 // shardState is a shard and its back-off.
 type shardState struct {
 	Shard
-	backoff   wait.Backoff
+	backoff   Backoff
 	notBefore time.Time // left alone until then
 }
 

@@ -5,12 +5,13 @@
 //
 // # Discovery
 //
-// A Client follows a Discovery for the set of shards; package discovery (pkg/client/discovery)
-// has three:
+// A Client follows a Discovery for the set of shards; there are three, in two packages so that a
+// worker that does not watch the Kubernetes API links no Kubernetes package (this package links
+// none):
 //
 //   - discovery.Static: a fixed list of base URLs (http://10.0.0.7:8080).
 //   - discovery.DNS: the addresses of the headless Service <name>-shards, re-resolved periodically.
-//   - discovery.RenderQueue: the RenderQueue object itself, watched through the Kubernetes API:
+//   - kube.RenderQueue (pkg/client/discovery/kube): the RenderQueue object itself, watched through the Kubernetes API:
 //     status.shards[].url and each shard's due count. A rebalance that adds or removes shards is
 //     followed as it happens; the worker needs read access to that one object only (a Role with
 //     get, list and watch on renderqueues, resourceNames [<name>]).
@@ -21,7 +22,7 @@
 // discovery knows it) and takes the better of the first two, then falls through to the others
 // until one hands out rows, so a worker never idles on an empty shard while another has due
 // rows. A shard that answered with no rows, a 503 (still loading) or an error is left alone for a
-// jittered, exponentially growing time (Options.Backoff, apimachinery's wait.Backoff), and at
+// jittered, exponentially growing time (Options.Backoff, a Backoff), and at
 // least for the Retry-After of a 503 (a shard over its request limits), reset by its next
 // non-empty answer; when every shard is backing off, Run waits for the first to be tried again,
 // or for the discovery to change the shard set. An answer retrying cannot change (400, 401, 403,

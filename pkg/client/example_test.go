@@ -15,6 +15,7 @@ import (
 	"github.com/renderqueue/renderqueue/pkg/client/clientmetrics"
 	"github.com/renderqueue/renderqueue/pkg/client/clienttest"
 	"github.com/renderqueue/renderqueue/pkg/client/discovery"
+	"github.com/renderqueue/renderqueue/pkg/client/discovery/kube"
 	"github.com/renderqueue/renderqueue/pkg/schedule"
 )
 
@@ -118,7 +119,7 @@ func Example_renderQueueDiscovery() {
 		fmt.Println("no Kubernetes configuration:", err != nil)
 		return
 	}
-	disc, err := discovery.RenderQueue(cfg, "default", "web")
+	disc, err := kube.RenderQueue(cfg, "default", "web")
 	if err != nil {
 		panic(err)
 	}

@@ -11,8 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"k8s.io/apimachinery/pkg/util/wait"
-
+	"github.com/renderqueue/renderqueue/pkg/client"
 	"github.com/renderqueue/renderqueue/pkg/client/clienttest"
 	"github.com/renderqueue/renderqueue/pkg/schedule"
 )
@@ -22,8 +21,8 @@ var (
 	memstoreHash    = clienttest.Hash
 )
 
-func waitBackoff(first time.Duration, factor float64, limit time.Duration) wait.Backoff {
-	return wait.Backoff{Duration: first, Factor: factor, Jitter: 0.5, Steps: math.MaxInt32, Cap: limit}
+func waitBackoff(first time.Duration, factor float64, limit time.Duration) client.Backoff {
+	return client.Backoff{Duration: first, Factor: factor, Jitter: 0.5, Steps: math.MaxInt32, Cap: limit}
 }
 
 // roundTrip adapts a function to http.RoundTripper.

@@ -16,7 +16,7 @@ import (
 	"github.com/renderqueue/renderqueue/pkg/client/clienttest"
 )
 
-// clusterDiscovery follows the cluster's running shards, as discovery.RenderQueue follows the
+// clusterDiscovery follows the cluster's running shards, as kube.RenderQueue follows the
 // RenderQueue's status.
 type clusterDiscovery struct{ cl *clienttest.Cluster }
 

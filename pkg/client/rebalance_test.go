@@ -19,7 +19,7 @@ import (
 	rqv1 "github.com/renderqueue/renderqueue/api/v1alpha1"
 	"github.com/renderqueue/renderqueue/pkg/client"
 	"github.com/renderqueue/renderqueue/pkg/client/clienttest"
-	"github.com/renderqueue/renderqueue/pkg/client/discovery"
+	"github.com/renderqueue/renderqueue/pkg/client/discovery/kube"
 	"github.com/renderqueue/renderqueue/pkg/schedule"
 )
 
@@ -98,7 +98,7 @@ func TestDiscoveryRenderQueueFollowsRebalance(t *testing.T) {
 	clienttest.Eventually(t, "the first rows held", func() bool { return cl.Due() == len(first) })
 	publishStatus(t, k, rq, cl)
 
-	d, err := discovery.RenderQueue(cfg, "default", "web")
+	d, err := kube.RenderQueue(cfg, "default", "web")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -7,8 +7,6 @@ import (
 	"sync"
 	"time"
 
-	"k8s.io/apimachinery/pkg/util/wait"
-
 	"github.com/renderqueue/renderqueue/pkg/shardapi"
 )
 
@@ -391,7 +389,7 @@ func leasesEnd(n int, item func(i int) Item) time.Time {
 // It stops at an answer retrying cannot change (Fatal), when the next attempt would come after
 // until, or when the worker stops.
 func (a *acker) retry(failed string, n int, until time.Time, f func(ctx context.Context) error) {
-	b := wait.Backoff{Duration: 200 * time.Millisecond, Factor: 2, Jitter: 0.5, Steps: 1 << 30, Cap: 10 * time.Second}
+	b := Backoff{Duration: 200 * time.Millisecond, Factor: 2, Jitter: 0.5, Steps: 1 << 30, Cap: 10 * time.Second}
 	var err error
 	attempts := 0
 	for {

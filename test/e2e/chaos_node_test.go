@@ -127,7 +127,7 @@ func (ch *chaos) caseCutOperatorFromShard(t *testing.T) string {
 		giver = names[len(names)-1]
 	}
 	ip := ch.e.pod(t, namespace, giver).Status.PodIP
-	undo := ch.iptablesIn(t, operatorNS, leader, [][]string{
+	undo := ch.iptablesIn(t, ch.opNS, leader, [][]string{
 		{"OUTPUT", "-p", "tcp", "-d", ip, "-j", "REJECT", "--reject-with", "tcp-reset"},
 	})
 	cut := time.Now()

@@ -73,7 +73,7 @@ import (
 
 	rqv1 "github.com/renderqueue/renderqueue/api/v1alpha1"
 	"github.com/renderqueue/renderqueue/pkg/client"
-	"github.com/renderqueue/renderqueue/pkg/client/discovery"
+	"github.com/renderqueue/renderqueue/pkg/client/discovery/kube"
 	"github.com/renderqueue/renderqueue/pkg/schedule"
 )
 
@@ -137,7 +137,8 @@ type caseRec struct {
 // chaos is TestChaos's state: the load (writers, workers) and what it recorded.
 type chaos struct {
 	e       *env
-	tls     bool // spec.tls OperatorIssued
+	tls     bool   // spec.tls OperatorIssued
+	opNS    string // the operator's namespace: config/default's, or config/samples/namespace's with tls
 	pool    *pgxpool.Pool
 	horizon time.Duration
 	gate    sync.RWMutex // writers and workers hold it shared per request; a sample takes it
@@ -178,7 +179,9 @@ var soakOnly = []string{"cut-keeper-from-postgres"}
 var tlsCases = []string{"kill-giver-in-prepare", "cut-keeper-from-postgres", "cut-operator-from-shard-in-handoff", "restart-kubelet", "restart-containerd", "evict-shard"}
 
 // TestChaosTLS is TestChaos with the shards' API over HTTPS (spec.tls OperatorIssued): the
-// workers, the operator's polls and the handoff all go over TLS.
+// workers, the operator's polls and the handoff all go over TLS. The operator is installed into
+// platform-rq with a plain kustomize namespace: overlay (config/samples/namespace), and the
+// external metric is read through the aggregator there.
 func TestChaosTLS(t *testing.T) { runChaos(t, true, tlsCases) }
 
 func runChaos(t *testing.T, tls bool, only []string) {
@@ -190,7 +193,10 @@ func runChaos(t *testing.T, tls bool, only []string) {
 			t.Fatalf("CHAOS_DURATION=%q: want a positive Go duration such as 30m", d)
 		}
 	}
-	ch := &chaos{e: e, tls: tls, horizon: chaosHorizon(duration), leases: map[string][]*leaseRec{}, refused: map[string]int{}}
+	ch := &chaos{e: e, tls: tls, opNS: operatorNS, horizon: chaosHorizon(duration), leases: map[string][]*leaseRec{}, refused: map[string]int{}}
+	if tls {
+		ch.opNS = overlayNS // installed with a kustomize namespace: overlay (config/samples/namespace)
+	}
 	step := func(name string, f func(t *testing.T)) { e.runSteps(t, []envStep{{name, f}}) }
 	t.Cleanup(func() {
 		if ch.pool != nil {
@@ -295,13 +301,20 @@ func (ch *chaos) setup(t *testing.T) {
 	}
 	t.Logf("seeded %d rows, %d due; audit trigger on render_schedule", len(ch.keys), e.sqlDue())
 
-	e.kubectl("create", "namespace", operatorNS)
-	out := e.kubectl("apply", "--server-side", "-k", filepath.Join(e.root, "config", "default"))
-	t.Logf("kubectl apply --server-side -k config/default:\n%s", out)
+	// TestChaosTLS installs into another namespace, as a user with a plain kustomize namespace:
+	// overlay does: the operator must find its Secrets and Service there, and the metrics API
+	// its grants (checked below)
+	install := filepath.Join("config", "default")
+	if ch.opNS != operatorNS {
+		install = filepath.Join("config", "samples", "namespace")
+	}
+	e.kubectl("create", "namespace", ch.opNS)
+	out := e.kubectl("apply", "--server-side", "-k", filepath.Join(e.root, install))
+	t.Logf("kubectl apply --server-side -k %s:\n%s", install, out)
 	e.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd/renderqueues.renderqueue.dev")
-	e.kubectl("-n", operatorNS, "scale", "deployment/renderqueue-operator", "--replicas=2")
+	e.kubectl("-n", ch.opNS, "scale", "deployment/renderqueue-operator", "--replicas=2")
 	e.kubectl("-n", namespace, "create", "secret", "generic", storeSecret, "--from-literal=dsn="+e.c.Postgres.PodDSN)
-	e.kubectl("-n", operatorNS, "rollout", "status", "deployment/renderqueue-operator", "--timeout=150s")
+	e.kubectl("-n", ch.opNS, "rollout", "status", "deployment/renderqueue-operator", "--timeout=150s")
 	manifest := fmt.Sprintf(`apiVersion: renderqueue.dev/v1alpha1
 kind: RenderQueue
 metadata: {name: %s, namespace: %s}
@@ -322,6 +335,7 @@ spec:
 	}
 	e.kubectl("wait", "--for=condition=Ready", "--timeout=120s", "renderqueue/"+queueName)
 	e.exactAndTrue(2*time.Minute, 3)
+	ch.checkMetricsAPI(t)
 	holder, pod := ch.leader(t)
 	t.Logf("operator leader %s (pod %s); kubectl get pods -A:\n%s", holder, pod, e.kubectl("get", "pods", "-A", "-o", "wide"))
 }
@@ -341,7 +355,7 @@ func (ch *chaos) startLoad(t *testing.T) {
 	if err != nil {
 		ch.e.fatalf(t, "reading the API token: %v", err)
 	}
-	disc, err := discovery.RenderQueue(e.c.RESTConfig, namespace, queueName)
+	disc, err := kube.RenderQueue(e.c.RESTConfig, namespace, queueName)
 	if err != nil {
 		ch.e.fatalf(t, "%v", err)
 	}
@@ -724,11 +738,37 @@ func (ch *chaos) caseKillReceiver(t *testing.T) string {
 		victim, st.Membership.Handoff.PrepareEpoch, handoffString(end.Membership.Handoff), end.Membership.Epoch)
 }
 
+// checkMetricsAPI reads renderqueue_due through the aggregator (the APIService, its Service in
+// the operator's namespace, kube-proxy, the operator Pod) and wants the SQL count: the metrics
+// API works where the operator was installed, its certificate Secret and Service found in its
+// own namespace and the aggregator's settings read with its grants.
+func (ch *chaos) checkMetricsAPI(t *testing.T) {
+	e := ch.e
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if err := e.c.WaitAPIServiceAvailable(ctx, "external.metrics.k8s.io", "v1beta1", 60*time.Second); err != nil {
+		e.fatalf(t, "%v", err)
+	}
+	svc := e.kubectl("get", "apiservice", "v1beta1.external.metrics.k8s.io", "-o", "jsonpath={.spec.service.namespace}/{.spec.service.name}")
+	if want := ch.opNS + "/" + metricsAPISvc; svc != want {
+		e.fatalf(t, "the APIService points at %q, want %s", svc, want)
+	}
+	due := e.sqlDue()
+	e.eventually(t, 30*time.Second, 500*time.Millisecond, "renderqueue_due through the aggregator", func() (bool, string) {
+		out, err := e.c.Kubectl(ctx, nil, "get", "--raw", metricPath("renderqueue_due"))
+		if err != nil {
+			return false, err.Error()
+		}
+		return strings.Contains(out, fmt.Sprintf(`"value":"%d"`, due)), out
+	})
+	t.Logf("renderqueue_due %d through the APIService, Service %s and the operator in namespace %s", due, svc, ch.opNS)
+}
+
 // leader returns the holder of the operator's leader Lease and its Pod's name.
 func (ch *chaos) leader(t *testing.T) (holder, pod string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	l, err := ch.e.c.Client.CoordinationV1().Leases(operatorNS).Get(ctx, leaderLease, metav1.GetOptions{})
+	l, err := ch.e.c.Client.CoordinationV1().Leases(ch.opNS).Get(ctx, leaderLease, metav1.GetOptions{})
 	if err != nil {
 		ch.e.fatalf(t, "reading the leader Lease: %v", err)
 	}
@@ -751,7 +791,7 @@ func (ch *chaos) caseKillOperator(t *testing.T) string {
 	if pod == "" {
 		ch.e.fatalf(t, "no operator holds the leader Lease")
 	}
-	pid := ch.kill(t, operatorNS, pod)
+	pid := ch.kill(t, ch.opNS, pod)
 	t.Logf("prepare epoch %d: killed the leading operator %s (pod %s, pid %d)", st.Membership.Handoff.PrepareEpoch, holder, pod, pid)
 	unlock()
 	var next, nextPod string

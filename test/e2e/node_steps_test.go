@@ -253,7 +253,8 @@ spec:
 // stepOOMKill applies a RenderQueue whose keeper's memory limit is far too small: the kernel
 // OOM-kills it (the container's cgroup), the kubelet restarts it into a crash loop, and the
 // RenderQueue's status and `kubectl describe` name OOMKilled, while its count stays inexact (it
-// never loaded). The queue is deleted at the end.
+// never loaded); Prometheus (stepPrometheus's) fires RenderQueueShardFailing for it and exports
+// its count as inexact. The queue is deleted at the end.
 func (e *env) stepOOMKill(t *testing.T) {
 	const name = "tight"
 	manifest := fmt.Sprintf(`apiVersion: renderqueue.dev/v1alpha1
@@ -284,6 +285,34 @@ spec:
 		return strings.Contains(described, "OOMKilled"), conds(q.Status.Conditions)
 	})
 	t.Logf("kubectl describe renderqueue %s (memory limit 12Mi):\n%s", name, described)
+
+	// The alert for it: RenderQueueShardFailing fires (its for: shortened to promRulesFor) from the
+	// operator's renderqueue_queue_shard_state{state="Failing"}.
+	api, ok := e.runningProm()
+	if !ok {
+		t.Log("Prometheus is not running (stepPrometheus left out): RenderQueueShardFailing not checked")
+		return
+	}
+	const alert = "RenderQueueShardFailing"
+	state := "inactive"
+	e.eventually(t, promRulesFor+90*time.Second, 500*time.Millisecond, alert+" firing for "+name, func() (bool, string) {
+		a, err := api.alertOf(alert, namespace, name)
+		if err != nil {
+			return false, err.Error()
+		}
+		if a == nil {
+			return false, "inactive"
+		}
+		if a.State != state {
+			t.Logf("%s %s %s → %s (shard %s, activeAt %s; description: %s)", time.Now().Format("15:04:05.000"), alert,
+				state, a.State, a.Labels["shard"], a.ActiveAt.Format("15:04:05.000"), a.Annotations["description"])
+			state = a.State
+		}
+		return a.State == "firing", a.State
+	})
+	if v, err := api.one(fmt.Sprintf(`renderqueue_queue_due_exact{namespace=%q, renderqueue=%q}`, namespace, name)); err != nil || v != 0 {
+		t.Errorf("renderqueue_queue_due_exact of %s is %v (%v) while %s fires: want 0", name, v, err, alert)
+	}
 }
 
 func podIsReady(p *corev1.Pod) (bool, string) {

@@ -10,7 +10,9 @@ package e2e
 // the per-queue series say what the RenderQueue's status says; the server keeps running through the
 // rebalance and the Pod replacements of the next steps. stepPrometheusAlerts checks that it followed
 // them (every current shard Pod scraped at its current IP), then stops PostgreSQL and watches
-// RenderQueueDueInexact go pending, then firing, and resolve once PostgreSQL is back.
+// RenderQueueDueInexact go pending, then firing, and resolve once PostgreSQL is back. The server
+// runs on until the test ends: stepOOMKill watches RenderQueueShardFailing fire for a shard whose
+// keeper is OOMKilled.
 
 import (
 	"bytes"
@@ -146,16 +148,31 @@ func (p promAPI) alerts() ([]promAlert, error) {
 
 // queueAlert is the alert name of the sample queue, nil when it is inactive.
 func (p promAPI) queueAlert(name string) (*promAlert, error) {
+	return p.alertOf(name, namespace, queueName)
+}
+
+// alertOf is the alert name of the RenderQueue ns/rq, nil when it is inactive.
+func (p promAPI) alertOf(name, ns, rq string) (*promAlert, error) {
 	as, err := p.alerts()
 	if err != nil {
 		return nil, err
 	}
 	for i, a := range as {
-		if a.Labels["alertname"] == name && a.Labels["namespace"] == namespace && a.Labels["renderqueue"] == queueName {
+		if a.Labels["alertname"] == name && a.Labels["namespace"] == ns && a.Labels["renderqueue"] == rq {
 			return &as[i], nil
 		}
 	}
 	return nil, nil
+}
+
+// runningProm is the API of stepPrometheus's server while it runs (ok false when it was never
+// started, as when E2E_STEPS leaves the step out).
+func (e *env) runningProm() (api promAPI, ok bool) {
+	b, err := os.ReadFile(e.promURLFile())
+	if err != nil {
+		return promAPI{}, false
+	}
+	return newPromAPI(strings.TrimSpace(string(b))), true
 }
 
 type promTarget struct {
@@ -540,14 +557,13 @@ func (e *env) stepPrometheus(t *testing.T, cleanup func(func())) {
 
 // stepPrometheusAlerts checks that Prometheus followed the shards (4 now, shard 2 in a new Pod),
 // then stops PostgreSQL: RenderQueueDueInexact goes pending when the queue turns inexact, fires
-// promRulesFor later, and resolves when PostgreSQL is back and the count is exact again. It stops
-// Prometheus at the end.
+// promRulesFor later, and resolves when PostgreSQL is back and the count is exact again.
+// Prometheus runs on for the later steps.
 func (e *env) stepPrometheusAlerts(t *testing.T) {
-	b, err := os.ReadFile(e.promURLFile())
-	if err != nil {
-		t.Fatalf("no Prometheus running (stepPrometheus did not run?): %v", err)
+	api, ok := e.runningProm()
+	if !ok {
+		t.Fatal("no Prometheus running (stepPrometheus did not run?)")
 	}
-	api := newPromAPI(string(b))
 	e.eventually(t, 30*time.Second, time.Second, "Prometheus scraping the operator and every current shard Pod", func() (bool, string) {
 		return e.promTargetsMatch(api)
 	})
@@ -657,12 +673,7 @@ func (e *env) stepPrometheusAlerts(t *testing.T) {
 	t.Logf("%s resolved %s after PostgreSQL came back", alertInexact, time.Since(back).Round(100*time.Millisecond))
 	e.exactAndTrue(time.Minute, 4)
 	e.promSeriesMatch(t, api)
-
-	if _, stderr, err := e.promScript("stop", api.url); err != nil {
-		t.Error(err)
-	} else {
-		t.Log(stderr)
-	}
+	// Prometheus keeps running: stepOOMKill watches RenderQueueShardFailing fire.
 }
 
 // promTargetsMatch reports whether Prometheus's active targets are the operator's Pod and exactly

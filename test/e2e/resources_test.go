@@ -143,7 +143,7 @@ func (ch *chaos) takeResources(t *testing.T, why string) {
 			scrape("keeper", shards.Items, specs.KeeperPort)
 		}
 	}
-	ops, err := ch.e.c.Client.CoreV1().Pods(operatorNS).List(ctx, metav1.ListOptions{})
+	ops, err := ch.e.c.Client.CoreV1().Pods(ch.opNS).List(ctx, metav1.ListOptions{})
 	if err != nil {
 		s.notes = append(s.notes, fmt.Sprintf("listing the operator Pods: %v", err))
 	} else {
