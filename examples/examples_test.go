@@ -89,7 +89,7 @@ func drain(t *testing.T, cmd *exec.Cmd) {
 	defer func() {
 		if cmd.ProcessState == nil {
 			_ = cmd.Process.Kill()
-			<-exited
+			_ = <-exited
 		}
 		if t.Failed() {
 			t.Logf("worker output:\n%s", logs.String())
