@@ -89,7 +89,9 @@ func drain(t *testing.T, cmd *exec.Cmd) {
 	defer func() {
 		if cmd.ProcessState == nil {
 			_ = cmd.Process.Kill()
-			_ = <-exited
+			if err := <-exited; err != nil {
+				t.Logf("the worker, killed: %v", err)
+			}
 		}
 		if t.Failed() {
 			t.Logf("worker output:\n%s", logs.String())
