@@ -30,9 +30,10 @@ DURATION ?= 30m
 .PHONY: all build test bench fmt vet lint run tidy manifests generate verify-generated crd-reference verify-crd-reference dist verify-dist release e2e soak demo docker-build image pause-image
 all: build
 
-build: ## Build bin/renderqueue (and bin/kubectl-renderqueue, the kubectl plugin: a link to it).
+build: ## Build bin/renderqueue (and bin/kubectl-renderqueue, the kubectl plugin, and bin/kubectl_complete-renderqueue, its shell completion: links to it).
 	$(GO) build -o bin/renderqueue ./cmd/renderqueue
 	ln -sf renderqueue bin/kubectl-renderqueue
+	ln -sf renderqueue bin/kubectl_complete-renderqueue
 
 test: ## Run every test (starts a throwaway PostgreSQL; builds envtest binaries once; installs promtool when missing).
 	hack/test.sh $(PKGS)

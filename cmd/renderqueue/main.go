@@ -12,7 +12,9 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"sort"
+	"strings"
 	"syscall"
 
 	"github.com/renderqueue/renderqueue/internal/cli"
@@ -72,6 +74,10 @@ func usage(w io.Writer, cmds map[string]command) {
 }
 
 func main() {
+	if strings.TrimSuffix(filepath.Base(os.Args[0]), ".exe") == completeName {
+		runComplete(context.Background(), os.Args[1:], os.Stdout) // linked as the plugin's completion
+		return
+	}
 	os.Exit(run(pluginArgs(os.Args), os.Stdout, os.Stderr))
 }
 
