@@ -61,21 +61,24 @@ run: ## Local end-to-end run: throwaway PostgreSQL, seed 200k rows, standalone k
 tidy:
 	$(GO) mod tidy
 
-manifests: ## Generate the CRDs (config/crd/bases) and RBAC (config/rbac) from the kubebuilder markers.
+manifests: ## Generate the CRDs (config/crd/bases) and RBAC (config/rbac) from the kubebuilder markers; copy the CRD and config/prometheus into the Helm chart.
 	$(CONTROLLER_GEN) crd paths=./api/... output:crd:artifacts:config=config/crd/bases
 	@if [ -d controllers ]; then \
 	  echo $(CONTROLLER_GEN) rbac:roleName=renderqueue-operator paths=./controllers/... output:rbac:artifacts:config=config/rbac; \
 	  $(CONTROLLER_GEN) rbac:roleName=renderqueue-operator paths=./controllers/... output:rbac:artifacts:config=config/rbac; \
 	fi
+	cp config/crd/bases/renderqueue.dev_renderqueues.yaml charts/renderqueue/crds/
+	cp config/prometheus/podmonitor-operator.yaml config/prometheus/podmonitor-keepers.yaml \
+	  config/prometheus/podmonitor-workers.yaml config/prometheus/prometheusrule.yaml charts/renderqueue/files/
 
 generate: ## Generate the deepcopy methods of the API types.
 	$(CONTROLLER_GEN) object paths=./api/...
 
 verify-generated: manifests generate ## Fail when the committed generated files are not current.
-	@out=$$(git status --porcelain -- api config/crd config/rbac); \
+	@out=$$(git status --porcelain -- api config/crd config/rbac charts/renderqueue/crds charts/renderqueue/files); \
 	if [ -n "$$out" ]; then \
 	  echo "generated files are not current; run 'make manifests generate' and commit:"; \
-	  echo "$$out"; git --no-pager diff --stat -- api config/crd config/rbac; exit 1; \
+	  echo "$$out"; git --no-pager diff --stat -- api config/crd config/rbac charts/renderqueue/crds charts/renderqueue/files; exit 1; \
 	fi
 
 crd-reference: ## Write docs/crd-reference.md, the RenderQueue API reference, from the Go types (hack/crdref).

@@ -4,6 +4,7 @@
 #
 #   renderqueue-VERSION.oci.tar              the image (make image: IMAGE_PLATFORMS), an OCI layout archive
 #   renderqueue-VERSION.oci.tar.digest       its index digest (what a registry reports after a push)
+#   renderqueue-MAJOR.MINOR.PATCH.tgz        the Helm chart (charts/renderqueue), the image pinned by digest
 #   install.yaml, install-without-metrics-api.yaml
 #                                            config/default and config/without-metrics-api, the image
 #                                            pinned by tag and digest (REPO:VERSION@sha256:...)
@@ -18,7 +19,8 @@
 # REPO (the image repository, default ghcr.io/renderqueue/renderqueue), IMAGE_PLATFORMS (default
 # linux/amd64 linux/arm64), RELEASE_PLATFORMS (default linux/amd64 linux/arm64 darwin/amd64
 # darwin/arm64), CHANGELOG (default CHANGELOG.md: it must have a section "## [VERSION] - DATE"),
-# SOURCE_DATE_EPOCH (the archives' times; default the commit's), GO, MAKE.
+# SOURCE_DATE_EPOCH (the archives' times; default the commit's), GO, MAKE, HELM (default
+# $RENDERQUEUE_HELM, else hack/helm.sh's).
 # Usage: hack/release.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -66,6 +68,13 @@ echo "$digest" >"$OUT/renderqueue-$VERSION.oci.tar.digest"
 # The install manifests, pinned to the image by digest.
 DIST_DIR="$work/dist" VERSION="$VERSION" IMG="$REPO:$VERSION@$digest" hack/dist.sh write >/dev/null
 cp "$work/dist/install.yaml" "$work/dist/install-without-metrics-api.yaml" "$OUT/"
+
+# The Helm chart: its version the release's (without the v), the image pinned by tag and digest.
+HELM=${HELM:-${RENDERQUEUE_HELM:-$(hack/helm.sh | tail -n 1)}}
+cp -r charts/renderqueue "$work/chart"
+sed -i -e "s|^  tag: \"\"|  tag: \"$VERSION\"|" -e "s|^  digest: \"\"|  digest: \"$digest\"|" "$work/chart/values.yaml"
+grep -q "^  digest: \"$digest\"" "$work/chart/values.yaml" || die "could not pin the chart's image (values.yaml's image.digest)"
+"$HELM" package "$work/chart" --version "${VERSION#v}" --app-version "$VERSION" --destination "$OUT" >/dev/null
 
 # The binaries (the flags of make image's, so linux's are the image's), and the plugin archives.
 for p in $RELEASE_PLATFORMS; do

@@ -33,6 +33,14 @@ if [ "$(id -u)" = 0 ]; then
   hack/node.sh install >/dev/null
 fi
 
+# Helm for the chart's tests (charts/) and the end-to-end Helm install: built once through the
+# Go module proxy and cached (hack/helm.sh); RENDERQUEUE_HELM=/path/to/helm uses another binary.
+if [ -z "${RENDERQUEUE_HELM:-}" ]; then
+  echo "test: locating helm (built once, then cached)" >&2
+  RENDERQUEUE_HELM=$(hack/helm.sh | tail -n 1)
+  export RENDERQUEUE_HELM
+fi
+
 # Headless Chromium for the console's browser tests (pkg/console, test/e2e): installed with
 # apt-get when missing (hack/chromium.sh); a setup that cannot provide it fails here, loudly,
 # rather than letting the browser tests skip. CHROMIUM=/path/to/chromium uses another binary.

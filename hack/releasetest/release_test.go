@@ -172,6 +172,33 @@ func TestRelease(t *testing.T) {
 		}
 	}
 
+	// the Helm chart: the release's version, the image pinned by digest
+	chart := untar(t, gunzip(t, read("renderqueue-"+strings.TrimPrefix(version, "v")+".tgz")))
+	var meta struct {
+		Version    string `json:"version"`
+		AppVersion string `json:"appVersion"`
+	}
+	if err := yaml.Unmarshal(chart["renderqueue/Chart.yaml"], &meta); err != nil {
+		t.Fatal(err)
+	}
+	if meta.Version != strings.TrimPrefix(version, "v") || meta.AppVersion != version {
+		t.Errorf("the chart is version %q, appVersion %q; want %s, %s", meta.Version, meta.AppVersion, strings.TrimPrefix(version, "v"), version)
+	}
+	var values struct {
+		Image struct {
+			Repository, Tag, Digest string
+		} `json:"image"`
+	}
+	if err := yaml.Unmarshal(chart["renderqueue/values.yaml"], &values); err != nil {
+		t.Fatal(err)
+	}
+	if values.Image.Repository != repo || values.Image.Tag != version || values.Image.Digest != digest {
+		t.Errorf("the chart's image is %+v, want %s:%s@%s", values.Image, repo, version, digest)
+	}
+	if chart["renderqueue/crds/renderqueue.dev_renderqueues.yaml"] == nil {
+		t.Error("the chart has no CRD")
+	}
+
 	// the binaries: the version they print, the plugin archives holding the same bytes, the krew
 	// manifest naming those archives by checksum
 	var krew struct {

@@ -102,7 +102,10 @@ func TestDiscoveryRenderQueueFollowsRebalance(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := newClient(t, client.Options{Discovery: d, Token: "t0k", Batch: 5})
+	// Leases of 5 s: a completion sent to web-shard-0 once it has stopped (below) cannot reach
+	// anyone, and its row is rendered again only after its lease ended (the receiver holds the
+	// handed-over lease until then) — with the default minute, past the test's waits under load.
+	c := newClient(t, client.Options{Discovery: d, Token: "t0k", Batch: 5, Lease: 5 * time.Second})
 	var inRender atomic.Int64
 	runErr := make(chan error, 1)
 	// renders are slow enough that leases are held on the givers while slots move

@@ -29,8 +29,10 @@ import (
 //
 // A worker whose lease moved with its slot and that completes, releases or extends on the giver
 // is answered with the receiver's URL (shardapi.ItemResult.MovedTo, ErrMoved); pkg/client sends
-// the item there once. A receiver asked about a lease of a slot whose handover it still awaits
-// answers 503 (ErrHandoverPending): nothing is done, and the request is sent again.
+// the item there once. A receiver asked about a lease it does not know of a slot still arriving —
+// incoming (it has not adopted the commit yet: the giver, which adopts first, may already send
+// workers here) or its handover awaited — answers 503 (ErrHandoverPending): nothing is done, and
+// the request is sent again.
 
 // Peer is another shard of the queue, as the membership knows it.
 type Peer struct {
@@ -324,21 +326,27 @@ func (s *Shard) movedTo(now time.Time, key string, token uint64) error {
 	return nil
 }
 
-// handoverPending says whether key is held here in a slot whose handover is awaited, with token
-// not (yet) a lease of it. Called with s.mu held.
+// handoverPending says whether key is held here in a slot that is arriving — its handover awaited,
+// or still incoming (prepared, the commit not adopted here yet: its giver may have adopted it and
+// sent the worker here with movedTo already) — with token not (yet) a lease of it: the lease may
+// be the giver's, on its way. Called with s.mu held.
 func (s *Shard) handoverPending(now time.Time, key string, token uint64) bool {
-	if len(s.awaiting) == 0 {
+	if !s.slotsArriving() {
 		return false
 	}
 	sl, held := s.core.SlotOfHeld(key)
 	if !held {
 		return false
 	}
-	if _, ok := s.awaiting[sl]; !ok {
+	if _, ok := s.awaiting[sl]; !ok && !s.settings.Incoming.Has(sl) {
 		return false
 	}
 	return s.core.CheckLease(now, key, token) != nil
 }
+
+// slotsArriving says whether any slot is coming to this shard: incoming, or its handover awaited.
+// Called with s.mu held.
+func (s *Shard) slotsArriving() bool { return len(s.awaiting) > 0 || !s.settings.Incoming.IsEmpty() }
 
 // runHandovers asks the givers of the slots this shard awaits for their handover, until ctx ends:
 // again every handoverRetry while one still owns its slots or does not answer, and, for a giver

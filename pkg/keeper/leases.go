@@ -353,10 +353,11 @@ func (s *Shard) orMoved(now time.Time, it CompleteItem, err error) error {
 	return err
 }
 
-// anyHandoverPending says whether an item's lease may still arrive with a handover this shard
-// awaits: then the request is answered ErrHandoverPending, nothing done. Called with s.mu held.
+// anyHandoverPending says whether an item's lease may still arrive with a slot coming to this
+// shard (handoverPending): then the request is answered ErrHandoverPending, nothing done. Called
+// with s.mu held.
 func (s *Shard) anyHandoverPending(now time.Time, items []CompleteItem) bool {
-	if len(s.awaiting) == 0 {
+	if !s.slotsArriving() {
 		return false
 	}
 	for _, it := range items {

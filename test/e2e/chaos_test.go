@@ -193,9 +193,11 @@ func runChaos(t *testing.T, tls bool, only []string) {
 			t.Fatalf("CHAOS_DURATION=%q: want a positive Go duration such as 30m", d)
 		}
 	}
-	ch := &chaos{e: e, tls: tls, opNS: operatorNS, horizon: chaosHorizon(duration), leases: map[string][]*leaseRec{}, refused: map[string]int{}}
+	// TestChaos installs the operator with Helm (charts/renderqueue) into a namespace of its own,
+	// TestChaosTLS with a kustomize namespace: overlay (config/samples/namespace)
+	ch := &chaos{e: e, tls: tls, opNS: helmNS, horizon: chaosHorizon(duration), leases: map[string][]*leaseRec{}, refused: map[string]int{}}
 	if tls {
-		ch.opNS = overlayNS // installed with a kustomize namespace: overlay (config/samples/namespace)
+		ch.opNS = overlayNS
 	}
 	step := func(name string, f func(t *testing.T)) { e.runSteps(t, []envStep{{name, f}}) }
 	t.Cleanup(func() {
@@ -301,16 +303,32 @@ func (ch *chaos) setup(t *testing.T) {
 	}
 	t.Logf("seeded %d rows, %d due; audit trigger on render_schedule", len(ch.keys), e.sqlDue())
 
-	// TestChaosTLS installs into another namespace, as a user with a plain kustomize namespace:
-	// overlay does: the operator must find its Secrets and Service there, and the metrics API
-	// its grants (checked below)
-	install := filepath.Join("config", "default")
-	if ch.opNS != operatorNS {
-		install = filepath.Join("config", "samples", "namespace")
+	// Neither in renderqueue-system: the operator must find its Secrets and Service in its own
+	// namespace, and the metrics API its grants (checked below). TestChaos installs as a Helm
+	// user does (helm install into a new namespace, default values), TestChaosTLS as a user with
+	// a plain kustomize namespace: overlay.
+	if ch.tls {
+		install := filepath.Join("config", "samples", "namespace")
+		e.kubectl("create", "namespace", ch.opNS)
+		out := e.kubectl("apply", "--server-side", "-k", filepath.Join(e.root, install))
+		t.Logf("kubectl apply --server-side -k %s:\n%s", install, out)
+	} else {
+		h := os.Getenv("RENDERQUEUE_HELM") // hack/test.sh's; else hack/helm.sh finds or builds it
+		if h == "" {
+			out, err := execOut(filepath.Join(e.root, "hack", "helm.sh"))
+			if err != nil {
+				ch.e.fatalf(t, "hack/helm.sh: %v\n%s", err, out)
+			}
+			lines := strings.Split(strings.TrimSpace(out), "\n")
+			h = lines[len(lines)-1]
+		}
+		out, err := execOut(h, "install", "renderqueue", filepath.Join(e.root, "charts", "renderqueue"), "--namespace", ch.opNS,
+			"--create-namespace", "--kubeconfig", e.c.Kubeconfig)
+		if err != nil {
+			ch.e.fatalf(t, "helm install: %v\n%s", err, out)
+		}
+		t.Logf("helm install renderqueue charts/renderqueue --namespace %s --create-namespace:\n%s", ch.opNS, out)
 	}
-	e.kubectl("create", "namespace", ch.opNS)
-	out := e.kubectl("apply", "--server-side", "-k", filepath.Join(e.root, install))
-	t.Logf("kubectl apply --server-side -k %s:\n%s", install, out)
 	e.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd/renderqueues.renderqueue.dev")
 	e.kubectl("-n", ch.opNS, "scale", "deployment/renderqueue-operator", "--replicas=2")
 	e.kubectl("-n", namespace, "create", "secret", "generic", storeSecret, "--from-literal=dsn="+e.c.Postgres.PodDSN)

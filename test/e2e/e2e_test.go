@@ -50,6 +50,7 @@ const (
 	queueName     = "web" // config/samples
 	operatorNS    = "renderqueue-system"
 	overlayNS     = "platform-rq" // config/samples/namespace's (TestChaosTLS installs there)
+	helmNS        = "rq-helm"     // TestChaos installs the Helm chart there
 	operatorSA    = "renderqueue-operator"
 	metricsAPISvc = "renderqueue-metrics-api"
 	seedRows      = 20000
@@ -900,7 +901,7 @@ func (e *env) dumpLogs() {
 		b, _ := os.ReadFile(f.Path)
 		lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
 		n := 20
-		if f.Namespace == operatorNS || f.Namespace == overlayNS {
+		if f.Namespace == operatorNS || f.Namespace == overlayNS || f.Namespace == helmNS {
 			n = 60
 		}
 		if len(lines) > n {
