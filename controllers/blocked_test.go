@@ -81,13 +81,8 @@ func withLooseCRD(create func(g Gomega)) {
 // containing text, and a warning event saying so; and checks that rq has no shard Pods.
 func expectBlocked(rq *rqv1.RenderQueue, reason, text string) {
 	GinkgoHelper()
+	expectReconciledFalse(rq, reason, text)
 	Eventually(func(g Gomega) {
-		got := getQueue(g, rq)
-		c := condOf(got, rqv1.ConditionReconciled)
-		g.Expect(c.Status).To(Equal(metav1.ConditionFalse))
-		g.Expect(c.Reason).To(Equal(reason))
-		g.Expect(c.Message).To(ContainSubstring(text))
-		g.Expect(c.ObservedGeneration).To(Equal(got.Generation))
 		g.Expect(eventMessage(g, rq, reason)).To(ContainSubstring(text))
 	}).WithTimeout(15 * time.Second).Should(Succeed())
 	var pods corev1.PodList

@@ -143,8 +143,8 @@ var _ = Describe("Shard TLS from a Secret you provide", func() {
 })
 
 // expectReconciledFalse waits for rq's Reconciled condition to be False with reason and a
-// message containing text, for its current generation. (expectBlocked also wants an event, which
-// is emitted when the condition turns False, not when its message changes.)
+// message containing text, for its current generation. (expectBlocked also wants the event,
+// which is emitted when the condition turns False, not when only its message changes.)
 func expectReconciledFalse(rq *rqv1.RenderQueue, reason, text string) {
 	GinkgoHelper()
 	Eventually(func(g Gomega) {
