@@ -61,6 +61,25 @@ type metricsAPIExtension struct {
 // Flags registers --metrics-api and its serving options.
 func (e *metricsAPIExtension) Flags(fs *flag.FlagSet) { e.opts.BindFlags(fs) }
 
+// inNamespace qualifies --metrics-api-cert-secret and --metrics-api-service given as bare names
+// with ns, the operator's own namespace (pkg/metricsapi takes namespace/name).
+func (e *metricsAPIExtension) inNamespace(ns string) error {
+	for _, f := range []struct {
+		flag string
+		v    *string
+	}{{"--metrics-api-cert-secret", &e.opts.CertSecret}, {"--metrics-api-service", &e.opts.Service}} {
+		if *f.v == "" {
+			continue
+		}
+		n, err := cli.NamespacedName(f.flag, *f.v, ns)
+		if err != nil {
+			return err
+		}
+		*f.v = n.String()
+	}
+	return nil
+}
+
 // Setup adds the metrics API server to mgr when --metrics-api is set. Its delegated
 // authentication and authorization use the operator's own credentials: the kubeconfig file the
 // operator was started with, or in a Pod the in-cluster configuration (unless
@@ -190,7 +209,9 @@ func runOperator(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	}
 	for _, e := range exts {
 		if m, ok := e.(*metricsAPIExtension); ok {
-			m.opts.Namespace = ownNS
+			if err := m.inNamespace(ownNS); err != nil {
+				return err
+			}
 		}
 	}
 

@@ -194,3 +194,25 @@ func TestKubeconfigFile(t *testing.T) {
 		})
 	}
 }
+
+// TestMetricsAPINamesInOwnNamespace: --metrics-api-cert-secret and --metrics-api-service given as
+// bare names (as config/metrics-api gives them) are the operator's namespace's; namespace/name
+// stays; a malformed one is refused naming its flag.
+func TestMetricsAPINamesInOwnNamespace(t *testing.T) {
+	e := &metricsAPIExtension{}
+	e.opts.CertSecret, e.opts.Service = "renderqueue-metrics-api-tls", "other/renderqueue-metrics-api"
+	if err := e.inNamespace("platform-rq"); err != nil {
+		t.Fatal(err)
+	}
+	if e.opts.CertSecret != "platform-rq/renderqueue-metrics-api-tls" || e.opts.Service != "other/renderqueue-metrics-api" {
+		t.Errorf("got %q and %q", e.opts.CertSecret, e.opts.Service)
+	}
+	e = &metricsAPIExtension{}
+	if err := e.inNamespace("platform-rq"); err != nil || e.opts.CertSecret != "" || e.opts.Service != "" {
+		t.Errorf("unset flags: %v, %q, %q; want them left unset", err, e.opts.CertSecret, e.opts.Service)
+	}
+	e.opts.Service = "a/b/c"
+	if err := e.inNamespace("platform-rq"); err == nil || !strings.Contains(err.Error(), "--metrics-api-service") {
+		t.Errorf("a/b/c: %v, want an error naming --metrics-api-service", err)
+	}
+}

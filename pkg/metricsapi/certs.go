@@ -283,14 +283,11 @@ func (s *servingCerts) run(ctx context.Context, every time.Duration) {
 	}
 }
 
-// parseNamespacedName parses "namespace/name", or a bare name in defaultNS when that is set.
-func parseNamespacedName(flag, v, defaultNS string) (types.NamespacedName, error) {
+// parseNamespacedName parses "namespace/name".
+func parseNamespacedName(flag, v string) (types.NamespacedName, error) {
 	ns, name, ok := strings.Cut(v, "/")
-	if !ok {
-		ns, name = defaultNS, v
-	}
-	if ns == "" || name == "" || strings.Contains(name, "/") {
-		return types.NamespacedName{}, fmt.Errorf("%s %q is not namespace/name (nor a name in the operator's namespace)", flag, v)
+	if !ok || ns == "" || name == "" || strings.Contains(name, "/") {
+		return types.NamespacedName{}, fmt.Errorf("%s %q is not namespace/name", flag, v)
 	}
 	return types.NamespacedName{Namespace: ns, Name: name}, nil
 }

@@ -95,10 +95,6 @@ type Options struct {
 	// when zero.
 	CertRefresh time.Duration
 
-	// Namespace is where CertSecret and Service are when they name no namespace: the
-	// operator's own. Empty: they must be namespace/name.
-	Namespace string
-
 	// Logger receives the provider's request errors (V(1)) and the server's lifecycle. The
 	// generic API server underneath logs through klog.
 	Logger logr.Logger
@@ -254,14 +250,14 @@ func NewServer(opts Options) (*Server, error) {
 
 // newServingCerts builds the keeper of Options.CertSecret's certificate (not synced yet).
 func newServingCerts(opts Options) (*servingCerts, error) {
-	secret, err := parseNamespacedName("metrics API: --metrics-api-cert-secret", opts.CertSecret, opts.Namespace)
+	secret, err := parseNamespacedName("metrics API: --metrics-api-cert-secret", opts.CertSecret)
 	if err != nil {
 		return nil, err
 	}
 	if opts.Service == "" {
 		return nil, errors.New("metrics API: --metrics-api-cert-secret needs --metrics-api-service (the certificate's DNS names)")
 	}
-	svc, err := parseNamespacedName("metrics API: --metrics-api-service", opts.Service, opts.Namespace)
+	svc, err := parseNamespacedName("metrics API: --metrics-api-service", opts.Service)
 	if err != nil {
 		return nil, err
 	}

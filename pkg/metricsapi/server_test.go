@@ -9,7 +9,6 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
@@ -110,9 +109,7 @@ func TestServer(t *testing.T) {
 	asOperator.Impersonate = rest.ImpersonationConfig{UserName: operatorSA}
 	srv, err := metricsapi.NewServer(metricsapi.Options{
 		Reader: k8s, RESTConfig: asOperator, AuthKubeconfig: delegation, Listener: lis, Logger: testr.New(t),
-		// as config/metrics-api names them: in the operator's namespace
-		CertSecret: strings.TrimPrefix(certSecret, "renderqueue-system/"), Service: strings.TrimPrefix(svcName, "renderqueue-system/"),
-		Namespace: "renderqueue-system", CertRefresh: 500 * time.Millisecond,
+		CertSecret: certSecret, Service: svcName, CertRefresh: 500 * time.Millisecond,
 	})
 	g.Expect(err).NotTo(HaveOccurred())
 	srvCtx, stopSrv := context.WithCancel(ctx)
