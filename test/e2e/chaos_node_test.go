@@ -25,10 +25,10 @@ import (
 const cutFor = 30 * time.Second
 
 // seenCutWithin bounds how long a shard cut from PostgreSQL may still be reported exact: its
-// change-event connection is checked with a round trip after 15 s without an event
-// (changes.Config.HealthInterval) that fails at once or within 10 s, and the operator polls the
-// shards every 10 s (config/manager's --shard-poll-interval); a margin on top.
-const seenCutWithin = 50 * time.Second
+// change-event connection is checked with a round trip after 5 s without an event
+// (changes.Config.HealthInterval) that fails within 5 s more, and the operator polls the shards
+// every 10 s (config/manager's --shard-poll-interval); a margin on top.
+const seenCutWithin = 30 * time.Second
 
 // iptablesIn adds rules (each an iptables argument list after -I CHAIN) in the network namespace
 // of a Pod and returns the function that removes them again (idempotent; a Pod that is gone by

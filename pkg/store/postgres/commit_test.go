@@ -3,6 +3,7 @@ package postgres
 import (
 	"context"
 	"fmt"
+	"github.com/jackc/pgx/v5"
 	"math/rand/v2"
 	"net"
 	"os"
@@ -139,5 +140,74 @@ func TestUnixSendBuffer(t *testing.T) {
 	}
 	if want := 2 * min(unixSendBuffer, wmemMax); got != want {
 		t.Errorf("send buffer %d bytes, want %d (twice the smaller of %d and net.core.wmem_max %d)", got, want, unixSendBuffer, wmemMax)
+	}
+}
+
+// TestTCPUserTimeout checks that the store's TCP connections carry Options.TCPUserTimeout as
+// TCP_USER_TIMEOUT (15s by default; a negative value leaves the kernel's default, 0), so that a
+// write sent into a partition cannot land after the kernel gave up on it, and that the server
+// side of each connection has keepalives and the same user timeout (withServerKeepalives).
+func TestTCPUserTimeout(t *testing.T) {
+	for _, tc := range []struct {
+		opt  time.Duration // Options.TCPUserTimeout
+		want int           // the socket's TCP_USER_TIMEOUT in milliseconds
+	}{
+		{0, 15000},
+		{3 * time.Second, 3000},
+		{-1, 0},
+	} {
+		_, dsn := openTestStore(t, Options{})
+		cfg, err := pgx.ParseConfig(dsn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.HasPrefix(cfg.Host, "/") {
+			// hack/postgres.sh's cluster listens on its Unix socket and on the loopback address
+			dsn += " host=127.0.0.1"
+		}
+		s, err := Open(context.Background(), dsn, Options{TCPUserTimeout: tc.opt})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = s.Close() })
+		c, err := s.pool.Acquire(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		tcp, ok := c.Conn().PgConn().Conn().(*net.TCPConn)
+		if !ok {
+			c.Release()
+			t.Fatalf("the connection is a %T, not TCP", c.Conn().PgConn().Conn())
+		}
+		raw, err := tcp.SyscallConn()
+		if err != nil {
+			c.Release()
+			t.Fatal(err)
+		}
+		var got int
+		var serr error
+		if err := raw.Control(func(fd uintptr) {
+			got, serr = syscall.GetsockoptInt(int(fd), syscall.IPPROTO_TCP, 0x12 /* TCP_USER_TIMEOUT */)
+		}); err != nil {
+			t.Fatal(err)
+		}
+		// the server's side: keepalives that drop a connection whose client stopped answering
+		// within about a minute, and the same user timeout
+		var settings string
+		err = c.QueryRow(context.Background(), `SELECT string_agg(name || '=' || setting, ' ' ORDER BY name) FROM pg_settings
+			WHERE name IN ('tcp_keepalives_idle', 'tcp_keepalives_interval', 'tcp_keepalives_count', 'tcp_user_timeout')`).Scan(&settings)
+		c.Release()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if serr != nil {
+			t.Fatal(serr)
+		}
+		if got != tc.want {
+			t.Errorf("TCPUserTimeout %v: TCP_USER_TIMEOUT %dms, want %d", tc.opt, got, tc.want)
+		}
+		if want := fmt.Sprintf("tcp_keepalives_count=3 tcp_keepalives_idle=30 tcp_keepalives_interval=10 tcp_user_timeout=%d", tc.want); settings != want {
+			t.Errorf("TCPUserTimeout %v: the server's settings for the connection are %q, want %q", tc.opt, settings, want)
+		}
 	}
 }

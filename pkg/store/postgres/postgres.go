@@ -32,7 +32,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"sync"
 	"time"
 
@@ -81,8 +80,13 @@ type Options struct {
 	// 50ms and 5s.
 	ReconnectMin, ReconnectMax time.Duration
 	// HealthInterval is how long an idle subscription connection waits before checking it is alive
-	// with a round trip. Default 15s.
+	// with a round trip. Default 5s (changes.Config).
 	HealthInterval time.Duration
+	// TCPUserTimeout is how long data sent on a TCP connection to the database (the pool's, the
+	// subscriptions') may stay unacknowledged before the kernel drops the connection
+	// (TCP_USER_TIMEOUT, Linux): how long a write sent into a partition can still land. Default
+	// 15s; negative: the kernel's default (retransmissions for about 15 minutes). See dialer.
+	TCPUserTimeout time.Duration
 	// EventMaxAge is how far from the database's current time (as last measured) a change event
 	// payload's signing time may be; a payload signed earlier (delayed, held in a long
 	// transaction, or replayed) or later is dropped as a gap. Default 5m.
@@ -149,6 +153,9 @@ func (o *Options) setDefaults() {
 	if o.FlushRows <= 0 {
 		o.FlushRows = 5000
 	}
+	if o.TCPUserTimeout == 0 {
+		o.TCPUserTimeout = 15 * time.Second
+	}
 	// The subscriptions' options take their defaults in changes.Config.
 }
 
@@ -177,8 +184,12 @@ func Open(ctx context.Context, dsn string, opts Options) (*Store, error) {
 		return nil, fmt.Errorf("parsing the database DSN: %w", err)
 	}
 	poolCfg.MaxConns = opts.MaxConns
+	poolCfg.ConnConfig.DialFunc = dialer(opts.TCPUserTimeout)
+	if poolCfg.ConnConfig.RuntimeParams == nil {
+		poolCfg.ConnConfig.RuntimeParams = map[string]string{}
+	}
+	withServerKeepalives(poolCfg.ConnConfig.RuntimeParams, opts.TCPUserTimeout)
 	connCfg := poolCfg.ConnConfig.Config.Copy()
-	poolCfg.ConnConfig.DialFunc = withUnixSendBuffer(poolCfg.ConnConfig.DialFunc)
 	pool, err := pgxpool.NewWithConfig(ctx, poolCfg)
 	if err != nil {
 		return nil, fmt.Errorf("connecting to the database: %w", err)
@@ -199,36 +210,6 @@ func Open(ctx context.Context, dsn string, opts Options) (*Store, error) {
 	}
 	go s.committer()
 	return s, nil
-}
-
-// unixSendBuffer is the send buffer the pool's connections ask for on a Unix socket.
-//
-// Over a Unix socket the sender's buffer is all that may be in flight, 208 KiB by default
-// (net.core.wmem_default), and a group commit's UPDATE of 5,000 completions is ~460 KB of
-// parameters. Its write then stops twice or more until the backend has read what was sent, and
-// each time this process's goroutine must be woken to send the rest. In a busy process that
-// wake-up waits for the scheduler (Go polls the network only when it has nothing else to run, or
-// from its monitor every 10 ms), and PostgreSQL, which cannot start the statement before it has
-// all of it, waits too: in `renderqueue bench` both group-commit backends were waiting on this
-// process 4.5–6.5% of the time, most often for the rest of a statement's parameters
-// (docs/benchmarks.md, "A group's statement in one write"). The kernel caps the request at twice
-// net.core.wmem_max. Over TCP the kernel sizes the buffers itself (setting one would stop that).
-const unixSendBuffer = 4 << 20
-
-// withUnixSendBuffer wraps dial so that Unix-socket connections ask for unixSendBuffer.
-func withUnixSendBuffer(dial pgconn.DialFunc) pgconn.DialFunc {
-	return func(ctx context.Context, network, addr string) (net.Conn, error) {
-		c, err := dial(ctx, network, addr)
-		if err != nil {
-			return nil, err
-		}
-		if u, ok := c.(*net.UnixConn); ok {
-			// a hint, like the kernel's cap on it: a connection that cannot have it works as well,
-			// only slower under load
-			_ = u.SetWriteBuffer(unixSendBuffer)
-		}
-		return c, nil
-	}
 }
 
 // Pool returns the store's connection pool (for tools and tests that need plain SQL).

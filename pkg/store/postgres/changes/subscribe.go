@@ -51,7 +51,8 @@ type Config struct {
 	// ReconnectMin and ReconnectMax bound the backoff of reconnects. Defaults 50ms and 5s.
 	ReconnectMin, ReconnectMax time.Duration
 	// HealthInterval is how long an idle connection waits before checking it is alive with a
-	// round trip. Default 15s.
+	// round trip, which must be answered within HealthInterval (at least healthCheckTimeout).
+	// Default 5s: a connection cut off is found within 10s.
 	HealthInterval time.Duration
 	// EventMaxAge is how far from the database's current time (as last measured) a payload's
 	// signing time may be; a payload signed earlier or later is dropped as a gap. Default 5m.
@@ -91,7 +92,7 @@ func (c *Config) setDefaults() {
 		}
 	}
 	if c.HealthInterval <= 0 {
-		c.HealthInterval = 15 * time.Second
+		c.HealthInterval = 5 * time.Second
 	}
 	if c.EventMaxAge <= 0 {
 		c.EventMaxAge = 5 * time.Minute
@@ -403,6 +404,9 @@ func (sub *Subscription) readKey(ctx context.Context, conn *pgconn.PgConn) error
 // signatures (after a rotation, the first payload signed with the new key prompts one).
 const keyRefreshInterval = time.Second
 
+// healthCheckTimeout is the least time an idle connection's check is given to be answered.
+const healthCheckTimeout = 5 * time.Second
+
 // open checks a notification and returns its body: signed by the schema's triggers with the
 // current key (read again, at most once per keyRefreshInterval, when the signature does not
 // match: the key may have been rotated; conn is nil when the connection is gone), fresh, and
@@ -576,7 +580,9 @@ func (sub *Subscription) serve(ctx context.Context, conn *pgconn.PgConn) error {
 			return err
 		}
 		if timedOut {
-			pctx, pcancel := context.WithTimeout(ctx, 10*time.Second)
+			// a check that gets no answer within this is a lost connection (a partition): the gap
+			// is signalled, so the keeper stops claiming exactness, within HealthInterval plus this
+			pctx, pcancel := context.WithTimeout(ctx, max(sub.opts.HealthInterval, healthCheckTimeout))
 			_, perr := conn.Exec(pctx, "SELECT 1").ReadAll()
 			pcancel()
 			sub.deliverPending(conn)
