@@ -2,8 +2,10 @@ package main
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -60,6 +62,9 @@ func TestSimulate(t *testing.T) {
 		{[]string{"--load", "1", "--fleet", fleet, "--rows", "10"}, "--rows describes the seed mix"},
 		{[]string{"--load", "1", "--fleet", "/nonexistent.yaml"}, "reading the fleet"},
 		{[]string{"--load", "1", "--duration", "0s"}, "duration 0s"},
+		{[]string{"--load", "1", "--max-workers", "5"}, "--max-workers bounds the search of --objectives"},
+		{[]string{"--load", "1", "--objectives", "/nonexistent.yaml"}, "reading the objectives"},
+		{[]string{"--load", "1", "--objectives", fleet}, "no objectives"},
 	} {
 		errb.Reset()
 		out.Reset()
@@ -81,5 +86,46 @@ func TestSimulateDefaultsAreTheKeepers(t *testing.T) {
 	if d.SubmittedBoost != boost || d.UrgentMaxShare != share || d.Reschedule != resched || len(d.Floors) != 0 ||
 		d.Reschedule != policy.Adaptive || d.StarvationBound != policy.DefaultStarvationBound {
 		t.Errorf("simulate.DefaultKeeper() = %+v; the API's defaults are submittedBoost %v, urgentMaxShare %v, reschedule %v", d, boost, share, resched)
+	}
+}
+
+// TestSimulateObjectives: `renderqueue simulate --objectives` prints how the run keeps each
+// objective, then searches the fewest workers that keep them all, and the count it prints keeps
+// them in a run of its own while one worker fewer does not.
+func TestSimulateObjectives(t *testing.T) {
+	dir := t.TempDir()
+	objs := filepath.Join(dir, "objectives.yaml")
+	if err := os.WriteFile(objs, []byte(`objectives:
+  - {name: hourly, class: {maxCadence: 1h}, percentile: "99", maxLateness: 10m}
+  - {name: slow, class: {minCadence: 24h}, percentile: "95", maxLateness: 12h}
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	common := []string{"simulate", "--rows", "5000", "--homepages", "10", "--backlog", "0.2", "--duration", "48h", "--measure-from", "24h",
+		"--render-time", "1m", "--objectives", objs}
+	var out, errb bytes.Buffer
+	if code := run(append(common, "--workers", "1"), &out, &errb); code != 0 {
+		t.Fatalf("simulate --objectives: code %d, stderr %q", code, errb.String())
+	}
+	text := out.String()
+	for _, want := range []string{"objectives:", "attainment", "budget left", "hourly", "cadence ≤ 1h", "search (order keeper)", "workers needed: "} {
+		if !strings.Contains(text, want) {
+			t.Errorf("output lacks %q:\n%s", want, text)
+		}
+	}
+	var n int
+	if _, err := fmt.Sscanf(text[strings.Index(text, "workers needed: "):], "workers needed: %d", &n); err != nil || n < 2 {
+		t.Fatalf("workers needed: %d, %v\n%s", n, err, text)
+	}
+	// the count, and one fewer, run on their own
+	for workers, kept := range map[int]bool{n: true, n - 1: false} {
+		out.Reset()
+		if code := run(append(common, "--workers", strconv.Itoa(workers)), &out, &errb); code != 0 {
+			t.Fatalf("simulate --workers %d: code %d, stderr %q", workers, code, errb.String())
+		}
+		run := out.String()[:strings.Index(out.String(), "search (order keeper)")]
+		if got := !strings.Contains(run, " NO\n"); got != kept {
+			t.Errorf("%d workers keep every objective: %v, want %v:\n%s", workers, got, kept, run)
+		}
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/renderqueue/renderqueue/pkg/keeper/core/policy"
+	"github.com/renderqueue/renderqueue/pkg/objective"
 	"github.com/renderqueue/renderqueue/pkg/simulate"
 )
 
@@ -24,7 +25,8 @@ func Simulate(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		_, _ = fmt.Fprintln(fs.Output(), "capacity, and prints per class how late renders start, renders versus demand, the longest")
 		_, _ = fmt.Fprintln(fs.Output(), "wait of a class with due rows, rows not rendered in the last cadence, and the due count")
 		_, _ = fmt.Fprintln(fs.Output(), "over time. The fleet is the seed mix (--rows, --homepages, ...) or a YAML file (--fleet).")
-		_, _ = fmt.Fprintln(fs.Output(), "See docs/priority.md.")
+		_, _ = fmt.Fprintln(fs.Output(), "With --objectives it reports how each run keeps freshness objectives and, with --render-time,")
+		_, _ = fmt.Fprintln(fs.Output(), "searches the fewest workers that keep them all. See docs/priority.md.")
 		fs.PrintDefaults()
 	}
 	fleetFile := fs.String("fleet", "", "YAML file describing the fleet's classes (see docs/priority.md); replaces the seed-mix flags")
@@ -52,6 +54,8 @@ func Simulate(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	measureFrom := fs.Duration("measure-from", 0, "start measuring this long after the start (e.g. 120h for days 6 to 10)")
 	sample := fs.Duration("sample", 0, "interval of the due-count samples (default: duration / 20)")
 	seedVal := fs.Uint64("seed", 1, "random seed of due times and key hashes")
+	objectivesFile := fs.String("objectives", "", "YAML file of freshness objectives (a list under objectives, or a RenderQueue manifest's spec.objectives): prints how each run keeps them and, with --render-time, the fewest workers that keep them all (docs/priority.md)")
+	maxWorkers := fs.Int("max-workers", 10000, "with --objectives and --render-time: the most workers the search tries")
 	if err := ParseFlags(fs, args, stdout, stderr); err != nil {
 		return err
 	}
@@ -112,6 +116,21 @@ func Simulate(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if set["capacity"] && !(*capacity > 0) {
 		return fmt.Errorf("--capacity %v must be > 0", *capacity)
 	}
+	var objs []objective.Objective
+	if *objectivesFile != "" {
+		data, err := os.ReadFile(*objectivesFile)
+		if err != nil {
+			return fmt.Errorf("reading the objectives: %w", err)
+		}
+		if objs, err = objective.Parse(data); err != nil {
+			return fmt.Errorf("%s: %w", *objectivesFile, err)
+		}
+	} else if set["max-workers"] {
+		return errors.New("--max-workers bounds the search of --objectives")
+	}
+	if *maxWorkers < 1 {
+		return fmt.Errorf("--max-workers %d must be at least 1", *maxWorkers)
+	}
 
 	var runOrders []simulate.Order
 	if *orders == "all" {
@@ -128,7 +147,7 @@ func Simulate(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 
 	base := simulate.Config{
 		Fleet: fleet, Capacity: *capacity, Batch: *batch, Tick: *tick, Duration: *duration,
-		MeasureFrom: *measureFrom, Sample: *sample, Seed: *seedVal,
+		MeasureFrom: *measureFrom, Sample: *sample, Seed: *seedVal, Objectives: objs,
 		Keeper: policy.Config{SubmittedBoost: *boost, UrgentMaxShare: *urgentShare, Floors: floors, Reschedule: resched.Policy,
 			StarvationBound: *starvation},
 	}
@@ -154,7 +173,35 @@ func Simulate(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		if err := simulate.Write(stdout, res); err != nil {
 			return err
 		}
+		if len(objs) > 0 {
+			if _, err := fmt.Fprintln(stdout, "\nobjectives:"); err != nil {
+				return err
+			}
+			if err := simulate.WriteObjectives(stdout, res); err != nil {
+				return err
+			}
+		}
 		results = append(results, res)
+	}
+	if len(objs) > 0 && *renderTime > 0 {
+		for _, o := range runOrders {
+			cfg := base
+			cfg.Order = o
+			if _, err := fmt.Fprintf(stdout, "\nsearch (order %s): the fewest workers that keep every objective\n", o); err != nil {
+				return err
+			}
+			s, err := simulate.NeededWorkers(cfg, *renderTime, *maxWorkers)
+			if err != nil {
+				return err
+			}
+			if err := simulate.WriteSearch(stdout, s, *renderTime, *maxWorkers); err != nil {
+				return err
+			}
+		}
+	} else if len(objs) > 0 {
+		if _, err := fmt.Fprintln(stdout, "\n(give --workers and --render-time to search the workers needed)"); err != nil {
+			return err
+		}
 	}
 	if len(results) > 1 {
 		if _, err := fmt.Fprintln(stdout, "\ncomparison:"); err != nil {

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/renderqueue/renderqueue/internal/textfmt"
+	"github.com/renderqueue/renderqueue/pkg/objective"
 )
 
 // Describe says in one line what a configuration runs: the order and the policy it uses.
@@ -160,3 +161,52 @@ func (e *errWriter) Write(p []byte) (int, error) {
 }
 
 func (e *errWriter) printf(format string, a ...any) { _, _ = fmt.Fprintf(e, format, a...) }
+
+// WriteObjectives prints how a run kept its objectives: one line each.
+func WriteObjectives(w io.Writer, r *Result) error {
+	ew := &errWriter{w: w}
+	tw := tabwriter.NewWriter(ew, 0, 0, 2, ' ', tabwriter.AlignRight)
+	cells(tw, "objective", "rows", "target", "within", "attainment", "good", "late", "budget left", "kept")
+	for _, o := range r.Objectives {
+		att := "—"
+		if a, ok := o.Tally.Attainment(); ok {
+			att = objective.Percent(a)
+		}
+		kept := "yes"
+		if !o.Met {
+			kept = "NO"
+		}
+		cells(tw, o.Objective.Name, o.Objective.Class.String(), strconv.FormatFloat(o.Objective.Percentile, 'f', -1, 64)+"%",
+			FormatCadence(o.Objective.MaxLateness), att, thousands(int(o.Tally.Good)), thousands(int(o.Tally.Late)),
+			objective.Percent(o.Objective.BudgetRemaining(o.Tally)), kept)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	return ew.err
+}
+
+// WriteSearch prints a NeededWorkers outcome: the count, and the objectives at it and one below.
+func WriteSearch(w io.Writer, s *Search, renderTime time.Duration, maxWorkers int) error {
+	ew := &errWriter{w: w}
+	if s.Workers == 0 {
+		ew.printf("no worker count up to %d keeps every objective (%d runs); at %d:\n", maxWorkers, s.Runs, maxWorkers)
+		if ew.err == nil {
+			ew.err = WriteObjectives(ew, s.At)
+		}
+		return ew.err
+	}
+	ew.printf("workers needed: %d (%s renders/h at %v a render; %d runs of the simulation)\n", s.Workers,
+		thousands(round(s.At.Config.Capacity)), renderTime, s.Runs)
+	ew.printf("\nat %d workers:\n", s.Workers)
+	if ew.err == nil {
+		ew.err = WriteObjectives(ew, s.At)
+	}
+	if s.Below != nil {
+		ew.printf("\nat %d workers:\n", s.Workers-1)
+		if ew.err == nil {
+			ew.err = WriteObjectives(ew, s.Below)
+		}
+	}
+	return ew.err
+}

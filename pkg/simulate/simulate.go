@@ -27,6 +27,7 @@ import (
 
 	"github.com/renderqueue/renderqueue/pkg/keeper/core"
 	"github.com/renderqueue/renderqueue/pkg/keeper/core/policy"
+	"github.com/renderqueue/renderqueue/pkg/objective"
 	"github.com/renderqueue/renderqueue/pkg/schedule"
 )
 
@@ -82,6 +83,9 @@ type Config struct {
 	Sample time.Duration
 	// Seed makes due times and key hashes reproducible.
 	Seed uint64
+	// Objectives are evaluated over the measurement window (Result.Objectives). The simulated
+	// rows are never urgent.
+	Objectives []objective.Objective
 }
 
 // Defaults.
@@ -154,6 +158,9 @@ func (c Config) Validate() error {
 	if c.Sample < c.Tick {
 		errs = append(errs, fmt.Errorf("sample interval %v must be at least one tick (%v)", c.Sample, c.Tick))
 	}
+	if err := objective.ValidateAll(c.Objectives); err != nil {
+		errs = append(errs, err)
+	}
 	return errors.Join(errs...)
 }
 
@@ -175,6 +182,29 @@ type Result struct {
 	Samples []Sample
 	// Elapsed is the wall-clock time the simulation took.
 	Elapsed time.Duration
+	// Objectives are Config.Objectives' outcomes, in their order.
+	Objectives []ObjectiveResult
+}
+
+// ObjectiveResult is how a run kept one objective over the measurement window. Its events are
+// the renders that started in the window (good when they started within MaxLateness of due)
+// and the rows still not rendered at the end whose lateness passed MaxLateness within the window
+// (late: they can no longer be good).
+type ObjectiveResult struct {
+	Objective objective.Objective
+	Tally     objective.Tally
+	// Met: Tally keeps the objective.
+	Met bool
+}
+
+// Met reports whether the run kept every objective.
+func (r *Result) Met() bool {
+	for _, o := range r.Objectives {
+		if !o.Met {
+			return false
+		}
+	}
+	return true
 }
 
 // ClassResult is one class's figures over the measurement window (NotRendered and DueAtEnd look
@@ -248,6 +278,7 @@ type sim struct {
 	// per row
 	class      []uint16
 	lastRender []int64 // ms; math.MinInt64 when never rendered
+	dueAt      []int64 // ms; the row's due time (of its current version)
 
 	// per class
 	cadenceMs []int64
@@ -289,6 +320,7 @@ func newSim(cfg Config) (*sim, error) {
 		ticks:      int(cfg.Duration / cfg.Tick),
 		class:      make([]uint16, n),
 		lastRender: make([]int64, n),
+		dueAt:      make([]int64, n),
 	}
 	k := len(f.Classes)
 	s.cadenceMs = make([]int64, k)
@@ -331,6 +363,7 @@ func newSim(cfg Config) (*sim, error) {
 			}
 			dueMs := s.startMs + int64(math.Floor(off))
 			s.sched.add(i, dueMs)
+			s.dueAt[i] = dueMs
 			s.schedule(ci, dueMs, 0)
 		}
 	}
@@ -367,6 +400,7 @@ func (s *sim) run() {
 				panic(fmt.Sprintf("simulation: completing row %d: %v", c.row, err)) // a bug of the simulator or the core
 			}
 			s.schedule(int(s.class[c.row]), next, t)
+			s.dueAt[c.row] = next
 		}
 		inFlight = inFlight[:0]
 		for ci := range k {
@@ -467,6 +501,7 @@ func (s *sim) result() *Result {
 		}
 		res.All.LongestWait = max(res.All.LongestWait, cr.LongestWait)
 	}
+	res.Objectives = s.objectives(endMs)
 	if len(allRel) > 0 {
 		slices.Sort(allRel)
 		res.All.Lateness = Lateness{
@@ -565,3 +600,33 @@ func (k *keeperSched) complete(nowMs int64, c claimed) (int64, error) {
 }
 
 func ms2time(v int64) time.Time { return time.UnixMilli(v) }
+
+// objectives evaluates Config.Objectives at the end of the run (endMs); see ObjectiveResult.
+func (s *sim) objectives(endMs int64) []ObjectiveResult {
+	fromMs := s.startMs + s.cfg.MeasureFrom.Milliseconds()
+	out := make([]ObjectiveResult, 0, len(s.cfg.Objectives))
+	for _, o := range s.cfg.Objectives {
+		maxMs := o.MaxLateness.Milliseconds()
+		var t objective.Tally
+		for ci, c := range s.cfg.Fleet.Classes {
+			if !o.Class.Matches(c.Cadence, c.Source, false) {
+				continue
+			}
+			for _, l := range s.late[ci] {
+				if o.Good(time.Duration(l) * time.Millisecond) {
+					t.Good++
+				} else {
+					t.Late++
+				}
+			}
+			for i := s.firstRow[ci]; i < s.firstRow[ci+1]; i++ {
+				// not rendered since it came due, and decided late within the window
+				if d := s.dueAt[i]; s.lastRender[i] < d && endMs-d > maxMs && d+maxMs >= fromMs {
+					t.Late++
+				}
+			}
+		}
+		out = append(out, ObjectiveResult{Objective: o, Tally: t, Met: o.Met(t)})
+	}
+	return out
+}
