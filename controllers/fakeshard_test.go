@@ -51,6 +51,8 @@ type fakeShard struct {
 	err string
 	// classes is the status's classes.
 	classes []shardapi.Class
+	// coming is the status's coming counts.
+	coming shardapi.Coming
 }
 
 func newFakeShard(reader client.Reader, namespace, queue, name string) *fakeShard {
@@ -125,6 +127,7 @@ func (f *fakeShard) serve(w http.ResponseWriter, r *http.Request) {
 		DuePerSlot: map[string]int{},
 		Error:      f.err,
 		Classes:    f.classes,
+		Coming:     f.coming,
 	}
 	if f.wrongName {
 		st.Shard = f.name + "-impostor"

@@ -127,6 +127,7 @@ type queueDescs struct {
 	shardsDesired, shardsCurrent, shardsReady, slotsMoving     *prometheus.Desc
 	shardDue, shardExact, shardReady, shardState, shardHeld    *prometheus.Desc
 	shardEdge, shardWalkEnd, shardWalkPartial, shardWalkFailed *prometheus.Desc
+	forecast, forecastExact                                    *prometheus.Desc
 	scrapeErrors                                               *prometheus.Desc
 }
 
@@ -144,6 +145,9 @@ func NewQueueCollector(reader client.Reader, elected <-chan struct{}) *QueueColl
 			"Absent until the operator first polled the shards.", q),
 		dueExact: d("due_exact", "status.dueExact: 1 when every shard is reachable and exact, so renderqueue_queue_due is the true count.", q),
 		dueAsOf:  d("due_as_of_timestamp_seconds", "status.dueAsOf: the shard poll at which the due count or its exactness last changed.", q),
+		forecast: d("due_forecast", "status.forecast: due rows plus the rows coming due within the horizon (15m, 1h, 24h); a lower bound unless renderqueue_queue_due_forecast_exact is 1. "+
+			"Absent until the operator first computed it.", q, "horizon"),
+		forecastExact: d("due_forecast_exact", "1 when renderqueue_queue_due_forecast is the true count for the horizon.", q, "horizon"),
 		condition: d("condition", "1 for the status each condition of the RenderQueue has (Ready, Exact, EdgeHealthy, WalksComplete, Progressing, Reconciled, ClassesServed), 0 for the others.",
 			q, "condition", "status"),
 		shardsDesired: d("shards_desired", "spec.shards: the shard count asked for.", q),
@@ -169,7 +173,7 @@ func NewQueueCollector(reader client.Reader, elected <-chan struct{}) *QueueColl
 // Describe implements prometheus.Collector.
 func (c *QueueCollector) Describe(ch chan<- *prometheus.Desc) {
 	d := c.d
-	for _, desc := range []*prometheus.Desc{d.due, d.dueExact, d.dueAsOf, d.condition, d.shardsDesired, d.shardsCurrent,
+	for _, desc := range []*prometheus.Desc{d.due, d.dueExact, d.dueAsOf, d.forecast, d.forecastExact, d.condition, d.shardsDesired, d.shardsCurrent,
 		d.shardsReady, d.slotsMoving, d.shardDue, d.shardExact, d.shardReady, d.shardState, d.shardHeld, d.shardEdge,
 		d.shardWalkEnd, d.shardWalkPartial, d.shardWalkFailed, d.scrapeErrors} {
 		ch <- desc
@@ -210,6 +214,12 @@ func collectQueue(d queueDescs, rq *rqv1.RenderQueue, ch chan<- prometheus.Metri
 		g(d.due, float64(st.Due), q...)
 		g(d.dueExact, b2f(st.DueExact), q...)
 		g(d.dueAsOf, unixSeconds(st.DueAsOf.Time), q...)
+	}
+	if st.Forecast != nil {
+		for _, h := range st.Forecast.Horizons {
+			g(d.forecast, float64(h.Due), rq.Namespace, rq.Name, h.Horizon)
+			g(d.forecastExact, b2f(h.Exact), rq.Namespace, rq.Name, h.Horizon)
+		}
 	}
 	for _, c := range st.Conditions {
 		for _, s := range conditionStatuses {

@@ -124,6 +124,22 @@ renderqueue_queue_slots_moving{namespace="render",renderqueue="web"} 256
 		t.Errorf("%d edge/walk series, want 3 (web-shard-0 only)", n)
 	}
 
+	// the forecast per horizon, with its exactness
+	rq.Status.Forecast = &rqv1.ForecastStatus{AsOf: *mtime("2026-05-04T10:30:00Z"), Horizons: []rqv1.ForecastHorizon{
+		{Horizon: "15m", Due: 1300, Exact: true}, {Horizon: "24h", Due: 9000, Reason: "short"}}}
+	if err := testutil.CollectAndCompare(oneQueue{d, rq}, strings.NewReader(`
+# HELP renderqueue_queue_due_forecast status.forecast: due rows plus the rows coming due within the horizon (15m, 1h, 24h); a lower bound unless renderqueue_queue_due_forecast_exact is 1. Absent until the operator first computed it.
+# TYPE renderqueue_queue_due_forecast gauge
+renderqueue_queue_due_forecast{horizon="15m",namespace="render",renderqueue="web"} 1300
+renderqueue_queue_due_forecast{horizon="24h",namespace="render",renderqueue="web"} 9000
+# HELP renderqueue_queue_due_forecast_exact 1 when renderqueue_queue_due_forecast is the true count for the horizon.
+# TYPE renderqueue_queue_due_forecast_exact gauge
+renderqueue_queue_due_forecast_exact{horizon="15m",namespace="render",renderqueue="web"} 1
+renderqueue_queue_due_forecast_exact{horizon="24h",namespace="render",renderqueue="web"} 0
+`), "renderqueue_queue_due_forecast", "renderqueue_queue_due_forecast_exact"); err != nil {
+		t.Fatal(err)
+	}
+
 	// never polled: no due figures at all (status.due is 0 by default, not a count)
 	rq.Status.DueAsOf = nil
 	if n := testutil.CollectAndCount(oneQueue{d, rq}, "renderqueue_queue_due", "renderqueue_queue_due_exact"); n != 0 {

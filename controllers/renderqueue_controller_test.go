@@ -225,13 +225,23 @@ var _ = Describe("RenderQueue children", func() {
 var _ = Describe("RenderQueue status", func() {
 	It("aggregates due, reports edge lag, partial walks, inexact and unreachable shards, and is not rewritten when nothing changed", func() {
 		rq, fs := newQueue("web", 3, 3)
-		fs[0].set(func(f *fakeShard) { f.due = 100 })
-		fs[1].set(func(f *fakeShard) { f.due = 20 })
-		fs[2].set(func(f *fakeShard) { f.due = 3 })
+		fs[0].set(func(f *fakeShard) { f.due, f.coming = 100, shardapi.Coming{Next15m: 1, Next60m: 10, Next24h: 100} })
+		fs[1].set(func(f *fakeShard) { f.due, f.coming = 20, shardapi.Coming{Next15m: 2, Next60m: 20, Next24h: 200} })
+		fs[2].set(func(f *fakeShard) { f.due, f.coming = 3, shardapi.Coming{Next15m: 3, Next60m: 30, Next24h: 300} })
 		Eventually(func(g Gomega) {
 			got := getQueue(g, rq)
 			g.Expect(got.Status.Due).To(BeEquivalentTo(123))
 			g.Expect(got.Status.DueExact).To(BeTrue())
+			// the forecast: due plus what comes due; the day a lower bound, the fakes' edges being
+			// 23 hours ahead
+			g.Expect(got.Status.Forecast).NotTo(BeNil())
+			g.Expect(got.Status.Forecast.Horizons).To(HaveLen(3))
+			h := got.Status.Forecast.Horizons
+			g.Expect(h[0]).To(Equal(rqv1.ForecastHorizon{Horizon: "15m", Due: 129, Exact: true}))
+			g.Expect(h[1]).To(Equal(rqv1.ForecastHorizon{Horizon: "1h", Due: 183, Exact: true}))
+			g.Expect(h[2].Due).To(BeEquivalentTo(723))
+			g.Expect(h[2].Exact).To(BeFalse())
+			g.Expect(h[2].Reason).To(ContainSubstring("do not hold all their rows due within 24h"))
 		}).WithTimeout(30 * time.Second).Should(Succeed())
 		got := settled(rq, 3)
 		for _, typ := range []string{rqv1.ConditionReady, rqv1.ConditionExact, rqv1.ConditionEdgeHealthy, rqv1.ConditionWalksComplete} {

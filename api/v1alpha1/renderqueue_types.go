@@ -485,6 +485,13 @@ type RenderQueueStatus struct {
 	// +optional
 	DueAsOf *metav1.Time `json:"dueAsOf,omitempty"`
 
+	// Forecast is the work due within the next 15 minutes, hour and day: Due plus the rows that
+	// come due by then, from the shards' exact counts of their held rows by due time. It is what
+	// the external metric renderqueue_due_forecast serves (docs/autoscaling.md, "Scaling ahead").
+	// Unset until the shards have been polled.
+	// +optional
+	Forecast *ForecastStatus `json:"forecast,omitempty"`
+
 	// Membership is the slot assignment and the state of any handoff in progress.
 	// +optional
 	Membership MembershipStatus `json:"membership,omitempty"`
@@ -499,6 +506,34 @@ type RenderQueueStatus struct {
 	// unset when TLS is disabled.
 	// +optional
 	TLS *ShardTLSStatus `json:"tls,omitempty"`
+}
+
+// ForecastStatus is the work due within a few horizons, as of one poll of the shards.
+type ForecastStatus struct {
+	// AsOf is the time of the shard poll the figures are from. In a queue whose due count does
+	// not change the operator refreshes them at most once a minute (ForecastRefresh), so that a
+	// still queue does not rewrite its status on every poll; they were true at AsOf.
+	AsOf metav1.Time `json:"asOf"`
+	// Horizons are the figures per horizon, shortest first: 15m, 1h, 24h.
+	// +listType=map
+	// +listMapKey=horizon
+	Horizons []ForecastHorizon `json:"horizons"`
+}
+
+// ForecastHorizon is the work due within one horizon.
+type ForecastHorizon struct {
+	// Horizon is how far ahead of AsOf it looks: 15m, 1h or 24h.
+	Horizon string `json:"horizon"`
+	// Due is the rows due at AsOf plus those coming due within Horizon of it. A lower bound
+	// unless Exact.
+	Due int64 `json:"due"`
+	// Exact is true when Due is the true count: the due count is exact, no handoff is in
+	// progress and every shard serves the assignment committed, and every shard holds all its
+	// rows due within the horizon (its edge is at least Horizon ahead of AsOf).
+	Exact bool `json:"exact"`
+	// Reason says why Due is not exact; empty when it is.
+	// +optional
+	Reason string `json:"reason,omitempty"`
 }
 
 // ShardTLSStatus records the serving certificate the operator wrote into the shards' Secret, or

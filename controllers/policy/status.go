@@ -236,10 +236,13 @@ func ComputeStatus(rq *rqv1.RenderQueue, next *rqv1.RenderQueueStatus, in Status
 	}
 	next.ReadyShards = ready
 	dueExact := sumExact && allExact
-	if next.DueAsOf == nil || int64(due) != next.Due || dueExact != next.DueExact {
+	dueChanged := next.DueAsOf == nil || int64(due) != next.Due || dueExact != next.DueExact
+	if dueChanged {
 		next.DueAsOf = ptr.To(metav1.NewTime(in.Now))
 	}
 	next.Due, next.DueExact = int64(due), dueExact
+	next.Forecast = Forecast(next.Forecast, ForecastInputs{Now: in.Now, Due: int64(due), DueExact: dueExact, DueChanged: dueChanged,
+		Handoff: next.Membership.HandoffInProgress(), NotAdopted: notAdopted, Reports: answered})
 	next.RowsHeldBack = 0
 	for _, s := range shards {
 		next.RowsHeldBack += s.RowsHeldBack

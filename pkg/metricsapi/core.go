@@ -10,6 +10,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/selection"
 	"k8s.io/metrics/pkg/apis/external_metrics"
 
 	rqv1 "github.com/renderqueue/renderqueue/api/v1alpha1"
@@ -21,7 +22,16 @@ const (
 	MetricDue = "renderqueue_due"
 	// MetricDueLowerBound is status.due of each selected RenderQueue, exact or not.
 	MetricDueLowerBound = "renderqueue_due_lower_bound"
+	// MetricDueForecast is status.forecast's figure for the horizon the selector names
+	// (LabelHorizon): the rows due now plus those coming due within it; an error while any
+	// selected RenderQueue's figure for it is inexact.
+	MetricDueForecast = "renderqueue_due_forecast"
 )
+
+// LabelHorizon is the metric selector label that names MetricDueForecast's horizon: 15m, 1h or
+// 24h (status.forecast.horizons[].horizon). It selects no RenderQueue: it is taken out of the
+// selector before RenderQueues are matched.
+const LabelHorizon = "horizon"
 
 // LabelName is the synthetic label every RenderQueue carries for metric selectors: its name.
 const LabelName = rqv1.Group + "/name"
@@ -35,12 +45,59 @@ var (
 	ErrNoneSelected = errors.New("no RenderQueue selected")
 	// ErrNotComputed: a selected RenderQueue has no status.dueAsOf yet.
 	ErrNotComputed = errors.New("due count never computed")
-	// ErrInexact: a selected RenderQueue's due count is a lower bound (MetricDue only).
+	// ErrInexact: a selected RenderQueue's due count is a lower bound (MetricDue), or its
+	// forecast for the horizon is (MetricDueForecast).
 	ErrInexact = errors.New("due count is not exact")
+	// ErrBadHorizon: MetricDueForecast without a horizon label, or with one it does not serve.
+	ErrBadHorizon = errors.New("no horizon served")
 )
 
 // Metrics lists the metric names served, in a stable order.
-func Metrics() []string { return []string{MetricDue, MetricDueLowerBound} }
+func Metrics() []string { return []string{MetricDue, MetricDueLowerBound, MetricDueForecast} }
+
+// Horizons are MetricDueForecast's horizons, as its selector names them.
+func Horizons() []string { return []string{"15m", "1h", "24h"} }
+
+// horizonOf takes MetricDueForecast's horizon (LabelHorizon=<h>, one of Horizons) out of
+// selector and returns it with the rest of the selector.
+func horizonOf(selector labels.Selector) (string, labels.Selector, error) {
+	reqs, _ := selector.Requirements()
+	rest := labels.NewSelector()
+	var horizon string
+	for _, r := range reqs {
+		if r.Key() != LabelHorizon {
+			rest = rest.Add(r)
+			continue
+		}
+		vals := r.Values().UnsortedList()
+		if (r.Operator() != selection.Equals && r.Operator() != selection.DoubleEquals && r.Operator() != selection.In) || len(vals) != 1 || horizon != "" {
+			return "", nil, fmt.Errorf("%s: %w: want one %s=<horizon> in the selector, got %q (served: %s)", MetricDueForecast, ErrBadHorizon,
+				LabelHorizon, r.String(), strings.Join(Horizons(), ", "))
+		}
+		horizon = vals[0]
+	}
+	if horizon == "" {
+		return "", nil, fmt.Errorf("%s: %w: the selector %q names no %s (served: %s; e.g. %s=15m)", MetricDueForecast, ErrBadHorizon,
+			selector.String(), LabelHorizon, strings.Join(Horizons(), ", "), LabelHorizon)
+	}
+	if !slices.Contains(Horizons(), horizon) {
+		return "", nil, fmt.Errorf("%s: %w: %s=%s (served: %s)", MetricDueForecast, ErrBadHorizon, LabelHorizon, horizon, strings.Join(Horizons(), ", "))
+	}
+	return horizon, rest, nil
+}
+
+// forecastFor returns rq's status.forecast figure for horizon, nil when there is none.
+func forecastFor(rq *rqv1.RenderQueue, horizon string) *rqv1.ForecastHorizon {
+	if rq.Status.Forecast == nil {
+		return nil
+	}
+	for i := range rq.Status.Forecast.Horizons {
+		if rq.Status.Forecast.Horizons[i].Horizon == horizon {
+			return &rq.Status.Forecast.Horizons[i]
+		}
+	}
+	return nil
+}
 
 // SelectorLabels returns the labels a metric selector is matched against for rq: its own labels
 // plus LabelName=<rq.Name>, which overrides an own label of the same key.
@@ -59,11 +116,18 @@ func SelectorLabels(rq *rqv1.RenderQueue) labels.Set {
 // selected, when a selected RenderQueue has no status.dueAsOf, and, for MetricDue only, when a
 // selected RenderQueue has status.dueExact false. Every offending RenderQueue is named.
 func Values(rqs []rqv1.RenderQueue, metric string, selector labels.Selector) ([]external_metrics.ExternalMetricValue, error) {
-	if metric != MetricDue && metric != MetricDueLowerBound {
+	if !slices.Contains(Metrics(), metric) {
 		return nil, fmt.Errorf("%w %q (served: %s)", ErrUnknownMetric, metric, strings.Join(Metrics(), ", "))
 	}
 	if selector == nil {
 		selector = labels.Everything()
+	}
+	var horizon string
+	if metric == MetricDueForecast {
+		var err error
+		if horizon, selector, err = horizonOf(selector); err != nil {
+			return nil, err
+		}
 	}
 	var selected []*rqv1.RenderQueue
 	for i := range rqs {
@@ -81,17 +145,29 @@ func Values(rqs []rqv1.RenderQueue, metric string, selector labels.Selector) ([]
 
 	var notComputed, inexact []string
 	for _, rq := range selected {
+		f := forecastFor(rq, horizon)
 		switch {
-		case rq.Status.DueAsOf == nil:
+		case rq.Status.DueAsOf == nil || (metric == MetricDueForecast && f == nil):
 			notComputed = append(notComputed, fmt.Sprintf("%q", rq.Name))
+		case metric == MetricDueForecast && !f.Exact:
+			inexact = append(inexact, fmt.Sprintf("%q (due within %s %d is a lower bound as of %s: %s)",
+				rq.Name, horizon, f.Due, rq.Status.Forecast.AsOf.UTC().Format("2006-01-02T15:04:05Z"), f.Reason))
 		case metric == MetricDue && !rq.Status.DueExact:
 			inexact = append(inexact, fmt.Sprintf("%q (due %d is a lower bound as of %s: %s)",
 				rq.Name, rq.Status.Due, rq.Status.DueAsOf.UTC().Format("2006-01-02T15:04:05Z"), inexactReason(rq)))
 		}
 	}
 	if len(notComputed) > 0 {
-		return nil, fmt.Errorf("%s: %w for RenderQueue %s: status.dueAsOf is unset (the operator has not yet polled its shards)",
-			metric, ErrNotComputed, strings.Join(notComputed, ", "))
+		field := "status.dueAsOf"
+		if metric == MetricDueForecast {
+			field = "status.forecast for " + horizon
+		}
+		return nil, fmt.Errorf("%s: %w for RenderQueue %s: %s is unset (the operator has not yet polled its shards)",
+			metric, ErrNotComputed, strings.Join(notComputed, ", "), field)
+	}
+	if len(inexact) > 0 && metric == MetricDueForecast {
+		return nil, fmt.Errorf("%s: %w for RenderQueue %s; holding rather than scaling on a lower bound",
+			metric, ErrInexact, strings.Join(inexact, "; "))
 	}
 	if len(inexact) > 0 {
 		return nil, fmt.Errorf("%s: %w for RenderQueue %s; holding rather than scaling on a lower bound (%s is served regardless)",
@@ -100,12 +176,18 @@ func Values(rqs []rqv1.RenderQueue, metric string, selector labels.Selector) ([]
 
 	values := make([]external_metrics.ExternalMetricValue, 0, len(selected))
 	for _, rq := range selected {
-		values = append(values, external_metrics.ExternalMetricValue{
+		v := external_metrics.ExternalMetricValue{
 			MetricName:   metric,
 			MetricLabels: SelectorLabels(rq),
 			Timestamp:    *rq.Status.DueAsOf.DeepCopy(),
 			Value:        *resource.NewQuantity(rq.Status.Due, resource.DecimalSI),
-		})
+		}
+		if metric == MetricDueForecast {
+			v.MetricLabels[LabelHorizon] = horizon
+			v.Timestamp = *rq.Status.Forecast.AsOf.DeepCopy()
+			v.Value = *resource.NewQuantity(forecastFor(rq, horizon).Due, resource.DecimalSI)
+		}
+		values = append(values, v)
 	}
 	return values, nil
 }

@@ -199,3 +199,67 @@ func TestSelectorLabels(t *testing.T) {
 		t.Fatalf("SelectorLabels modified the RenderQueue's labels: %v", r.Labels)
 	}
 }
+
+// withForecast sets status.forecast as of t: 15m and 1h exact with the given figures, 24h a
+// lower bound.
+func withForecast(t time.Time, in15m, in1h int64) rqOpt {
+	return func(rq *rqv1.RenderQueue) {
+		rq.Status.Forecast = &rqv1.ForecastStatus{AsOf: metav1.NewTime(t), Horizons: []rqv1.ForecastHorizon{
+			{Horizon: "15m", Due: in15m, Exact: true}, {Horizon: "1h", Due: in1h, Exact: true},
+			{Horizon: "24h", Due: in1h * 10, Reason: "shard(s) web-shard-1 do not hold all their rows due within 24h"},
+		}}
+	}
+}
+
+func TestForecastValues(t *testing.T) {
+	later := asOf.Add(40 * time.Second)
+	fleet := []rqv1.RenderQueue{
+		rq("web", 120, withLabels("team", "a"), withForecast(later, 150, 400)),
+		rq("batch", 10, withLabels("team", "a"), withForecast(asOf, 12, 30)),
+		rq("fresh", 0, withLabels("team", "c")), // polled before forecasts existed
+	}
+	for _, tc := range []struct {
+		name     string
+		selector string
+		want     []value
+		wantErr  error
+		errHas   []string
+	}{
+		{name: "15m: each queue's figure, with the forecast's timestamp", selector: "team=a,horizon=15m",
+			want: []value{{"batch", 12, asOf}, {"web", 150, later}}},
+		{name: "1h, set-based", selector: "horizon in (1h)," + LabelName + "=web", want: []value{{"web", 400, later}}},
+		{name: "a lower bound fails with its reason", selector: "team=a,horizon=24h", wantErr: ErrInexact,
+			errHas: []string{`"web"`, "due within 24h 4000 is a lower bound", "web-shard-1 do not hold"}},
+		{name: "no horizon", selector: "team=a", wantErr: ErrBadHorizon, errHas: []string{"names no horizon", "15m, 1h, 24h"}},
+		{name: "a horizon not served", selector: "horizon=2h", wantErr: ErrBadHorizon, errHas: []string{"horizon=2h"}},
+		{name: "two horizons", selector: "horizon in (15m,1h)", wantErr: ErrBadHorizon},
+		{name: "a queue without a forecast yet", selector: "team=c,horizon=15m", wantErr: ErrNotComputed,
+			errHas: []string{`"fresh"`, "status.forecast for 15m"}},
+		{name: "the horizon selects no queue", selector: "team=z,horizon=15m", wantErr: ErrNoneSelected},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := Values(fleet, MetricDueForecast, sel(t, tc.selector))
+			if tc.wantErr != nil {
+				if !errors.Is(err, tc.wantErr) || got != nil {
+					t.Fatalf("values %v, err %v; want error %v", got, err, tc.wantErr)
+				}
+				for _, sub := range tc.errHas {
+					if !strings.Contains(err.Error(), sub) {
+						t.Errorf("error %q does not contain %q", err, sub)
+					}
+				}
+				return
+			}
+			if err != nil || len(got) != len(tc.want) {
+				t.Fatalf("values %v, err %v; want %d values", got, err, len(tc.want))
+			}
+			for i, w := range tc.want {
+				g := got[i]
+				if g.MetricName != MetricDueForecast || g.MetricLabels[LabelName] != w.name || g.Value.Value() != w.due ||
+					!g.Timestamp.Time.Equal(w.at) || g.MetricLabels[LabelHorizon] == "" {
+					t.Errorf("[%d] %+v, want %+v", i, g, w)
+				}
+			}
+		})
+	}
+}

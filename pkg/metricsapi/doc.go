@@ -2,13 +2,17 @@
 // (external.metrics.k8s.io/v1beta1), so that a HorizontalPodAutoscaler can scale render workers
 // on the number of due rows.
 //
-// Two namespaced external metrics are served, one value per selected RenderQueue:
+// Three namespaced external metrics are served, one value per selected RenderQueue:
 //
 //   - renderqueue_due: status.due, but only while status.dueExact is true. While any selected
 //     RenderQueue's count is inexact (an unreachable shard, a gap, a partial walk, a handoff) the
 //     request fails with an error naming it, so the HPA holds its replica count rather than
 //     scale on a lower bound.
 //   - renderqueue_due_lower_bound: status.due whatever status.dueExact says.
+//   - renderqueue_due_forecast: the rows due now plus those coming due within a horizon the
+//     selector names with the label horizon (15m, 1h or 24h; status.forecast), under the same
+//     rule as renderqueue_due: while the figure is inexact for any selected RenderQueue the request
+//     fails. The horizon label selects no RenderQueue; without one the request fails (400).
 //
 // The metric selector of the HPA selects RenderQueues by label: each RenderQueue carries its own
 // labels plus the synthetic label renderqueue.dev/name=<name> (which wins over an own label of the

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -47,7 +48,8 @@ func (p *Provider) WithRequestMetrics(m *RequestMetrics) *Provider {
 
 // GetExternalMetric implements provider.ExternalMetricsProvider. Its errors are API status
 // errors: 404 NotFound for an unknown metric or an empty selection, 503 ServiceUnavailable while
-// a selected RenderQueue is inexact (renderqueue_due) or has never been computed, and 500 when
+// a selected RenderQueue is inexact (renderqueue_due, renderqueue_due_forecast) or has never been
+// computed, 400 BadRequest for renderqueue_due_forecast without a served horizon, and 500 when
 // the RenderQueues cannot be listed.
 func (p *Provider) GetExternalMetric(ctx context.Context, namespace string, metricSelector labels.Selector, info provider.ExternalMetricInfo) (*external_metrics.ExternalMetricValueList, error) {
 	log := p.log.WithValues(logkeys.Namespace, namespace, "metric", info.Metric, "selector", metricSelector.String())
@@ -61,7 +63,7 @@ func (p *Provider) GetExternalMetric(ctx context.Context, namespace string, metr
 }
 
 func (p *Provider) values(ctx context.Context, namespace string, selector labels.Selector, metric string) ([]external_metrics.ExternalMetricValue, error) {
-	if metric != MetricDue && metric != MetricDueLowerBound {
+	if !slices.Contains(Metrics(), metric) {
 		// Answer before listing: an unknown metric is not worth a read.
 		return Values(nil, metric, selector)
 	}
@@ -97,6 +99,8 @@ func statusError(metric string, err error) *apierrors.StatusError {
 			Message: err.Error(),
 			Details: &metav1.StatusDetails{Group: gr.Group, Kind: gr.Resource},
 		}}
+	case errors.Is(err, ErrBadHorizon):
+		return apierrors.NewBadRequest(err.Error())
 	case errors.Is(err, ErrInexact), errors.Is(err, ErrNotComputed):
 		return apierrors.NewServiceUnavailable(err.Error())
 	default:

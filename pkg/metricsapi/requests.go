@@ -124,6 +124,8 @@ func reasonOf(err error) string {
 		return ReasonNoneSelected
 	case errors.Is(err, ErrUnknownMetric):
 		return ReasonUnknownMetric
+	case errors.Is(err, ErrBadHorizon):
+		return ReasonBadRequest
 	default:
 		return ReasonInternal
 	}

@@ -104,7 +104,7 @@ type Options struct {
 // values as defaults.
 func (o *Options) BindFlags(fs *flag.FlagSet) {
 	fs.BoolVar(&o.Enabled, "metrics-api", o.Enabled,
-		"serve the external metrics API (external.metrics.k8s.io: renderqueue_due, renderqueue_due_lower_bound) for HPAs; "+
+		"serve the external metrics API (external.metrics.k8s.io: renderqueue_due, renderqueue_due_lower_bound, renderqueue_due_forecast) for HPAs; "+
 			"needs the config/metrics-api component (APIService, auth-delegator and authentication-reader bindings)")
 	fs.StringVar(&o.BindAddress, "metrics-api-bind-address", o.BindAddress, "IP address the metrics API listens on (empty: all interfaces)")
 	port := o.SecurePort

@@ -87,6 +87,9 @@ func TestServer(t *testing.T) {
 	later := asOf.Add(5 * time.Second)
 	createRQ(ctx, t, k8s, ns, "web", map[string]string{"team": "a"}, func(s *rqv1.RenderQueueStatus) {
 		s.Due, s.DueExact, s.DueAsOf = 120, true, &metav1.Time{Time: asOf}
+		s.Forecast = &rqv1.ForecastStatus{AsOf: metav1.Time{Time: later}, Horizons: []rqv1.ForecastHorizon{
+			{Horizon: "15m", Due: 150, Exact: true}, {Horizon: "1h", Due: 400, Exact: true},
+			{Horizon: "24h", Due: 9000, Reason: "shard(s) web-shard-0 do not hold all their rows due within 24h"}}}
 	})
 	createRQ(ctx, t, k8s, ns, "batch", map[string]string{"team": "a"}, func(s *rqv1.RenderQueueStatus) {
 		s.Due, s.DueExact, s.DueAsOf = 4000, true, &metav1.Time{Time: later}
@@ -197,6 +200,23 @@ func TestServer(t *testing.T) {
 		g.Expect(list.Items).To(HaveLen(1))
 		g.Expect(list.Items[0].Value.Value()).To(Equal(int64(7)))
 		g.Expect(list.Items[0].Timestamp.Time.Equal(asOf)).To(BeTrue())
+	})
+
+	t.Run("forecast for a horizon, and its errors", func(t *testing.T) {
+		g := NewWithT(t)
+		list, err := metrics.NamespacedMetrics(ns).List(metricsapi.MetricDueForecast,
+			labels.SelectorFromSet(labels.Set{metricsapi.LabelName: "web", metricsapi.LabelHorizon: "15m"}))
+		g.Expect(err).NotTo(HaveOccurred())
+		g.Expect(list.Items).To(HaveLen(1))
+		g.Expect(list.Items[0].Value.Value()).To(Equal(int64(150)))
+		g.Expect(list.Items[0].Timestamp.Time.Equal(later)).To(BeTrue())
+		g.Expect(list.Items[0].MetricLabels).To(HaveKeyWithValue(metricsapi.LabelHorizon, "15m"))
+		body, code := get(ctx, t, hpa, ns, metricsapi.MetricDueForecast, metricsapi.LabelName+"=web,horizon=24h")
+		g.Expect(code).To(Equal(http.StatusServiceUnavailable), "body: %s", body)
+		g.Expect(string(body)).To(ContainSubstring("do not hold all their rows due within 24h"))
+		body, code = get(ctx, t, hpa, ns, metricsapi.MetricDueForecast, metricsapi.LabelName+"=web")
+		g.Expect(code).To(Equal(http.StatusBadRequest), "body: %s", body)
+		g.Expect(string(body)).To(ContainSubstring("names no horizon"))
 	})
 
 	t.Run("never computed is a 503", func(t *testing.T) {

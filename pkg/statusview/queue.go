@@ -155,6 +155,22 @@ func WriteQueue(w io.Writer, q Queue) error {
 		due = "due ≥ " + num(int(rq.Status.Due)) + " (a lower bound: not every shard is reachable and exact)"
 	}
 	p.f("renderqueue %s/%s: %d shards (%d ready), %s\n", rq.Namespace, rq.Name, len(q.Shards), rq.Status.ReadyShards, due)
+	if f := rq.Status.Forecast; f != nil && len(f.Horizons) > 0 {
+		parts := make([]string, 0, len(f.Horizons))
+		var why []string
+		for _, h := range f.Horizons {
+			if h.Exact {
+				parts = append(parts, h.Horizon+" "+num(int(h.Due)))
+				continue
+			}
+			parts = append(parts, h.Horizon+" ≥ "+num(int(h.Due)))
+			why = append(why, h.Horizon+": "+h.Reason)
+		}
+		p.f("  due within %s (as of %s)\n", strings.Join(parts, ", "), f.AsOf.UTC().Format("15:04:05"))
+		if len(why) > 0 {
+			p.f("    lower bounds: %s\n", strings.Join(why, "; "))
+		}
+	}
 	if len(q.Shards) > 0 {
 		// the line above is the operator's last poll; the table is read now, so the two may differ
 		p.f("  (due as the operator last polled the shards; the rows below are each shard's own figures, read now)\n")

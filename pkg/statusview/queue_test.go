@@ -212,3 +212,21 @@ func TestPodProxyURL(t *testing.T) {
 		}
 	}
 }
+
+// TestWriteQueueForecast: status.forecast as one line under the summary, its lower bounds with
+// their reasons.
+func TestWriteQueueForecast(t *testing.T) {
+	q := cannedQueue(t)
+	q.RenderQueue.Status.Forecast = &rqv1.ForecastStatus{AsOf: metav1.NewTime(time.Date(2026, 12, 6, 9, 30, 5, 0, time.UTC)),
+		Horizons: []rqv1.ForecastHorizon{{Horizon: "15m", Due: 4300, Exact: true}, {Horizon: "1h", Due: 5100, Exact: true},
+			{Horizon: "24h", Due: 9886, Reason: "shard(s) web-shard-1 do not hold all their rows due within 24h (the edge of the window is nearer)"}}}
+	var b strings.Builder
+	if err := WriteQueue(&b, q); err != nil {
+		t.Fatal(err)
+	}
+	want := "  due within 15m 4,300, 1h 5,100, 24h ≥ 9,886 (as of 09:30:05)\n" +
+		"    lower bounds: 24h: shard(s) web-shard-1 do not hold all their rows due within 24h (the edge of the window is nearer)\n"
+	if !strings.Contains(b.String(), want) {
+		t.Errorf("got:\n%s\nwant it to contain:\n%s", b.String(), want)
+	}
+}
