@@ -70,6 +70,20 @@ type RenderQueueSpec struct {
 	// +optional
 	Priority Priority `json:"priority,omitempty"`
 
+	// Objectives are freshness objectives: each promises that a share (Percentile) of the renders
+	// of one class of rows start within MaxLateness of their due time. The shards count, per
+	// objective, every due time of a row of its class as one event, good or late
+	// (docs/objectives.md): a render that started in time and completed is good; a row not being
+	// rendered when MaxLateness has passed, or whose render then ends without completing, is
+	// late. The counts are exported as renderqueue_keeper_objective_events_total, which the
+	// burn-rate alerts of config/prometheus read. Each row counts for at most one objective: the
+	// classes must not overlap. At most 16.
+	// +kubebuilder:validation:MaxItems=16
+	// +listType=map
+	// +listMapKey=name
+	// +optional
+	Objectives []Objective `json:"objectives,omitempty"`
+
 	// LeaseDuration is how long a claimed row stays leased to a render worker before it is handed
 	// out again, unless completed or released first. From 1s to 24h; defaults to 5m.
 	// +kubebuilder:default="5m"
@@ -408,6 +422,56 @@ type Floor struct {
 	// +kubebuilder:validation:MaxLength=16
 	// +kubebuilder:validation:XValidation:rule="self.matches('^[0-9]+([.][0-9]+)?$') && double(self) > 0.0 && double(self) <= 1.0",message="floor share must be a decimal number greater than 0 and at most 1, such as \"0.05\""
 	Share string `json:"share"`
+}
+
+// Objective is one freshness objective.
+type Objective struct {
+	// Name of the objective, in metrics and alerts: lower-case letters, digits and '-', at most 63.
+	// +kubebuilder:validation:MaxLength=63
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`
+	Name string `json:"name"`
+
+	// Class selects the rows the objective is about; empty: every row.
+	// +optional
+	Class ObjectiveClass `json:"class,omitempty"`
+
+	// Percentile is the share of the class's events, in percent, that must be good: a decimal
+	// number greater than 0 and below 100, e.g. "99" or "99.9". The error budget is
+	// 100 − Percentile.
+	// +kubebuilder:validation:MaxLength=8
+	// +kubebuilder:validation:XValidation:rule="self.matches('^[0-9]{1,2}([.][0-9]{1,4})?$') && double(self) > 0.0 && double(self) < 100.0",message="percentile must be a decimal number greater than 0 and below 100, such as \"99\" or \"99.9\""
+	Percentile string `json:"percentile"`
+
+	// MaxLateness is the most a render may start after the row's due time and count as good,
+	// e.g. "10m"; from 1s to 8760h.
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:MaxLength=64
+	// +kubebuilder:validation:XValidation:rule="self.matches('^(0|(([0-9]{1,5}([.][0-9]*)?|[.][0-9]+)h|([0-9]{1,7}([.][0-9]*)?|[.][0-9]+)m|([0-9]{1,9}([.][0-9]*)?|[.][0-9]+)s|([0-9]{1,12}([.][0-9]*)?|[.][0-9]+)ms|([0-9]{1,15}([.][0-9]*)?|[.][0-9]+)(us|µs|μs)|([0-9]{1,18}([.][0-9]*)?|[.][0-9]+)ns)+)$') && duration(self) >= duration('1s') && duration(self) <= duration('8760h')",message="maxLateness must be a duration from 1s to 8760h, such as 10m"
+	MaxLateness metav1.Duration `json:"maxLateness"`
+}
+
+// ObjectiveClass selects rows by cadence, source and urgency; every field left out matches all.
+// +kubebuilder:validation:XValidation:rule="!has(self.minCadence) || !has(self.maxCadence) || duration(self.minCadence) <= duration(self.maxCadence)",message="class: minCadence must not be above maxCadence"
+type ObjectiveClass struct {
+	// MinCadence and MaxCadence bound the rows' cadence, inclusive, e.g. minCadence 24h and
+	// maxCadence 24h for the daily rows.
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:MaxLength=64
+	// +kubebuilder:validation:XValidation:rule="self.matches('^(0|(([0-9]{1,5}([.][0-9]*)?|[.][0-9]+)h|([0-9]{1,7}([.][0-9]*)?|[.][0-9]+)m|([0-9]{1,9}([.][0-9]*)?|[.][0-9]+)s|([0-9]{1,12}([.][0-9]*)?|[.][0-9]+)ms|([0-9]{1,15}([.][0-9]*)?|[.][0-9]+)(us|µs|μs)|([0-9]{1,18}([.][0-9]*)?|[.][0-9]+)ns)+)$')",message="minCadence must be a duration such as 1h"
+	// +optional
+	MinCadence *metav1.Duration `json:"minCadence,omitempty"`
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:MaxLength=64
+	// +kubebuilder:validation:XValidation:rule="self.matches('^(0|(([0-9]{1,5}([.][0-9]*)?|[.][0-9]+)h|([0-9]{1,7}([.][0-9]*)?|[.][0-9]+)m|([0-9]{1,9}([.][0-9]*)?|[.][0-9]+)s|([0-9]{1,12}([.][0-9]*)?|[.][0-9]+)ms|([0-9]{1,15}([.][0-9]*)?|[.][0-9]+)(us|µs|μs)|([0-9]{1,18}([.][0-9]*)?|[.][0-9]+)ns)+)$')",message="maxCadence must be a duration such as 1h"
+	// +optional
+	MaxCadence *metav1.Duration `json:"maxCadence,omitempty"`
+	// Source selects the rows from a sitemap (submitted) or found by the crawler (discovered).
+	// +kubebuilder:validation:Enum=submitted;discovered
+	// +optional
+	Source string `json:"source,omitempty"`
+	// Urgent selects the urgent rows (true) or the others (false).
+	// +optional
+	Urgent *bool `json:"urgent,omitempty"`
 }
 
 // Store says where the schedule table lives.

@@ -4,7 +4,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"maps"
+	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -150,6 +152,7 @@ func (rq *RenderQueue) Validate() error {
 			errs = append(errs, field.Invalid(p, c.Duration.String(), "must be whole milliseconds"))
 		}
 	}
+	errs = append(errs, validateObjectives(spec.Child("objectives"), s.Objectives)...)
 	ref := spec.Child("store", "secretRef")
 	for _, msg := range validation.IsDNS1123Subdomain(s.Store.SecretRef.Name) {
 		errs = append(errs, field.Invalid(ref.Child("name"), s.Store.SecretRef.Name, msg))
@@ -208,4 +211,82 @@ func isSpace(r rune) bool {
 		return true
 	}
 	return false
+}
+
+// Bounds of an objective's maxLateness.
+const (
+	MinObjectiveLateness = time.Second
+	MaxObjectiveLateness = 8760 * time.Hour
+	// MaxObjectives is the most objectives a RenderQueue may have.
+	MaxObjectives = 16
+)
+
+var objectiveNameRE = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`)
+
+// PercentileValue parses the objective's percentile: a decimal number within (0, 100).
+func (o Objective) PercentileValue() (float64, error) {
+	v, err := strconv.ParseFloat(o.Percentile, 64)
+	if err != nil || !(v > 0 && v < 100) || strings.ContainsAny(o.Percentile, "eE+-") {
+		return 0, fmt.Errorf("percentile %q must be a decimal number greater than 0 and below 100, such as \"99\" or \"99.9\"", o.Percentile)
+	}
+	return v, nil
+}
+
+// overlaps reports whether some class of rows (cadence, source, urgency) matches both.
+func (c ObjectiveClass) overlaps(d ObjectiveClass) bool {
+	lo := max(durOr(c.MinCadence, 0), durOr(d.MinCadence, 0))
+	if (c.MaxCadence != nil && lo > c.MaxCadence.Duration) || (d.MaxCadence != nil && lo > d.MaxCadence.Duration) {
+		return false
+	}
+	if c.Source != "" && d.Source != "" && c.Source != d.Source {
+		return false
+	}
+	return c.Urgent == nil || d.Urgent == nil || *c.Urgent == *d.Urgent
+}
+
+func durOr(d *metav1.Duration, def time.Duration) time.Duration {
+	if d == nil {
+		return def
+	}
+	return d.Duration
+}
+
+// validateObjectives checks spec.objectives: names, percentiles, maxLateness, cadence ranges, and
+// that no two select a row in common (each row's event is counted for one objective).
+func validateObjectives(p *field.Path, objs []Objective) field.ErrorList {
+	var errs field.ErrorList
+	if len(objs) > MaxObjectives {
+		errs = append(errs, field.TooMany(p, len(objs), MaxObjectives))
+	}
+	seen := map[string]bool{}
+	for i, o := range objs {
+		op := p.Index(i)
+		if !objectiveNameRE.MatchString(o.Name) || len(o.Name) > 63 {
+			errs = append(errs, field.Invalid(op.Child("name"), o.Name, "must be 1–63 lower-case letters, digits and '-', starting and ending with a letter or digit"))
+		}
+		if seen[o.Name] {
+			errs = append(errs, field.Duplicate(op.Child("name"), o.Name))
+		}
+		seen[o.Name] = true
+		if _, err := o.PercentileValue(); err != nil {
+			errs = append(errs, field.Invalid(op.Child("percentile"), o.Percentile, err.Error()))
+		}
+		ml := o.MaxLateness
+		errs = append(errs, durationBounds(op.Child("maxLateness"), &ml, false, MinObjectiveLateness, MaxObjectiveLateness)...)
+		if o.Class.Source != "" && o.Class.Source != "submitted" && o.Class.Source != "discovered" {
+			errs = append(errs, field.NotSupported(op.Child("class", "source"), o.Class.Source, []string{"submitted", "discovered"}))
+		}
+		if mn, mx := o.Class.MinCadence, o.Class.MaxCadence; (mn != nil && mn.Duration < 0) || (mx != nil && mx.Duration < 0) ||
+			(mn != nil && mx != nil && mn.Duration > mx.Duration) {
+			errs = append(errs, field.Invalid(op.Child("class"), fmt.Sprintf("%v–%v", durOr(mn, 0), durOr(mx, 0)),
+				"minCadence must not be above maxCadence, nor either negative"))
+		}
+		for j := range i {
+			if objs[j].Class.overlaps(o.Class) {
+				errs = append(errs, field.Invalid(op.Child("class"), o.Name, fmt.Sprintf(
+					"selects some rows objective %q selects too: each row counts for one objective, so the classes must not overlap", objs[j].Name)))
+			}
+		}
+	}
+	return errs
 }

@@ -61,6 +61,10 @@ func floor(cadence, source, share string) map[string]any {
 	return map[string]any{"cadence": cadence, "source": source, "share": share}
 }
 
+func objective(name, percentile, maxLateness string) map[string]any {
+	return map[string]any{"name": name, "percentile": percentile, "maxLateness": maxLateness}
+}
+
 func floors(f ...map[string]any) []any {
 	out := make([]any, len(f))
 	for i := range f {
@@ -93,7 +97,7 @@ var _ = AfterSuite(func() {
 // keeper rely on (for objects stored before the rules), checks field.
 func goChecked(field string) bool {
 	for _, p := range []string{"metadata.name", "spec.shards", "spec.window", "spec.verifyInterval", "spec.verifyWalkRate", "spec.leaseDuration", "spec.maxLeaseDuration",
-		"spec.procs", "spec.store", "spec.image"} {
+		"spec.procs", "spec.store", "spec.image", "spec.objectives"} {
 		if field == p || strings.HasPrefix(field, p+".") || strings.HasPrefix(field, p+"[") {
 			return true
 		}
@@ -209,6 +213,17 @@ var _ = Describe("RenderQueue validation", func() {
 		Entry("floor cadence that overflows", "priority.floors", floors(floor("2562048h", "submitted", "0.1")), "spec.priority.floors[0].cadence", cadenceMsg),
 		Entry("floor without share", "priority.floors", floors(map[string]any{"cadence": "1h", "source": "submitted"}), "spec.priority.floors[0].share", "Required value"),
 		Entry("bad reschedule", "priority.reschedule", "Later", "spec.priority.reschedule", "Unsupported value"),
+		Entry("objective percentile 100", "objectives", floors(objective("hourly", "100", "10m")), "spec.objectives[0].percentile", "percentile must be a decimal number greater than 0 and below 100"),
+		Entry("objective percentile 0", "objectives", floors(objective("hourly", "0", "10m")), "spec.objectives[0].percentile", "percentile must be a decimal number greater than 0 and below 100"),
+		Entry("objective percentile as a fraction", "objectives", floors(objective("hourly", "0.99.", "10m")), "spec.objectives[0].percentile", "percentile must be a decimal number greater than 0 and below 100"),
+		Entry("objective maxLateness 0", "objectives", floors(objective("hourly", "99", "0s")), "spec.objectives[0].maxLateness", "maxLateness must be a duration from 1s to 8760h"),
+		Entry("objective maxLateness malformed", "objectives", floors(objective("hourly", "99", "ten minutes")), "spec.objectives[0].maxLateness", "maxLateness must be a duration from 1s to 8760h"),
+		Entry("objective name in upper case", "objectives", floors(objective("Hourly", "99", "10m")), "spec.objectives[0].name", "should match"),
+		Entry("objective named twice", "objectives", floors(objective("hourly", "99", "10m"), objective("hourly", "90", "1h")), "spec.objectives[1]", "Duplicate value"),
+		Entry("objective class reversed", "objectives", floors(map[string]any{"name": "x", "percentile": "99", "maxLateness": "1m",
+			"class": map[string]any{"minCadence": "2h", "maxCadence": "1h"}}), "spec.objectives[0].class", "class: minCadence must not be above maxCadence"),
+		Entry("objective class source", "objectives", floors(map[string]any{"name": "x", "percentile": "99", "maxLateness": "1m",
+			"class": map[string]any{"source": "sitemap"}}), "spec.objectives[0].class.source", "Unsupported value"),
 		Entry("bad tls mode", "tls.mode", "SelfSigned", "spec.tls.mode", "Unsupported value"),
 		Entry("tls mode in lower case", "tls.mode", "operatorissued", "spec.tls.mode", "Unsupported value"),
 		Entry("tls Provided without a Secret", "tls.mode", "Provided", "spec.tls.secretName", "tls.secretName is required when tls.mode is Provided"),

@@ -251,12 +251,14 @@ func (s *Shard) Complete(ctx context.Context, items []CompleteItem) ([]error, er
 				_ = s.core.AbortCompleting(now, items[i].Key, items[i].Lease, idx[j].hint)
 				continue
 			}
-			if res.Changed {
-				results[i] = ErrChangedSinceClaimed
-			}
 			// the version now stored (written, or changed by someone else since the claim), and
 			// the lease ended (it may have left the window, lease gone with it)
-			s.core.ApplyCompleted(now, res.Row, items[i].Lease, idx[j].hint)
+			if res.Changed {
+				results[i] = ErrChangedSinceClaimed
+				s.core.ApplyRefused(now, res.Row, items[i].Lease, idx[j].hint)
+			} else {
+				s.core.ApplyCompleted(now, res.Row, items[i].Lease, idx[j].hint)
+			}
 		}
 		s.unlockStep()
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"runtime"
 	"slices"
@@ -58,6 +59,25 @@ type Settings struct {
 	// slots, or gave it the slots of the last committed handoff. Both empty standalone.
 	Peers    []Peer
 	Arriving []Arrival
+	// Objectives are the freshness objectives the shard counts events for (core.Core's
+	// SetObjectives), each with the percentile it promises (for the metrics).
+	Objectives []ObjectiveSetting
+}
+
+// ObjectiveSetting is one freshness objective of a shard's settings.
+type ObjectiveSetting struct {
+	policy.Objective
+	// Percentile is the share of the events, in percent, that must be good.
+	Percentile float64
+}
+
+// coreObjectives returns the objectives as the core counts them.
+func (s Settings) coreObjectives() []policy.Objective {
+	out := make([]policy.Objective, len(s.Objectives))
+	for i, o := range s.Objectives {
+		out[i] = o.Objective
+	}
+	return out
 }
 
 // Validate says what is wrong with the settings.
@@ -77,6 +97,14 @@ func (s Settings) Validate() error {
 	}
 	if s.VerifyWalkRate < 0 {
 		errs = append(errs, fmt.Errorf("verifyWalkRate %d rows/s is negative", s.VerifyWalkRate))
+	}
+	if err := policy.ValidateObjectives(s.coreObjectives()); err != nil {
+		errs = append(errs, err)
+	}
+	for _, o := range s.Objectives {
+		if !(o.Percentile > 0 && o.Percentile < 100) {
+			errs = append(errs, fmt.Errorf("objective %q: percentile %v must be within (0, 100)", o.Name, o.Percentile))
+		}
 	}
 	for _, sl := range s.Owned.Slots() {
 		if s.Incoming.Has(sl) {
@@ -268,6 +296,9 @@ func NewShard(opts Options, s Settings) (*Shard, error) {
 	}
 	if opts.Clock == nil {
 		opts.Clock = time.Now
+	}
+	if err := c.SetObjectives(opts.Clock(), s.coreObjectives()); err != nil {
+		return nil, err
 	}
 	sh := &Shard{
 		name: opts.Name, st: opts.Store, open: opts.Open, clock: opts.Clock, log: opts.Log, m: opts.Metrics,
@@ -596,6 +627,14 @@ func (s *Shard) UpdateSettings(ctx context.Context, ns Settings) error {
 		s.mu.Unlock()
 		return err
 	}
+	// the events up to now are decided under the old objectives and slots before either changes
+	s.core.ObjectivesCatchUp(s.clock(), math.MaxInt)
+	if !slices.EqualFunc(ns.Objectives, old.Objectives, func(a, b ObjectiveSetting) bool { return a.SameAs(b.Objective) && a.Percentile == b.Percentile }) {
+		if err := s.core.SetObjectives(s.clock(), ns.coreObjectives()); err != nil {
+			s.mu.Unlock()
+			return err
+		}
+	}
 	arrived := false
 	var states [schedule.NumSlots]core.SlotState
 	var leaving, owning []int
@@ -796,6 +835,7 @@ func (s *Shard) Run(ctx context.Context, updates <-chan Settings) error {
 			continue
 		}
 		s.CheckEdge(now)
+		s.catchUpObjectives()
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
@@ -981,6 +1021,27 @@ func (s *Shard) consume(ctx context.Context) error {
 		}
 		s.HandleBatch(b)
 	}
+}
+
+// catchUpObjectives decides the freshness events whose lateness has passed (core.Core's
+// ObjectivesCatchUp) in bounded steps, so claims wait for at most one step.
+func (s *Shard) catchUpObjectives() {
+	for {
+		s.mu.Lock()
+		done := s.core.ObjectivesCatchUp(s.clock(), walkStepRows)
+		s.unlockStep()
+		if done {
+			return
+		}
+	}
+}
+
+// ObjectiveCounts returns the freshness events counted per objective, decided up to now.
+func (s *Shard) ObjectiveCounts() []core.ObjectiveCount {
+	s.catchUpObjectives()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.core.ObjectiveCounts()
 }
 
 // CheckEdge logs once per episode when the clock passes the edge. (The edge metric is collected

@@ -51,8 +51,17 @@ func (s *Shard) Status(now time.Time) shardapi.Status {
 			break
 		}
 	}
+	for {
+		s.mu.Lock()
+		done := s.core.ObjectivesCatchUp(now, statusStepRows)
+		s.unlockStep()
+		if done {
+			break
+		}
+	}
 	s.mu.Lock()
 	sc := s.core.CountSummary(now)
+	objectives := s.core.ObjectiveCounts()
 	cov := *s.cov // a copy: the ledger holds values only
 	exact := cov.Exact(now, s.ownedWalked())
 	settings, lastErr := s.settings, s.lastErr
@@ -94,6 +103,15 @@ func (s *Shard) Status(now time.Time) shardapi.Status {
 		Error:    lastErr,
 		HeldBack: sum.HeldBack,
 		Fences:   fences,
+	}
+	for _, o := range objectives {
+		oc := shardapi.ObjectiveCount{Name: o.Name, Good: o.Good, Late: o.Late, Since: o.Since}
+		for _, so := range settings.Objectives {
+			if so.Name == o.Name {
+				oc.Percentile = so.Percentile
+			}
+		}
+		st.Objectives = append(st.Objectives, oc)
 	}
 	st.Status = cov.State(sum.Due, now)
 	if edge := cov.Edge(); edge.Known && !edge.Unbounded {

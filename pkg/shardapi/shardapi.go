@@ -63,8 +63,24 @@ type Status struct {
 	// or not at all (a dead keeper's: until they must have ended). docs/design.md, "Leases
 	// across a handoff".
 	Fences []Fence `json:"fences,omitempty"`
+	// Objectives are the freshness events the shard counted per objective of its settings
+	// (spec.objectives), cumulative since Since: the keeper process started counting it, or its
+	// definition last changed. Absent when there are none.
+	Objectives []ObjectiveCount `json:"objectives,omitempty"`
 	// Error is the last error the shard wants its operator to see (a failed walk, a store outage).
 	Error string `json:"error,omitempty"`
+}
+
+// ObjectiveCount is one objective's events counted by a shard.
+type ObjectiveCount struct {
+	Name string `json:"name"`
+	// Percentile is the share of the events, in percent, the objective promises good.
+	Percentile float64 `json:"percentile"`
+	// Good and Late are the events decided so far: renders that started within the objective's
+	// maxLateness and completed, and due times that passed it without such a render.
+	Good  uint64    `json:"good"`
+	Late  uint64    `json:"late"`
+	Since time.Time `json:"since"`
 }
 
 // Fence is a set of owned slots that hand out none of their rows until Until.

@@ -271,6 +271,7 @@ func (c *Core) unlease(id uint32) {
 	r := c.rows.At(id)
 	c.trees.SetLeased(c.treeOf(r), makeEntry(id, r), false)
 	r.Clear(flagLeased)
+	c.objLeaseEnded(r)
 }
 
 // leaseOf finds key's record and checks that token is its current lease.

@@ -74,6 +74,8 @@ const (
 	// flagPending: the row's entry waits in its tree's pending list (bulk mode,
 	// duetree.Forest.AddPending).
 	flagPending
+	// flagDecided: the event of the row's due time is decided for its objective (objectives.go).
+	flagDecided
 	coreFlags = iota
 )
 
@@ -145,6 +147,8 @@ type group struct {
 	floor int
 	// lastClaimMs is when a row of the group was last claimed; math.MinInt64 before the first.
 	lastClaimMs int64
+	// obj is the index of the group's objective in Core.objs, or -1 (objectives.go).
+	obj int
 }
 
 type groupKey struct {
@@ -220,6 +224,11 @@ type Core struct {
 	unleasing uint32
 
 	walk *walkState
+
+	// objs are the freshness objectives counted (objectives.go); opNowMs is the time of the last
+	// Apply, ApplyCompleted or Delete, for the rows a slot change removes.
+	objs    []objState
+	opNowMs int64
 }
 
 // New returns an empty core with no slots.
@@ -457,6 +466,17 @@ func (c *Core) Apply(now time.Time, row schedule.Row) Outcome {
 // is Completing's (Completion.Hint), or the zero Hint: with the row still held where Completing
 // found it, there is no index lookup at all.
 func (c *Core) ApplyCompleted(now time.Time, row schedule.Row, token uint64, hint Hint) Outcome {
+	return c.applyCompleted(now, row, token, hint, true)
+}
+
+// ApplyRefused is ApplyCompleted for a completion the store refused because the row changed
+// since it was claimed: row is the version stored, the lease ends, and the render it reported
+// decides no freshness event (objectives.go).
+func (c *Core) ApplyRefused(now time.Time, row schedule.Row, token uint64, hint Hint) Outcome {
+	return c.applyCompleted(now, row, token, hint, false)
+}
+
+func (c *Core) applyCompleted(now time.Time, row schedule.Row, token uint64, hint Hint, written bool) Outcome {
 	nowMs := now.UnixMilli()
 	c.expireLeases(nowMs)
 	id, ok := c.rows.FindFrom(row.Key, hint.rec-1)
@@ -465,11 +485,19 @@ func (c *Core) ApplyCompleted(now time.Time, row schedule.Row, token uint64, hin
 	}
 	r := c.rows.At(id)
 	if c.leases.Current(id, token) {
+		// a completion of the version leased decides its event (objectives.go); one refused
+		// because the row changed since does not
+		if l, ok := c.leases.Get(id); ok && written && l.Rev == r.Rev {
+			c.objCompleted(nowMs, l.Since, r)
+		}
 		// end the lease on the record now; its tree entry is rewritten by the apply, or cleared
 		// below when the apply leaves it in place
 		c.leases.End(id)
 		r.Clear(flagLeased)
 		c.unleasing = id
+		if !written {
+			c.objLeaseEnded(r) // a render that did not complete
+		}
 	}
 	o := c.apply(nowMs, &row, id)
 	if c.unleasing != noRecord {
@@ -480,6 +508,7 @@ func (c *Core) ApplyCompleted(now time.Time, row schedule.Row, token uint64, hin
 }
 
 func (c *Core) apply(nowMs int64, row *schedule.Row, heldID uint32) Outcome {
+	c.opNowMs = nowMs
 	slot := row.Slot()
 	if c.slots[slot] == SlotNone {
 		return Outcome{Result: NotOwned}
@@ -539,6 +568,7 @@ func (c *Core) apply(nowMs int64, row *schedule.Row, heldID uint32) Outcome {
 			c.countDue(r, 1)
 			return Outcome{Result: Held, WasHeld: true}
 		}
+		c.objVersionEnds(nowMs, id, r)
 		c.unplace(id, r)
 	} else {
 		if c.rows.Len() >= MaxRows {
@@ -565,11 +595,15 @@ func (c *Core) apply(nowMs int64, row *schedule.Row, heldID uint32) Outcome {
 		r.Set(flagUrgent)
 	}
 	c.place(id, r)
+	if len(c.objs) > 0 {
+		c.objPlaced(id, r)
+	}
 	return Outcome{Result: Held, WasHeld: held}
 }
 
 // Delete applies the deletion of key at rev.
 func (c *Core) Delete(now time.Time, key string, slot int, rev int64) Outcome {
+	c.opNowMs = now.UnixMilli()
 	if c.slots[slot] == SlotNone {
 		return Outcome{Result: NotOwned}
 	}
@@ -626,6 +660,7 @@ func (c *Core) forget(key string) {
 // removeRow drops a held row: out of its tree and counts, its lease, and the store.
 func (c *Core) removeRow(id uint32) {
 	r := c.rows.At(id)
+	c.objVersionEnds(c.opNowMs, id, r)
 	c.unplace(id, r)
 	c.unseen(r)
 	c.slotHeld[r.Slot]--
@@ -646,6 +681,7 @@ func (c *Core) groupOf(row *schedule.Row) (uint16, bool) {
 	g := uint16(len(c.groups))
 	grp := &group{cadenceMs: k.cadenceMs, source: k.source, urgent: k.urgent, lastClaimMs: math.MinInt64}
 	grp.floor = c.floorOf(grp)
+	grp.obj = c.objectiveOf(grp)
 	c.groups = append(c.groups, grp)
 	c.groupIdx[k] = g
 	return g, true

@@ -50,7 +50,12 @@ func SettingsFor(rq *rqv1.RenderQueue, shard string) (keeper.Settings, error) {
 	if err != nil {
 		return keeper.Settings{}, fmt.Errorf("renderqueue %s/%s: priority: %w", rq.Namespace, rq.Name, err)
 	}
+	objectives, err := objectivesOf(rq.Spec.Objectives)
+	if err != nil {
+		return keeper.Settings{}, fmt.Errorf("renderqueue %s/%s: %w", rq.Namespace, rq.Name, err)
+	}
 	s := keeper.Settings{
+		Objectives:     objectives,
 		Window:         rq.Spec.WindowDuration(),
 		VerifyInterval: rq.Spec.VerifyIntervalDuration(),
 		VerifyWalkRate: rq.Spec.VerifyWalkRateValue(),
@@ -278,4 +283,31 @@ func (s *Source) Watch(ctx context.Context, ch chan<- keeper.Settings) error {
 			return ctx.Err()
 		}
 	}
+}
+
+// objectivesOf converts spec.objectives (validated) into the shard's objective settings.
+func objectivesOf(in []rqv1.Objective) ([]keeper.ObjectiveSetting, error) {
+	var out []keeper.ObjectiveSetting
+	for _, o := range in {
+		p, err := o.PercentileValue()
+		if err != nil {
+			return nil, fmt.Errorf("objective %q: %w", o.Name, err)
+		}
+		po := policy.Objective{Name: o.Name, MaxLateness: o.MaxLateness.Duration, Urgent: o.Class.Urgent}
+		if o.Class.MinCadence != nil {
+			po.MinCadence = o.Class.MinCadence.Duration
+		}
+		if o.Class.MaxCadence != nil {
+			po.MaxCadence = o.Class.MaxCadence.Duration
+		}
+		if o.Class.Source != "" {
+			src, err := schedule.ParseSource(o.Class.Source)
+			if err != nil {
+				return nil, fmt.Errorf("objective %q: %w", o.Name, err)
+			}
+			po.Source = &src
+		}
+		out = append(out, keeper.ObjectiveSetting{Objective: po, Percentile: p})
+	}
+	return out, nil
 }

@@ -70,6 +70,15 @@ func TestSettingsFor(t *testing.T) {
 		}, "", "", "priority.floors[0]"},
 		{"bad reschedule", func(rq *rqv1.RenderQueue) { rq.Spec.Priority.Reschedule = "Sometimes" }, "", "", "unknown reschedule policy"},
 		{"a walk rate stored before the CRD's bounds", func(rq *rqv1.RenderQueue) { rq.Spec.VerifyWalkRate = ptr.To[int32](-5) }, "", "", "spec.verifyWalkRate"},
+		{"objectives whose classes overlap", func(rq *rqv1.RenderQueue) {
+			rq.Spec.Objectives = []rqv1.Objective{
+				{Name: "hourly", Class: rqv1.ObjectiveClass{MaxCadence: dur(time.Hour)}, Percentile: "99", MaxLateness: metav1.Duration{Duration: 10 * time.Minute}},
+				{Name: "all", Percentile: "90", MaxLateness: metav1.Duration{Duration: time.Hour}},
+			}
+		}, "", "", `selects some rows objective "hourly" selects too`},
+		{"an objective's percentile of 100", func(rq *rqv1.RenderQueue) {
+			rq.Spec.Objectives = []rqv1.Objective{{Name: "all", Percentile: "100", MaxLateness: metav1.Duration{Duration: time.Hour}}}
+		}, "", "", "spec.objectives[0].percentile"},
 	}
 	for _, tc := range cases {
 		rq := testRQ()
@@ -263,5 +272,33 @@ func TestSettingsForHandoffs(t *testing.T) {
 	rq.Status.Membership.Handoff.State = rqv1.HandoffRolledBack
 	if s, err = SettingsFor(rq, "web-shard-1"); err != nil || s.Arriving != nil {
 		t.Errorf("rolled back: arriving %v, %v", s.Arriving, err)
+	}
+}
+
+// TestSettingsForObjectives: spec.objectives become the shard's objective settings, class and
+// percentile parsed.
+func TestSettingsForObjectives(t *testing.T) {
+	rq := testRQ()
+	urgent := false
+	rq.Spec.Objectives = []rqv1.Objective{
+		{Name: "hourly", Class: rqv1.ObjectiveClass{MinCadence: dur(time.Hour), MaxCadence: dur(time.Hour), Source: "submitted"}, Percentile: "99.9",
+			MaxLateness: metav1.Duration{Duration: 10 * time.Minute}},
+		{Name: "slow", Class: rqv1.ObjectiveClass{MinCadence: dur(24 * time.Hour), Urgent: &urgent}, Percentile: "95", MaxLateness: metav1.Duration{Duration: 12 * time.Hour}},
+	}
+	s, err := SettingsFor(rq, "web-shard-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(s.Objectives) != 2 {
+		t.Fatalf("objectives %+v", s.Objectives)
+	}
+	h, slow := s.Objectives[0], s.Objectives[1]
+	if h.Name != "hourly" || h.Percentile != 99.9 || h.MinCadence != time.Hour || h.MaxCadence != time.Hour || h.Source == nil ||
+		*h.Source != schedule.SourceSubmitted || h.Urgent != nil || h.MaxLateness != 10*time.Minute {
+		t.Errorf("hourly: %+v", h)
+	}
+	if slow.Name != "slow" || slow.Percentile != 95 || slow.MinCadence != 24*time.Hour || slow.MaxCadence != 0 || slow.Source != nil ||
+		slow.Urgent == nil || *slow.Urgent || slow.MaxLateness != 12*time.Hour {
+		t.Errorf("slow: %+v", slow)
 	}
 }

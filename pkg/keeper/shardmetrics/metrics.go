@@ -354,6 +354,7 @@ type statusDescs struct {
 	classWaiting, classWaitingRatio                           *prometheus.Desc
 	edge, lastWalkEnd, lastWalkPartial, lastWalkFailed, epoch *prometheus.Desc
 	heldBack, fencedSlots                                     *prometheus.Desc
+	objectiveEvents, objectiveTarget                          *prometheus.Desc
 }
 
 // NewStatusCollector returns a collector of the state gauges of the status that status returns
@@ -396,6 +397,10 @@ func NewStatusCollector(status func() shardapi.Status) *StatusCollector {
 		heldBack: d("rows_held_back",
 			"Due rows of owned slots handed out to nobody until a fence ends: the leases an earlier owner may have granted on them are not known yet or not at all (counted in renderqueue_keeper_due)."),
 		fencedSlots: d("fenced_slots", "Owned slots that hand out none of their rows until their fence ends."),
+		objectiveEvents: d("objective_events_total",
+			"Freshness events of spec.objectives decided by this keeper process: result=good (a render that started within maxLateness of due completed) or late (none had, when maxLateness passed). docs/objectives.md.",
+			"objective", "result"),
+		objectiveTarget: d("objective_target_ratio", "The share of an objective's events that must be good: its percentile / 100.", "objective"),
 	}}
 }
 
@@ -405,7 +410,8 @@ func (c *StatusCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, desc := range []*prometheus.Desc{d.held, d.ownedNotHeld, d.invalid, d.due, d.leased, d.exact, d.complete,
 		d.lateMax, d.lateP50, d.lateP99, d.relMax, d.relP50, d.relP99, d.classDue, d.classHeld, d.comingDue,
 		d.classWaiting, d.classWaitingRatio,
-		d.edge, d.lastWalkEnd, d.lastWalkPartial, d.lastWalkFailed, d.epoch, d.heldBack, d.fencedSlots} {
+		d.edge, d.lastWalkEnd, d.lastWalkPartial, d.lastWalkFailed, d.epoch, d.heldBack, d.fencedSlots,
+		d.objectiveEvents, d.objectiveTarget} {
 		ch <- desc
 	}
 }
@@ -461,6 +467,11 @@ func collectStatus(d statusDescs, st shardapi.Status, ch chan<- prometheus.Metri
 	}
 	for h, n := range st.Coming.ByHour {
 		g(d.comingDue, float64(n), strconv.Itoa(h+1))
+	}
+	for _, o := range st.Objectives {
+		ch <- prometheus.MustNewConstMetric(d.objectiveEvents, prometheus.CounterValue, float64(o.Good), o.Name, "good")
+		ch <- prometheus.MustNewConstMetric(d.objectiveEvents, prometheus.CounterValue, float64(o.Late), o.Name, "late")
+		g(d.objectiveTarget, o.Percentile/100, o.Name)
 	}
 	if st.Edge != nil {
 		g(d.edge, unixSeconds(*st.Edge))
