@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -53,6 +54,8 @@ type fakeShard struct {
 	classes []shardapi.Class
 	// coming is the status's coming counts.
 	coming shardapi.Coming
+	// objectives are the status's objective counters.
+	objectives []shardapi.ObjectiveCount
 }
 
 func newFakeShard(reader client.Reader, namespace, queue, name string) *fakeShard {
@@ -128,6 +131,7 @@ func (f *fakeShard) serve(w http.ResponseWriter, r *http.Request) {
 		Error:      f.err,
 		Classes:    f.classes,
 		Coming:     f.coming,
+		Objectives: slices.Clone(f.objectives),
 	}
 	if f.wrongName {
 		st.Shard = f.name + "-impostor"

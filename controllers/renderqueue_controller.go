@@ -292,6 +292,9 @@ func (r *RenderQueueReconciler) Reconcile(ctx context.Context, req ctrl.Request)
 		return ctrl.Result{}, err
 	}
 	next.TLS = tlsState.status
+	if err := r.reconcileObjectives(ctx, &rq, next, reports, now); err != nil {
+		return ctrl.Result{}, err
+	}
 	prev := rq.Status.DeepCopy()
 	wrote, err := patchStatus(ctx, r.Client, &rq, next)
 	if err != nil {

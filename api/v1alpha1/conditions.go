@@ -24,6 +24,10 @@ const (
 	// (the non-urgent rows of one cadence and source) has had due rows and no render for longer
 	// than its cadence; the message names the class, the shard and since when it waits.
 	ConditionClassesServed = "ClassesServed"
+	// ConditionObjectivesMet says whether every freshness objective (spec.objectives) is met
+	// over its window: True (ObjectivesMet), False (ObjectiveMissed, naming the objectives), or
+	// Unknown (NoObjectiveEvents) before any event was decided. Absent without objectives.
+	ConditionObjectivesMet = "ObjectivesMet"
 )
 
 // Condition reasons (CamelCase, as Kubernetes conventions ask).
@@ -73,6 +77,13 @@ const (
 	// longer than its cadence on some shard (no claims reach it, or they are too small for the
 	// classes waiting); the message names the class and the shard.
 	ReasonClassStarving = "ClassStarving"
+	// ReasonObjectivesMet: ObjectivesMet is True.
+	ReasonObjectivesMet = "ObjectivesMet"
+	// ReasonObjectiveMissed: ObjectivesMet is False: an objective's good share over its window
+	// is below its percentile; the message names it.
+	ReasonObjectiveMissed = "ObjectiveMissed"
+	// ReasonNoObjectiveEvents: ObjectivesMet is Unknown: no event has been decided yet.
+	ReasonNoObjectiveEvents = "NoObjectiveEvents"
 	// ReasonReconcileSucceeded: Reconciled is True.
 	ReasonReconcileSucceeded = "ReconcileSucceeded"
 	// ReasonInvalidSpec: Reconciled is False: the object does not decode or breaks a rule of the

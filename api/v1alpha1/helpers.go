@@ -48,6 +48,13 @@ func ShardTLSSecretName(name string) string { return name + "-shard-tls" }
 // ShardCAKey), <name>-shard-ca: render workers mount it.
 func ShardCAConfigMapName(name string) string { return name + "-shard-ca" }
 
+// ObjectiveHistoryConfigMapName is the ConfigMap in which the operator keeps the history of the
+// freshness objectives of RenderQueue name (status.objectives), under ObjectiveHistoryKey.
+func ObjectiveHistoryConfigMapName(name string) string { return name + "-objective-history" }
+
+// ObjectiveHistoryKey is the key of the history (JSON) in ObjectiveHistoryConfigMapName.
+const ObjectiveHistoryKey = "history.json"
+
 // ShardCAKey is the key of the CA bundle in the ConfigMap ShardCAConfigMapName.
 const ShardCAKey = "ca.crt"
 

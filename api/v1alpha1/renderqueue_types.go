@@ -448,6 +448,14 @@ type Objective struct {
 	// +kubebuilder:validation:MaxLength=64
 	// +kubebuilder:validation:XValidation:rule="self.matches('^(0|(([0-9]{1,5}([.][0-9]*)?|[.][0-9]+)h|([0-9]{1,7}([.][0-9]*)?|[.][0-9]+)m|([0-9]{1,9}([.][0-9]*)?|[.][0-9]+)s|([0-9]{1,12}([.][0-9]*)?|[.][0-9]+)ms|([0-9]{1,15}([.][0-9]*)?|[.][0-9]+)(us|µs|μs)|([0-9]{1,18}([.][0-9]*)?|[.][0-9]+)ns)+)$') && duration(self) >= duration('1s') && duration(self) <= duration('8760h')",message="maxLateness must be a duration from 1s to 8760h, such as 10m"
 	MaxLateness metav1.Duration `json:"maxLateness"`
+
+	// Window is how far back status.objectives judges the objective, e.g. "672h" (28 days, the
+	// default); from 1h to 2160h (90 days).
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:MaxLength=64
+	// +kubebuilder:validation:XValidation:rule="self.matches('^(0|(([0-9]{1,5}([.][0-9]*)?|[.][0-9]+)h|([0-9]{1,7}([.][0-9]*)?|[.][0-9]+)m|([0-9]{1,9}([.][0-9]*)?|[.][0-9]+)s|([0-9]{1,12}([.][0-9]*)?|[.][0-9]+)ms|([0-9]{1,15}([.][0-9]*)?|[.][0-9]+)(us|µs|μs)|([0-9]{1,18}([.][0-9]*)?|[.][0-9]+)ns)+)$') && duration(self) >= duration('1h') && duration(self) <= duration('2160h')",message="window must be a duration from 1h to 2160h, such as 672h"
+	// +optional
+	Window *metav1.Duration `json:"window,omitempty"`
 }
 
 // ObjectiveClass selects rows by cadence, source and urgency; every field left out matches all.
@@ -549,6 +557,14 @@ type RenderQueueStatus struct {
 	// +optional
 	DueAsOf *metav1.Time `json:"dueAsOf,omitempty"`
 
+	// Objectives are how the freshness objectives of spec.objectives are kept over their
+	// windows, from the events the shards counted (docs/objectives.md); the operator keeps their
+	// history in the ConfigMap <name>-objective-history.
+	// +listType=map
+	// +listMapKey=name
+	// +optional
+	Objectives []ObjectiveStatus `json:"objectives,omitempty"`
+
 	// Forecast is the work due within the next 15 minutes, hour and day: Due plus the rows that
 	// come due by then, from the shards' exact counts of their held rows by due time. It is what
 	// the external metric renderqueue_due_forecast serves (docs/autoscaling.md, "Scaling ahead").
@@ -570,6 +586,37 @@ type RenderQueueStatus struct {
 	// unset when TLS is disabled.
 	// +optional
 	TLS *ShardTLSStatus `json:"tls,omitempty"`
+}
+
+// ObjectiveStatus is how one objective is kept.
+type ObjectiveStatus struct {
+	// Name of the objective.
+	Name string `json:"name"`
+	// Window is the span judged; Since its start (later while the history is younger).
+	Window metav1.Duration `json:"window"`
+	// +optional
+	Since metav1.Time `json:"since,omitzero"`
+	// Good and Late are the events decided within the window.
+	// +optional
+	Good int64 `json:"good"`
+	// +optional
+	Late int64 `json:"late"`
+	// Attainment is Good over all events, e.g. "99.42%"; empty while there are none.
+	// +optional
+	Attainment string `json:"attainment,omitempty"`
+	// BudgetRemaining is the share of the error budget (100% − percentile) left over the
+	// window, e.g. "40.5%"; negative when overspent.
+	// +optional
+	BudgetRemaining string `json:"budgetRemaining,omitempty"`
+	// BurnRate1h and BurnRate6h are how fast the last hour's and the last 6 hours' events spend
+	// the budget (1: exactly at the rate that spends it over any window; 14.4 spends 30 days'
+	// in 2), e.g. "0.35"; empty without events in that span.
+	// +optional
+	BurnRate1h string `json:"burnRate1h,omitempty"`
+	// +optional
+	BurnRate6h string `json:"burnRate6h,omitempty"`
+	// Met is true when Attainment is at least the percentile (or there are no events).
+	Met bool `json:"met"`
 }
 
 // ForecastStatus is the work due within a few horizons, as of one poll of the shards.

@@ -223,6 +223,17 @@ const (
 
 var objectiveNameRE = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`)
 
+// DefaultObjectiveWindow is an objective's window when spec.objectives[].window is unset.
+const DefaultObjectiveWindow = 672 * time.Hour
+
+// WindowDuration is the objective's window, DefaultObjectiveWindow when unset.
+func (o Objective) WindowDuration() time.Duration {
+	if o.Window == nil || o.Window.Duration <= 0 {
+		return DefaultObjectiveWindow
+	}
+	return o.Window.Duration
+}
+
 // PercentileValue parses the objective's percentile: a decimal number within (0, 100).
 func (o Objective) PercentileValue() (float64, error) {
 	v, err := strconv.ParseFloat(o.Percentile, 64)
@@ -273,6 +284,7 @@ func validateObjectives(p *field.Path, objs []Objective) field.ErrorList {
 		}
 		ml := o.MaxLateness
 		errs = append(errs, durationBounds(op.Child("maxLateness"), &ml, false, MinObjectiveLateness, MaxObjectiveLateness)...)
+		errs = append(errs, durationBounds(op.Child("window"), o.Window, false, time.Hour, 2160*time.Hour)...)
 		if o.Class.Source != "" && o.Class.Source != "submitted" && o.Class.Source != "discovered" {
 			errs = append(errs, field.NotSupported(op.Child("class", "source"), o.Class.Source, []string{"submitted", "discovered"}))
 		}
