@@ -210,6 +210,10 @@ type entry struct {
 	} `json:"class"`
 	Percentile  json.RawMessage `json:"percentile"` // "99.9" or 99.9
 	MaxLateness string          `json:"maxLateness"`
+	// Window is spec.objectives[].window: how far back the operator judges the objective. A
+	// simulation judges it over its measurement window; the field is accepted (a RenderQueue's
+	// objectives are read as they are) and checked, not used.
+	Window string `json:"window"`
 }
 
 // Parse reads objectives from YAML or JSON: a list under "objectives", or a RenderQueue manifest
@@ -278,6 +282,9 @@ func Parse(data []byte) ([]Objective, error) {
 		o.Class.MinCadence = dur("class.minCadence", e.Class.MinCadence)
 		o.Class.MaxCadence = dur("class.maxCadence", e.Class.MaxCadence)
 		o.MaxLateness = dur("maxLateness", e.MaxLateness)
+		if w := dur("window", e.Window); e.Window != "" && w <= 0 {
+			fail("window %s: want a positive duration", e.Window)
+		}
 		if e.MaxLateness == "" {
 			fail("maxLateness is required")
 		}

@@ -112,6 +112,7 @@ spec:
       class: {maxCadence: 1h}
       percentile: "99.9"
       maxLateness: 5m
+      window: 672h
 `))
 	if err != nil || len(objs) != 1 || objs[0].Percentile != 99.9 || objs[0].Class.MaxCadence != time.Hour {
 		t.Errorf("from a manifest: %+v, %v", objs, err)
