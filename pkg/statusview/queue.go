@@ -171,6 +171,27 @@ func WriteQueue(w io.Writer, q Queue) error {
 			p.f("    lower bounds: %s\n", strings.Join(why, "; "))
 		}
 	}
+	for _, o := range rq.Status.Objectives {
+		kept := "met"
+		if !o.Met {
+			kept = "MISSED"
+		}
+		att := "no events yet"
+		if o.Attainment != "" {
+			att = fmt.Sprintf("%s good of %s", o.Attainment, num(int(o.Good+o.Late)))
+		}
+		line := fmt.Sprintf("  objective %s: %s over %s, %s", o.Name, att, o.Window.Duration, kept)
+		if o.BudgetRemaining != "" {
+			line += ", budget left " + o.BudgetRemaining
+		}
+		if o.BurnRate1h != "" {
+			line += ", burn 1h " + o.BurnRate1h
+		}
+		if o.BurnRate6h != "" {
+			line += ", 6h " + o.BurnRate6h
+		}
+		p.f("%s\n", line)
+	}
 	if len(q.Shards) > 0 {
 		// the line above is the operator's last poll; the table is read now, so the two may differ
 		p.f("  (due as the operator last polled the shards; the rows below are each shard's own figures, read now)\n")

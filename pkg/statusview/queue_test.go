@@ -230,3 +230,25 @@ func TestWriteQueueForecast(t *testing.T) {
 		t.Errorf("got:\n%s\nwant it to contain:\n%s", b.String(), want)
 	}
 }
+
+// TestWriteQueueObjectives: one line per objective of status.objectives.
+func TestWriteQueueObjectives(t *testing.T) {
+	q := cannedQueue(t)
+	q.RenderQueue.Status.Objectives = []rqv1.ObjectiveStatus{
+		{Name: "hourly", Window: metav1.Duration{Duration: 672 * time.Hour}, Good: 118406, Late: 912, Attainment: "99.24%",
+			BudgetRemaining: "23.56%", BurnRate1h: "0.4", BurnRate6h: "1.12", Met: true},
+		{Name: "daily", Window: metav1.Duration{Duration: 24 * time.Hour}, Met: true},
+	}
+	var b strings.Builder
+	if err := WriteQueue(&b, q); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		"  objective hourly: 99.24% good of 119,318 over 672h0m0s, met, budget left 23.56%, burn 1h 0.4, 6h 1.12\n",
+		"  objective daily: no events yet over 24h0m0s, met\n",
+	} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("got:\n%s\nwant it to contain:\n%s", b.String(), want)
+		}
+	}
+}
