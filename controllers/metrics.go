@@ -3,6 +3,8 @@ package controllers
 import (
 	"context"
 	"fmt"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -128,6 +130,7 @@ type queueDescs struct {
 	shardDue, shardExact, shardReady, shardState, shardHeld    *prometheus.Desc
 	shardEdge, shardWalkEnd, shardWalkPartial, shardWalkFailed *prometheus.Desc
 	forecast, forecastExact                                    *prometheus.Desc
+	objectiveAttainment, objectiveBudget, objectiveMet         *prometheus.Desc
 	scrapeErrors                                               *prometheus.Desc
 }
 
@@ -148,6 +151,11 @@ func NewQueueCollector(reader client.Reader, elected <-chan struct{}) *QueueColl
 		forecast: d("due_forecast", "status.forecast: due rows plus the rows coming due within the horizon (15m, 1h, 24h); a lower bound unless renderqueue_queue_due_forecast_exact is 1. "+
 			"Absent until the operator first computed it.", q, "horizon"),
 		forecastExact: d("due_forecast_exact", "1 when renderqueue_queue_due_forecast is the true count for the horizon.", q, "horizon"),
+		objectiveAttainment: d("objective_attainment_ratio",
+			"status.objectives[].attainment: the share of the objective's events good over its window. Absent while there are none.", q, "objective"),
+		objectiveBudget: d("objective_budget_remaining_ratio",
+			"status.objectives[].budgetRemaining: the share of the objective's error budget left over its window; negative when overspent. Absent while there are no events.", q, "objective"),
+		objectiveMet: d("objective_met", "status.objectives[].met: 1 when the objective is met over its window.", q, "objective"),
 		condition: d("condition", "1 for the status each condition of the RenderQueue has (Ready, Exact, EdgeHealthy, WalksComplete, Progressing, Reconciled, ClassesServed), 0 for the others.",
 			q, "condition", "status"),
 		shardsDesired: d("shards_desired", "spec.shards: the shard count asked for.", q),
@@ -173,7 +181,8 @@ func NewQueueCollector(reader client.Reader, elected <-chan struct{}) *QueueColl
 // Describe implements prometheus.Collector.
 func (c *QueueCollector) Describe(ch chan<- *prometheus.Desc) {
 	d := c.d
-	for _, desc := range []*prometheus.Desc{d.due, d.dueExact, d.dueAsOf, d.forecast, d.forecastExact, d.condition, d.shardsDesired, d.shardsCurrent,
+	for _, desc := range []*prometheus.Desc{d.due, d.dueExact, d.dueAsOf, d.forecast, d.forecastExact,
+		d.objectiveAttainment, d.objectiveBudget, d.objectiveMet, d.condition, d.shardsDesired, d.shardsCurrent,
 		d.shardsReady, d.slotsMoving, d.shardDue, d.shardExact, d.shardReady, d.shardState, d.shardHeld, d.shardEdge,
 		d.shardWalkEnd, d.shardWalkPartial, d.shardWalkFailed, d.scrapeErrors} {
 		ch <- desc
@@ -214,6 +223,15 @@ func collectQueue(d queueDescs, rq *rqv1.RenderQueue, ch chan<- prometheus.Metri
 		g(d.due, float64(st.Due), q...)
 		g(d.dueExact, b2f(st.DueExact), q...)
 		g(d.dueAsOf, unixSeconds(st.DueAsOf.Time), q...)
+	}
+	for _, o := range st.Objectives {
+		if v, ok := percentRatio(o.Attainment); ok {
+			g(d.objectiveAttainment, v, rq.Namespace, rq.Name, o.Name)
+		}
+		if v, ok := percentRatio(o.BudgetRemaining); ok {
+			g(d.objectiveBudget, v, rq.Namespace, rq.Name, o.Name)
+		}
+		g(d.objectiveMet, b2f(o.Met), rq.Namespace, rq.Name, o.Name)
 	}
 	if st.Forecast != nil {
 		for _, h := range st.Forecast.Horizons {
@@ -265,4 +283,14 @@ func b2f(v bool) float64 {
 // unixSeconds is t in seconds since the epoch, as Prometheus timestamps are written.
 func unixSeconds(t time.Time) float64 {
 	return float64(t.UnixNano()) / 1e9
+}
+
+// percentRatio parses a status percentage ("99.42%", "-12.5%") as a ratio; false when empty or
+// malformed.
+func percentRatio(s string) (float64, bool) {
+	v, err := strconv.ParseFloat(strings.TrimSuffix(s, "%"), 64)
+	if err != nil || !strings.HasSuffix(s, "%") {
+		return 0, false
+	}
+	return v / 100, true
 }
