@@ -78,7 +78,8 @@ func cmpOr(s, def string) string {
 }
 
 // Observe takes the shards' counters of one poll (reports with a status) into h at now, for the
-// objectives of spec; records of objectives no longer in it, or whose definition changed, go.
+// objectives of spec; records of objectives no longer in it, or whose definition changed, go, and
+// so do the counters of shards the poll did not ask at all (the RenderQueue no longer has them).
 // A shard's counter is taken as the difference from what was last taken from it; a counter that
 // started again (a keeper process that restarted, a definition that changed: a later since) is
 // taken whole when it began after the record did, and otherwise only remembered (a record that
@@ -114,8 +115,15 @@ func (h *ObjectiveHistory) Observe(now time.Time, objs []rqv1.Objective, reports
 			changed, structural = true, true
 		}
 	}
+	polled := map[string]bool{} // the shards the RenderQueue has (reachable or not)
+	for _, rep := range reports {
+		polled[rep.Name] = true
+	}
 	for k := range h.Shards {
-		if _, ok := want[k[strings.LastIndexByte(k, '/')+1:]]; !ok {
+		i := strings.LastIndexByte(k, '/')
+		if _, ok := want[k[i+1:]]; !ok || (len(reports) > 0 && !polled[k[:i]]) {
+			// an objective gone, or a shard the RenderQueue no longer has: a keeper that comes
+			// back under its name is a new process, whose counters are taken whole
 			delete(h.Shards, k)
 			changed, structural = true, true
 		}

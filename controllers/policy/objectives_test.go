@@ -88,6 +88,12 @@ func TestObjectiveHistory(t *testing.T) {
 		t.Errorf("condition: %+v", c)
 	}
 
+	// web-shard-1, not polled at all a day later (the RenderQueue no longer has it), left no
+	// counters behind
+	if _, ok := h.Shards["web-shard-1/hourly"]; ok || len(h.Shards) != 1 {
+		t.Fatalf("counters after web-shard-1 went: %+v", h.Shards)
+	}
+
 	// a changed definition starts the record again, and an objective removed from the spec goes
 	objs[0].MaxLateness = metav1.Duration{Duration: 20 * time.Minute}
 	h.Observe(t3.Add(time.Minute), objs, nil)
