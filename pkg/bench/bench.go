@@ -11,6 +11,9 @@
 //     whole number of cadences;
 //   - measures what the change-event trigger and its NOTIFY add to a completion (the group
 //     commit's UPDATE with the notify trigger enabled and disabled, alternately);
+//   - measures the floor: render_schedule's rows completed by bare UPDATEs by key in batches,
+//     every user trigger off, what PostgreSQL spends per row at the least (runFloor), and reports
+//     the keeper's PostgreSQL CPU per completion over it (Report.FloorRatio; FloorTarget);
 //   - drives the plain table with workers that each claim n rows with SELECT … ORDER BY due_at
 //     LIMIT n FOR UPDATE SKIP LOCKED and complete them with one UPDATE in the same transaction, for
 //     each shape (workers × batch) asked for, the queue written afresh (all due) before each;
@@ -171,6 +174,9 @@ type Report struct {
 	// TriggerWith and TriggerWithout are the group commit's UPDATE time per row with the notify
 	// trigger enabled and disabled (0 when not measured).
 	TriggerWith, TriggerWithout time.Duration
+	// Floor is the floor run: completions written as bare UPDATEs by key in batches, every user
+	// trigger off (runFloor), after the keeper's run, over the rows in due order.
+	Floor RunResult
 	// WALSettings are the server's settings the runs' WAL depends on (wal_level,
 	// full_page_writes): RunResult.WALPerCompletion.
 	WALSettings string
@@ -200,6 +206,18 @@ func (r Report) Ratio() float64 {
 		return 0
 	}
 	return r.Keeper.RowsPerSecond() / b
+}
+
+// FloorRatio is PostgreSQL's CPU per completed row through the keeper over that of the floor
+// run (the bare UPDATE): how far the keeper's completions are from the least any queue writing
+// them to this table could cost. false when either was not measured.
+func (r Report) FloorRatio() (float64, bool) {
+	k, ok1 := r.Keeper.PostgresPerRow()
+	f, ok2 := r.Floor.PostgresPerRow()
+	if !ok1 || !ok2 || f == 0 {
+		return 0, false
+	}
+	return float64(k) / float64(f), true
 }
 
 // WALPerCompletion is the WAL the run wrote per completed row (bytes; 0 when none completed).
@@ -359,7 +377,29 @@ func runKeeperPart(ctx context.Context, pool *pgxpool.Pool, dsn string, cfg Conf
 		return fmt.Errorf("bench: stopping the keeper: %w", err)
 	}
 	k = nil
-	return nil
+	return runFloorPart(ctx, pool, cfg, rep)
+}
+
+// runFloorPart measures the floor run into rep, with render_schedule's user triggers disabled
+// for it (and enabled again after, whatever happens).
+func runFloorPart(ctx context.Context, pool *pgxpool.Pool, cfg Config, rep *Report) (err error) {
+	f, err := readFloorRows(ctx, pool)
+	if err != nil {
+		return fmt.Errorf("bench: %w", err)
+	}
+	if _, err := pool.Exec(ctx, "ALTER TABLE render_schedule DISABLE TRIGGER USER"); err != nil {
+		return fmt.Errorf("bench: disabling the triggers for the floor run: %w", err)
+	}
+	defer func() {
+		if _, e := pool.Exec(context.WithoutCancel(ctx), "ALTER TABLE render_schedule ENABLE TRIGGER USER"); e != nil && err == nil {
+			err = fmt.Errorf("bench: enabling the triggers after the floor run: %w", e)
+		}
+	}()
+	cfg.Log("floor: bare UPDATEs of %d rows in batches of %d for %v", len(f.keys), floorBatch, cfg.Duration)
+	rep.Floor, err = measure(ctx, pool, 0, Shape{Workers: 1, Batch: floorBatch}, cfg.Duration, "render_schedule", func(deadline time.Time) []*workerLog {
+		return runFloor(ctx, pool, f, deadline)
+	})
+	return err
 }
 
 // runSkipLockedShapes measures the SKIP LOCKED queue in each shape, the queue reset to all due

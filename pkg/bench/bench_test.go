@@ -123,6 +123,13 @@ func TestRunSmall(t *testing.T) {
 		if rep.Ratio() <= 0 || rep.TriggerWith <= 0 {
 			t.Fatalf("round %d: ratio %v, trigger %v", i+1, rep.Ratio(), rep.TriggerWith)
 		}
+		// the floor run: bare UPDATEs of the rows still due, each verified as a completion
+		if f := rep.Floor; f.Completed == 0 || f.Verified != f.Completed || f.Errors > 0 {
+			t.Fatalf("round %d, floor run: %+v", i+1, f)
+		}
+		if q, ok := rep.FloorRatio(); !ok || q <= 0 {
+			t.Fatalf("round %d: keeper / floor %v (measured %v)", i+1, q, ok)
+		}
 		// the test's server runs here: whether its buffers are on huge pages is known
 		sm := rep.SharedMemory
 		known := strings.HasSuffix(sm, ": not on huge pages") || strings.Contains(sm, ": on huge pages (")
@@ -133,7 +140,7 @@ func TestRunSmall(t *testing.T) {
 		if err := rep.Write(&out); err != nil {
 			t.Fatal(err)
 		}
-		for _, want := range []string{"keeper (HTTP)", "SKIP LOCKED", "keeper / best SKIP LOCKED", "PostgreSQL CPU per completed row", "change events of a completion", "CPUs allowed: PostgreSQL ", "PostgreSQL's shared memory: shared_buffers ", "before each run: ", "WAL written during the keeper run per completed row: "} {
+		for _, want := range []string{"keeper (HTTP)", "SKIP LOCKED", "keeper / best SKIP LOCKED", "PostgreSQL CPU per completed row", "change events of a completion", "CPUs allowed: PostgreSQL ", "PostgreSQL's shared memory: shared_buffers ", "before each run: ", "WAL written during the keeper run per completed row: ", "floor (bare UPDATE by key in batches of 5000, no triggers, "} {
 			if !strings.Contains(out.String(), want) {
 				t.Errorf("round %d: report lacks %q:\n%s", i+1, want, out.String())
 			}
@@ -154,8 +161,10 @@ func TestRunSmall(t *testing.T) {
 	if err := rs.Write(&out); err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(out.String(), "keeper / best SKIP LOCKED, each round against its own: median ") {
-		t.Errorf("rounds report lacks the median ratio:\n%s", out.String())
+	for _, want := range []string{"keeper / best SKIP LOCKED, each round against its own: median ", "keeper / floor, each round against its own: median "} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("rounds report lacks %q:\n%s", want, out.String())
+		}
 	}
 	if testing.Verbose() {
 		_, _ = os.Stdout.Write(out.Bytes())

@@ -291,3 +291,78 @@ func runSkipLocked(ctx context.Context, pool *pgxpool.Pool, shape Shape, deadlin
 	wg.Wait()
 	return logs
 }
+
+// floorBatch is the rows of one bare UPDATE of the floor run: about what a keeper's group commit
+// writes at once under the benchmark's load.
+const floorBatch = 5000
+
+// floorSQL is the least a completion can be in render_schedule: due_at set by key, nothing else
+// (no rev, no rev check, no RETURNING), with every user trigger disabled for the run
+// (pkg/store/postgres's BenchmarkCompleteStatement/bare-update, the same statement).
+const floorSQL = `UPDATE render_schedule AS r SET due_at = c.due
+	FROM unnest($1::text[], $2::timestamptz[]) AS c(key, due) WHERE r.key = c.key`
+
+// floorRows are the due rows the floor run completes, read (in due order) before it.
+type floorRows struct {
+	keys []string
+	dues []time.Time
+	cads []int64
+}
+
+// readFloorRows reads render_schedule's rows in due order, due or not (a bare UPDATE by key costs
+// the same either way, and the keeper's run may have left few due), for runFloor.
+func readFloorRows(ctx context.Context, pool *pgxpool.Pool) (floorRows, error) {
+	var f floorRows
+	rows, err := pool.Query(ctx, `SELECT key, due_at, cadence_ms FROM render_schedule ORDER BY due_at`)
+	if err != nil {
+		return f, fmt.Errorf("reading the rows for the floor run: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var k string
+		var d pgtype.Timestamptz
+		var c int64
+		if err := rows.Scan(&k, &d, &c); err != nil {
+			return f, fmt.Errorf("reading the rows for the floor run: %w", err)
+		}
+		f.keys, f.dues, f.cads = append(f.keys, k), append(f.dues, d.Time), append(f.cads, c)
+	}
+	return f, rows.Err()
+}
+
+// runFloor writes completions to render_schedule as cheaply as PostgreSQL allows: one worker,
+// batches of floorBatch of the rows read before (so the run's database work is the UPDATEs
+// alone), each row's due time moved forward by its cadence as a completion's is. What
+// PostgreSQL spends per row here is the floor under any queue that writes each completion to its
+// row in this table (user triggers disabled by the caller).
+func runFloor(ctx context.Context, pool *pgxpool.Pool, f floorRows, deadline time.Time) []*workerLog {
+	l := &workerLog{}
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		l.fail(err)
+		return []*workerLog{l}
+	}
+	defer conn.Release()
+	next := make([]time.Time, 0, floorBatch)
+	for lo := 0; time.Now().Before(deadline) && ctx.Err() == nil; lo += floorBatch {
+		if lo >= len(f.keys) {
+			l.drained = true
+			break
+		}
+		hi := min(lo+floorBatch, len(f.keys))
+		next = next[:0]
+		for i := lo; i < hi; i++ {
+			next = append(next, f.dues[i].Add(time.Duration(f.cads[i])*time.Millisecond))
+		}
+		start := time.Now()
+		if _, err := conn.Exec(ctx, floorSQL, f.keys[lo:hi], next); err != nil {
+			l.fail(err)
+			continue
+		}
+		l.complete = append(l.complete, time.Since(start))
+		for i := lo; i < hi; i++ {
+			l.done = append(l.done, completed{key: f.keys[i], due: f.dues[i], cadence: time.Duration(f.cads[i]) * time.Millisecond})
+		}
+	}
+	return []*workerLog{l}
+}

@@ -75,6 +75,11 @@ func (r Report) Write(w io.Writer) error {
 				us(k), us(s), float64(s)/float64(k))
 		}
 	}
+	if f, ok := r.Floor.PostgresPerRow(); ok {
+		q, _ := r.FloorRatio()
+		fmt.Fprintf(&b, "floor (bare UPDATE by key in batches of %d, no triggers, %.0f rows/s): PostgreSQL CPU per row %.1f µs; keeper / floor %.2f× (target ≤ %.2f×)\n",
+			floorBatch, r.Floor.RowsPerSecond(), us(f), q, FloorTarget)
+	}
 	if line := postgresBusyLine(r.Keeper, best); line != "" {
 		b.WriteString(line)
 	}

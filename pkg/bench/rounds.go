@@ -42,6 +42,10 @@ func RunRounds(ctx context.Context, cfg Config, n int, done func(i int, r Report
 	return out, nil
 }
 
+// FloorTarget is the most PostgreSQL CPU per completion through the keeper may be over the floor's
+// (issue 42): the keeper's completion path costing at most 10% more than a bare UPDATE by key.
+const FloorTarget = 1.10
+
 // Spread is the median and the range of one figure over rounds.
 type Spread struct {
 	// N is how many rounds had the figure.
@@ -78,11 +82,14 @@ type RoundsSummary struct {
 	// limit (limitBusy), where the ratio is about that of PostgreSQL's CPU per row.
 	BusyKeeper, BusySkipLocked Spread
 	AtLimit                    int
+	// PostgresFloor is PostgreSQL's CPU per row of the floor run (µs), and FloorRatio each round's
+	// keeper figure over its own floor's (Report.FloorRatio).
+	PostgresFloor, FloorRatio Spread
 }
 
 // Summary is the rounds' figures as medians and ranges.
 func (rs Rounds) Summary() RoundsSummary {
-	var keeper, skip, ratio, pgK, pgS, busyK, busyS []float64
+	var keeper, skip, ratio, pgK, pgS, busyK, busyS, pgF, floor []float64
 	atLimit := 0
 	for _, r := range rs {
 		best := r.BestSkipLocked()
@@ -97,6 +104,12 @@ func (rs Rounds) Summary() RoundsSummary {
 		if d, ok := best.PostgresPerRow(); ok {
 			pgS = append(pgS, us(d))
 		}
+		if d, ok := r.Floor.PostgresPerRow(); ok {
+			pgF = append(pgF, us(d))
+		}
+		if q, ok := r.FloorRatio(); ok {
+			floor = append(floor, q)
+		}
 		k, _, okK := r.Keeper.PostgresBusy()
 		b, _, okS := best.PostgresBusy()
 		if okK && okS {
@@ -108,7 +121,8 @@ func (rs Rounds) Summary() RoundsSummary {
 	}
 	return RoundsSummary{Keeper: spreadOf(keeper), SkipLocked: spreadOf(skip), Ratio: spreadOf(ratio),
 		PostgresKeeper: spreadOf(pgK), PostgresSkipLocked: spreadOf(pgS),
-		BusyKeeper: spreadOf(busyK), BusySkipLocked: spreadOf(busyS), AtLimit: atLimit}
+		BusyKeeper: spreadOf(busyK), BusySkipLocked: spreadOf(busyS), AtLimit: atLimit,
+		PostgresFloor: spreadOf(pgF), FloorRatio: spreadOf(floor)}
 }
 
 // Unverified is how many acknowledged keeper completions of all rounds the database did not show.
@@ -168,6 +182,10 @@ func (rs Rounds) Write(w io.Writer) error {
 		fmt.Fprintf(&b, "PostgreSQL CPU per completed row: keeper median %.1f µs (%.1f–%.1f), best SKIP LOCKED median %.1f µs (%.1f–%.1f)\n",
 			s.PostgresKeeper.Median, s.PostgresKeeper.Min, s.PostgresKeeper.Max,
 			s.PostgresSkipLocked.Median, s.PostgresSkipLocked.Min, s.PostgresSkipLocked.Max)
+	}
+	if s.FloorRatio.N > 0 {
+		fmt.Fprintf(&b, "floor (bare UPDATE by key, no triggers): PostgreSQL CPU per row median %.1f µs (%.1f–%.1f); keeper / floor, each round against its own: median %.2f× (%.2f–%.2f×; target ≤ %.2f×)\n",
+			s.PostgresFloor.Median, s.PostgresFloor.Min, s.PostgresFloor.Max, s.FloorRatio.Median, s.FloorRatio.Min, s.FloorRatio.Max, FloorTarget)
 	}
 	if s.BusyKeeper.N > 0 {
 		fmt.Fprintf(&b, "PostgreSQL's CPU use of the CPUs it may run on: keeper run median %.0f%% (%.0f–%.0f%%), best SKIP LOCKED median %.0f%% (%.0f–%.0f%%); both at the database's limit (%.0f%% and above) in %d of %d rounds\n",
