@@ -3,8 +3,6 @@ package controllers
 import (
 	"context"
 	"fmt"
-	"strconv"
-	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -13,6 +11,7 @@ import (
 
 	rqv1 "github.com/renderqueue/renderqueue/api/v1alpha1"
 	"github.com/renderqueue/renderqueue/controllers/policy"
+	"github.com/renderqueue/renderqueue/pkg/objective"
 	"github.com/renderqueue/renderqueue/pkg/shardapi"
 )
 
@@ -152,7 +151,7 @@ func NewQueueCollector(reader client.Reader, elected <-chan struct{}) *QueueColl
 			"Absent until the operator first computed it.", q, "horizon"),
 		forecastExact: d("due_forecast_exact", "1 when renderqueue_queue_due_forecast is the true count for the horizon.", q, "horizon"),
 		objectiveAttainment: d("objective_attainment_ratio",
-			"status.objectives[].attainment: the share of the objective's events good over its window. Absent while there are none.", q, "objective"),
+			"status.objectives[].attainment: the share of the objective's events good over its window (from its good and late counts). Absent while there are none.", q, "objective"),
 		objectiveBudget: d("objective_budget_remaining_ratio",
 			"status.objectives[].budgetRemaining: the share of the objective's error budget left over its window; negative when overspent. Absent while there are no events.", q, "objective"),
 		objectiveMet: d("objective_met", "status.objectives[].met: 1 when the objective is met over its window.", q, "objective"),
@@ -225,11 +224,16 @@ func collectQueue(d queueDescs, rq *rqv1.RenderQueue, ch chan<- prometheus.Metri
 		g(d.dueAsOf, unixSeconds(st.DueAsOf.Time), q...)
 	}
 	for _, o := range st.Objectives {
-		if v, ok := percentRatio(o.Attainment); ok {
-			g(d.objectiveAttainment, v, rq.Namespace, rq.Name, o.Name)
-		}
-		if v, ok := percentRatio(o.BudgetRemaining); ok {
-			g(d.objectiveBudget, v, rq.Namespace, rq.Name, o.Name)
+		// from the counts, not the status's rounded strings; the budget needs the spec's
+		// percentile
+		window := objective.Tally{Good: o.Good, Late: o.Late}
+		if a, ok := window.Attainment(); ok {
+			g(d.objectiveAttainment, a, rq.Namespace, rq.Name, o.Name)
+			for _, so := range rq.Spec.Objectives {
+				if so.Name == o.Name {
+					g(d.objectiveBudget, policy.CountedObjective(so).BudgetRemaining(window), rq.Namespace, rq.Name, o.Name)
+				}
+			}
 		}
 		g(d.objectiveMet, b2f(o.Met), rq.Namespace, rq.Name, o.Name)
 	}
@@ -283,14 +287,4 @@ func b2f(v bool) float64 {
 // unixSeconds is t in seconds since the epoch, as Prometheus timestamps are written.
 func unixSeconds(t time.Time) float64 {
 	return float64(t.UnixNano()) / 1e9
-}
-
-// percentRatio parses a status percentage ("99.42%", "-12.5%") as a ratio; false when empty or
-// malformed.
-func percentRatio(s string) (float64, bool) {
-	v, err := strconv.ParseFloat(strings.TrimSuffix(s, "%"), 64)
-	if err != nil || !strings.HasSuffix(s, "%") {
-		return 0, false
-	}
-	return v / 100, true
 }

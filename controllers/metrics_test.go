@@ -140,20 +140,22 @@ renderqueue_queue_due_forecast_exact{horizon="24h",namespace="render",renderqueu
 		t.Fatal(err)
 	}
 
-	// objectives: attainment and budget as ratios, met as 0/1; no attainment series without events
-	rq.Status.Objectives = []rqv1.ObjectiveStatus{{Name: "hourly", Attainment: "99.42%", BudgetRemaining: "-12.5%", Met: true},
+	// objectives: attainment and budget as ratios from the counts (the budget with the spec's
+	// percentile), met as 0/1; no attainment series without events
+	rq.Spec.Objectives = []rqv1.Objective{{Name: "hourly", Percentile: "50"}, {Name: "daily", Percentile: "99"}}
+	rq.Status.Objectives = []rqv1.ObjectiveStatus{{Name: "hourly", Good: 1, Late: 3, Attainment: "25%", BudgetRemaining: "-50%"},
 		{Name: "daily", Met: true}}
 	if err := testutil.CollectAndCompare(oneQueue{d, rq}, strings.NewReader(`
-# HELP renderqueue_queue_objective_attainment_ratio status.objectives[].attainment: the share of the objective's events good over its window. Absent while there are none.
+# HELP renderqueue_queue_objective_attainment_ratio status.objectives[].attainment: the share of the objective's events good over its window (from its good and late counts). Absent while there are none.
 # TYPE renderqueue_queue_objective_attainment_ratio gauge
-renderqueue_queue_objective_attainment_ratio{namespace="render",objective="hourly",renderqueue="web"} 0.9942
+renderqueue_queue_objective_attainment_ratio{namespace="render",objective="hourly",renderqueue="web"} 0.25
 # HELP renderqueue_queue_objective_budget_remaining_ratio status.objectives[].budgetRemaining: the share of the objective's error budget left over its window; negative when overspent. Absent while there are no events.
 # TYPE renderqueue_queue_objective_budget_remaining_ratio gauge
-renderqueue_queue_objective_budget_remaining_ratio{namespace="render",objective="hourly",renderqueue="web"} -0.125
+renderqueue_queue_objective_budget_remaining_ratio{namespace="render",objective="hourly",renderqueue="web"} -0.5
 # HELP renderqueue_queue_objective_met status.objectives[].met: 1 when the objective is met over its window.
 # TYPE renderqueue_queue_objective_met gauge
 renderqueue_queue_objective_met{namespace="render",objective="daily",renderqueue="web"} 1
-renderqueue_queue_objective_met{namespace="render",objective="hourly",renderqueue="web"} 1
+renderqueue_queue_objective_met{namespace="render",objective="hourly",renderqueue="web"} 0
 `), "renderqueue_queue_objective_attainment_ratio", "renderqueue_queue_objective_budget_remaining_ratio", "renderqueue_queue_objective_met"); err != nil {
 		t.Fatal(err)
 	}

@@ -25,9 +25,6 @@ import (
 // (policy.ObjectiveHistory.Observe).
 const historyWriteEvery = time.Minute
 
-// historyWrittenAt is the annotation of the history ConfigMap that says when it was written.
-const historyWrittenAt = rqv1.Group + "/written-at"
-
 // reconcileObjectives fills status.objectives and the ObjectivesMet condition from the shards'
 // event counters of this poll and the history kept in the ConfigMap
 // rqv1.ObjectiveHistoryConfigMapName (docs/objectives.md), and writes the history back when it
@@ -54,7 +51,7 @@ func (r *RenderQueueReconciler) reconcileObjectives(ctx context.Context, rq *rqv
 			log.FromContext(ctx).Error(err, "The objectives' history does not parse; it begins again", "configMap", key.Name)
 			h = &policy.ObjectiveHistory{}
 		}
-		writtenAt, _ = time.Parse(time.RFC3339, cm.Annotations[historyWrittenAt])
+		writtenAt, _ = time.Parse(time.RFC3339, cm.Annotations[rqv1.ObjectiveHistoryWrittenAt])
 	}
 	changed, structural := h.Observe(now, rq.Spec.Objectives, reports)
 	next.Objectives = h.ObjectiveStatuses(now, rq.Spec.Objectives)

@@ -55,6 +55,10 @@ func ObjectiveHistoryConfigMapName(name string) string { return name + "-objecti
 // ObjectiveHistoryKey is the key of the history (JSON) in ObjectiveHistoryConfigMapName.
 const ObjectiveHistoryKey = "history.json"
 
+// ObjectiveHistoryWrittenAt is the annotation of ObjectiveHistoryConfigMapName that says when the
+// history was last written (RFC 3339).
+const ObjectiveHistoryWrittenAt = Group + "/written-at"
+
 // ShardCAKey is the key of the CA bundle in the ConfigMap ShardCAConfigMapName.
 const ShardCAKey = "ca.crt"
 

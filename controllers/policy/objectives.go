@@ -12,6 +12,7 @@ import (
 
 	rqv1 "github.com/renderqueue/renderqueue/api/v1alpha1"
 	"github.com/renderqueue/renderqueue/internal/textfmt"
+	"github.com/renderqueue/renderqueue/pkg/objective"
 )
 
 // Buckets of an objective's history: hours over its window, and 5-minute steps over the last
@@ -203,24 +204,24 @@ func (h *ObjectiveHistory) ObjectiveStatuses(now time.Time, objs []rqv1.Objectiv
 			out = append(out, s)
 			continue
 		}
-		p, _ := o.PercentileValue()
-		budget := 1 - p/100
+		obj := CountedObjective(o)
 		from := now.Add(-o.WindowDuration())
 		s.Since = metav1.NewTime(latest(r.Since, from.Truncate(HistoryHour)))
 		s.Good, s.Late = sumSince(r.Hours, from.Truncate(HistoryHour).Unix())
-		if total := s.Good + s.Late; total > 0 {
-			s.Attainment = percent(float64(s.Good) / float64(total))
-			s.BudgetRemaining = percent(1 - float64(s.Late)/float64(total)/budget)
+		window := objective.Tally{Good: s.Good, Late: s.Late}
+		if a, ok := window.Attainment(); ok {
+			s.Attainment = objective.Percent(a)
+			s.BudgetRemaining = objective.Percent(obj.BudgetRemaining(window))
 		}
 		burn := func(d time.Duration) string {
 			g, l := sumSince(r.Steps, now.Add(-d).Truncate(HistoryStep).Unix())
 			if g+l == 0 {
 				return ""
 			}
-			return strconv.FormatFloat(math.Round(float64(l)/float64(g+l)/budget*100)/100, 'f', -1, 64)
+			return strconv.FormatFloat(math.Round(obj.BurnRate(objective.Tally{Good: g, Late: l})*100)/100, 'f', -1, 64)
 		}
 		s.BurnRate1h, s.BurnRate6h = burn(time.Hour), burn(6*time.Hour)
-		s.Met = s.Good+s.Late == 0 || float64(s.Good)*100 >= float64(s.Good+s.Late)*p*(1-1e-12)
+		s.Met = obj.Met(window)
 		out = append(out, s)
 	}
 	return out
@@ -233,9 +234,12 @@ func latest(a, b time.Time) time.Time {
 	return b
 }
 
-// percent formats a share as a percentage with two decimals at most: "99.42%", "-12.5%".
-func percent(share float64) string {
-	return strconv.FormatFloat(math.Round(share*10000)/100, 'f', -1, 64) + "%"
+// CountedObjective is spec objective o as pkg/objective judges counts: its percentile (the
+// arithmetic of attainment, budget and burn rate is that package's, shared with
+// `renderqueue simulate --objectives`). The class is not needed to judge counts and is left out.
+func CountedObjective(o rqv1.Objective) objective.Objective {
+	p, _ := o.PercentileValue() // validated with the spec
+	return objective.Objective{Name: o.Name, Percentile: p, MaxLateness: o.MaxLateness.Duration}
 }
 
 // ObjectivesCondition is the ObjectivesMet condition for the statuses: True when every objective

@@ -21,13 +21,13 @@ func ShardCAConfigMap(rq *rqv1.RenderQueue, cm *corev1.ConfigMap, bundle []byte)
 }
 
 // ObjectiveHistoryConfigMap fills cm, the ConfigMap rqv1.ObjectiveHistoryConfigMapName of rq, with
-// the objectives' history (JSON) written at writtenAt (the annotation rqv1.Group/written-at).
+// the objectives' history (JSON) written at writtenAt (the annotation rqv1.ObjectiveHistoryWrittenAt).
 func ObjectiveHistoryConfigMap(rq *rqv1.RenderQueue, cm *corev1.ConfigMap, history []byte, writtenAt string) {
 	mergeLabels(&cm.ObjectMeta, queueLabels(rq))
 	if cm.Annotations == nil {
 		cm.Annotations = map[string]string{}
 	}
-	cm.Annotations[rqv1.Group+"/written-at"] = writtenAt
+	cm.Annotations[rqv1.ObjectiveHistoryWrittenAt] = writtenAt
 	cm.Data = map[string]string{rqv1.ObjectiveHistoryKey: string(history)}
 	cm.BinaryData = nil
 }

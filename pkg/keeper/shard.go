@@ -835,7 +835,7 @@ func (s *Shard) Run(ctx context.Context, updates <-chan Settings) error {
 			continue
 		}
 		s.CheckEdge(now)
-		s.catchUpObjectives()
+		s.catchUpObjectives(now, walkStepRows)
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
@@ -1023,25 +1023,18 @@ func (s *Shard) consume(ctx context.Context) error {
 	}
 }
 
-// catchUpObjectives decides the freshness events whose lateness has passed (core.Core's
-// ObjectivesCatchUp) in bounded steps, so claims wait for at most one step.
-func (s *Shard) catchUpObjectives() {
+// catchUpObjectives decides the freshness events whose lateness has passed at now (core.Core's
+// ObjectivesCatchUp) in steps of at most about maxRows rows, releasing the lock between them, so
+// claims wait for at most one step.
+func (s *Shard) catchUpObjectives(now time.Time, maxRows int) {
 	for {
 		s.mu.Lock()
-		done := s.core.ObjectivesCatchUp(s.clock(), walkStepRows)
-		s.unlockStep()
-		if done {
+		if s.core.ObjectivesCatchUp(now, maxRows) {
+			s.mu.Unlock()
 			return
 		}
+		s.unlockStep()
 	}
-}
-
-// ObjectiveCounts returns the freshness events counted per objective, decided up to now.
-func (s *Shard) ObjectiveCounts() []core.ObjectiveCount {
-	s.catchUpObjectives()
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.core.ObjectiveCounts()
 }
 
 // CheckEdge logs once per episode when the clock passes the edge. (The edge metric is collected

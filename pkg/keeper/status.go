@@ -51,14 +51,7 @@ func (s *Shard) Status(now time.Time) shardapi.Status {
 			break
 		}
 	}
-	for {
-		s.mu.Lock()
-		done := s.core.ObjectivesCatchUp(now, statusStepRows)
-		s.unlockStep()
-		if done {
-			break
-		}
-	}
+	s.catchUpObjectives(now, statusStepRows)
 	s.mu.Lock()
 	sc := s.core.CountSummary(now)
 	objectives := s.core.ObjectiveCounts()
