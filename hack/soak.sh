@@ -31,6 +31,10 @@ KUBEBUILDER_ASSETS=${KUBEBUILDER_ASSETS:-$(hack/setup-envtest.sh | tail -n 1)}
 hack/node.sh install >/dev/null
 export KUBEBUILDER_ASSETS
 summary=$(mktemp "${TMPDIR:-/tmp}/renderqueue-soak.XXXXXX.md")
+# every container's log, copied as it is written (the kubelet deletes a Pod's logs with the Pod)
+RENDERQUEUE_E2E_LOG_DIR=${RENDERQUEUE_E2E_LOG_DIR:-${summary%.md}.logs}
+export RENDERQUEUE_E2E_LOG_DIR
+echo "soak: the containers' logs are kept in $RENDERQUEUE_E2E_LOG_DIR" >&2
 status=0
 CHAOS_DURATION=$duration CHAOS_SUMMARY=$summary \
   go test -tags e2e -count=1 -timeout "$((secs + 1200))s" -v -run '^TestChaos$' ./test/e2e/ || status=$?

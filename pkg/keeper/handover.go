@@ -118,6 +118,9 @@ type movedLease struct {
 type awaitedHandover struct {
 	from  string
 	since time.Time
+	// epoch is this shard's settings epoch when it took the slot over: a giver's answer counts
+	// only once the giver has adopted that epoch too (applyHandoverLocked)
+	epoch int64
 }
 
 // maxLease is the longest lease a claim or an extension gets: Settings.MaxLease, or the default
@@ -192,7 +195,7 @@ func (s *Shard) takeOver(now time.Time, slots []int, startup bool) (cover time.T
 			if startup && !g.committedAt.IsZero() && now.After(g.committedAt.Add(s.settings.maxLease()+HandoverGiveUp)) {
 				continue // every lease that could have moved with it has ended
 			}
-			s.awaiting[sl] = awaitedHandover{from: g.from, since: now}
+			s.awaiting[sl] = awaitedHandover{from: g.from, since: now, epoch: s.settings.Epoch}
 			s.fenceWhy[sl] = "awaiting the leases of " + g.from
 			held = append(held, sl)
 		case !startup:
@@ -470,7 +473,11 @@ func (s *Shard) applyHandoverLocked(giver string, resp shardapi.HandoverResponse
 		}
 		var slots []int
 		for _, sl := range set.Slots() {
-			if a, ok := s.awaiting[sl]; ok && a.from == giver {
+			// A giver whose settings are older than the ones this shard took the slot over with
+			// may not have come to own the slot yet (it may lag several epochs behind, and skip
+			// some): its "unknown" or "given" says nothing about the leases it may still grant
+			// before it gives the slot. Ask it again until it has caught up.
+			if a, ok := s.awaiting[sl]; ok && a.from == giver && resp.Epoch >= a.epoch {
 				slots = append(slots, sl)
 			}
 		}

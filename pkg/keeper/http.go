@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/renderqueue/renderqueue/pkg/keeper/core"
 	"github.com/renderqueue/renderqueue/pkg/keeper/httpserve"
 	"github.com/renderqueue/renderqueue/pkg/schedule"
 	"github.com/renderqueue/renderqueue/pkg/shardapi"
@@ -171,7 +172,7 @@ func movedURL(err error) string {
 // writeLeaseError answers a complete, release or extend request that was not handled: 503 with
 // Retry-After when it may be sent again (a handover this shard awaits, a write that failed).
 func writeLeaseError(w http.ResponseWriter, err error) {
-	if errors.Is(err, ErrHandoverPending) {
+	if errors.Is(err, ErrHandoverPending) || errors.Is(err, core.ErrRowNotRead) {
 		w.Header().Set("Retry-After", "1")
 	}
 	httpserve.WriteError(w, http.StatusServiceUnavailable, err.Error())

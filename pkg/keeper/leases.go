@@ -182,9 +182,9 @@ func (s *Shard) Complete(ctx context.Context, items []CompleteItem) ([]error, er
 	var idx []pending
 	s.mu.Lock()
 	now := s.clock()
-	if s.anyHandoverPending(now, items) {
+	if err := s.handoverPendingFor(now, items); err != nil {
 		s.mu.Unlock()
-		return nil, ErrHandoverPending
+		return nil, err
 	}
 	for i, it := range items {
 		if i%walkStepRows == 0 {
@@ -301,8 +301,8 @@ func (s *Shard) recordCompleted(errs []error, classes []shardmetrics.RowClass, t
 func (s *Shard) Release(now time.Time, items []CompleteItem) ([]error, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.anyHandoverPending(now, items) {
-		return nil, ErrHandoverPending
+	if err := s.handoverPendingFor(now, items); err != nil {
+		return nil, err
 	}
 	out := make([]error, len(items))
 	for i, it := range items {
@@ -317,9 +317,9 @@ func (s *Shard) Release(now time.Time, items []CompleteItem) ([]error, error) {
 // (nothing done) when a lease may still arrive with a handover.
 func (s *Shard) Extend(now time.Time, items []CompleteItem, leaseFor time.Duration) ([]time.Time, []error, error) {
 	s.mu.Lock()
-	if s.anyHandoverPending(now, items) {
+	if err := s.handoverPendingFor(now, items); err != nil {
 		s.mu.Unlock()
-		return nil, nil, ErrHandoverPending
+		return nil, nil, err
 	}
 	if leaseFor == 0 {
 		leaseFor = s.settings.LeaseDuration
@@ -355,17 +355,19 @@ func (s *Shard) orMoved(now time.Time, it CompleteItem, err error) error {
 	return err
 }
 
-// anyHandoverPending says whether an item's lease may still arrive with a slot coming to this
-// shard (handoverPending): then the request is answered ErrHandoverPending, nothing done. Called
-// with s.mu held.
-func (s *Shard) anyHandoverPending(now time.Time, items []CompleteItem) bool {
-	if !s.slotsArriving() {
-		return false
-	}
+// handoverPendingFor returns the error for a request whose items include a lease that may still
+// arrive with a slot coming to this shard (handoverPending: ErrHandoverPending), or one that
+// arrived before its row was read here (core.ErrRowNotRead); nil when there is none. Either way
+// the request is answered 503, nothing done, and sent again. Called with s.mu held.
+func (s *Shard) handoverPendingFor(now time.Time, items []CompleteItem) error {
+	arriving := s.slotsArriving()
 	for _, it := range items {
-		if s.handoverPending(now, it.Key, it.Lease) {
-			return true
+		if s.core.AwaitsRow(now, it.Key, it.Lease) {
+			return core.ErrRowNotRead
+		}
+		if arriving && s.handoverPending(now, it.Key, it.Lease) {
+			return ErrHandoverPending
 		}
 	}
-	return false
+	return nil
 }

@@ -474,7 +474,17 @@ func startEnv(t *testing.T) *env {
 		t.Fatalf("starting the local cluster: %v", err)
 	}
 	e.c = c
+	var kept *podLogKeeper
+	if dir := os.Getenv("RENDERQUEUE_E2E_LOG_DIR"); dir != "" && c.Node != nil {
+		if kept, err = keepPodLogs(dir, c.Node.LogFiles, 2*time.Second); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("the containers' logs are copied to %s as they are written (RENDERQUEUE_E2E_LOG_DIR)", dir)
+	}
 	t.Cleanup(func() {
+		if kept != nil {
+			kept.Stop()
+		}
 		if !t.Failed() {
 			c.Stop()
 			return

@@ -315,6 +315,19 @@ func (c *Cluster) publish(givers map[string]bool) {
 // handover (as a keeper that is deleted serves its handovers while it drains).
 func (c *Cluster) stopSurplus() {
 	c.t.Helper()
+	c.mu.Lock()
+	epoch := c.assign.Epoch
+	c.mu.Unlock()
+	// every shard first adopts the commit (its settings reach it through a channel): a receiver
+	// that has not yet cannot be awaiting its handover
+	c.waitFor("every shard to adopt the commit", func() bool {
+		for _, st := range c.Status() {
+			if st.Membership.Epoch < epoch {
+				return false
+			}
+		}
+		return true
+	})
 	c.waitFor("the handovers of the slots that moved", func() bool {
 		for _, st := range c.Status() {
 			for _, f := range st.Fences {

@@ -20,6 +20,10 @@ var (
 	// ErrCompletionInFlight: a completion under the lease is being written (BeginCompleting);
 	// until its write resolves the lease can be neither released nor completed again, and the
 	// row is not handed out. The first completion's answer says whether it was written.
+	// ErrRowNotRead: the lease was taken over from the shard that gave the row's slot, and the
+	// row has not been read here yet (ImportLeases); nothing was done. Send the request again in
+	// a moment.
+	ErrRowNotRead         = errors.New("the lease came with its slot from the shard that gave it, and its row has not been read here yet: send the request again in a moment")
 	ErrCompletionInFlight = errors.New("a completion under this lease is being written: the row stays leased until the write resolves, and that completion's answer says whether it was written")
 )
 
@@ -279,6 +283,9 @@ func (c *Core) leaseOf(nowMs int64, key string, token uint64) (uint32, error) {
 	c.expireLeases(nowMs)
 	id, ok := c.rows.Find(key)
 	if !ok {
+		if c.AwaitsRow(time.UnixMilli(nowMs), key, token) {
+			return 0, ErrRowNotRead
+		}
 		return 0, ErrNotHeld
 	}
 	if !c.leases.Current(id, token) {
@@ -399,6 +406,9 @@ func (c *Core) completing(now time.Time, key string, token uint64) (cp Completio
 	c.expireLeases(nowMs)
 	id, held := c.rows.Find(key)
 	if !held {
+		if c.AwaitsRow(now, key, token) {
+			return Completion{}, false, ErrRowNotRead
+		}
 		return Completion{}, false, ErrNotHeld
 	}
 	r := c.rows.At(id)

@@ -200,6 +200,11 @@ type Core struct {
 	// with thousands of others, which a map entry would keep alive.)
 
 	leases *lease.Table
+	// awaitingRow holds leases taken over with their slot (ImportLeases) whose row is not held
+	// here yet: the giver had read the row, this shard has not (an event it has not applied yet,
+	// a walk not done). The row is leased under its lease the moment it is admitted (apply), so
+	// it is handed to nobody else before the lease ends (fence.go).
+	awaitingRow map[string]Lease
 
 	// floors is the claim state of policy.Config.Floors, by index.
 	floors []floorState
@@ -360,6 +365,11 @@ func (c *Core) SetSlots(states *[schedule.NumSlots]SlotState) {
 	for k, v := range c.tombstones {
 		if leaving(v.slot) {
 			delete(c.tombstones, k)
+		}
+	}
+	for k, l := range c.awaitingRow {
+		if leaving(uint16(l.Slot)) {
+			delete(c.awaitingRow, k)
 		}
 	}
 }
@@ -584,6 +594,9 @@ func (c *Core) apply(nowMs int64, row *schedule.Row, heldID uint32) Outcome {
 		r.Slot = uint16(slot)
 		c.newSeen(r)
 		c.slotHeld[slot]++
+		if len(c.awaitingRow) > 0 {
+			c.attachAwaited(nowMs, id, r, row.Key) // leased before it is placed: never claimable
+		}
 	}
 	r := c.rows.At(id)
 	r.SetDue(due)

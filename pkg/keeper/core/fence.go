@@ -2,6 +2,7 @@ package core
 
 import (
 	"math"
+	"strings"
 	"time"
 
 	"github.com/renderqueue/renderqueue/pkg/keeper/core/duetree"
@@ -164,6 +165,7 @@ func (c *Core) claimHead(g *group, nowMs int64) (duetree.Entry, bool) {
 func (c *Core) ExportLeases(now time.Time, slots []int, pinnedFor time.Duration) []Lease {
 	nowMs := now.UnixMilli()
 	c.expireLeases(nowMs)
+	c.expireAwaiting(nowMs)
 	var which [schedule.NumSlots]bool
 	for _, s := range slots {
 		which[s] = true
@@ -180,15 +182,22 @@ func (c *Core) ExportLeases(now time.Time, slots []int, pinnedFor time.Duration)
 		}
 		out = append(out, Lease{Key: string(c.rows.Key(r)), Slot: int(r.Slot), Token: l.Token, Expires: time.UnixMilli(exp).UTC(), Rev: l.Rev})
 	})
+	for _, l := range c.awaitingRow {
+		if which[l.Slot] {
+			out = append(out, l) // still waiting for its row: it goes on waiting there
+		}
+	}
 	return out
 }
 
 // ImportLeases takes over leases another shard granted on rows of slots now owned or incoming
 // here: each row held here is leased under the lease's token until its expiry, as of its rev,
 // so it is handed to nobody else meanwhile and a completion, release or extension under that
-// token is accepted. A lease that expired, or of a row not held here in the lease's slot
-// (deleted, beyond the window, of a slot not held), is skipped: the row is not leased on this shard either. It
-// returns how many leases it took over.
+// token is accepted. A lease of a row not held here yet (the giver read a version this shard has
+// not: an event not applied yet, a walk not done) waits for its row: the row is leased the moment
+// it is admitted, until the lease's expiry, and a completion, release or extension under it gets
+// ErrRowNotRead meanwhile (send it again). A lease that expired, of a slot not held here, or
+// whose row is held here in another slot, is skipped. It returns how many leases it took over.
 func (c *Core) ImportLeases(now time.Time, ls []Lease) int {
 	nowMs := now.UnixMilli()
 	c.expireLeases(nowMs)
@@ -201,6 +210,9 @@ func (c *Core) ImportLeases(now time.Time, ls []Lease) int {
 		}
 		id, ok := c.rows.Find(l.Key)
 		if !ok {
+			if c.awaitRow(nowMs, *l) {
+				n++
+			}
 			continue
 		}
 		r := c.rows.At(id)
@@ -230,6 +242,7 @@ func (c *Core) ImportLeases(now time.Time, ls []Lease) int {
 func (c *Core) LeasesUntil(now time.Time) time.Time {
 	nowMs := now.UnixMilli()
 	c.expireLeases(nowMs)
+	c.expireAwaiting(nowMs)
 	var until int64
 	c.leases.Each(func(l lease.Lease) {
 		if l.Hold {
@@ -241,10 +254,79 @@ func (c *Core) LeasesUntil(now time.Time) time.Time {
 		}
 		until = max(until, exp)
 	})
+	for _, l := range c.awaitingRow {
+		until = max(until, l.Expires.UnixMilli())
+	}
 	if until == 0 {
 		return time.Time{}
 	}
 	return time.UnixMilli(until).UTC()
+}
+
+// awaitRow keeps lease l, of a row not held here, until its row is admitted (attachAwaited) or
+// it expires; it says whether it took l over. A lease of a slot not held here is not taken; nor
+// is one while another lease of the key waits (the same lease handed over twice: the later
+// expiry stands).
+func (c *Core) awaitRow(nowMs int64, l Lease) bool {
+	c.expireAwaiting(nowMs)
+	if l.Slot < 0 || l.Slot >= schedule.NumSlots || c.slots[l.Slot] == SlotNone {
+		return false
+	}
+	if old, ok := c.awaitingRow[l.Key]; ok {
+		if old.Token != l.Token || old.Slot != l.Slot {
+			return false
+		}
+		if old.Expires.After(l.Expires) {
+			l.Expires = old.Expires
+		}
+	}
+	if c.awaitingRow == nil {
+		c.awaitingRow = map[string]Lease{}
+	}
+	l.Key = strings.Clone(l.Key)
+	c.awaitingRow[l.Key] = l
+	return true
+}
+
+// attachAwaited leases record id (r, of key), just admitted and not yet placed, under the lease
+// that waited for it, if one did and has not expired.
+func (c *Core) attachAwaited(nowMs int64, id uint32, r *rowstore.Rec, key string) {
+	l, ok := c.awaitingRow[key]
+	if !ok {
+		return
+	}
+	delete(c.awaitingRow, key)
+	exp := l.Expires.UnixMilli()
+	if exp <= nowMs || int(r.Slot) != l.Slot {
+		return
+	}
+	r.Set(flagLeased)
+	c.leases.Put(id, l.Token, l.Rev, exp)
+}
+
+// expireAwaiting forgets the leases waiting for their row that expired at or before nowMs.
+func (c *Core) expireAwaiting(nowMs int64) {
+	for k, l := range c.awaitingRow {
+		if l.Expires.UnixMilli() <= nowMs {
+			delete(c.awaitingRow, k)
+		}
+	}
+}
+
+// AwaitsRow says whether token is a current lease of key that waits for its row here
+// (ImportLeases): a request under it is to be sent again once the row is read.
+func (c *Core) AwaitsRow(now time.Time, key string, token uint64) bool {
+	if len(c.awaitingRow) == 0 {
+		return false
+	}
+	l, ok := c.awaitingRow[key]
+	return ok && l.Token == token && l.Expires.After(now)
+}
+
+// LeasesAwaitingRows returns how many leases taken over wait for their row (ImportLeases).
+func (c *Core) LeasesAwaitingRows(now time.Time) int {
+	c.expireAwaiting(now.UnixMilli())
+	return len(c.awaitingRow)
 }
 
 // SlotOfHeld returns the slot of key's held row, and whether the core holds it.

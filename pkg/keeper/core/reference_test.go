@@ -41,6 +41,8 @@ type refModel struct {
 	beyond, walkBeyond map[int]float64
 	// fence is, per slot, until when (ms) it hands out nothing (math.MaxInt64: until lifted)
 	fence [schedule.NumSlots]int64
+	// awaiting holds the leases taken over whose row is not held yet, by key
+	awaiting map[string]Lease
 }
 
 type refClass struct {
@@ -63,7 +65,7 @@ type refRow struct {
 }
 
 func newRef(cfg policy.Config) *refModel {
-	return &refModel{cfg: cfg, held: map[string]*refRow{}, invalid: map[string]int64{}, nextLease: cfg.FirstLease, credit: make([]float64, len(cfg.Floors)), lastClaim: map[refClass]int64{}, beyond: map[int]float64{}}
+	return &refModel{cfg: cfg, held: map[string]*refRow{}, invalid: map[string]int64{}, nextLease: cfg.FirstLease, credit: make([]float64, len(cfg.Floors)), lastClaim: map[refClass]int64{}, beyond: map[int]float64{}, awaiting: map[string]Lease{}}
 }
 
 func (m *refModel) knownRev(key string) (int64, bool) {
@@ -124,6 +126,13 @@ func (m *refModel) apply(nowMs int64, r schedule.Row) Result {
 	if old != nil && old.leased {
 		nr.leased, nr.token, nr.expires, nr.rev = true, old.token, old.expires, old.rev
 	}
+	if a, ok := m.awaiting[r.Key]; ok && old == nil {
+		// a lease taken over before its row was read: the row is leased as it arrives
+		delete(m.awaiting, r.Key)
+		if exp := a.Expires.UnixMilli(); exp > nowMs && a.Slot == r.Slot() {
+			nr.leased, nr.token, nr.expires, nr.rev = true, a.Token, exp, a.Rev
+		}
+	}
 	m.held[r.Key] = nr
 	if m.walking {
 		m.seen[r.Key] = true
@@ -149,6 +158,11 @@ func (m *refModel) del(key string, slot int, rev int64) Result {
 func (m *refModel) setSlot(s int, st SlotState) {
 	m.slots[s] = st
 	if st == SlotNone {
+		for k, a := range m.awaiting {
+			if a.Slot == s {
+				delete(m.awaiting, k)
+			}
+		}
 		m.fence[s] = 0
 		m.walked[s] = false
 		m.beyond[s] = 0
@@ -171,6 +185,11 @@ func (m *refModel) setSlot(s int, st SlotState) {
 }
 
 func (m *refModel) expire(nowMs int64) {
+	for k, a := range m.awaiting {
+		if a.Expires.UnixMilli() <= nowMs {
+			delete(m.awaiting, k)
+		}
+	}
 	for _, r := range m.held {
 		if r.leased && r.expires <= nowMs {
 			r.leased = false
@@ -390,7 +409,7 @@ func (m *refModel) completing(nowMs int64, key string, token uint64) (int64, boo
 	m.expire(nowMs)
 	r := m.held[key]
 	if r == nil {
-		return 0, false, ErrNotHeld
+		return 0, false, m.notHeld(key, token)
 	}
 	c := r.row.Cadence.Milliseconds()
 	next := nowMs + c
@@ -422,13 +441,21 @@ func (m *refModel) release(nowMs int64, key string, token uint64) error {
 	m.expire(nowMs)
 	r := m.held[key]
 	if r == nil {
-		return ErrNotHeld
+		return m.notHeld(key, token)
 	}
 	if !r.leased || r.token != token {
 		return ErrLeaseLost
 	}
 	r.leased = false
 	return nil
+}
+
+// notHeld is the error of a lease operation on key, not held, under token.
+func (m *refModel) notHeld(key string, token uint64) error {
+	if a, ok := m.awaiting[key]; ok && a.Token == token {
+		return ErrRowNotRead
+	}
+	return ErrNotHeld
 }
 
 // setFence fences slots until untilMs (math.MaxInt64: until lifted); a time not after nowMs
@@ -450,8 +477,22 @@ func (m *refModel) importLease(nowMs int64, l Lease) bool {
 	m.expire(nowMs)
 	exp := l.Expires.UnixMilli()
 	r := m.held[l.Key]
-	if exp <= nowMs || r == nil {
+	if exp <= nowMs {
 		return false
+	}
+	if r == nil {
+		// not read here yet: the lease waits for its row
+		if m.slots[l.Slot] == SlotNone {
+			return false
+		}
+		if a, ok := m.awaiting[l.Key]; ok {
+			if a.Token != l.Token || a.Slot != l.Slot {
+				return false
+			}
+			l.Expires = time.UnixMilli(max(exp, a.Expires.UnixMilli()))
+		}
+		m.awaiting[l.Key] = l
+		return true
 	}
 	if r.leased {
 		if r.token != l.Token {
@@ -471,6 +512,11 @@ func (m *refModel) exportLeases(nowMs int64, slots []int) []Lease {
 	for k, r := range m.held {
 		if r.leased && slices.Contains(slots, r.row.Slot()) {
 			out = append(out, Lease{Key: k, Slot: r.row.Slot(), Token: r.token, Expires: time.UnixMilli(r.expires).UTC(), Rev: r.rev})
+		}
+	}
+	for k, a := range m.awaiting {
+		if slices.Contains(slots, a.Slot) {
+			out = append(out, Lease{Key: k, Slot: a.Slot, Token: a.Token, Expires: a.Expires.UTC(), Rev: a.Rev})
 		}
 	}
 	slices.SortFunc(out, func(a, b Lease) int { return strings.Compare(a.Key, b.Key) })
