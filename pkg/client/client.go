@@ -11,6 +11,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"net/url"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -492,11 +493,15 @@ func byShard(n int, shard func(i int) string) map[string][]int {
 	return groups
 }
 
+// maxMoveHops is how many times route follows an item's lease from shard to shard (MovedTo).
+const maxMoveHops = 3
+
 // route sends n items, each to the shard that leased it (shardOf), with send, which returns one
 // result per item it was given (nil, an *ItemError, or the error of a request that was not
 // answered) and the request's error. Then:
 //   - an item refused because its lease moved with its slot to another shard (a handoff
-//     committed after the claim; ItemError.MovedTo) is sent there, once;
+//     committed after the claim; ItemError.MovedTo) is sent there, and on from there when it
+//     moved again, up to maxMoveHops times;
 //   - an item whose shard could not be asked and is no longer one of the queue's (a shard
 //     removed after its slots moved away, its leases with them) is sent to the shards the client
 //     knows: only the one holding its lease accepts it (to the others the row is not theirs, and
@@ -515,15 +520,26 @@ func (c *Client) route(n int, shardOf func(i int) string, send func(base string,
 		}
 	}
 	round(byShard(n, shardOf))
-	moved := map[string][]int{}
-	for i, err := range out {
-		var ie *ItemError
-		if errors.As(err, &ie) && ie.MovedTo != "" && ie.MovedTo != sentTo[i] {
-			moved[ie.MovedTo] = append(moved[ie.MovedTo], i)
-		}
+	// A lease can move more than once before its worker completes (two handoffs in a row, the
+	// first giver answering with the owner it knows, which has given the slot on again): follow
+	// it up to maxMoveHops times, never back to a shard the item was sent to.
+	visited := make([][]string, n)
+	for i := range visited {
+		visited[i] = []string{sentTo[i]}
 	}
-	if len(moved) > 0 {
-		c.log.V(1).Info("Sending items to the shards their leases moved to", "shards", len(moved))
+	for hop := 0; hop < maxMoveHops; hop++ {
+		moved := map[string][]int{}
+		for i, err := range out {
+			var ie *ItemError
+			if errors.As(err, &ie) && ie.MovedTo != "" && !slices.Contains(visited[i], ie.MovedTo) {
+				moved[ie.MovedTo] = append(moved[ie.MovedTo], i)
+				visited[i] = append(visited[i], ie.MovedTo)
+			}
+		}
+		if len(moved) == 0 {
+			break
+		}
+		c.log.V(1).Info("Sending items to the shards their leases moved to", "shards", len(moved), "hop", hop+1)
 		round(moved)
 	}
 	known := map[string]bool{}

@@ -514,7 +514,8 @@ func (s *Shard) applyHandoverLocked(giver string, resp shardapi.HandoverResponse
 			}
 		}
 		s.log.Info("Handover applied: the slots' leases run on here", "shard", s.name, "from", giver, "state", g.State,
-			"slots", schedule.FormatSlots(mine), "leases", took, "fenceUntil", until)
+			"slots", schedule.FormatSlots(mine), "leases", took, "leasesAwaitingTheirRow", s.core.LeasesAwaitingRows(now),
+			"fenceUntil", until, "giverEpoch", resp.Epoch)
 		s.m.Handover(g.State, took)
 	}
 	return cover

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/renderqueue/renderqueue/pkg/membership"
 	"github.com/renderqueue/renderqueue/pkg/schedule"
+	"github.com/renderqueue/renderqueue/pkg/shardapi"
 	"github.com/renderqueue/renderqueue/pkg/store/postgres"
 	"github.com/renderqueue/renderqueue/pkg/store/postgres/pgtest"
 )
@@ -22,7 +24,7 @@ import (
 // cluster runs several in-process shards over one real database, each with its own store
 // (connection pool and listener) and Run loop, and plays the operator's part of the handoff.
 type cluster struct {
-	t      *testing.T
+	t      testing.TB
 	ctx    context.Context
 	dsn    string
 	assign membership.Assignment
@@ -31,6 +33,29 @@ type cluster struct {
 	shardsMu sync.Mutex
 	// writers pause (write lock) while the sampler compares with the database
 	writeMu sync.RWMutex
+	// noSample: rebalance does not sample after each phase (BenchmarkHandoff times the phases)
+	noSample bool
+	// onPhase, when set, is told of each phase rebalance publishes
+	onPhase func(kind membership.ActionKind, epoch int64)
+	// moves are the slots the last handoff moves, committedAt when it was committed (zero while
+	// it prepares): the shards' Settings.Arriving
+	moves       []membership.MoveText
+	committedAt time.Time
+}
+
+// inprocPeers asks the cluster's shards for handovers by calling them (their URL is
+// "inproc://<name>"), as client.Peers does over HTTP.
+type inprocPeers struct{ c *cluster }
+
+func (p inprocPeers) Handover(_ context.Context, baseURL string, req shardapi.HandoverRequest) (shardapi.HandoverResponse, error) {
+	name := strings.TrimPrefix(baseURL, "inproc://")
+	p.c.shardsMu.Lock()
+	cs := p.c.shards[name]
+	p.c.shardsMu.Unlock()
+	if cs == nil {
+		return shardapi.HandoverResponse{}, fmt.Errorf("shard %s is not running", name)
+	}
+	return cs.sh.Handover(time.Now(), req)
 }
 
 type clusterShard struct {
@@ -40,7 +65,7 @@ type clusterShard struct {
 	done    chan error
 }
 
-func newCluster(t *testing.T) *cluster {
+func newCluster(t testing.TB) *cluster {
 	dsn := pgtest.NewDatabase(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
@@ -64,12 +89,27 @@ func (c *cluster) openStore() *postgres.Store {
 }
 
 func (c *cluster) settingsFor(name string) Settings {
-	return Settings{LeaseDuration: time.Minute, SubmittedBoost: 2, UrgentMaxShare: 0.2,
+	st := Settings{LeaseDuration: time.Minute, SubmittedBoost: 2, UrgentMaxShare: 0.2,
 		Epoch: c.assign.Epoch, Owned: c.assign.Owned(name), Incoming: c.assign.Incoming(name)}
+	for _, n := range c.assign.Shards() {
+		st.Peers = append(st.Peers, Peer{Name: n, URL: "inproc://" + n, Owned: c.assign.Owned(n)})
+	}
+	for _, m := range c.moves {
+		if m.To != name {
+			continue
+		}
+		set, err := schedule.ParseSlots(m.Slots)
+		if err != nil {
+			c.t.Fatal(err)
+		}
+		st.Arriving = append(st.Arriving, Arrival{From: m.From, Slots: set, CommittedAt: c.committedAt})
+	}
+	return st
 }
 
 // publish hands every shard of the assignment its settings, starting shards that are new and
-// stopping shards that have no slots left.
+// telling those left without slots (they give them away) and stopping them once no shard awaits
+// their handover.
 func (c *cluster) publish() {
 	c.t.Helper()
 	inAssignment := map[string]bool{}
@@ -80,7 +120,7 @@ func (c *cluster) publish() {
 			cs.updates <- s
 			continue
 		}
-		sh, err := NewShard(Options{Name: name, Store: c.openStore(), Log: logr.Discard()}, s)
+		sh, err := NewShard(Options{Name: name, Store: c.openStore(), Log: logr.Discard(), Peers: inprocPeers{c}}, s)
 		if err != nil {
 			c.t.Fatal(err)
 		}
@@ -93,6 +133,12 @@ func (c *cluster) publish() {
 	}
 	for name, cs := range c.shards {
 		if !inAssignment[name] {
+			cs.updates <- c.settingsFor(name) // left without slots: it gives them away, then stops
+		}
+	}
+	for name, cs := range c.shards {
+		if !inAssignment[name] {
+			c.awaitHandoversFrom(name)
 			cs.cancel()
 			if err := <-cs.done; !errors.Is(err, context.Canceled) {
 				c.t.Errorf("shard %s stopped with %v", name, err)
@@ -102,6 +148,31 @@ func (c *cluster) publish() {
 			c.shardsMu.Unlock()
 		}
 	}
+}
+
+// awaitHandoversFrom waits (up to 30 s) until no other shard awaits the handover of slots from
+// shard name, as a keeper that is deleted serves its handovers while it drains.
+func (c *cluster) awaitHandoversFrom(name string) {
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		awaited := false
+		for other, cs := range c.shards {
+			if other == name {
+				continue
+			}
+			st := cs.sh.Status(time.Now())
+			// a shard that has not adopted the assignment yet cannot be awaiting it
+			awaited = awaited || st.Membership.Epoch < c.assign.Epoch
+			for _, f := range st.Fences {
+				awaited = awaited || (f.Until == nil && strings.Contains(f.Reason, name))
+			}
+		}
+		if !awaited {
+			return
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	c.t.Errorf("shards still await the handover of %s after 30 s", name)
 }
 
 // kill stops a shard's process without telling the coordinator.
@@ -143,8 +214,17 @@ func (c *cluster) rebalance(target []string, timeout time.Duration, duringPrepar
 				c.t.Fatalf("assignment after %s: %v", act.Kind, err)
 			}
 			c.assign = next
+			c.moves, c.committedAt = h.Moves, time.Time{}
+			if act.Kind == membership.ActionCommit {
+				c.committedAt = time.Now()
+			}
 			c.publish()
-			c.sample(string(act.Kind))
+			if c.onPhase != nil {
+				c.onPhase(act.Kind, act.Phase.Epoch)
+			}
+			if !c.noSample {
+				c.sample(string(act.Kind))
+			}
 			if act.Kind == membership.ActionPrepare && duringPrepare != nil {
 				duringPrepare()
 			}

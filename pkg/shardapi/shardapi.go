@@ -289,7 +289,8 @@ type ItemResult struct {
 	// (the lease expired or was never current, the row is no longer held, ...).
 	Error string `json:"error,omitempty"`
 	// MovedTo, with Error, is the base URL of the shard the item's lease moved to with its slot
-	// (a handoff committed after the claim): send the item there, once. pkg/client does.
+	// (a handoff committed after the claim): send the item there. pkg/client does, and on from
+	// there when that shard answers MovedTo too (up to 3 hops).
 	MovedTo string `json:"movedTo,omitempty"`
 }
 

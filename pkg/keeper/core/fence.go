@@ -201,6 +201,7 @@ func (c *Core) ExportLeases(now time.Time, slots []int, pinnedFor time.Duration)
 func (c *Core) ImportLeases(now time.Time, ls []Lease) int {
 	nowMs := now.UnixMilli()
 	c.expireLeases(nowMs)
+	c.expireAwaiting(nowMs)
 	n := 0
 	for i := range ls {
 		l := &ls[i]
@@ -210,7 +211,7 @@ func (c *Core) ImportLeases(now time.Time, ls []Lease) int {
 		}
 		id, ok := c.rows.Find(l.Key)
 		if !ok {
-			if c.awaitRow(nowMs, *l) {
+			if c.awaitRow(*l) {
 				n++
 			}
 			continue
@@ -263,12 +264,11 @@ func (c *Core) LeasesUntil(now time.Time) time.Time {
 	return time.UnixMilli(until).UTC()
 }
 
-// awaitRow keeps lease l, of a row not held here, until its row is admitted (attachAwaited) or
-// it expires; it says whether it took l over. A lease of a slot not held here is not taken; nor
-// is one while another lease of the key waits (the same lease handed over twice: the later
-// expiry stands).
-func (c *Core) awaitRow(nowMs int64, l Lease) bool {
-	c.expireAwaiting(nowMs)
+// awaitRow keeps lease l (not expired), of a row not held here, until its row is admitted
+// (attachAwaited) or it expires; it says whether it took l over. A lease of a slot not held here
+// is not taken, nor one of a key another lease already waits for; the same lease handed over
+// twice keeps the later expiry.
+func (c *Core) awaitRow(l Lease) bool {
 	if l.Slot < 0 || l.Slot >= schedule.NumSlots || c.slots[l.Slot] == SlotNone {
 		return false
 	}
