@@ -98,6 +98,7 @@ type claimOut struct {
 
 // claimRows claims up to n rows into co.
 func (c *Core) claimRows(nowMs int64, n int, leaseFor time.Duration, co *claimOut) {
+	c.allFenced = c.everyOwnedRowFenced(nowMs)
 	base := len(co.rows)
 	taken := func() int { return len(co.rows) - base }
 	urgentCap := int(math.Floor(c.cfg.UrgentMaxShare * float64(n)))
@@ -142,11 +143,24 @@ func (c *Core) claimRows(nowMs int64, n int, leaseFor time.Duration, co *claimOu
 	if len(c.floors) > 0 {
 		c.settleFloors(nowMs)
 	}
+	c.allFenced = false // only for this claim
 	c.pace.Claimed(nowMs, n, taken())
 	c.recent.Claimed(nowMs, taken())
 	if c.cfg.Reschedule == policy.Adaptive {
 		c.paced = pace.Decide(c.pace.Reading(nowMs, c.demand()))
 	}
+}
+
+// everyOwnedRowFenced says whether every owned slot that holds rows is fenced at nowMs: then a
+// claim finds nothing, and claimHead need not hold back the rows it meets one by one (a new
+// shard's first handoff fences all it owns until the giver's leases arrive: millions of rows).
+func (c *Core) everyOwnedRowFenced(nowMs int64) bool {
+	for s := range c.slots {
+		if c.slots[s] == SlotOwned && c.slotHeld[s] > 0 && !c.fenced(uint16(s), nowMs) {
+			return false
+		}
+	}
+	return true
 }
 
 // Pace is the Adaptive reschedule policy's decision at the last claim, and what it was decided

@@ -200,6 +200,9 @@ type Core struct {
 	// with thousands of others, which a map entry would keep alive.)
 
 	leases *lease.Table
+	// allFenced: every owned slot holding rows is fenced, as the claim or summary in progress
+	// found (everyOwnedRowFenced); false outside them
+	allFenced bool
 	// awaitingRow holds leases taken over with their slot (ImportLeases) whose row is not held
 	// here yet: the giver had read the row, this shard has not (an event it has not applied yet,
 	// a walk not done). The row is leased under its lease the moment it is admitted (apply), so
@@ -329,6 +332,9 @@ func (c *Core) SetSlots(states *[schedule.NumSlots]SlotState) {
 	if old == *states {
 		return
 	}
+	if c.commitIncoming(states) {
+		return
+	}
 	// rows of slots that leave are dropped; rows of slots moving between owned and incoming change
 	// trees: out of the old one now (under the old states), into the new one below
 	var moving []uint32
@@ -372,6 +378,39 @@ func (c *Core) SetSlots(states *[schedule.NumSlots]SlotState) {
 			delete(c.awaitingRow, k)
 		}
 	}
+}
+
+// commitIncoming is SetSlots for the commit that ends a new shard's first handoff, in time
+// proportional to the groups and routes instead of the rows: it applies when the only change is
+// incoming slots becoming owned, every incoming slot does, and no group holding incoming rows
+// holds owned ones too. Each such group's incoming tree then becomes its owned tree as it is, and
+// the due rows' routes count as owned in one addition per route. (A scale-out's receivers hold
+// millions of incoming rows at the commit, and a claim waits for SetSlots.) It reports whether it
+// applied; when it did not, nothing changed.
+func (c *Core) commitIncoming(states *[schedule.NumSlots]SlotState) bool {
+	for s, n := range states {
+		if o := c.slots[s]; n == SlotIncoming || (o != n && (o != SlotIncoming || n != SlotOwned)) {
+			return false
+		}
+	}
+	for _, g := range c.groups {
+		// Len builds pending entries (a load's) into their trees under the old states
+		if c.trees.Len(&g.incoming) > 0 && c.trees.Len(&g.owned) > 0 {
+			return false
+		}
+	}
+	for _, g := range c.groups {
+		if c.trees.Len(&g.incoming) > 0 {
+			g.owned, g.incoming = g.incoming, g.owned
+		}
+	}
+	c.slots = *states
+	for i, n := range c.due.routeIncoming {
+		c.due.route[i] += n
+		c.due.routeIncoming[i] = 0
+	}
+	c.sumBeyond()
+	return true
 }
 
 // treeOf returns the tree that holds r: its group's owned or incoming tree.
@@ -710,6 +749,7 @@ func (c *Core) routeOf(route string) (uint16, bool) {
 	r := uint16(len(c.routes))
 	c.routes = append(c.routes, route)
 	c.due.route = append(c.due.route, 0)
+	c.due.routeIncoming = append(c.due.routeIncoming, 0)
 	c.routeIdx[route] = r
 	return r, true
 }

@@ -141,6 +141,9 @@ func sortFences(fs []SlotFence) {
 // claimHead returns the first claimable row of g's owned tree at nowMs, holding back the rows
 // of fenced slots it meets on the way (until their fence ends).
 func (c *Core) claimHead(g *group, nowMs int64) (duetree.Entry, bool) {
+	if c.allFenced {
+		return 0, false // nothing is claimable: no need to hold every row back
+	}
 	for {
 		e, ok := c.trees.Head(&g.owned)
 		if !ok {

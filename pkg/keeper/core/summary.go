@@ -19,7 +19,10 @@ import (
 type dueCounts struct {
 	cursor int64
 	slot   [schedule.NumSlots]int32
-	route  []int32
+	// route counts the due rows of owned slots by route, routeIncoming those of incoming slots
+	// (so that a commit making every incoming slot owned moves them in one addition per route:
+	// Core.commitIncoming)
+	route, routeIncoming []int32
 }
 
 // reset moves the cursor without counting: only while no row is held.
@@ -31,8 +34,11 @@ func (c *Core) countDue(r *rowstore.Rec, delta int32) {
 		return
 	}
 	c.due.slot[r.Slot] += delta
-	if c.slots[r.Slot] == SlotOwned {
+	switch c.slots[r.Slot] {
+	case SlotOwned:
 		c.due.route[r.Route] += delta
+	case SlotIncoming:
+		c.due.routeIncoming[r.Route] += delta
 	}
 }
 
@@ -64,7 +70,9 @@ func (c *Core) moveCursor(tMs int64) {
 			c.due.route[r.Route] += d
 		})
 		c.trees.Visit(&g.incoming, c.trees.Rank(&g.incoming, lo), c.trees.Rank(&g.incoming, hi), func(e duetree.Entry) {
-			c.due.slot[c.rows.At(e.ID()).Slot] += d
+			r := c.rows.At(e.ID())
+			c.due.slot[r.Slot] += d
+			c.due.routeIncoming[r.Route] += d
 		})
 	}
 	c.due.cursor = tMs
@@ -141,11 +149,13 @@ func (c *Core) CountSummary(now time.Time) SummaryCounts {
 	}
 	s := &sc.Summary
 	groups := make([]summary.Group, 0, len(c.groups))
+	c.allFenced = c.everyOwnedRowFenced(nowMs) // waitingSince's claimHead holds no row back then
 	for _, g := range c.groups {
 		s.HeldIncoming += c.trees.Len(&g.incoming)
 		groups = append(groups, summary.Group{CadenceMs: g.cadenceMs, Source: g.source, Owned: &g.owned,
 			WaitingSinceMs: c.waitingSince(g, nowMs)})
 	}
+	c.allFenced = false
 	summary.Count(s, c.trees, nowMs, groups, func(id uint32) string { return string(c.rows.Key(c.rows.At(id))) })
 	return sc
 }
