@@ -172,6 +172,13 @@ func benchWorker(ctx context.Context, c *cluster, name string, rec *claimRecorde
 // back, and the due counts sum exactly over the assignment.
 func waitExact(tb testing.TB, c *cluster, timeout time.Duration) {
 	tb.Helper()
+	waitCounted(tb, c, timeout, true)
+}
+
+// waitCounted waits until every shard of the assignment has adopted it and is exact, and the due
+// counts sum exactly over the assignment; with served, until nothing is held back either.
+func waitCounted(tb testing.TB, c *cluster, timeout time.Duration, served bool) {
+	tb.Helper()
 	deadline := time.Now().Add(timeout)
 	for {
 		reports := map[string]membership.ShardDue{}
@@ -191,7 +198,7 @@ func waitExact(tb testing.TB, c *cluster, timeout time.Duration) {
 				d.DuePerSlot[sl] = v
 			}
 			reports[name] = d
-			ok = ok && st.Exact && st.HeldBack == 0 && st.Membership.Epoch == c.assign.Epoch
+			ok = ok && st.Exact && (!served || st.HeldBack == 0) && st.Membership.Epoch == c.assign.Epoch
 		}
 		c.shardsMu.Unlock()
 		if _, exact := membership.SumDue(c.assign, reports); ok && exact {
@@ -201,5 +208,73 @@ func waitExact(tb testing.TB, c *cluster, timeout time.Duration) {
 			tb.Fatalf("not exact within %v of epoch %d", timeout, c.assign.Epoch)
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// BenchmarkFailover measures a shard's failover: three shards over real PostgreSQL holding
+// rows=N each, render workers claiming on all of them (100 rows every 10 ms, completed at once),
+// leases of 20 s; one shard's process is killed (its Run ends: no drain, no clean end of its
+// session) and another process of the shard starts at once in the same "Pod" (it finds the state
+// file, as a restarted container does). Reported: from the kill to the shard exact again (its
+// load) and to its rows served again (its fence ends: the dead process's lease horizon, a quarter
+// of the longest lease past its last lease's end — not the load — so that no row its worker may
+// still render is handed out twice), and the other shards' claim p99 meanwhile. A Pod replaced on
+// another node holds back for the longest lease from its start instead (docs/design.md, "A keeper
+// that dies"). The new process is started at once: the kubelet's restart and the Pod's scheduling
+// come on top in a cluster.
+func BenchmarkFailover(b *testing.B) {
+	const lease = 20 * time.Second
+	for _, n := range coretest.Sizes(b) {
+		b.Run(coretest.SizeName(n), func(b *testing.B) {
+			c := newCluster(b)
+			c.stateDir = b.TempDir()
+			c.settings = func(st *Settings) { st.LeaseDuration = lease }
+			loadBenchTable(b, c.ctx, c.dsn, 3*n)
+			c.noSample = true
+			three := []string{"s0", "s1", "s2"}
+			if state := c.rebalance(three, 30*time.Minute, nil); state != membership.HandoffCommitted {
+				b.Fatalf("first assignment: %s", state)
+			}
+			waitExact(b, c, 30*time.Minute)
+			rec := &claimRecorder{obs: map[string][]claimObs{}}
+			wctx, stop := context.WithCancel(c.ctx)
+			var wg sync.WaitGroup
+			for _, name := range three {
+				wg.Go(func() { benchWorker(wctx, c, name, rec) })
+			}
+			defer func() { stop(); wg.Wait() }()
+			time.Sleep(2 * time.Second) // leases out on every shard
+
+			var toExact, toServed time.Duration
+			var p99 time.Duration
+			for b.Loop() {
+				t0 := time.Now()
+				c.kill("s1")
+				c.publish() // s1 is in the assignment and not running: a new process starts
+				waitCounted(b, c, 30*time.Minute, false)
+				t1 := time.Now()
+				for {
+					c.shardsMu.Lock()
+					st := c.shards["s1"].sh.Status(time.Now())
+					c.shardsMu.Unlock()
+					if st.HeldBack == 0 && len(st.Fences) == 0 {
+						break
+					}
+					if time.Since(t0) > 10*lease {
+						b.Fatalf("s1 still holds %d rows back %v after the kill: %+v", st.HeldBack, time.Since(t0), st.Fences)
+					}
+					time.Sleep(10 * time.Millisecond)
+				}
+				t2 := time.Now()
+				toExact += t1.Sub(t0)
+				toServed += t2.Sub(t0)
+				d, _ := rec.p99([]string{"s0", "s2"}, t0, t2)
+				p99 = max(p99, d)
+			}
+			runs := float64(b.N)
+			b.ReportMetric(toExact.Seconds()/runs, "s-to-exact")
+			b.ReportMetric(toServed.Seconds()/runs, "s-to-served")
+			b.ReportMetric(float64(p99.Microseconds())/1000, "others-claim-p99-ms")
+		})
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -41,6 +42,11 @@ type cluster struct {
 	// it prepares): the shards' Settings.Arriving
 	moves       []membership.MoveText
 	committedAt time.Time
+	// stateDir, when set, holds each shard's state file (<name>.state), as a Pod's emptyDir does:
+	// a shard started again after kill finds its predecessor's
+	stateDir string
+	// settings, when set, adjusts every shard's settings
+	settings func(*Settings)
 }
 
 // inprocPeers asks the cluster's shards for handovers by calling them (their URL is
@@ -104,6 +110,9 @@ func (c *cluster) settingsFor(name string) Settings {
 		}
 		st.Arriving = append(st.Arriving, Arrival{From: m.From, Slots: set, CommittedAt: c.committedAt})
 	}
+	if c.settings != nil {
+		c.settings(&st)
+	}
 	return st
 }
 
@@ -120,7 +129,11 @@ func (c *cluster) publish() {
 			cs.updates <- s
 			continue
 		}
-		sh, err := NewShard(Options{Name: name, Store: c.openStore(), Log: logr.Discard(), Peers: inprocPeers{c}}, s)
+		opts := Options{Name: name, Store: c.openStore(), Log: logr.Discard(), Peers: inprocPeers{c}}
+		if c.stateDir != "" {
+			opts.StateFile = filepath.Join(c.stateDir, name+".state")
+		}
+		sh, err := NewShard(opts, s)
 		if err != nil {
 			c.t.Fatal(err)
 		}
