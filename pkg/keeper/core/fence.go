@@ -17,8 +17,10 @@ import (
 // that gave it has not handed them over yet, or it died and they are lost. A fenced slot hands
 // out none of its rows until the fence ends: a row that reaches the head of its claim tree is
 // held back (lease.Table.Hold) until then, so a fence costs nothing until claims meet its rows,
-// and it ends on its own at its time. Held-back rows are still held, due and counted: the due
-// count does not change with a fence.
+// and it ends on its own at its time. While every owned slot holding rows is fenced (a new
+// shard awaiting its givers' leases) claims and summaries skip the trees instead of holding
+// millions of rows back one by one (everyOwnedRowFenced). Held-back rows are still held, due and
+// counted: the due count does not change with a fence.
 //
 // A fence's end is either a time (until then the earlier owner's leases may still run) or not
 // known yet (fenceLifted: until the shard ends it, once it has the earlier owner's leases).
