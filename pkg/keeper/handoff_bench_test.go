@@ -61,7 +61,9 @@ func (r *claimRecorder) p99(shards []string, from, to time.Time) (time.Duration,
 // with its own store (pool and listener), as TestRebalanceKeepsDueExact runs them; the operator's
 // part is played as there (pkg/membership's plan, prepare, commit), polling every 20 ms. Then a
 // sample checks the due count against SQL (not timed). Issue 42's targets: committed and exact
-// ≤ 20 s at 10M rows a shard, claim p99 ≤ 5 ms throughout. BENCH_ROWS=10M for the
+// ≤ 20 s at 10M rows a shard, claim p99 ≤ 5 ms throughout. Then back from 4 to 3 (a scale-in:
+// the three receive from s3 while they own rows): its time from the plan to exact, and the three's
+// claim p99 meanwhile (back-...). BENCH_ROWS=10M for the
 // large run (coretest.Sizes); its table takes minutes to write.
 func BenchmarkHandoff(b *testing.B) {
 	for _, n := range coretest.Sizes(b) {
@@ -89,6 +91,8 @@ func BenchmarkHandoff(b *testing.B) {
 			var committed, exact time.Duration
 			var p99Givers, p99Receiver time.Duration
 			var claimsGivers, claimsReceiver, moved int
+			var backExact, p99Back time.Duration
+			var claimsBack int
 			for b.Loop() {
 				var committedAt time.Time
 				c.onPhase = func(kind membership.ActionKind, _ int64) {
@@ -115,10 +119,19 @@ func BenchmarkHandoff(b *testing.B) {
 				b.StopTimer()
 				c.onPhase = nil
 				c.sample("3 → 4")
+				b.StartTimer()
+				// and back: s3 gives its rows to the three, which own rows already
+				t0 = time.Now()
 				if state := c.rebalance(three, 30*time.Minute, nil); state != membership.HandoffCommitted {
 					b.Fatalf("4 → 3: %s", state)
 				}
 				waitExact(b, c, 30*time.Minute)
+				t1 = time.Now()
+				backExact += t1.Sub(t0)
+				d, k = rec.p99(three, t0, t1)
+				p99Back, claimsBack = max(p99Back, d), claimsBack+k
+				b.StopTimer()
+				c.sample("4 → 3")
 				b.StartTimer()
 			}
 			runs := float64(b.N)
@@ -127,7 +140,9 @@ func BenchmarkHandoff(b *testing.B) {
 			b.ReportMetric(float64(moved)/exact.Seconds(), "rows-moved/s")
 			b.ReportMetric(float64(p99Givers.Microseconds())/1000, "giver-claim-p99-ms")
 			b.ReportMetric(float64(p99Receiver.Microseconds())/1000, "receiver-claim-p99-ms")
-			b.Logf("%d rows moved; %d claims on the givers and %d on the receiver during the handoffs", moved, claimsGivers, claimsReceiver)
+			b.ReportMetric(backExact.Seconds()/runs, "back-s-to-exact")
+			b.ReportMetric(float64(p99Back.Microseconds())/1000, "back-receivers-claim-p99-ms")
+			b.Logf("%d rows moved; %d claims on the givers and %d on the receiver during 3 → 4, %d on the receivers during 4 → 3", moved, claimsGivers, claimsReceiver, claimsBack)
 		})
 	}
 }

@@ -828,6 +828,42 @@ func (f *Forest) Flush(t *Tree) {
 	f.build(t, all)
 }
 
+// Absorb moves every entry of src into dst, leaving src empty: the two trees' entries merged in
+// order and dst rebuilt bottom-up, packed as Flush packs it, in time linear in the entries —
+// without descending dst once per entry, nor src once per removal. Pending entries of both are
+// built first (so Records.Pending must still place them in their own trees). When dst is empty
+// the trees only change places.
+func (f *Forest) Absorb(dst, src *Tree) {
+	f.Flush(src)
+	f.Flush(dst)
+	if src.n == 0 {
+		return
+	}
+	if dst.n == 0 {
+		*dst, *src = *src, *dst
+		return
+	}
+	a := make([]Entry, 0, dst.n)
+	f.visitRec(dst.root, dst.height, 0, dst.n, func(e Entry) { a = append(a, e) })
+	b := make([]Entry, 0, src.n)
+	f.visitRec(src.root, src.height, 0, src.n, func(e Entry) { b = append(b, e) })
+	f.freeTree(dst.root, dst.height)
+	f.freeTree(src.root, src.height)
+	all := make([]Entry, 0, len(a)+len(b))
+	i, j := 0, 0
+	for i < len(a) || j < len(b) {
+		if j == len(b) || (i < len(a) && f.Compare(a[i], b[j]) < 0) {
+			all = append(all, a[i])
+			i++
+		} else {
+			all = append(all, b[j])
+			j++
+		}
+	}
+	f.build(dst, all)
+	f.build(src, nil)
+}
+
 // sortEntries sorts es as Compare orders them, faster than a comparison sort when es is long (a
 // load's pending list holds millions): by due step with a radix sort, least significant digit
 // first and only over the bits the steps in es span, then each run of entries due in one step by

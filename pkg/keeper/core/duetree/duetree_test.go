@@ -301,6 +301,55 @@ func TestBulkBuild(t *testing.T) {
 	}
 }
 
+// TestAbsorb: a tree absorbs another (both holding entries, leased ones among them, and pending
+// ones; one of them empty; both empty): dst holds every entry of both in order, src none, and
+// both stay usable.
+func TestAbsorb(t *testing.T) {
+	for _, sizes := range [][2]int{{3000, 5000}, {0, 4000}, {4000, 0}, {0, 0}, {1, 1}} {
+		t.Run(fmt.Sprintf("%d+%d", sizes[0], sizes[1]), func(t *testing.T) {
+			m := newTestRecords(sizes[0] + sizes[1] + 10)
+			f := NewForest(m)
+			dst, src := &Tree{}, &Tree{}
+			rng := rand.New(rand.NewPCG(3, uint64(sizes[0])))
+			id := uint32(0)
+			for k, tr := range []*Tree{dst, src} {
+				for range sizes[k] {
+					m.recs[id] = &testRec{due: t0Ms + int64(rng.IntN(600_000)), leased: rng.IntN(5) == 0, tree: tr}
+					if rng.IntN(3) == 0 {
+						m.recs[id].pending = true
+						f.AddPending(tr, m.entry(id))
+					} else {
+						f.Insert(tr, m.entry(id))
+					}
+					id++
+				}
+			}
+			f.Absorb(dst, src)
+			for _, r := range m.recs {
+				if r != nil {
+					r.tree = dst
+				}
+			}
+			if _, err := checkAgainst(f, m, dst); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := checkAgainst(f, m, src); err != nil {
+				t.Fatal(err)
+			}
+			// both usable afterwards
+			m.recs[id] = &testRec{due: t0Ms, tree: src}
+			f.Insert(src, m.entry(id))
+			m.recs[id+1] = &testRec{due: t0Ms + 1, tree: dst}
+			f.Insert(dst, m.entry(id+1))
+			for _, tr := range []*Tree{dst, src} {
+				if _, err := checkAgainst(f, m, tr); err != nil {
+					t.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
 // TestSortEntriesMatchesCompare: sortEntries orders lists long and short, spread over years or
 // crowded into a few steps (ties broken by the records), leased or not, as a sort by Compare does.
 func TestSortEntriesMatchesCompare(t *testing.T) {
