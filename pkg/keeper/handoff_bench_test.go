@@ -34,6 +34,14 @@ func (r *claimRecorder) add(shard string, at time.Time, took time.Duration) {
 // p99 returns the 99th percentile of the claims of shards asked in [from, to), and how many
 // there were.
 func (r *claimRecorder) p99(shards []string, from, to time.Time) (time.Duration, int) {
+	p, _, n := r.stats(shards, from, to)
+	return p, n
+}
+
+// stats returns the 99th percentile and the longest of the claims of shards asked in [from, to),
+// and how many there were: a handoff stalls a shard once, which the p99 of hundreds of claims
+// hides.
+func (r *claimRecorder) stats(shards []string, from, to time.Time) (p99, longest time.Duration, n int) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	var d []time.Duration
@@ -45,10 +53,10 @@ func (r *claimRecorder) p99(shards []string, from, to time.Time) (time.Duration,
 		}
 	}
 	if len(d) == 0 {
-		return 0, 0
+		return 0, 0, 0
 	}
 	slices.Sort(d)
-	return d[min(len(d)-1, len(d)*99/100)], len(d)
+	return d[min(len(d)-1, len(d)*99/100)], d[len(d)-1], len(d)
 }
 
 // BenchmarkHandoff measures a rebalance from 3 to 4 shards over real PostgreSQL, each of the 3
@@ -91,7 +99,7 @@ func BenchmarkHandoff(b *testing.B) {
 			var committed, exact time.Duration
 			var p99Givers, p99Receiver time.Duration
 			var claimsGivers, claimsReceiver, moved int
-			var backExact, p99Back time.Duration
+			var backExact, p99Back, maxGivers, maxReceiver, maxBack time.Duration
 			var claimsBack int
 			for b.Loop() {
 				var committedAt time.Time
@@ -108,10 +116,10 @@ func BenchmarkHandoff(b *testing.B) {
 				t1 := time.Now()
 				committed += committedAt.Sub(t0)
 				exact += t1.Sub(t0)
-				d, k := rec.p99(three, t0, t1)
-				p99Givers, claimsGivers = max(p99Givers, d), claimsGivers+k
-				d, k = rec.p99([]string{"s3"}, t0, t1)
-				p99Receiver, claimsReceiver = max(p99Receiver, d), claimsReceiver+k
+				d, m, k := rec.stats(three, t0, t1)
+				p99Givers, maxGivers, claimsGivers = max(p99Givers, d), max(maxGivers, m), claimsGivers+k
+				d, m, k = rec.stats([]string{"s3"}, t0, t1)
+				p99Receiver, maxReceiver, claimsReceiver = max(p99Receiver, d), max(maxReceiver, m), claimsReceiver+k
 				c.shardsMu.Lock()
 				moved += c.shards["s3"].sh.Status(time.Now()).Rows.Held
 				c.shardsMu.Unlock()
@@ -128,8 +136,8 @@ func BenchmarkHandoff(b *testing.B) {
 				waitExact(b, c, 30*time.Minute)
 				t1 = time.Now()
 				backExact += t1.Sub(t0)
-				d, k = rec.p99(three, t0, t1)
-				p99Back, claimsBack = max(p99Back, d), claimsBack+k
+				d, m, k = rec.stats(three, t0, t1)
+				p99Back, maxBack, claimsBack = max(p99Back, d), max(maxBack, m), claimsBack+k
 				b.StopTimer()
 				c.sample("4 → 3")
 				b.StartTimer()
@@ -140,6 +148,9 @@ func BenchmarkHandoff(b *testing.B) {
 			b.ReportMetric(float64(moved)/exact.Seconds(), "rows-moved/s")
 			b.ReportMetric(float64(p99Givers.Microseconds())/1000, "giver-claim-p99-ms")
 			b.ReportMetric(float64(p99Receiver.Microseconds())/1000, "receiver-claim-p99-ms")
+			b.ReportMetric(float64(maxGivers.Microseconds())/1000, "giver-claim-max-ms")
+			b.ReportMetric(float64(maxReceiver.Microseconds())/1000, "receiver-claim-max-ms")
+			b.ReportMetric(float64(maxBack.Microseconds())/1000, "back-receivers-claim-max-ms")
 			b.ReportMetric(backExact.Seconds()/runs, "back-s-to-exact")
 			b.ReportMetric(float64(p99Back.Microseconds())/1000, "back-receivers-claim-p99-ms")
 			b.Logf("%d rows moved; %d claims on the givers and %d on the receiver during 3 → 4, %d on the receivers during 4 → 3", moved, claimsGivers, claimsReceiver, claimsBack)
