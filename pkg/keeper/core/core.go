@@ -346,21 +346,26 @@ func (c *Core) SetSlots(states *[schedule.NumSlots]SlotState) {
 	// Many rows leaving (a giver's commit: a quarter of its rows, or all of them): the trees are
 	// rebuilt without them in one pass each, rather than descended once per row (≈1 µs a row
 	// under the shard's lock: seconds at millions).
-	filtered := leavingRows > 0 && leavingRows*filterRowsLeaving >= c.rows.Len()
-	if filtered {
+	if leavingRows > 0 && leavingRows*filterRowsLeaving >= c.rows.Len() {
 		keep := func(e duetree.Entry) bool { return states[c.rows.At(e.ID()).Slot] != SlotNone }
 		for _, g := range c.groups {
 			c.trees.Filter(&g.owned, keep)
 			c.trees.Filter(&g.incoming, keep)
 		}
+		// and the key index rebuilt from the keys kept, rather than each key taken out of it
+		c.rows.RemoveWhere(func(id uint32, r *rowstore.Rec) bool {
+			if states[r.Slot] != SlotNone {
+				return false
+			}
+			c.dropRow(id, r)
+			return true
+		})
 	}
 	var moving []uint32
 	c.rows.Each(func(id uint32, r *rowstore.Rec) {
 		o, n := old[r.Slot], states[r.Slot]
 		switch {
 		case o == n:
-		case n == SlotNone && filtered:
-			c.dropRow(id, r)
 		case n == SlotNone:
 			c.removeRow(id)
 		default:
@@ -726,7 +731,8 @@ func (c *Core) forget(key string) {
 // descent per row kept).
 const filterRowsLeaving = 16
 
-// dropRow is removeRow for held record id (r) whose tree entry is gone already (Forest.Filter).
+// dropRow is removeRow for held record id (r) whose tree entry is gone already (Forest.Filter)
+// and which the caller takes out of the store (rowstore.Store.RemoveWhere).
 func (c *Core) dropRow(id uint32, r *rowstore.Rec) {
 	c.objVersionEnds(c.opNowMs, id, r)
 	r.Clear(flagPending)
@@ -736,7 +742,6 @@ func (c *Core) dropRow(id uint32, r *rowstore.Rec) {
 	if r.Has(flagLeased) {
 		c.leases.End(id)
 	}
-	c.rows.Remove(id)
 }
 
 // removeRow drops a held row: out of its tree and counts, its lease, and the store.
