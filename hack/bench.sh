@@ -61,6 +61,8 @@ echo "bench.sh: PostgreSQL shared_buffers $(psql "$RENDERQUEUE_TEST_DSN" -Atc 'S
 go test -run '^$' -bench 'BenchmarkKeeper|BenchmarkStatus' -benchtime "${BENCHTIME:-2s}" -timeout 60m "$@" ./pkg/keeper/ ./pkg/keeper/core/
 # The shard's concurrent benchmarks run with the keeper's GOMAXPROCS (renderqueue keeper --procs).
 go test -run '^$' -bench 'BenchmarkClaimLatency|BenchmarkShardLoad' -benchtime 1x -cpu "${BENCH_CPU:-1}" -timeout 60m "$@" ./pkg/keeper/
+# A handoff's commit on the core alone (each iteration builds its core, untimed).
+go test -run '^$' -bench 'BenchmarkCommit' -benchtime 3x -timeout 60m "$@" ./pkg/keeper/core/
 # A rebalance from 3 to 4 shards, and a shard's failover, with BENCH_ROWS a shard: the shards share one process (and its
 # Go runtime), so it runs with the machine's cores rather than the keeper's one thread.
 go test -run '^$' -bench 'BenchmarkHandoff|BenchmarkFailover' -benchtime 1x -timeout 60m "$@" ./pkg/keeper/

@@ -270,3 +270,52 @@ func BenchmarkKeeperSummary(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkCommit times Core.SetSlots at a handoff's commit, on a core of rows=N (all due): a
+// giver whose slots leave, a quarter of them or all (a shard removed), and a receiver whose
+// incoming slots become owned — a quarter of its slots beside the rows it owns already (a
+// scale-in's receivers), or all of them on a shard that owned nothing (a scale-out's new shard).
+// A claim waits for it: the shard's lock is held throughout. Each iteration builds its core
+// first, untimed; run it with -benchtime 3x.
+func BenchmarkCommit(b *testing.B) {
+	quarter := func(s int) bool { return s < schedule.NumSlots/4 }
+	all := func(int) bool { return true }
+	cases := []struct {
+		name string
+		// which slots change; from is their state before the commit (set untimed), to after
+		which    func(s int) bool
+		from, to core.SlotState
+	}{
+		{"give=quarter", quarter, core.SlotOwned, core.SlotNone},
+		{"give=all", all, core.SlotOwned, core.SlotNone},
+		{"receive=quarter", quarter, core.SlotIncoming, core.SlotOwned},
+		{"receive=all-new", all, core.SlotIncoming, core.SlotOwned},
+	}
+	for _, n := range coretest.Sizes(b) {
+		for _, tc := range cases {
+			b.Run(fmt.Sprintf("%s/%s", coretest.SizeName(n), tc.name), func(b *testing.B) {
+				for b.Loop() {
+					b.StopTimer()
+					c := coretest.Build(b, n, base, true)
+					var before, after [schedule.NumSlots]core.SlotState
+					for s := range before {
+						before[s], after[s] = core.SlotOwned, core.SlotOwned
+						if tc.which(s) {
+							before[s], after[s] = tc.from, tc.to
+						}
+					}
+					c.SetSlots(&before)
+					held := c.Held()
+					b.StartTimer()
+					c.SetSlots(&after)
+					b.StopTimer()
+					if tc.to == core.SlotNone && c.Held() >= held || tc.to != core.SlotNone && c.Held() != held {
+						b.Fatalf("held %d after the commit, %d before", c.Held(), held)
+					}
+					b.StartTimer()
+				}
+				b.ReportMetric(float64(b.Elapsed().Milliseconds())/float64(b.N), "ms/commit")
+			})
+		}
+	}
+}
