@@ -809,23 +809,37 @@ func (f *Forest) Flush(t *Tree) {
 	}
 	all := fresh
 	if t.n > 0 {
-		old := make([]Entry, 0, t.n)
-		f.visitRec(t.root, t.height, 0, t.n, func(e Entry) { old = append(old, e) })
+		old := f.entriesOf(t)
 		f.freeTree(t.root, t.height)
-		all = make([]Entry, 0, len(old)+len(fresh))
-		i, j := 0, 0
-		for i < len(old) || j < len(fresh) {
-			if j == len(fresh) || (i < len(old) && f.Compare(old[i], fresh[j]) < 0) {
-				all = append(all, old[i])
-				i++
-			} else {
-				all = append(all, fresh[j])
-				j++
-			}
-		}
+		all = f.merge(old, fresh)
 	}
 	t.pending = nil
 	f.build(t, all)
+}
+
+// entriesOf returns the entries of t's built tree (not its pending ones), in order.
+func (f *Forest) entriesOf(t *Tree) []Entry {
+	es := make([]Entry, 0, t.n)
+	if t.n > 0 {
+		f.visitRec(t.root, t.height, 0, t.n, func(e Entry) { es = append(es, e) })
+	}
+	return es
+}
+
+// merge returns the entries of a and b, each in order, merged in order.
+func (f *Forest) merge(a, b []Entry) []Entry {
+	all := make([]Entry, 0, len(a)+len(b))
+	i, j := 0, 0
+	for i < len(a) || j < len(b) {
+		if j == len(b) || (i < len(a) && f.Compare(a[i], b[j]) < 0) {
+			all = append(all, a[i])
+			i++
+		} else {
+			all = append(all, b[j])
+			j++
+		}
+	}
+	return all
 }
 
 // Filter keeps in t only the entries keep says to keep, rebuilding t bottom-up in one pass (as
@@ -865,23 +879,9 @@ func (f *Forest) Absorb(dst, src *Tree) {
 		*dst, *src = *src, *dst
 		return
 	}
-	a := make([]Entry, 0, dst.n)
-	f.visitRec(dst.root, dst.height, 0, dst.n, func(e Entry) { a = append(a, e) })
-	b := make([]Entry, 0, src.n)
-	f.visitRec(src.root, src.height, 0, src.n, func(e Entry) { b = append(b, e) })
+	all := f.merge(f.entriesOf(dst), f.entriesOf(src))
 	f.freeTree(dst.root, dst.height)
 	f.freeTree(src.root, src.height)
-	all := make([]Entry, 0, len(a)+len(b))
-	i, j := 0, 0
-	for i < len(a) || j < len(b) {
-		if j == len(b) || (i < len(a) && f.Compare(a[i], b[j]) < 0) {
-			all = append(all, a[i])
-			i++
-		} else {
-			all = append(all, b[j])
-			j++
-		}
-	}
 	f.build(dst, all)
 	f.build(src, nil)
 }

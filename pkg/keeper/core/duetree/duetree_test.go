@@ -301,6 +301,18 @@ func TestBulkBuild(t *testing.T) {
 	}
 }
 
+// addRandom puts record id into tr: due within ten minutes of t0Ms, leased one time in five,
+// pending (added in bulk) one time in three.
+func addRandom(f *Forest, m *testRecords, tr *Tree, id uint32, rng *rand.Rand) {
+	m.recs[id] = &testRec{due: t0Ms + int64(rng.IntN(600_000)), leased: rng.IntN(5) == 0, tree: tr}
+	if rng.IntN(3) == 0 {
+		m.recs[id].pending = true
+		f.AddPending(tr, m.entry(id))
+		return
+	}
+	f.Insert(tr, m.entry(id))
+}
+
 // TestAbsorb: a tree absorbs another (both holding entries, leased ones among them, and pending
 // ones; one of them empty; both empty): dst holds every entry of both in order, src none, and
 // both stay usable.
@@ -314,13 +326,7 @@ func TestAbsorb(t *testing.T) {
 			id := uint32(0)
 			for k, tr := range []*Tree{dst, src} {
 				for range sizes[k] {
-					m.recs[id] = &testRec{due: t0Ms + int64(rng.IntN(600_000)), leased: rng.IntN(5) == 0, tree: tr}
-					if rng.IntN(3) == 0 {
-						m.recs[id].pending = true
-						f.AddPending(tr, m.entry(id))
-					} else {
-						f.Insert(tr, m.entry(id))
-					}
+					addRandom(f, m, tr, id, rng)
 					id++
 				}
 			}
@@ -360,13 +366,7 @@ func TestFilter(t *testing.T) {
 			tr := &Tree{}
 			rng := rand.New(rand.NewPCG(5, uint64(every)))
 			for id := range uint32(4999) {
-				m.recs[id] = &testRec{due: t0Ms + int64(rng.IntN(600_000)), leased: rng.IntN(5) == 0, tree: tr}
-				if rng.IntN(3) == 0 {
-					m.recs[id].pending = true
-					f.AddPending(tr, m.entry(id))
-				} else {
-					f.Insert(tr, m.entry(id))
-				}
+				addRandom(f, m, tr, id, rng)
 			}
 			drop := func(id uint32) bool { return every != 0 && id%uint32(every) == 0 }
 			want := 0

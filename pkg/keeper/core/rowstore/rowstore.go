@@ -464,12 +464,19 @@ func (ix *index) rebuild(rs *rows, ar *arena) {
 		return
 	}
 	clear(ix.slots)
+	ix.fill(rs, ar, noRecord)
+}
+
+// fill inserts the keys of the held records but skip into the index's empty slots, and counts
+// them.
+func (ix *index) fill(rs *rows, ar *arena, skip uint32) {
 	ix.n = 0
 	m := ix.mask()
 	for ci, chunk := range rs.chunks {
 		for j := range chunk {
 			r := &chunk[j]
-			if r.msFlags&uint16(Held) == 0 {
+			id := uint32(ci)<<recChunkBits | uint32(j)
+			if r.msFlags&uint16(Held) == 0 || id == skip {
 				continue
 			}
 			h := maphash.Bytes(ix.seed, ar.get(r.keyOff))
@@ -477,7 +484,7 @@ func (ix *index) rebuild(rs *rows, ar *arena) {
 			for ix.slots[i] != 0 {
 				i = (i + 1) & m
 			}
-			ix.slots[i] = entry(h, uint32(ci)<<recChunkBits|uint32(j))
+			ix.slots[i] = entry(h, id)
 			ix.n++
 		}
 	}
@@ -497,20 +504,5 @@ func (ix *index) resize(rs *rows, ar *arena, n int, skip uint32) {
 	size = max(size, len(ix.slots)*2)
 	ix.slots = make([]uint32, size)
 	ix.resizes++
-	m := ix.mask()
-	for ci, chunk := range rs.chunks {
-		for j := range chunk {
-			r := &chunk[j]
-			id := uint32(ci)<<recChunkBits | uint32(j)
-			if r.msFlags&uint16(Held) == 0 || id == skip {
-				continue
-			}
-			h := maphash.Bytes(ix.seed, ar.get(r.keyOff))
-			i := h & m
-			for ix.slots[i] != 0 {
-				i = (i + 1) & m
-			}
-			ix.slots[i] = entry(h, id)
-		}
-	}
+	ix.fill(rs, ar, skip)
 }
