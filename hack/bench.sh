@@ -63,8 +63,9 @@ go test -run '^$' -bench 'BenchmarkKeeper|BenchmarkStatus' -benchtime "${BENCHTI
 go test -run '^$' -bench 'BenchmarkClaimLatency|BenchmarkShardLoad' -benchtime 1x -cpu "${BENCH_CPU:-1}" -timeout 60m "$@" ./pkg/keeper/
 # A handoff's commit on the core alone (each iteration builds its core, untimed).
 go test -run '^$' -bench 'BenchmarkCommit' -benchtime 3x -timeout 60m "$@" ./pkg/keeper/core/
-# A rebalance from 3 to 4 shards, and a shard's failover, with BENCH_ROWS a shard: the shards share one process (and its
-# Go runtime), so it runs with the machine's cores rather than the keeper's one thread.
+# A rebalance from 3 to 4 shards and back, and a shard's failover, with BENCH_ROWS a shard: the
+# shards share one process (and its Go runtime), so it runs with the machine's cores rather than
+# the keeper's one thread.
 go test -run '^$' -bench 'BenchmarkHandoff|BenchmarkFailover' -benchtime 1x -timeout 60m "$@" ./pkg/keeper/
 go test -run '^$' -bench 'BenchmarkSimulate' -benchtime 3x "$@" ./pkg/simulate/
 go test -run '^$' -bench 'BenchmarkWalk|BenchmarkComplete$|BenchmarkEventLatency|BenchmarkHOT' -benchtime 1x "$@" ./pkg/store/...
