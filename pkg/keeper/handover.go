@@ -53,6 +53,9 @@ type Arrival struct {
 	Slots schedule.SlotSet
 	// CommittedAt is when the handoff was committed; zero while it prepares.
 	CommittedAt time.Time
+	// Epoch is the epoch of the commit; 0 while it prepares, or when not known. A giver's
+	// handover answer counts from that epoch on (awaitedHandover.epoch).
+	Epoch int64
 }
 
 // PeerClient asks another shard for the handover of slots (POST /v1/handover).
@@ -118,8 +121,9 @@ type movedLease struct {
 type awaitedHandover struct {
 	from  string
 	since time.Time
-	// epoch is this shard's settings epoch when it took the slot over: a giver's answer counts
-	// only once the giver has adopted that epoch too (applyHandoverLocked)
+	// epoch is the commit's epoch (or, when not known, this shard's settings epoch when it took
+	// the slot over): a giver's answer counts only once the giver has adopted that epoch too
+	// (applyHandoverLocked)
 	epoch int64
 }
 
@@ -136,7 +140,7 @@ func (s *Settings) maxLease() time.Duration {
 func (s *Shard) noteArrivals(as []Arrival) {
 	for _, a := range as {
 		for _, sl := range a.Slots.Slots() {
-			s.giverOf[sl] = giverInfo{known: true, from: a.From, committedAt: a.CommittedAt}
+			s.giverOf[sl] = giverInfo{known: true, from: a.From, committedAt: a.CommittedAt, epoch: a.Epoch}
 		}
 	}
 }
@@ -146,6 +150,7 @@ type giverInfo struct {
 	known       bool
 	from        string
 	committedAt time.Time
+	epoch       int64 // of the commit; 0 when not known
 }
 
 // giveAway takes the leases of owned slots that are leaving out of the core into their handover
@@ -195,7 +200,13 @@ func (s *Shard) takeOver(now time.Time, slots []int, startup bool) (cover time.T
 			if startup && !g.committedAt.IsZero() && now.After(g.committedAt.Add(s.settings.maxLease()+HandoverGiveUp)) {
 				continue // every lease that could have moved with it has ended
 			}
-			s.awaiting[sl] = awaitedHandover{from: g.from, since: now, epoch: s.settings.Epoch}
+			// the giver's answer counts once it has adopted the commit that gave the slot away (when
+			// not known, the settings this shard took it over with, which are no older)
+			epoch := s.settings.Epoch
+			if g.epoch > 0 && g.epoch < epoch {
+				epoch = g.epoch
+			}
+			s.awaiting[sl] = awaitedHandover{from: g.from, since: now, epoch: epoch}
 			s.fenceWhy[sl] = "awaiting the leases of " + g.from
 			held = append(held, sl)
 		case !startup:

@@ -121,3 +121,37 @@ func TestHandoverFromALaggingGiverAndUnreadRows(t *testing.T) {
 		t.Fatalf("after a's lease ended: %v, want a", got)
 	}
 }
+
+// TestHandoverAnswerCountsFromTheCommit: a giver's answer counts from the epoch of the commit that
+// gave the slot away when the settings name it (Arrival.Epoch) — a receiver that adopted later
+// settings directly does not wait for the giver to reach those — and from the receiver's own
+// epoch when they do not.
+func TestHandoverAnswerCountsFromTheCommit(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		// commit is Arrival.Epoch (0: not known); want the epoch the answer must come from
+		commit, want int64
+	}{
+		{"commit known", 3, 3},
+		{"commit not known", 0, 5},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			settings := allSlots(0)
+			settings.Epoch = 2
+			settings.Owned = schedule.AllSlots().Minus(schedule.SlotRange(7, 7))
+			e := newShardEnv(t, settings)
+			settings.Epoch = 5
+			settings.Owned = schedule.AllSlots()
+			settings.Arriving = []Arrival{{From: "giver", Slots: schedule.SlotRange(7, 7), CommittedAt: t0, Epoch: tc.commit}}
+			if err := e.sh.UpdateSettings(e.ctx, settings); err != nil {
+				t.Fatal(err)
+			}
+			e.sh.mu.Lock()
+			a, ok := e.sh.awaiting[7]
+			e.sh.mu.Unlock()
+			if !ok || a.epoch != tc.want {
+				t.Fatalf("awaiting %+v %v, want the giver's answer from epoch %d", a, ok, tc.want)
+			}
+		})
+	}
+}

@@ -108,7 +108,11 @@ func (c *cluster) settingsFor(name string) Settings {
 		if err != nil {
 			c.t.Fatal(err)
 		}
-		st.Arriving = append(st.Arriving, Arrival{From: m.From, Slots: set, CommittedAt: c.committedAt})
+		a := Arrival{From: m.From, Slots: set, CommittedAt: c.committedAt}
+		if !c.committedAt.IsZero() {
+			a.Epoch = c.assign.Epoch
+		}
+		st.Arriving = append(st.Arriving, a)
 	}
 	if c.settings != nil {
 		c.settings(&st)

@@ -254,7 +254,11 @@ func (c *Cluster) settingsFor(name string, urls map[string]string) keeper.Settin
 		if err != nil {
 			c.t.Fatalf("clienttest: %v", err)
 		}
-		st.Arriving = append(st.Arriving, keeper.Arrival{From: m.From, Slots: set, CommittedAt: c.committedAt})
+		a := keeper.Arrival{From: m.From, Slots: set, CommittedAt: c.committedAt}
+		if !c.committedAt.IsZero() {
+			a.Epoch = c.assign.Epoch
+		}
+		st.Arriving = append(st.Arriving, a)
 	}
 	return st
 }

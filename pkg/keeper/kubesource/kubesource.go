@@ -146,6 +146,7 @@ func arrivingTo(rq *rqv1.RenderQueue, shard string) ([]keeper.Arrival, error) {
 			if h.FinishedAt != nil {
 				a.CommittedAt = h.FinishedAt.Time
 			}
+			a.Epoch = h.FinalEpoch
 		}
 		out = append(out, a)
 	}

@@ -237,7 +237,7 @@ func TestSourceFollowsItsRenderQueue(t *testing.T) {
 
 // TestSettingsForHandoffs: the longest lease, the peers (URL and owned slots, shards without
 // slots too) and who gives the shard its slots — while the handoff prepares, once committed (with
-// when), and not after a rollback.
+// when, at which epoch), and not after a rollback.
 func TestSettingsForHandoffs(t *testing.T) {
 	rq := testRQ()
 	rq.Spec.LeaseDuration = dur(time.Minute)
@@ -261,12 +261,12 @@ func TestSettingsForHandoffs(t *testing.T) {
 		t.Errorf("peers %s, want %s", peers, want)
 	}
 	arriving := fmt.Sprint(s.Arriving)
-	if want := "[{web-shard-0 512-600 " + finished.String() + "} {web-shard-2 601-1023 " + finished.String() + "}]"; arriving != want {
+	if want := "[{web-shard-0 512-600 " + finished.String() + " 7} {web-shard-2 601-1023 " + finished.String() + " 7}]"; arriving != want {
 		t.Errorf("arriving %s, want %s", arriving, want)
 	}
 	rq.Spec.MaxLeaseDuration = dur(15 * time.Minute)
 	rq.Status.Membership.Handoff.State = rqv1.HandoffPreparing
-	if s, err = SettingsFor(rq, "web-shard-1"); err != nil || s.MaxLease != 15*time.Minute || len(s.Arriving) != 2 || !s.Arriving[0].CommittedAt.IsZero() {
+	if s, err = SettingsFor(rq, "web-shard-1"); err != nil || s.MaxLease != 15*time.Minute || len(s.Arriving) != 2 || !s.Arriving[0].CommittedAt.IsZero() || s.Arriving[0].Epoch != 0 {
 		t.Errorf("preparing: max lease %v, arriving %v, %v", s.MaxLease, s.Arriving, err)
 	}
 	rq.Status.Membership.Handoff.State = rqv1.HandoffRolledBack
