@@ -483,14 +483,23 @@ func (s *Shard) applyHandoverLocked(giver string, resp shardapi.HandoverResponse
 			continue
 		}
 		var slots []int
+		stale := 0
 		for _, sl := range set.Slots() {
-			// A giver whose settings are older than the ones this shard took the slot over with
-			// may not have come to own the slot yet (it may lag several epochs behind, and skip
-			// some): its "unknown" or "given" says nothing about the leases it may still grant
-			// before it gives the slot. Ask it again until it has caught up.
+			if a, ok := s.awaiting[sl]; ok && a.from == giver && resp.Epoch < a.epoch {
+				stale++
+			}
+			// A giver whose settings are older than the commit that gave the slot away may not
+			// have come to own the slot yet (it may lag several epochs behind, and skip some):
+			// its "unknown" or "given" says nothing about the leases it may still grant before
+			// it gives the slot. Ask it again until it has caught up.
 			if a, ok := s.awaiting[sl]; ok && a.from == giver && resp.Epoch >= a.epoch {
 				slots = append(slots, sl)
 			}
+		}
+		if stale > 0 && now.Sub(s.staleLogged[giver]) >= 5*time.Second {
+			s.staleLogged[giver] = now
+			s.log.Info("The giver answered from settings older than the commit; asking it again until it has caught up",
+				"shard", s.name, "from", giver, "giverEpoch", resp.Epoch, "slots", stale, "state", g.State)
 		}
 		if len(slots) == 0 || g.State == shardapi.HandoverOwned {
 			continue

@@ -256,6 +256,8 @@ type Shard struct {
 	peerURL      map[string]string
 	handoverWake chan struct{}
 	inherited    time.Time
+	// staleLogged is when an answer from a giver behind the commit was last logged, by giver
+	staleLogged map[string]time.Time
 
 	// The keeper's session (session.go): this process's random id, its Pod's (from the state
 	// file), the state file, its lease horizon (under horizonMu, which serialises its writes),
@@ -306,7 +308,7 @@ func NewShard(opts Options, s Settings) (*Shard, error) {
 		core:        c, settings: s, cov: coverage.New(s.Window, s.Epoch), wake: make(chan struct{}, 1),
 		resub: make(chan struct{}, 1), answered: make(chan struct{}, 1),
 		peers: opts.Peers, out: map[int]*outRecord{}, moved: map[string]movedLease{}, awaiting: map[int]awaitedHandover{},
-		peerURL: map[string]string{}, handoverWake: make(chan struct{}, 1),
+		peerURL: map[string]string{}, handoverWake: make(chan struct{}, 1), staleLogged: map[string]time.Time{},
 		instance: randomID(), stateFile: opts.StateFile,
 	}
 	sh.pause = sh.pauseAdopting
