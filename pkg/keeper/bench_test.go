@@ -30,6 +30,7 @@ func benchShard(tb testing.TB, n int, now time.Time, allDue bool) *Shard {
 	}
 	sh.core = coretest.Build(tb, n, now, allDue)
 	sh.cov.OnWalkFinished(sh.cov.WalkStarting(now, true), coverage.WalkEnd{}) // loaded; window 0: unbounded edge
+	sh.loaded.Store(true)
 	return sh
 }
 

@@ -112,6 +112,9 @@ func (s *Shard) Claim(now time.Time, n int, leaseFor time.Duration) ([]core.Clai
 	if s.draining.Load() {
 		return nil, ErrDraining
 	}
+	if !s.loaded.Load() {
+		return nil, ErrLoading // at once: the load holds the lock for long stretches
+	}
 	// the claim's rows and keys are allocated and written before the lock (claimBuffers)
 	var rows []core.Claimed
 	var keys claimKeys

@@ -269,6 +269,10 @@ type Shard struct {
 	horizon   time.Time
 	draining  atomic.Bool
 
+	// loaded mirrors cov.Loaded() (set when a walk finishes, under mu) for Claim to answer
+	// ErrLoading without the lock, which the load holds while it builds its trees
+	loaded atomic.Bool
+
 	// awaitingAnswer is set by Run after a walk the store did not answer (WalkReport.Unavailable),
 	// until the store is seen to answer again (noteAnswered: an event batch, a resumption, a
 	// written completion, a ping), which then signals answered so that Run walks at once.
@@ -522,6 +526,7 @@ func (s *Shard) Walk(ctx context.Context, full bool) WalkReport {
 	rep.Unavailable = (rep.Failed || rep.Partial) && len(unread) > 0 && answered
 	rep.FinishedAt = s.clock()
 	firstLoad := s.cov.OnWalkFinished(started, coverage.WalkEnd{Failed: rep.Failed, Partial: rep.Partial, IncomingWalked: s.allIncomingWalked()})
+	s.loaded.Store(s.cov.Loaded())
 	if full && !rep.Failed {
 		s.ownedNotHeld, s.ownedAsOf = rep.Counts, start
 	}
