@@ -140,6 +140,9 @@ func TestOperatorGrantsInAnyNamespace(t *testing.T) {
 			{"get", "", "secrets", tc.ns, "renderqueue-shard-ca", true},
 			{"update", "", "secrets", tc.ns, "renderqueue-metrics-api-tls", true},
 			{"update", "coordination.k8s.io", "leases", tc.ns, "renderqueue-operator.renderqueue.dev", true},
+			// leader election records its events (core/v1) on the Lease, in the operator's namespace
+			{"create", "", "events", tc.ns, "", true},
+			{"create", "", "events", "kube-system", "", false},
 		} {
 			sar := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
 				User:   sa,

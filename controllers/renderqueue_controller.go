@@ -145,7 +145,9 @@ func (r *RenderQueueReconciler) now() time.Time {
 // cluster-wide by default, or per namespace with --watch-namespaces (config/namespaced). Secrets
 // are only created (the token Secret) and updated (the shards' certificate, tls.go), never read:
 // RBAC cannot grant reading by label, and the operator needs no Secret's content; tls.go has the
-// secrets and configmaps rules. Leader election's Lease is in the operator's own namespace only.
+// secrets and configmaps rules. Leader election's Lease is in the operator's own namespace only,
+// and so are the core/v1 events leader election records on it ("became leader"): the operator's
+// own events are events.k8s.io ones.
 //
 // +kubebuilder:rbac:groups=renderqueue.dev,resources=renderqueues,verbs=get;list;watch
 // +kubebuilder:rbac:groups=renderqueue.dev,resources=renderqueues/status,verbs=get;patch
@@ -156,6 +158,7 @@ func (r *RenderQueueReconciler) now() time.Time {
 // +kubebuilder:rbac:groups=rbac.authorization.k8s.io,resources=roles;rolebindings,verbs=get;list;watch;create;update
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 // +kubebuilder:rbac:groups=coordination.k8s.io,namespace=renderqueue-system,resources=leases,verbs=get;create;update
+// +kubebuilder:rbac:groups="",namespace=renderqueue-system,resources=events,verbs=create;patch
 
 // Reconcile brings one RenderQueue's children, shard Pods and slot membership towards its spec
 // and writes what its shards report into its status. The steps, in order:
