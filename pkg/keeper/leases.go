@@ -122,10 +122,6 @@ func (s *Shard) Claim(now time.Time, n int, leaseFor time.Duration) ([]core.Clai
 		rows, keys = s.claimBuffers(s.claimRoom(n))
 	}
 	s.mu.Lock()
-	if !s.cov.Loaded() {
-		s.mu.Unlock()
-		return nil, ErrLoading
-	}
 	if leaseFor == 0 {
 		leaseFor = s.settings.LeaseDuration
 	}
