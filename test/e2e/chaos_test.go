@@ -147,6 +147,11 @@ type chaos struct {
 	cl      *client.Client
 	hc      *http.Client // the workers' HTTP client (TLS with the shards' CA under ch.tls)
 
+	// What setup installs with Helm: TestUpgrade's is the previous version's (upgrade_test.go).
+	migrateBin string   // the renderqueue binary that migrates the schema; empty: the test's
+	chart      string   // the chart's directory; empty: charts/renderqueue
+	helmArgs   []string // more arguments for helm install
+
 	mu         sync.Mutex
 	keys       []string
 	acks       []ackRec
@@ -290,7 +295,7 @@ func (ch *chaos) setup(t *testing.T) {
 		{"schema", "migrate", "--dsn", dsn},
 		{"seed", "--dsn", dsn, "--rows", fmt.Sprint(chaosRows), "--overdue", fmt.Sprint(chaosOverdue), "--progress", "0"},
 	} {
-		if out, err := execOut(e.bin, args...); err != nil {
+		if out, err := execOut(or(ch.migrateBin, e.bin), args...); err != nil {
 			ch.e.fatalf(t, "renderqueue %s: %v\n%s", args[0], err, out)
 		}
 	}
@@ -326,21 +331,13 @@ func (ch *chaos) setup(t *testing.T) {
 		out := e.kubectl("apply", "--server-side", "-k", filepath.Join(e.root, install))
 		t.Logf("kubectl apply --server-side -k %s:\n%s", install, out)
 	} else {
-		h := os.Getenv("RENDERQUEUE_HELM") // hack/test.sh's; else hack/helm.sh finds or builds it
-		if h == "" {
-			out, err := execOut(filepath.Join(e.root, "hack", "helm.sh"))
-			if err != nil {
-				ch.e.fatalf(t, "hack/helm.sh: %v\n%s", err, out)
-			}
-			lines := strings.Split(strings.TrimSpace(out), "\n")
-			h = lines[len(lines)-1]
-		}
-		out, err := execOut(h, "install", "renderqueue", filepath.Join(e.root, "charts", "renderqueue"), "--namespace", ch.opNS,
-			"--create-namespace", "--kubeconfig", e.c.Kubeconfig)
+		chart := or(ch.chart, filepath.Join(e.root, "charts", "renderqueue"))
+		args := append([]string{"install", "renderqueue", chart, "--namespace", ch.opNS, "--create-namespace"}, ch.helmArgs...)
+		out, err := execOut(ch.helm(t), append(args, "--kubeconfig", e.c.Kubeconfig)...)
 		if err != nil {
 			ch.e.fatalf(t, "helm install: %v\n%s", err, out)
 		}
-		t.Logf("helm install renderqueue charts/renderqueue --namespace %s --create-namespace:\n%s", ch.opNS, out)
+		t.Logf("helm %s:\n%s", strings.Join(args, " "), out)
 	}
 	e.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd/renderqueues.renderqueue.dev")
 	e.kubectl("-n", ch.opNS, "scale", "deployment/renderqueue-operator", "--replicas=2")
@@ -369,6 +366,20 @@ spec:
 	ch.checkMetricsAPI(t)
 	holder, pod := ch.leader(t)
 	t.Logf("operator leader %s (pod %s); kubectl get pods -A:\n%s", holder, pod, e.kubectl("get", "pods", "-A", "-o", "wide"))
+}
+
+// helm is the helm binary: RENDERQUEUE_HELM (hack/test.sh's), else what hack/helm.sh finds or
+// builds.
+func (ch *chaos) helm(t *testing.T) string {
+	if h := os.Getenv("RENDERQUEUE_HELM"); h != "" {
+		return h
+	}
+	out, err := execOut(filepath.Join(ch.e.root, "hack", "helm.sh"))
+	if err != nil {
+		ch.e.fatalf(t, "hack/helm.sh: %v\n%s", err, out)
+	}
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	return lines[len(lines)-1]
 }
 
 func execOut(bin string, args ...string) (string, error) {
@@ -1046,6 +1057,24 @@ func (ch *chaos) verify(t *testing.T) {
 	}
 	if acked != len(ch.acks) {
 		ch.e.errorf(t, "%d leases acknowledged, %d acknowledgements recorded", acked, len(ch.acks))
+	}
+	// each refused completion, with its lease: when a worker's render was refused, and by which shard
+	var refusedLeases []string
+	for k, ls := range ch.leases {
+		for _, l := range ls {
+			if strings.HasPrefix(l.outcome, "refused") {
+				refusedLeases = append(refusedLeases, fmt.Sprintf("%s %s: leased by %s at %s (expires %s), %s", l.ended.Format("15:04:05.000"), k,
+					l.shard, l.claimed.Format("15:04:05.000"), l.expires.Format("15:04:05.000"), l.outcome))
+			}
+		}
+	}
+	slices.Sort(refusedLeases)
+	for i, r := range refusedLeases {
+		if i == 20 {
+			t.Logf("... and %d more", len(refusedLeases)-20)
+			break
+		}
+		t.Logf("completion refused at %s", r)
 	}
 	var refused []string
 	for r, n := range ch.refused {

@@ -29,6 +29,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr"
 	"github.com/jackc/pgx/v5"
 	autoscalingv2 "k8s.io/api/autoscaling/v2"
 	corev1 "k8s.io/api/core/v1"
@@ -39,6 +40,7 @@ import (
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	rqv1 "github.com/renderqueue/renderqueue/api/v1alpha1"
 	"github.com/renderqueue/renderqueue/test/e2e/cluster"
@@ -58,6 +60,13 @@ const (
 	workers       = "render-workers"
 	hpaTarget     = 4 // the HPA's target is set so that the due count asks for this many workers
 )
+
+// TestMain gives controller-runtime's logger a sink before the tests' clients use it (without
+// one, the first use prints a stack trace into the test's output); what they log is not read.
+func TestMain(m *testing.M) {
+	ctrllog.SetLogger(logr.Discard())
+	os.Exit(m.Run())
+}
 
 // repoRoot is the repository root (the test runs in test/e2e).
 func repoRoot(t *testing.T) string {
@@ -412,10 +421,8 @@ func metricPath(metric string) string {
 		namespace, metric, url.QueryEscape("renderqueue.dev/name="+queueName))
 }
 
-// startEnv builds the binary (E2E_BINARY: a prebuilt one) and starts the local cluster with
-// its PostgreSQL, skipping the test where it cannot run (-short, not root). The cluster is
-// stopped when t ends, after the containers' logs were printed if t failed.
-func startEnv(t *testing.T) *env {
+// skipUnlessRunnable skips the test where the end-to-end tests cannot run (-short, not root).
+func skipUnlessRunnable(t *testing.T) {
 	t.Helper()
 	if testing.Short() {
 		t.Skip("e2e: skipped with -short")
@@ -423,6 +430,15 @@ func startEnv(t *testing.T) *env {
 	if os.Geteuid() != 0 {
 		t.Skip("e2e: needs root (a real node: containerd, the kubelet, network namespaces, iptables; docs/local-cluster.md)")
 	}
+}
+
+// startEnv builds the binary (E2E_BINARY: a prebuilt one) and starts the local cluster with
+// its PostgreSQL, skipping the test where it cannot run (skipUnlessRunnable). The node imports
+// the images hack/images.sh builds and the OCI archives in extraImages. The cluster is stopped
+// when t ends, after the containers' logs were printed if t failed.
+func startEnv(t *testing.T, extraImages ...string) *env {
+	t.Helper()
+	skipUnlessRunnable(t)
 	root := repoRoot(t)
 	as := assets(t)
 	work := t.TempDir()
@@ -467,7 +483,7 @@ func startEnv(t *testing.T) *env {
 	}
 	c, err := cluster.Start(ctx, cluster.Options{
 		Repo: root, Assets: as, Dir: filepath.Join(work, "cluster"),
-		Images: images.Archives, SandboxImage: images.Sandbox, CoreDNSImage: images.CoreDNS,
+		Images: append(slices.Clone(images.Archives), extraImages...), SandboxImage: images.Sandbox, CoreDNSImage: images.CoreDNS,
 		WaitForNode: true, Logf: logf, ComponentLog: componentLog,
 	})
 	if err != nil {
