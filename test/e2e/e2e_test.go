@@ -548,6 +548,7 @@ func TestEndToEnd(t *testing.T) {
 		{"oom-kill", e.stepOOMKill},
 		{"dns-worker", e.stepDNSWorker},
 		{"workers", e.stepWorkers},
+		{"objective-burn", e.stepObjectiveBurn},
 	})
 }
 

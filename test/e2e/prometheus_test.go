@@ -12,7 +12,8 @@ package e2e
 // them (every current shard Pod scraped at its current IP), then stops PostgreSQL and watches
 // RenderQueueDueInexact go pending, then firing, and resolve once PostgreSQL is back. The server
 // runs on until the test ends: stepOOMKill watches RenderQueueShardFailing fire for a shard whose
-// keeper is OOMKilled.
+// keeper is OOMKilled, and stepObjectiveBurn (objectives_test.go) watches
+// RenderQueueObjectiveFastBurn fire while the render workers are scaled to 0 and resolve after.
 
 import (
 	"bytes"
