@@ -69,6 +69,7 @@ type rowView struct {
 // viewRow explains key at now under the lock; slot is the key's slot when the caller knows it
 // (the store's hash), -1 when not (then the held row's, if any).
 func (s *Shard) viewRow(now time.Time, key string, slot int) (rowView, error) {
+	s.drain() // a due row's rank counts the trees' rows: those of slots that left go first
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if !s.cov.Loaded() {

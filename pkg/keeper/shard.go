@@ -668,7 +668,7 @@ func (s *Shard) UpdateSettings(ctx context.Context, ns Settings) error {
 	s.notePeers(ns.Peers)
 	s.noteArrivals(ns.Arriving)
 	s.giveAway(now, leaving, ns.Epoch) // their leases out of the core before it drops the slots
-	s.core.SetSlots(&states)           // one pass over the rows for all the slots that change
+	s.core.SetSlots(&states)           // time in the slots: the rows that leave go in steps (drain)
 	s.settings = ns
 	cover := s.takeOver(now, owning, false)
 	for sl := range s.giverOf {
@@ -697,7 +697,26 @@ func (s *Shard) UpdateSettings(ctx context.Context, ns Settings) error {
 	if err := s.coverLeases(cover); err != nil {
 		s.log.Error(err, "Cannot record the end of a fence in the state file", "shard", s.name)
 	}
+	s.drain() // the rows of the slots that left, in steps
 	return nil
+}
+
+// drainStepRows bounds the departed rows (of slots that left: core.Core.Drain) one hold of the
+// shard's lock removes: a few hundred microseconds.
+const drainStepRows = 256
+
+// drain removes the core's departed rows, the rows of slots that left (core.Core.Drain), in steps
+// of drainStepRows with the lock released between them, so that claims wait for one step at most;
+// a commit that gives slots away leaves them, a summary or an explanation needs them gone.
+func (s *Shard) drain() {
+	for {
+		s.mu.Lock()
+		done := s.core.Drain(drainStepRows)
+		s.unlockStep()
+		if done {
+			return
+		}
+	}
 }
 
 // resubscribe makes the subscription follow subWant whenever it changes, until ctx ends (or the

@@ -38,11 +38,12 @@ func (s *Shard) RecentStatus(maxAge time.Duration) shardapi.Status {
 	return st
 }
 
-// Status returns the shard's whole state at now, in the /v1/status contract. Rows that came due
-// since the last status are counted first in bounded steps, releasing the lock between them; then
-// the figures are counted and the shard's state copied under the lock, and the reply is built
-// after releasing it.
+// Status returns the shard's whole state at now, in the /v1/status contract. The rows of slots
+// that left are removed (drain) and the rows that came due since the last status are counted
+// first, in bounded steps, releasing the lock between them; then the figures are counted and the
+// shard's state copied under the lock, and the reply is built after releasing it.
 func (s *Shard) Status(now time.Time) shardapi.Status {
+	s.drain() // the figures are counted without the rows of slots that left: they go first
 	for {
 		s.mu.Lock()
 		done := s.core.CatchUp(now, statusStepRows)

@@ -275,9 +275,13 @@ func BenchmarkKeeperSummary(b *testing.B) {
 // giver whose slots leave, a quarter of them or all (a shard removed), and a receiver whose
 // incoming slots become owned — a quarter of its slots beside the rows it owns already (a
 // scale-in's receivers), or all of them on a shard that owned nothing (a scale-out's new shard).
-// A claim waits for it: the shard's lock is held throughout. Each iteration builds its core
-// first, untimed; run it with -benchtime 3x.
+// A claim waits for it: the shard's lock is held throughout. A giver's rows are removed after
+// the commit by Core.Drain, in steps the shard takes with its lock released between them
+// (drainStepRows rows each, as the shard's): drain-ms is their total and drain-step-max-ms the
+// longest, both untimed by the benchmark's clock. Each iteration builds its core first, untimed;
+// run it with -benchtime 3x.
 func BenchmarkCommit(b *testing.B) {
+	const drainStepRows = 256 // pkg/keeper's drainStepRows
 	quarter := func(s int) bool { return s < schedule.NumSlots/4 }
 	all := func(int) bool { return true }
 	cases := []struct {
@@ -294,6 +298,7 @@ func BenchmarkCommit(b *testing.B) {
 	for _, n := range coretest.Sizes(b) {
 		for _, tc := range cases {
 			b.Run(fmt.Sprintf("%s/%s", coretest.SizeName(n), tc.name), func(b *testing.B) {
+				var drain, stepMax time.Duration
 				for b.Loop() {
 					b.StopTimer()
 					c := coretest.Build(b, n, base, true)
@@ -312,9 +317,18 @@ func BenchmarkCommit(b *testing.B) {
 					if tc.to == core.SlotNone && c.Held() >= held || tc.to != core.SlotNone && c.Held() != held {
 						b.Fatalf("held %d after the commit, %d before", c.Held(), held)
 					}
+					for done := false; !done; {
+						t := time.Now()
+						done = c.Drain(drainStepRows)
+						d := time.Since(t)
+						drain += d
+						stepMax = max(stepMax, d)
+					}
 					b.StartTimer()
 				}
-				b.ReportMetric(float64(b.Elapsed().Milliseconds())/float64(b.N), "ms/commit")
+				b.ReportMetric(float64(b.Elapsed().Microseconds())/1000/float64(b.N), "ms/commit")
+				b.ReportMetric(float64(drain.Microseconds())/1000/float64(b.N), "drain-ms")
+				b.ReportMetric(float64(stepMax.Microseconds())/1000, "drain-step-max-ms")
 			})
 		}
 	}

@@ -2,6 +2,7 @@ package core
 
 import (
 	"fmt"
+	"math"
 	"slices"
 	"testing"
 	"time"
@@ -27,12 +28,35 @@ func checkCore(c *Core) error {
 	var slotHeld [schedule.NumSlots]int32
 	var seen [schedule.NumSlots]int32
 	routeDue := make([]int32, len(c.routes))
+	routeIncoming := make([]int32, len(c.routes))
+	var slotDemand [schedule.NumSlots]float64
+	departed, departedDemand := 0, 0.0
 	var errs []string
 	c.rows.Each(func(id uint32, r *rowstore.Rec) {
 		st := c.slots[r.Slot]
+		slotDemand[r.Slot] += c.groups[r.Group].perMs
 		if st == SlotNone {
-			errs = append(errs, fmt.Sprintf("record %d held in slot %d, which is not the shard's", id, r.Slot))
-			return
+			// a departed row (drain.go): in the tree and counts of the state its slot left from,
+			// without a lease
+			st = c.departedFrom[r.Slot]
+			if st == SlotNone {
+				errs = append(errs, fmt.Sprintf("record %d held in slot %d, which is not the shard's and has no departed rows", id, r.Slot))
+				return
+			}
+			departed++
+			if st == SlotOwned {
+				departedDemand += c.groups[r.Group].perMs
+			}
+			if c.leases.Leased(id) {
+				errs = append(errs, fmt.Sprintf("departed record %d of slot %d has a lease", id, r.Slot))
+			}
+		} else {
+			if ok := c.leases.Leased(id); ok != r.Has(flagLeased) {
+				errs = append(errs, fmt.Sprintf("record %d: leased flag %v, lease entry %v", id, r.Has(flagLeased), ok))
+			}
+			if c.walk == nil && !c.isSeen(r) {
+				errs = append(errs, fmt.Sprintf("record %d of slot %d unseen between walks", id, r.Slot))
+			}
 		}
 		w := where{int(r.Group), st == SlotIncoming}
 		if want[w] == nil {
@@ -40,22 +64,35 @@ func checkCore(c *Core) error {
 		}
 		want[w][id] = r.Has(flagLeased)
 		slotHeld[r.Slot]++
-		if ok := c.leases.Leased(id); ok != r.Has(flagLeased) {
-			errs = append(errs, fmt.Sprintf("record %d: leased flag %v, lease entry %v", id, r.Has(flagLeased), ok))
-		}
 		if r.Due() <= c.due.cursor {
 			slotDue[r.Slot]++
 			if st == SlotOwned {
 				routeDue[r.Route]++
+			} else {
+				routeIncoming[r.Route]++
 			}
 		}
 		if c.walk != nil && c.walk.slots[r.Slot] && c.isSeen(r) {
 			seen[r.Slot]++
 		}
-		if c.walk == nil && !c.isSeen(r) {
-			errs = append(errs, fmt.Sprintf("record %d of slot %d unseen between walks", id, r.Slot))
-		}
 	})
+	if departed != c.departed {
+		errs = append(errs, fmt.Sprintf("departed rows: counted %d, records %d", c.departed, departed))
+	}
+	if departed == 0 && (c.departedFrom != [schedule.NumSlots]SlotState{} || c.departedDemand != 0) {
+		errs = append(errs, "no departed rows, but their bookkeeping is left")
+	}
+	if math.Abs(departedDemand-c.departedDemand) > 1e-12 {
+		errs = append(errs, fmt.Sprintf("departed demand: counted %v, records %v", c.departedDemand, departedDemand))
+	}
+	for s := range slotDemand {
+		if math.Abs(slotDemand[s]-c.slotDemand[s]) > 1e-12 {
+			errs = append(errs, fmt.Sprintf("demand of slot %d: counted %v, records %v", s, c.slotDemand[s], slotDemand[s]))
+		}
+	}
+	if !slices.Equal(routeIncoming, c.due.routeIncoming) {
+		errs = append(errs, fmt.Sprintf("due per route of incoming slots: counted %v, records %v", c.due.routeIncoming, routeIncoming))
+	}
 	inPending := map[uint32]bool{}
 	for gi, g := range c.groups {
 		for _, inc := range []bool{false, true} {

@@ -172,9 +172,25 @@ func (c *Core) Pace() pace.Decision { return c.paced }
 // over the rows beyond the window as the last walks found them (Core.beyond).
 func (c *Core) demand() float64 {
 	d := c.beyondOwned
+	owned := 0
 	for _, g := range c.groups {
 		if n := c.trees.Len(&g.owned); n > 0 {
 			d += float64(n) / float64(g.cadenceMs)
+			owned += n
+		}
+	}
+	if c.departed > 0 {
+		// departed rows still in the owned trees (drain.go) are not the shard's
+		departed := 0
+		for s, from := range c.departedFrom {
+			if from == SlotOwned {
+				departed += int(c.slotHeld[s])
+			}
+		}
+		if departed == owned {
+			d = c.beyondOwned // exactly: no float sum's remainder
+		} else if departed > 0 {
+			d -= c.departedDemand
 		}
 	}
 	return d * float64(time.Hour.Milliseconds())
@@ -295,7 +311,7 @@ func (c *Core) unlease(id uint32) {
 // leaseOf finds key's record and checks that token is its current lease.
 func (c *Core) leaseOf(nowMs int64, key string, token uint64) (uint32, error) {
 	c.expireLeases(nowMs)
-	id, ok := c.rows.Find(key)
+	id, ok := c.find(key)
 	if !ok {
 		if c.AwaitsRow(time.UnixMilli(nowMs), key, token) {
 			return 0, ErrRowNotRead
@@ -403,7 +419,7 @@ func (c *Core) BeginCompleting(now time.Time, key string, token uint64) (cp Comp
 // returns ErrNotHeld or ErrLeaseLost when the row or the lease went meanwhile (an event dropped
 // the row, its slot left), and nothing changes.
 func (c *Core) AbortCompleting(now time.Time, key string, token uint64, hint Hint) error {
-	id, ok := c.rows.FindFrom(key, hint.rec-1)
+	id, ok := c.findFrom(key, hint.rec-1)
 	if !ok {
 		return ErrNotHeld
 	}
@@ -418,7 +434,7 @@ func (c *Core) AbortCompleting(now time.Time, key string, token uint64, hint Hin
 func (c *Core) completing(now time.Time, key string, token uint64) (cp Completion, held bool, err error) {
 	nowMs := now.UnixMilli()
 	c.expireLeases(nowMs)
-	id, held := c.rows.Find(key)
+	id, held := c.find(key)
 	if !held {
 		if c.AwaitsRow(now, key, token) {
 			return Completion{}, false, ErrRowNotRead

@@ -17,7 +17,8 @@
 //   - summary: the Summary, and its due figures counted from the trees.
 //
 // This package applies rows and deletes (core.go), claims (claim.go), walks (walk.go), keeps the
-// due counts per slot and route (summary.go) and tells the trees about its records (trees.go).
+// due counts per slot and route (summary.go), removes the rows of slots that left in steps
+// (drain.go) and tells the trees about its records (trees.go).
 //
 // Semantics (docs/design.md, section 2):
 //   - Last writer wins by rev: a row is applied only if its rev is newer than what the core knows
@@ -149,6 +150,8 @@ type group struct {
 	lastClaimMs int64
 	// obj is the index of the group's objective in Core.objs, or -1 (objectives.go).
 	obj int
+	// perMs is the demand of one of its rows: 1 / cadence, in renders per millisecond.
+	perMs float64
 }
 
 type groupKey struct {
@@ -237,6 +240,19 @@ type Core struct {
 	// Apply, ApplyCompleted or Delete, for the rows a slot change removes.
 	objs    []objState
 	opNowMs int64
+
+	// The rows of slots that left (departed rows, drain.go): no longer held, claimed, counted or
+	// reported, but their records, keys and tree entries stay until Drain removes them.
+	// departedFrom is, per slot with departed rows, the state the slot left from (their trees and
+	// counts are that state's until they go); SlotNone for every other slot. departed counts them,
+	// drainNext is the next record id Drain looks at, and departedDemand is the demand (renders
+	// per ms, Σ 1 / cadence) of those still in owned trees, which demand takes off the trees'.
+	departedFrom   [schedule.NumSlots]SlotState
+	departed       int
+	drainNext      uint32
+	departedDemand float64
+	// slotDemand is, per slot, the demand (Σ 1 / cadence, renders per ms) of its held rows.
+	slotDemand [schedule.NumSlots]float64
 }
 
 // New returns an empty core with no slots.
@@ -295,7 +311,7 @@ func (c *Core) Reserve(n int) {
 }
 
 // Held returns the number of held rows (owned and incoming slots).
-func (c *Core) Held() int { return c.rows.Len() }
+func (c *Core) Held() int { return c.rows.Len() - c.departed }
 
 // HeldRev returns the rev of key's held row, and whether the core holds key.
 func (c *Core) HeldRev(key string) (rev int64, held bool) {
@@ -317,67 +333,66 @@ func (c *Core) InvalidCount() int { return len(c.invalid) }
 func (c *Core) SlotState(s int) SlotState { return c.slots[s] }
 
 // SetSlot changes a slot's state. Leaving (SlotNone) drops the slot's held rows and what the core
-// remembers of its keys; becoming owned makes incoming rows claimable and counted. A change visits
-// every held row; SetSlots changes many slots in one visit.
+// remembers of its keys; becoming owned makes incoming rows claimable and counted. Rows that leave
+// are gone at once as far as anything reports, and their memory is given back by Drain, in steps
+// (drain.go); a change of slots that hold rows between owned and incoming visits every held row.
+// SetSlots changes many slots at once.
 func (c *Core) SetSlot(s int, st SlotState) {
 	states := c.slots
 	states[s] = st
 	c.SetSlots(&states)
 }
 
-// SetSlots sets every slot's state (as SetSlot does for one), visiting the held rows once when any
-// state changes.
+// SetSlots sets every slot's state (as SetSlot does for one). It takes time in the slots, the
+// leases and what the core remembers of the leaving slots' keys, not in the rows held: the rows of
+// slots that leave become departed rows, which Drain removes in steps (drain.go); only rows moving
+// between owned and incoming make it visit every held row (and a commit that makes every incoming
+// slot owned does not: commitIncoming).
 func (c *Core) SetSlots(states *[schedule.NumSlots]SlotState) {
 	old := c.slots
 	if old == *states {
 		return
 	}
+	// departed rows go first when a slot they left is back (its keys would meet them), or when
+	// commitIncoming would move them with the incoming trees they are in
+	for s, n := range states {
+		if from := c.departedFrom[s]; from != SlotNone && (n != SlotNone || from == SlotIncoming) {
+			c.Drain(math.MaxInt)
+			break
+		}
+	}
 	if c.commitIncoming(states) {
 		return
 	}
-	// rows of slots that leave are dropped; rows of slots moving between owned and incoming change
-	// trees: out of the old one now (under the old states), into the new one below
-	leavingRows := 0
-	for sl := range c.slots {
-		if old[sl] != SlotNone && states[sl] == SlotNone {
-			leavingRows += int(c.slotHeld[sl])
+	leaving := func(slot uint16) bool { return old[slot] != SlotNone && states[slot] == SlotNone }
+	departing, moving := false, false
+	for s := range c.slots {
+		switch {
+		case c.slotHeld[s] == 0 || old[s] == states[s]:
+		case leaving(uint16(s)):
+			departing = true
+		default:
+			moving = true // between owned and incoming (a slot arriving holds no rows)
 		}
 	}
-	// Many rows leaving (a giver's commit: a quarter of its rows, or all of them): the trees are
-	// rebuilt without them in one pass each, rather than descended once per row (≈1 µs a row
-	// under the shard's lock: seconds at millions).
-	if leavingRows > 0 && leavingRows*filterRowsLeaving >= c.rows.Len() {
-		keep := func(e duetree.Entry) bool { return states[c.rows.At(e.ID()).Slot] != SlotNone }
-		for _, g := range c.groups {
-			c.trees.Filter(&g.owned, keep)
-			c.trees.Filter(&g.incoming, keep)
-		}
-		// and the key index rebuilt from the keys kept, rather than each key taken out of it
-		c.rows.RemoveWhere(func(id uint32, r *rowstore.Rec) bool {
-			if states[r.Slot] != SlotNone {
-				return false
+	if departing {
+		c.depart(states)
+	}
+	// rows of slots moving between owned and incoming change trees: out of the old one now (under
+	// the old states), into the new one below
+	var movingIDs []uint32
+	if moving {
+		c.rows.Each(func(id uint32, r *rowstore.Rec) {
+			if o, n := old[r.Slot], states[r.Slot]; o != n && n != SlotNone && o != SlotNone {
+				c.unplace(id, r)
+				movingIDs = append(movingIDs, id)
 			}
-			c.dropRow(id, r)
-			return true
 		})
 	}
-	var moving []uint32
-	c.rows.Each(func(id uint32, r *rowstore.Rec) {
-		o, n := old[r.Slot], states[r.Slot]
-		switch {
-		case o == n:
-		case n == SlotNone:
-			c.removeRow(id)
-		default:
-			c.unplace(id, r)
-			moving = append(moving, id)
-		}
-	})
 	c.slots = *states
-	for _, id := range moving {
+	for _, id := range movingIDs {
 		c.place(id, c.rows.At(id))
 	}
-	leaving := func(slot uint16) bool { return old[slot] != SlotNone && states[slot] == SlotNone }
 	for s := range c.slots {
 		if leaving(uint16(s)) {
 			c.fence[s] = 0
@@ -433,7 +448,11 @@ func (c *Core) commitIncoming(states *[schedule.NumSlots]SlotState) bool {
 // treeOf returns the tree that holds r: its group's owned or incoming tree.
 func (c *Core) treeOf(r *rowstore.Rec) *duetree.Tree {
 	g := c.groups[r.Group]
-	if c.slots[r.Slot] == SlotOwned {
+	st := c.slots[r.Slot]
+	if st == SlotNone {
+		st = c.departedFrom[r.Slot] // a departed row: in the tree it was in when its slot left
+	}
+	if st == SlotOwned {
 		return &g.owned
 	}
 	return &g.incoming
@@ -449,6 +468,7 @@ func (c *Core) place(id uint32, r *rowstore.Rec) {
 		c.trees.Insert(t, makeEntry(id, r))
 	}
 	c.countDue(r, 1)
+	c.slotDemand[r.Slot] += c.groups[r.Group].perMs
 }
 
 // unplace takes held record id out of its tree (a pending entry is left to go stale) and its
@@ -463,6 +483,7 @@ func (c *Core) unplace(id uint32, r *rowstore.Rec) {
 		c.trees.Delete(c.treeOf(r), makeEntry(id, r))
 	}
 	c.countDue(r, -1)
+	c.slotDemand[r.Slot] -= c.groups[r.Group].perMs
 }
 
 // BeginBulk makes placing rows cheap until EndBulk, for a load: a row's tree entry is appended to
@@ -489,7 +510,7 @@ func (c *Core) lookupFound(key string, heldID uint32) (id uint32, held bool, rev
 	if heldID != noRecord {
 		return heldID, true, c.rows.At(heldID).Rev, true
 	}
-	if id, ok := c.rows.Find(key); ok {
+	if id, ok := c.find(key); ok {
 		return id, true, c.rows.At(id).Rev, true
 	}
 	if k, ok := c.invalid[key]; ok {
@@ -545,7 +566,7 @@ func (c *Core) ApplyRefused(now time.Time, row schedule.Row, token uint64, hint 
 func (c *Core) applyCompleted(now time.Time, row schedule.Row, token uint64, hint Hint, written bool) Outcome {
 	nowMs := now.UnixMilli()
 	c.expireLeases(nowMs)
-	id, ok := c.rows.FindFrom(row.Key, hint.rec-1)
+	id, ok := c.findFrom(row.Key, hint.rec-1)
 	if !ok {
 		return c.apply(nowMs, &row, noRecord)
 	}
@@ -637,6 +658,9 @@ func (c *Core) apply(nowMs int64, row *schedule.Row, heldID uint32) Outcome {
 		c.objVersionEnds(nowMs, id, r)
 		c.unplace(id, r)
 	} else {
+		if c.rows.Len() >= MaxRows && c.departed > 0 {
+			c.Drain(math.MaxInt) // departed rows take room until they go
+		}
 		if c.rows.Len() >= MaxRows {
 			c.remember(row.Key, row.Rev, slot)
 			return Outcome{Result: Invalid, Reason: fmt.Sprintf("the shard holds the most rows one keeper can (%d); add shards", MaxRows)}
@@ -726,24 +750,6 @@ func (c *Core) forget(key string) {
 	}
 }
 
-// filterRowsLeaving: SetSlots rebuilds the trees without the rows of slots that leave when they
-// are at least 1/filterRowsLeaving of the rows held (a rebuild costs a small fraction of a
-// descent per row kept).
-const filterRowsLeaving = 16
-
-// dropRow is removeRow for held record id (r) whose tree entry is gone already (Forest.Filter)
-// and which the caller takes out of the store (rowstore.Store.RemoveWhere).
-func (c *Core) dropRow(id uint32, r *rowstore.Rec) {
-	c.objVersionEnds(c.opNowMs, id, r)
-	r.Clear(flagPending)
-	c.countDue(r, -1)
-	c.unseen(r)
-	c.slotHeld[r.Slot]--
-	if r.Has(flagLeased) {
-		c.leases.End(id)
-	}
-}
-
 // removeRow drops a held row: out of its tree and counts, its lease, and the store.
 func (c *Core) removeRow(id uint32) {
 	r := c.rows.At(id)
@@ -766,7 +772,7 @@ func (c *Core) groupOf(row *schedule.Row) (uint16, bool) {
 		return 0, false
 	}
 	g := uint16(len(c.groups))
-	grp := &group{cadenceMs: k.cadenceMs, source: k.source, urgent: k.urgent, lastClaimMs: math.MinInt64}
+	grp := &group{cadenceMs: k.cadenceMs, source: k.source, urgent: k.urgent, lastClaimMs: math.MinInt64, perMs: 1 / float64(k.cadenceMs)}
 	grp.floor = c.floorOf(grp)
 	grp.obj = c.objectiveOf(grp)
 	c.groups = append(c.groups, grp)

@@ -1,6 +1,7 @@
 package core
 
 import (
+	"math"
 	"time"
 
 	"github.com/renderqueue/renderqueue/pkg/keeper/core/duetree"
@@ -96,10 +97,11 @@ type Estimate struct {
 // not in the rows held.
 func (c *Core) Explain(now time.Time, key string) Explanation {
 	nowMs := now.UnixMilli()
+	c.Drain(math.MaxInt) // the ranks count the trees' rows: departed ones go first
 	c.expireLeases(nowMs)
 	var x Explanation
 	x.ClaimRate, x.ClaimRateOver = c.recent.Rate(nowMs)
-	id, held := c.rows.Find(key)
+	id, held := c.find(key)
 	if !held {
 		if k, ok := c.invalid[key]; ok {
 			x.Invalid, x.KnownRev = true, k.rev

@@ -141,7 +141,7 @@ func sortFences(fs []SlotFence) {
 }
 
 // claimHead returns the first claimable row of g's owned tree at nowMs, holding back the rows
-// of fenced slots it meets on the way (until their fence ends).
+// of fenced slots it meets on the way (until their fence ends) and removing departed ones.
 func (c *Core) claimHead(g *group, nowMs int64) (duetree.Entry, bool) {
 	if c.allFenced {
 		return 0, false // nothing is claimable: no need to hold every row back
@@ -153,6 +153,10 @@ func (c *Core) claimHead(g *group, nowMs int64) (duetree.Entry, bool) {
 		}
 		id := e.ID()
 		r := c.rows.At(id)
+		if c.slots[r.Slot] == SlotNone {
+			c.removeDeparted(id, r) // its slot left (drain.go): it goes now
+			continue
+		}
 		if !c.fenced(r.Slot, nowMs) || r.Due() > nowMs {
 			return e, true
 		}
@@ -214,7 +218,7 @@ func (c *Core) ImportLeases(now time.Time, ls []Lease) int {
 		if exp <= nowMs {
 			continue
 		}
-		id, ok := c.rows.Find(l.Key)
+		id, ok := c.find(l.Key)
 		if !ok {
 			if c.awaitRow(*l) {
 				n++
@@ -336,7 +340,7 @@ func (c *Core) LeasesAwaitingRows(now time.Time) int {
 
 // SlotOfHeld returns the slot of key's held row, and whether the core holds it.
 func (c *Core) SlotOfHeld(key string) (int, bool) {
-	id, ok := c.rows.Find(key)
+	id, ok := c.find(key)
 	if !ok {
 		return 0, false
 	}

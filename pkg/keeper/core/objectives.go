@@ -157,7 +157,8 @@ func (c *Core) objVisit(i int, a, b int64) {
 			continue
 		}
 		c.trees.Visit(&g.owned, c.trees.Rank(&g.owned, a), c.trees.Rank(&g.owned, b), func(e duetree.Entry) {
-			if r := c.rows.At(e.ID()); !r.Has(flagDecided) && !c.renderingAt(e.ID(), r, r.Due()+s.maxMs) {
+			// (a departed row is not the shard's: its version ended when its slot left)
+			if r := c.rows.At(e.ID()); c.slots[r.Slot] != SlotNone && !r.Has(flagDecided) && !c.renderingAt(e.ID(), r, r.Due()+s.maxMs) {
 				r.Set(flagDecided)
 				s.late++
 			}

@@ -363,17 +363,7 @@ func (m *refModel) pace(nowMs int64, asked, got int) {
 		}
 		m.claims = append(m.claims, refClaim{nowMs, got})
 	}
-	r := pace.Reading{}
-	for _, h := range m.held {
-		if m.slots[h.row.Slot()] == SlotOwned {
-			r.Demand += float64(time.Hour) / float64(h.row.Cadence)
-		}
-	}
-	for s, d := range m.beyond {
-		if m.slots[s] == SlotOwned {
-			r.Demand += d * float64(time.Hour.Milliseconds())
-		}
-	}
+	r := pace.Reading{Demand: m.demand()}
 	if m.saturated {
 		w := float64(pace.Window.Milliseconds())
 		span := float64(nowMs - m.claims[0].ms)
@@ -387,6 +377,23 @@ func (m *refModel) pace(nowMs int64, asked, got int) {
 		}
 	}
 	m.stretch = pace.Decide(r).Stretch
+}
+
+// demand is the renders an hour the owned rows need: Σ 1 / cadence over every owned held row, and
+// the demand beyond the window of the owned slots.
+func (m *refModel) demand() float64 {
+	d := 0.0
+	for _, h := range m.held {
+		if m.slots[h.row.Slot()] == SlotOwned {
+			d += float64(time.Hour) / float64(h.row.Cadence)
+		}
+	}
+	for s, b := range m.beyond {
+		if m.slots[s] == SlotOwned {
+			d += b * float64(time.Hour.Milliseconds())
+		}
+	}
+	return d
 }
 
 // floorOf returns the index of r's floor, or -1 (urgent rows have none).

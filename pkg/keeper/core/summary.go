@@ -1,6 +1,7 @@
 package core
 
 import (
+	"math"
 	"slices"
 	"time"
 
@@ -132,6 +133,7 @@ type SummaryCounts struct {
 // CountSummary counts the summary at now: everything but building the maps.
 func (c *Core) CountSummary(now time.Time) SummaryCounts {
 	nowMs := now.UnixMilli()
+	c.Drain(math.MaxInt) // the figures count the trees' rows: departed ones go first
 	c.expireLeases(nowMs)
 	if c.rows.Len() == 0 {
 		c.due.reset(nowMs)

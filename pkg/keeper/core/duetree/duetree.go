@@ -842,28 +842,6 @@ func (f *Forest) merge(a, b []Entry) []Entry {
 	return all
 }
 
-// Filter keeps in t only the entries keep says to keep, rebuilding t bottom-up in one pass (as
-// Flush packs it; pending entries are built first) when it drops any: time linear in t's
-// entries, instead of one descent per entry dropped. It returns how many it dropped.
-func (f *Forest) Filter(t *Tree, keep func(Entry) bool) int {
-	f.Flush(t)
-	if t.n == 0 {
-		return 0
-	}
-	es := make([]Entry, 0, t.n)
-	f.visitRec(t.root, t.height, 0, t.n, func(e Entry) {
-		if keep(e) {
-			es = append(es, e)
-		}
-	})
-	dropped := t.n - len(es)
-	if dropped > 0 {
-		f.freeTree(t.root, t.height)
-		f.build(t, es)
-	}
-	return dropped
-}
-
 // Absorb moves every entry of src into dst, leaving src empty: the two trees' entries merged in
 // order and dst rebuilt bottom-up, packed as Flush packs it, in time linear in the entries —
 // without descending dst once per entry, nor src once per removal. Pending entries of both are

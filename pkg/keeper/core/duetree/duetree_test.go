@@ -356,42 +356,6 @@ func TestAbsorb(t *testing.T) {
 	}
 }
 
-// TestFilter: a tree keeps the entries asked for (pending ones among them), in order, and stays
-// usable; keeping everything or nothing works too.
-func TestFilter(t *testing.T) {
-	for _, every := range []int{3, 1, 0} { // drop every 3rd, all, none
-		t.Run(fmt.Sprintf("every=%d", every), func(t *testing.T) {
-			m := newTestRecords(5000)
-			f := NewForest(m)
-			tr := &Tree{}
-			rng := rand.New(rand.NewPCG(5, uint64(every)))
-			for id := range uint32(4999) {
-				addRandom(f, m, tr, id, rng)
-			}
-			drop := func(id uint32) bool { return every != 0 && id%uint32(every) == 0 }
-			want := 0
-			for id := range uint32(4999) {
-				if drop(id) {
-					want++
-				}
-			}
-			if got := f.Filter(tr, func(e Entry) bool { return !drop(e.ID()) }); got != want {
-				t.Fatalf("dropped %d, want %d", got, want)
-			}
-			for id, r := range m.recs {
-				if r != nil && drop(uint32(id)) {
-					r.tree = nil
-				}
-			}
-			m.recs[4999] = &testRec{due: t0Ms, tree: tr}
-			f.Insert(tr, m.entry(4999))
-			if _, err := checkAgainst(f, m, tr); err != nil {
-				t.Fatal(err)
-			}
-		})
-	}
-}
-
 // TestSortEntriesMatchesCompare: sortEntries orders lists long and short, spread over years or
 // crowded into a few steps (ties broken by the records), leased or not, as a sort by Compare does.
 func TestSortEntriesMatchesCompare(t *testing.T) {

@@ -205,32 +205,6 @@ func (s *Store) Remove(id uint32) {
 	s.maybeCompact()
 }
 
-// RemoveWhere drops every held record drop says to (drop sees each held record once, and may
-// read it: it is dropped after drop returns), as Remove does, and returns how many it dropped.
-// Instead of taking each key out of the index, it rebuilds the index from the keys kept, in one
-// pass: for dropping many records at once (a slot handoff's giver) it costs a hash per record kept
-// instead of a probe and a backward shift per record dropped.
-func (s *Store) RemoveWhere(drop func(id uint32, r *Rec) bool) int {
-	n := 0
-	for ci, chunk := range s.recs.chunks {
-		for j := range chunk {
-			r := &chunk[j]
-			id := uint32(ci)<<recChunkBits | uint32(j)
-			if r.msFlags&uint16(Held) == 0 || !drop(id, r) {
-				continue
-			}
-			s.keys.free(r.keyOff)
-			s.recs.release(id)
-			n++
-		}
-	}
-	if n > 0 {
-		s.index.rebuild(&s.recs, &s.keys)
-		s.maybeCompact()
-	}
-	return n
-}
-
 // Reserve sizes the key index for n held records, so that holding up to n never grows (rebuilds)
 // it. It never shrinks anything.
 func (s *Store) Reserve(n int) { s.index.reserve(&s.recs, &s.keys, min(n, MaxRows)) }
@@ -245,6 +219,10 @@ func (s *Store) Each(fn func(id uint32, r *Rec)) {
 		s.EachInChunk(ci, fn)
 	}
 }
+
+// IDs returns the bound of the record ids: every record, held or free, has an id below it (At may
+// be asked about any of them; a free record does not have Held set).
+func (s *Store) IDs() uint32 { return uint32(len(s.recs.chunks)) * recChunkSize }
 
 // Chunks returns the number of chunks the records are kept in; EachInChunk visits one.
 func (s *Store) Chunks() int { return len(s.recs.chunks) }
@@ -456,15 +434,6 @@ func (ix *index) reserve(rs *rows, ar *arena, n int) {
 	if n > ix.n && n*4 > len(ix.slots)*3 {
 		ix.resize(rs, ar, n, noRecord)
 	}
-}
-
-// rebuild refills the index, at its size, with the held records' keys.
-func (ix *index) rebuild(rs *rows, ar *arena) {
-	if len(ix.slots) == 0 {
-		return
-	}
-	clear(ix.slots)
-	ix.fill(rs, ar, noRecord)
 }
 
 // fill inserts the keys of the held records but skip into the index's empty slots, and counts

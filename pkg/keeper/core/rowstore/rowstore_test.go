@@ -84,52 +84,6 @@ func TestArenaCompactionKeepsKeys(t *testing.T) {
 	}
 }
 
-// TestRemoveWhere drops a third of the records, then all the rest, in one pass each: the index
-// finds exactly the records kept, the records dropped are free for reuse, and the store works on.
-func TestRemoveWhere(t *testing.T) {
-	s := New()
-	key := func(i int) string {
-		return "https://shop.example/p/" + strings.Repeat("x", i%13) + string(rune('a'+i%26)) + fmt.Sprint(i)
-	}
-	for i := range 5000 {
-		s.At(s.Add(key(i))).Rev = int64(i)
-	}
-	if n := s.RemoveWhere(func(_ uint32, r *Rec) bool { return r.Rev%3 == 0 }); n != 1667 {
-		t.Fatalf("dropped %d, want 1667", n)
-	}
-	for i := range 5000 {
-		id, ok := s.Find(key(i))
-		if ok != (i%3 != 0) {
-			t.Fatalf("key %d found %v", i, ok)
-		}
-		if ok && s.At(id).Rev != int64(i) {
-			t.Fatalf("key %d: record of rev %d", i, s.At(id).Rev)
-		}
-	}
-	if err := s.Check(); err != nil {
-		t.Fatal(err)
-	}
-	for i := 5000; i < 6000; i++ { // reuse
-		s.At(s.Add(key(i))).Rev = int64(i)
-	}
-	if s.Len() != 5000-1667+1000 {
-		t.Fatalf("%d held", s.Len())
-	}
-	if n := s.RemoveWhere(func(uint32, *Rec) bool { return true }); n != 5000-1667+1000 {
-		t.Fatalf("dropped %d", n)
-	}
-	if _, ok := s.Find(key(1)); ok || s.Len() != 0 {
-		t.Fatalf("left: %d", s.Len())
-	}
-	if err := s.Check(); err != nil {
-		t.Fatal(err)
-	}
-	s.Add(key(7))
-	if _, ok := s.Find(key(7)); !ok {
-		t.Fatal("added after, not found")
-	}
-}
-
 // TestRecordFlagsAndDue checks that the due time and the flags share their bits without
 // disturbing each other, and that a removed record comes back cleared.
 func TestRecordFlagsAndDue(t *testing.T) {
