@@ -199,7 +199,7 @@ func (s *Store) Add(key string) uint32 {
 // more than half of it is garbage), the record cleared and free for reuse.
 func (s *Store) Remove(id uint32) {
 	r := s.recs.at(id)
-	s.index.remove(&s.recs, &s.keys, string(s.keys.get(r.keyOff)))
+	s.index.remove(&s.recs, &s.keys, s.keys.get(r.keyOff), id)
 	s.keys.free(r.keyOff)
 	s.recs.release(id)
 	s.maybeCompact()
@@ -397,17 +397,14 @@ func (ix *index) insert(rs *rows, ar *arena, key string, id uint32) {
 	ix.n++
 }
 
-// remove deletes key's entry; key must be present.
-func (ix *index) remove(rs *rows, ar *arena, key string) {
+// remove deletes the entry of record id, whose key is key; it must be present. Its entry is
+// found by the id: no key is read but key.
+func (ix *index) remove(rs *rows, ar *arena, key []byte, id uint32) {
 	m := ix.mask()
-	h := maphash.String(ix.seed, key)
-	fp := fingerprint(h)
+	h := maphash.Bytes(ix.seed, key)
+	want := entry(h, id)
 	i := h & m
-	for {
-		s := ix.slots[i]
-		if s&^idMask == fp && string(ar.get(rs.at(s&idMask-1).keyOff)) == key {
-			break
-		}
+	for ix.slots[i] != want {
 		i = (i + 1) & m
 	}
 	// backward-shift: move later entries of the probe run into the hole when their home allows.
