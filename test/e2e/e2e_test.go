@@ -549,6 +549,7 @@ func TestEndToEnd(t *testing.T) {
 		{"dns-worker", e.stepDNSWorker},
 		{"workers", e.stepWorkers},
 		{"objective-burn", e.stepObjectiveBurn},
+		{"forecast-wave", e.stepForecastWave},
 	})
 }
 

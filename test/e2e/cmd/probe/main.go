@@ -2,7 +2,8 @@
 // hack/images.sh): a static binary that tests run in a Pod, or with `kubectl exec`, to see what a
 // Pod of the node sees.
 //
-//	probe sleep                   block until SIGTERM or SIGINT, then exit 0
+//	probe sleep [DURATION]        block until SIGTERM or SIGINT (or DURATION, a Go duration, has
+//	                              passed), then exit 0
 //	probe dial HOST:PORT          open a TCP connection (5 s at most); print "connected" or the
 //	                              error, exit 0 or 1
 //	probe dns NAME                ask the first nameserver of /etc/resolv.conf for NAME's A
@@ -40,6 +41,15 @@ func main() {
 	case "sleep":
 		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 		defer stop()
+		if len(os.Args) > 2 {
+			d, err := time.ParseDuration(os.Args[2])
+			if err != nil {
+				fail("sleep %s: %v", os.Args[2], err)
+			}
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithTimeout(ctx, d)
+			defer cancel()
+		}
 		<-ctx.Done()
 	case "dial":
 		need(3)
