@@ -25,6 +25,10 @@ import (
 // maxRows even where few departed rows are left.
 const drainScanPerRow = 16
 
+// drainBatch is how many departed rows Drain reads ahead before it removes them
+// (rowstore.Store.PrefetchRemove).
+const drainBatch = 64
+
 // depart makes the rows of the slots that leave in states departed rows (SetSlots, under the old
 // states): the freshness events they end are decided, their leases end, and they are counted for
 // Drain. When every row held departs, everything is dropped at once instead (dropAll).
@@ -112,13 +116,23 @@ func (c *Core) Drain(maxRows int) bool {
 	if scan < math.MaxInt/drainScanPerRow {
 		scan *= drainScanPerRow
 	}
-	for removed := 0; c.departed > 0 && c.drainNext < ids && removed < maxRows && scan > 0; scan-- {
-		id := c.drainNext
-		c.drainNext++
-		if r := c.rows.At(id); r.Has(rowstore.Held) && c.slots[r.Slot] == SlotNone {
-			c.removeDeparted(id, r)
-			removed++
+	var batch [drainBatch]uint32
+	for removed := 0; c.departed > 0 && c.drainNext < ids && removed < maxRows && scan > 0; {
+		// a batch of departed rows, whose memory is read ahead before they are removed
+		n := 0
+		for ; n < min(drainBatch, maxRows-removed) && c.drainNext < ids && scan > 0; scan-- {
+			id := c.drainNext
+			c.drainNext++
+			if r := c.rows.At(id); r.Has(rowstore.Held) && c.slots[r.Slot] == SlotNone {
+				batch[n] = id
+				n++
+			}
 		}
+		c.prefetched += c.rows.PrefetchRemove(n, func(i int) uint32 { return batch[i] })
+		for _, id := range batch[:n] {
+			c.removeDeparted(id, c.rows.At(id))
+		}
+		removed += n
 	}
 	if c.departed > 0 && c.drainNext < ids {
 		return false

@@ -168,6 +168,60 @@ func (s *Store) PrefetchRecords(n int, id func(i int) uint32) uint32 {
 	return sum
 }
 
+// PrefetchRemove is Prefetch for Remove: it reads what removing the n held records id(0) …
+// id(n-1) reads, their keys, their index entries and the keys of the entries a removal may move
+// back (the rest of each probe run, up to prefetchRun entries), in passes whose reads overlap, as
+// Prefetch does. Removed one by one without it, each record waits for those misses in turn. It
+// changes nothing.
+func (s *Store) PrefetchRemove(n int, id func(i int) uint32) uint32 {
+	ix := &s.index
+	if ix.n == 0 {
+		return 0
+	}
+	m := ix.mask()
+	var (
+		hs   [prefetchBatch]uint64
+		offs [prefetchBatch * prefetchRun]uint32
+		recs [prefetchBatch * prefetchRun]uint32
+		sum  uint32
+	)
+	for lo := 0; lo < n; lo += prefetchBatch {
+		k := min(n-lo, prefetchBatch)
+		found := 0
+		for i := range k {
+			if r, ok := s.held(id(lo + i)); ok {
+				offs[found] = r.keyOff
+				found++
+			}
+		}
+		for i, off := range offs[:found] {
+			hs[i] = maphash.Bytes(ix.seed, s.keys.get(off))
+		}
+		for i := range found {
+			sum += ix.slots[hs[i]&m]
+		}
+		next := 0
+		for i := range found {
+			for j, p := 0, hs[i]&m; j < prefetchRun; j, p = j+1, (p+1)&m {
+				e := ix.slots[p]
+				if e == 0 {
+					break
+				}
+				recs[next] = e&idMask - 1
+				next++
+			}
+		}
+		for i, rid := range recs[:next] {
+			offs[i] = s.recs.at(rid).keyOff
+		}
+		sum += s.touchKeys(offs[:next])
+	}
+	return sum
+}
+
+// prefetchRun is how many entries of each probe run PrefetchRemove reads ahead.
+const prefetchRun = 8
+
 // touchKeys reads the first and last bytes of the held keys at offs: a 64-byte key spans two
 // cache lines.
 func (s *Store) touchKeys(offs []uint32) uint32 {

@@ -148,9 +148,9 @@ func TestFindFrom(t *testing.T) {
 }
 
 // TestPrefetchChangesNothing reads ahead keys held, removed, never held and empty, and records
-// held, freed and beyond the store's (PrefetchRecords), more than one pass's worth, in an empty
-// store, a populated one and one emptied again, and checks that the store is as it was: every
-// lookup the same, the invariants intact.
+// held, freed and beyond the store's (PrefetchRecords, PrefetchRemove), more than one pass's
+// worth, in an empty store, a populated one and one emptied again, and checks that the store is
+// as it was: every lookup the same, the invariants intact.
 func TestPrefetchChangesNothing(t *testing.T) {
 	s := New()
 	keys := []string{"", "k0", "k1", "k50", "gone", "never", strings.Repeat("x", 300)}
@@ -176,6 +176,7 @@ func TestPrefetchChangesNothing(t *testing.T) {
 		n := s.Len()
 		s.Prefetch(len(keys), func(i int) string { return keys[i] })
 		s.PrefetchRecords(len(ids), func(i int) uint32 { return ids[i] })
+		s.PrefetchRemove(len(ids), func(i int) uint32 { return ids[i] })
 		if s.Len() != n {
 			t.Errorf("%s: Len %d after Prefetch, was %d", stage, s.Len(), n)
 		}
