@@ -200,6 +200,8 @@ type env struct {
 	k8s  client.Client
 	// images are the images the node runs (BuildImages).
 	images *cluster.Images
+	// wave is the wave of stepForecastWaveStart, in flight until stepForecastWave.
+	wave *waveRun
 
 	mu      sync.Mutex
 	failure string // the first failure recorded (fail), repeated as the test's last line
@@ -542,6 +544,8 @@ func TestEndToEnd(t *testing.T) {
 		{"prometheus-alerts", e.stepPrometheusAlerts},
 		{"console", e.stepConsole},
 		{"postgres-outage", e.stepPostgresOutage},
+		// the wave comes due while the next steps run; forecast-wave checks how it was met
+		{"forecast-wave-start", func(st *testing.T) { e.stepForecastWaveStart(st, t.Cleanup) }},
 		{"missing-secret", e.stepMissingSecret},
 		{"bad-dsn", e.stepBadDSN},
 		{"scheduling", e.stepScheduling},

@@ -45,16 +45,26 @@ type waveQueue struct {
 	timeline []string
 }
 
-// stepForecastWave: a wave of rows that comes due at once, waveLead after it is written, on two
-// queues alike but for their HPAs: one scales its render workers on renderqueue_due_forecast
-// (horizon 15m, next to renderqueue_due: docs/autoscaling.md's recipe), the other on
-// renderqueue_due alone. The forecast-driven HPA must have its workers up before the wave comes
-// due, the due-driven one only after; both queues must drain. Each completion's lateness
-// (completed − due, from a trigger on the table) is reported per queue: docs/autoscaling.md has
-// the figures of a run.
-func (e *env) stepForecastWave(t *testing.T) {
+// waveRun is a wave in flight, from stepForecastWaveStart to stepForecastWave.
+type waveRun struct {
+	forecast, due *waveQueue
+	wave          time.Time // when its rows come due
+	done          chan struct{}
+	wg            sync.WaitGroup
+	cancel        context.CancelFunc
+}
+
+// stepForecastWaveStart starts stepForecastWave's wave: the two queues, their workers and HPAs,
+// and the rows coming due waveLead later; it follows the worker Deployments from then on. The
+// steps between it and stepForecastWave run while the wave comes. cleanup registers what must
+// run when the test ends.
+func (e *env) stepForecastWaveStart(t *testing.T, cleanup func(func())) {
 	ctx, cancel := context.WithTimeout(context.Background(), waveTimeout+2*time.Minute)
-	defer cancel()
+	run := &waveRun{done: make(chan struct{}), cancel: cancel}
+	cleanup(func() {
+		cancel()
+		run.wg.Wait()
+	})
 	target := waveRows / waveMaxPods // rows per worker: the wave asks for waveMaxPods workers
 	forecast := &waveQueue{name: "wave-forecast", metrics: fmt.Sprintf(`
   - type: External
@@ -77,6 +87,7 @@ func (e *env) stepForecastWave(t *testing.T) {
         selector: {matchLabels: {renderqueue.dev/name: wave-due}}
       target: {type: AverageValue, averageValue: "%d"}`, target)}
 	queues := []*waveQueue{forecast, due}
+	run.forecast, run.due = forecast, due
 
 	// 1. a database each, migrated, seeded with the rows of the wave, all of them far ahead
 	e.kubectl("create", "namespace", waveNS)
@@ -164,12 +175,30 @@ spec:
 	t.Logf("%s the wave: %d rows a queue, due at %s (+%s); HPAs target %d rows a worker (%d workers), workers take %s to start and render %d rows at once, %s each",
 		time.Now().Format("15:04:05.000"), waveRows, wave.Format("15:04:05.000"), waveLead, target, waveMaxPods, waveWarmUp, waveWorkerCon, waveRender)
 
-	// 4. follow both worker Deployments until both queues are drained
-	done := make(chan struct{})
-	var wg sync.WaitGroup
+	// 4. follow both worker Deployments until the wave is rendered (stepForecastWave)
+	run.wave = wave
 	for _, q := range queues {
-		wg.Go(func() { q.follow(ctx, e, wave, done) })
+		run.wg.Go(func() { q.follow(ctx, e, wave, run.done) })
 	}
+	e.wave = run
+}
+
+// stepForecastWave: a wave of rows that comes due at once, waveLead after it is written
+// (stepForecastWaveStart, which this step runs first unless an earlier step did), on two queues
+// alike but for their HPAs: one scales its render workers on renderqueue_due_forecast (horizon
+// 15m, next to renderqueue_due: docs/autoscaling.md's recipe), the other on renderqueue_due
+// alone. The forecast-driven HPA must have its workers up before the wave comes due, the
+// due-driven one only after; both queues must render the whole wave. Each completion's lateness
+// (completed − due, from a trigger on the table) is reported per queue: docs/autoscaling.md has
+// the figures of a run of this step alone (E2E_STEPS=seed,install,ready,forecast-wave; in the
+// whole test, the steps before it share the 2 cores while the wave drains).
+func (e *env) stepForecastWave(t *testing.T) {
+	if e.wave == nil {
+		e.stepForecastWaveStart(t, t.Cleanup)
+	}
+	run := e.wave
+	forecast, due, wave := run.forecast, run.due, run.wave
+	queues := []*waveQueue{forecast, due}
 	drained := func() (bool, string) {
 		var parts []string
 		ok := true
@@ -184,8 +213,9 @@ spec:
 		return ok, strings.Join(parts, "; ")
 	}
 	e.eventually(t, waveTimeout, time.Second, "both queues to render the whole wave", drained)
-	close(done)
-	wg.Wait()
+	close(run.done)
+	run.wg.Wait()
+	run.cancel()
 
 	// 5. what each side did
 	for _, q := range queues {
@@ -219,7 +249,7 @@ spec:
 	}
 }
 
-// follow records the ready replicas of q's worker Deployment every wavePoll until done.
+// follow records the ready replicas of q's worker Deployment every wavePoll until done or ctx ends.
 func (q *waveQueue) follow(ctx context.Context, e *env, wave time.Time, done <-chan struct{}) {
 	tick := time.NewTicker(wavePoll)
 	defer tick.Stop()
@@ -227,6 +257,8 @@ func (q *waveQueue) follow(ctx context.Context, e *env, wave time.Time, done <-c
 	for {
 		select {
 		case <-done:
+			return
+		case <-ctx.Done():
 			return
 		case <-tick.C:
 		}
