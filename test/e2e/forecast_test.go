@@ -287,20 +287,20 @@ func (q *waveQueue) follow(ctx context.Context, e *env, wave time.Time, done <-c
 // waveSQL runs q on dsn, failing the test on error.
 func waveSQL(t *testing.T, dsn, q string) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	conn, err := pgx.Connect(ctx, dsn)
-	if err != nil {
-		t.Fatalf("connecting to PostgreSQL: %v", err)
-	}
-	defer func() { _ = conn.Close(context.Background()) }()
-	if _, err := conn.Exec(ctx, q); err != nil {
-		t.Fatalf("%s: %v", q, err)
-	}
+	waveConn(t, dsn, q, func(ctx context.Context, conn *pgx.Conn) error {
+		_, err := conn.Exec(ctx, q)
+		return err
+	})
 }
 
 // waveQuery scans the one row of q on dsn into dest, failing the test on error.
 func waveQuery(t *testing.T, dsn, q string, dest ...any) {
+	t.Helper()
+	waveConn(t, dsn, q, func(ctx context.Context, conn *pgx.Conn) error { return conn.QueryRow(ctx, q).Scan(dest...) })
+}
+
+// waveConn runs f (the statement q) on a connection of its own to dsn, failing the test on error.
+func waveConn(t *testing.T, dsn, q string, f func(context.Context, *pgx.Conn) error) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -309,7 +309,7 @@ func waveQuery(t *testing.T, dsn, q string, dest ...any) {
 		t.Fatalf("connecting to PostgreSQL: %v", err)
 	}
 	defer func() { _ = conn.Close(context.Background()) }()
-	if err := conn.QueryRow(ctx, q).Scan(dest...); err != nil {
+	if err := f(ctx, conn); err != nil {
 		t.Fatalf("%s: %v", q, err)
 	}
 }
