@@ -1,0 +1,67 @@
+package core
+
+import (
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/renderqueue/renderqueue/pkg/keeper/core/policy"
+)
+
+// TestDepartedRows: the rows of a slot that leaves are gone at the commit for every lookup — a
+// completion being written when it came (its write fails: AbortCompleting), a lease handed over
+// or exported, an explanation — while Drain removes them in steps, and the rows of the slots kept
+// stay.
+func TestDepartedRows(t *testing.T) {
+	c := newCore(t, policy.Config{})
+	now := t0
+	for i := range 40 { // k0, k4, … in slot testSlots[0]; the others elsewhere
+		c.Apply(now, row(fmt.Sprintf("k%d", i), now.Add(-time.Duration(i)*time.Minute), time.Hour, 1))
+	}
+	claimed := c.Claim(now, 40, time.Hour)
+	var k4 Claimed
+	for _, cl := range claimed {
+		if cl.Key == "k4" {
+			k4 = cl
+		}
+	}
+	cp, _, err := c.BeginCompleting(now, "k4", k4.Lease)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.SetSlot(testSlots[0], SlotNone)
+	if !c.Draining() || c.Held() != 30 {
+		t.Fatalf("after the commit: draining %v, held %d, want true and 30", c.Draining(), c.Held())
+	}
+	if err := c.AbortCompleting(now, "k4", k4.Lease, cp.Hint); !errors.Is(err, ErrNotHeld) {
+		t.Fatalf("AbortCompleting of a departed row: %v, want ErrNotHeld", err)
+	}
+	if _, ok := c.SlotOfHeld("k0"); ok {
+		t.Fatal("SlotOfHeld finds a departed row")
+	}
+	if n := c.ImportLeases(now, []Lease{{Key: "k0", Slot: testSlots[0], Token: 7, Expires: now.Add(time.Hour)}}); n != 0 {
+		t.Fatalf("ImportLeases took %d leases of a slot that left", n)
+	}
+	for _, l := range c.ExportLeases(now, testSlots[:], time.Minute) {
+		if slotOfKey(l.Key) == testSlots[0] {
+			t.Fatalf("a lease of a slot that left is exported: %+v", l)
+		}
+	}
+	steps := 0
+	for !c.Drain(3) {
+		steps++
+		if err := checkCore(c); err != nil {
+			t.Fatalf("drain step %d: %v", steps, err)
+		}
+	}
+	if steps < 2 || c.Held() != 30 || c.rows.Len() != 30 {
+		t.Fatalf("drained in %d steps, held %d, %d records", steps, c.Held(), c.rows.Len())
+	}
+	if err := checkCore(c); err != nil {
+		t.Fatal(err)
+	}
+	if x := c.Explain(now, "k8"); x.Held {
+		t.Fatal("Explain finds a row of a slot that left")
+	}
+}
