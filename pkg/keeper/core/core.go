@@ -251,6 +251,13 @@ type Core struct {
 	departed       int
 	drainNext      uint32
 	departedDemand float64
+	// drainTree is the tree Drain walks (group drainTree/2, its owned tree when even, incoming
+	// when odd; past the last one, Drain looks at the records from drainNext), and drainDue and
+	// drainKey the last entry it read there, when drainAt.
+	drainTree int
+	drainAt   bool
+	drainDue  int64
+	drainKey  string
 	// slotDemand is, per slot, the demand (Σ 1 / cadence, renders per ms) of its held rows.
 	slotDemand [schedule.NumSlots]float64
 }

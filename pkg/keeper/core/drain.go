@@ -25,10 +25,6 @@ import (
 // maxRows even where few departed rows are left.
 const drainScanPerRow = 16
 
-// drainBatch is how many departed rows Drain reads ahead before it removes them
-// (rowstore.Store.PrefetchRemove).
-const drainBatch = 64
-
 // depart makes the rows of the slots that leave in states departed rows (SetSlots, under the old
 // states): the freshness events they end are decided, their leases end, and they are counted for
 // Drain. When every row held departs, everything is dropped at once instead (dropAll).
@@ -54,7 +50,8 @@ func (c *Core) depart(states *[schedule.NumSlots]SlotState) {
 			}
 		}
 	}
-	c.drainNext = 0 // the new departed rows may be anywhere
+	// the new departed rows may be anywhere: the walk starts again
+	c.drainNext, c.drainTree, c.drainAt, c.drainKey = 0, 0, false, ""
 	if c.departed == c.rows.Len() {
 		c.dropAll()
 	}
@@ -104,43 +101,104 @@ func (c *Core) dropAll() {
 func (c *Core) Draining() bool { return c.departed > 0 }
 
 // Drain removes up to maxRows departed rows (the rows of slots that left: see SetSlots), looking
-// at no more than drainScanPerRow records per row, and reports whether none are left. The service
-// calls it in steps after a commit that gives slots away, releasing its lock between them, and
-// before a summary or an Explain, which remove what is left first.
+// at no more than drainScanPerRow entries or records per row, and reports whether none are left.
+// The service calls it in steps after a commit that gives slots away, releasing its lock between
+// them, and before a summary or an Explain, which remove what is left first.
+//
+// It walks the trees in their order, a window of entries at a time, and removes the departed rows
+// among them: consecutive removals then descend to the same or the next leaf, in the CPU's caches,
+// where removals in the records' order each missed on a leaf of their own (twice the time at 10M
+// rows). Departed rows do not move, so one walk of each tree meets every one of them; the records
+// are looked at after the walk only if some are left (they are not: it is a safety net).
 func (c *Core) Drain(maxRows int) bool {
 	if c.departed == 0 {
 		return true
 	}
-	ids := c.rows.IDs()
-	scan := maxRows
-	if scan < math.MaxInt/drainScanPerRow {
-		scan *= drainScanPerRow
+	budget := maxRows
+	if budget < math.MaxInt/drainScanPerRow {
+		budget *= drainScanPerRow
 	}
-	var batch [drainBatch]uint32
-	for removed := 0; c.departed > 0 && c.drainNext < ids && removed < maxRows && scan > 0; {
-		// a batch of departed rows, whose memory is read ahead before they are removed
-		n := 0
-		for ; n < min(drainBatch, maxRows-removed) && c.drainNext < ids && scan > 0; scan-- {
-			id := c.drainNext
-			c.drainNext++
-			if r := c.rows.At(id); r.Has(rowstore.Held) && c.slots[r.Slot] == SlotNone {
-				batch[n] = id
-				n++
-			}
+	removed := 0
+	for c.departed > 0 && removed < maxRows && budget > 0 && c.drainTree < 2*len(c.groups) {
+		n := c.drainWindow(min(maxRows-removed, budget))
+		if n < 0 {
+			c.drainTree++ // walked to its end
+			c.drainAt = false
+			continue
 		}
-		c.prefetched += c.rows.PrefetchRemove(n, func(i int) uint32 { return batch[i] })
-		for _, id := range batch[:n] {
-			c.removeDeparted(id, c.rows.At(id))
-		}
+		budget -= drainVisit
 		removed += n
 	}
-	if c.departed > 0 && c.drainNext < ids {
+	ids := c.rows.IDs()
+	for ; c.departed > 0 && c.drainNext < ids && removed < maxRows && budget > 0; budget-- {
+		// left after the trees' walk (none, unless the bookkeeping is off): the records, in order
+		id := c.drainNext
+		c.drainNext++
+		if r := c.rows.At(id); r.Has(rowstore.Held) && c.slots[r.Slot] == SlotNone {
+			c.removeDeparted(id, r)
+			removed++
+		}
+	}
+	if c.departed > 0 && (c.drainTree < 2*len(c.groups) || c.drainNext < ids) {
 		return false
 	}
-	// every record has been looked at: none is left (departed counts what there is to find)
+	// every tree walked and every record looked at: none is left (departed counts what there is
+	// to find)
 	c.departed = 0
 	c.endDrain()
 	return true
+}
+
+// drainVisit is the most entries one window of Drain's walk reads.
+const drainVisit = 256
+
+// drainWindow removes the departed rows among the next up to min(max, drainVisit) entries of the
+// tree Drain walks (drainTree), from where it got to (after drainDue, drainKey), and returns how
+// many it removed, or -1 when the walk of that tree is at its end.
+func (c *Core) drainWindow(max int) int {
+	g := c.groups[c.drainTree/2]
+	t := &g.owned
+	if c.drainTree%2 == 1 {
+		t = &g.incoming
+	}
+	start := 0
+	if c.drainAt {
+		// the entries at or before the last one the walk read (it may have gone since: its due
+		// and key, not its record, say where it was)
+		start, _ = c.trees.Prefix(t, func(e duetree.Entry) bool {
+			r := c.rows.At(e.ID())
+			if d := r.Due(); d != c.drainDue {
+				return d < c.drainDue
+			}
+			return string(c.rows.Key(r)) <= c.drainKey
+		})
+	}
+	end := min(c.trees.Len(t), start+min(max, drainVisit))
+	if start >= end {
+		return -1
+	}
+	var window [drainVisit]duetree.Entry
+	es := window[:0]
+	c.trees.Visit(t, start, end, func(e duetree.Entry) { es = append(es, e) })
+	var slots [drainVisit]uint16
+	for i, e := range es { // the records first, their misses overlapping
+		slots[i] = c.rows.At(e.ID()).Slot
+	}
+	var batch [drainVisit]uint32
+	n := 0
+	for i, e := range es {
+		if c.slots[slots[i]] == SlotNone {
+			batch[n] = e.ID()
+			n++
+		}
+	}
+	last := c.rows.At(es[len(es)-1].ID())
+	c.drainAt, c.drainDue, c.drainKey = true, last.Due(), string(c.rows.Key(last))
+	c.prefetched += c.rows.PrefetchRemove(n, func(i int) uint32 { return batch[i] })
+	for _, id := range batch[:n] {
+		c.removeDeparted(id, c.rows.At(id))
+	}
+	return n
 }
 
 // endDrain forgets the departed rows' bookkeeping once none are left.
@@ -151,7 +209,7 @@ func (c *Core) endDrain() {
 		}
 	}
 	c.departedFrom = [schedule.NumSlots]SlotState{}
-	c.drainNext = 0
+	c.drainNext, c.drainTree, c.drainAt, c.drainKey = 0, 0, false, ""
 	c.departedDemand = 0
 }
 

@@ -65,3 +65,26 @@ func TestDepartedRows(t *testing.T) {
 		t.Fatal("Explain finds a row of a slot that left")
 	}
 }
+
+// TestDrainEndsWhenCountIsOff: should the count of departed rows be off (more than the trees
+// hold), Drain still ends: it looks at every record after the trees' walk, removes what it finds
+// there, and stops.
+func TestDrainEndsWhenCountIsOff(t *testing.T) {
+	c := newCore(t, policy.Config{})
+	for i := range 20 {
+		c.Apply(t0, row(fmt.Sprintf("k%d", i), t0, time.Hour, 1))
+	}
+	c.SetSlot(testSlots[0], SlotNone)
+	c.departed++ // one more than there is
+	for steps := 0; !c.Drain(2); steps++ {
+		if steps > 1000 {
+			t.Fatal("Drain does not end")
+		}
+	}
+	if c.Draining() || c.Held() != 15 || c.rows.Len() != 15 {
+		t.Fatalf("after the drain: draining %v, held %d, %d records", c.Draining(), c.Held(), c.rows.Len())
+	}
+	if err := checkCore(c); err != nil {
+		t.Fatal(err)
+	}
+}
