@@ -120,13 +120,13 @@ func (c *Core) Drain(maxRows int) bool {
 	}
 	removed := 0
 	for c.departed > 0 && removed < maxRows && budget > 0 && c.drainTree < 2*len(c.groups) {
-		n := c.drainWindow(min(maxRows-removed, budget))
-		if n < 0 {
+		n, visited := c.drainWindow(min(maxRows-removed, budget))
+		if visited == 0 {
 			c.drainTree++ // walked to its end
 			c.drainAt = false
 			continue
 		}
-		budget -= drainVisit
+		budget -= visited
 		removed += n
 	}
 	ids := c.rows.IDs()
@@ -154,8 +154,8 @@ const drainVisit = 256
 
 // drainWindow removes the departed rows among the next up to min(max, drainVisit) entries of the
 // tree Drain walks (drainTree), from where it got to (after drainDue, drainKey), and returns how
-// many it removed, or -1 when the walk of that tree is at its end.
-func (c *Core) drainWindow(max int) int {
+// many it removed and how many entries it read: none when the walk of that tree is at its end.
+func (c *Core) drainWindow(max int) (removed, visited int) {
 	g := c.groups[c.drainTree/2]
 	t := &g.owned
 	if c.drainTree%2 == 1 {
@@ -175,7 +175,7 @@ func (c *Core) drainWindow(max int) int {
 	}
 	end := min(c.trees.Len(t), start+min(max, drainVisit))
 	if start >= end {
-		return -1
+		return 0, 0
 	}
 	var window [drainVisit]duetree.Entry
 	es := window[:0]
@@ -198,7 +198,7 @@ func (c *Core) drainWindow(max int) int {
 	for _, id := range batch[:n] {
 		c.removeDeparted(id, c.rows.At(id))
 	}
-	return n
+	return n, len(es)
 }
 
 // endDrain forgets the departed rows' bookkeeping once none are left.

@@ -55,7 +55,9 @@ func TestDepartedRows(t *testing.T) {
 			t.Fatalf("drain step %d: %v", steps, err)
 		}
 	}
-	if steps < 2 || c.Held() != 30 || c.rows.Len() != 30 {
+	// 10 departed rows, 3 a step: the trees' walk meets them all (looking at the records after it,
+	// a record at a time, would take a hundred steps more)
+	if steps < 2 || steps > 6 || c.Held() != 30 || c.rows.Len() != 30 {
 		t.Fatalf("drained in %d steps, held %d, %d records", steps, c.Held(), c.rows.Len())
 	}
 	if err := checkCore(c); err != nil {
@@ -86,5 +88,51 @@ func TestDrainEndsWhenCountIsOff(t *testing.T) {
 	}
 	if err := checkCore(c); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestDrainWalkMeetsEveryDepartedRow: the trees' walk alone (no look at the records after it)
+// removes every departed row, a few entries at a time, while rows of the slots kept are added,
+// moved, deleted and claimed between its windows — before and after where it got to.
+func TestDrainWalkMeetsEveryDepartedRow(t *testing.T) {
+	c := newCore(t, policy.Config{})
+	now := t0
+	rev := int64(1)
+	for i := range 400 {
+		c.Apply(now, row(fmt.Sprintf("k%d", i), now.Add(time.Duration(i%97-48)*time.Minute), time.Duration(1+i%3)*time.Hour, rev))
+	}
+	c.Claim(now, 50, time.Hour)
+	states := c.slots
+	states[testSlots[0]], states[testSlots[2]] = SlotNone, SlotIncoming // one leaves, one moves
+	c.SetSlots(&states)
+	if c.departed != 100 {
+		t.Fatalf("%d departed rows, want 100", c.departed)
+	}
+	windows := 0
+	for c.departed > 0 && c.drainTree < 2*len(c.groups) {
+		if _, visited := c.drainWindow(3); visited == 0 {
+			c.drainTree++
+			c.drainAt = false
+		}
+		windows++
+		// the slots kept change meanwhile: a row added, one moved, one deleted, a claim
+		rev++
+		i := 1 + windows%99*4 // slot testSlots[1]
+		switch windows % 4 {
+		case 0:
+			c.Apply(now, row(fmt.Sprintf("n%d", windows), now.Add(time.Duration(windows%90-45)*time.Minute), time.Hour, rev))
+		case 1:
+			c.Apply(now, row(fmt.Sprintf("k%d", i), now.Add(time.Duration(windows%50-25)*time.Minute), time.Hour, rev))
+		case 2:
+			c.Delete(now, fmt.Sprintf("k%d", i+2), slotOfKey(fmt.Sprintf("k%d", i+2)), rev)
+		case 3:
+			c.Claim(now, 2, time.Hour)
+		}
+		if err := checkCore(c); err != nil {
+			t.Fatalf("window %d: %v", windows, err)
+		}
+	}
+	if c.departed != 0 {
+		t.Fatalf("the walk left %d departed rows (%d windows)", c.departed, windows)
 	}
 }
