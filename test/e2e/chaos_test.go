@@ -106,7 +106,8 @@ type leaseRec struct {
 	due     time.Time // the row's due time the lease was granted for: which render it is
 	claimed time.Time
 	expires time.Time
-	ended   time.Time // acknowledged or refused; zero: ran out
+	ended   time.Time // acknowledged or refused (when the answer came); zero: ran out
+	endSent time.Time // when the completion that was acknowledged or refused was sent
 	outcome string    // "acknowledged", the shard's reason for refusing, or "" (never answered)
 }
 
@@ -485,6 +486,7 @@ func (ch *chaos) complete(done []client.Completion) {
 		}
 		ch.gate.RLock()
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		sent := time.Now()
 		res, _ := ch.cl.Complete(ctx, done)
 		cancel()
 		ch.gate.RUnlock()
@@ -497,10 +499,10 @@ func (ch *chaos) complete(done []client.Completion) {
 			switch {
 			case err == nil:
 				ch.acks = append(ch.acks, ackRec{key: d.Item.Key, nextDue: d.NextDue, lease: d.Item.Lease})
-				ch.endLease(d.Item, now, "acknowledged")
+				ch.endLease(d.Item, sent, now, "acknowledged")
 			case errors.As(err, &ie):
 				ch.refused[ie.Reason]++
-				ch.endLease(d.Item, now, "refused: "+ie.Reason)
+				ch.endLease(d.Item, sent, now, "refused: "+ie.Reason)
 			default:
 				again = append(again, d)
 			}
@@ -513,10 +515,11 @@ func (ch *chaos) complete(done []client.Completion) {
 	ch.mu.Unlock()
 }
 
-func (ch *chaos) endLease(it client.Item, at time.Time, outcome string) {
+// endLease records the answer to the completion under it's lease, sent at sent and answered at.
+func (ch *chaos) endLease(it client.Item, sent, at time.Time, outcome string) {
 	for _, l := range ch.leases[it.Key] {
 		if l.lease == it.Lease && l.shard == it.Shard {
-			l.ended, l.outcome = at, outcome
+			l.endSent, l.ended, l.outcome = sent, at, outcome
 		}
 	}
 }
@@ -984,17 +987,33 @@ func (ch *chaos) verify(t *testing.T) {
 	// leases of one key that overlapped in time: the row handed out twice at once. Each fails
 	// the test; they are told apart (different shards, the earlier lease still acknowledged)
 	// to say where it came from.
-	overlaps, cross, bothServed, bothAcked := 0, 0, 0, 0
-	var details []string
+	//
+	// What the workers see bounds when a shard granted and ended a lease: a lease a was live
+	// until its expiry and at least until its ending completion was sent (endSent), and ended
+	// by the time that completion's answer came (ended); a lease b was granted before its claim's
+	// answer came (claimed). So b overlapped a for certain when b was claimed before a's ending
+	// completion was sent. A b claimed while that completion was in flight may have been granted
+	// just after the shard ended a — a completion refused because the producer changed the row
+	// ends the lease, and the row, due, is handed out at once: the order is not observable from
+	// here. Those are counted apart (unordered), not failed.
+	overlaps, cross, bothServed, bothAcked, unordered := 0, 0, 0, 0, 0
+	var details, unorderedDetails []string
 	for k, ls := range ch.leases {
 		sort.Slice(ls, func(i, j int) bool { return ls[i].claimed.Before(ls[j].claimed) })
 		for i := range ls {
-			end := ls[i].expires
-			if !ls[i].ended.IsZero() && ls[i].ended.Before(end) {
-				end = ls[i].ended
+			sure, late := ls[i].expires, ls[i].expires
+			if !ls[i].ended.IsZero() {
+				sure, late = minTime(sure, ls[i].endSent), minTime(late, ls[i].ended)
 			}
-			for j := i + 1; j < len(ls) && ls[j].claimed.Before(end); j++ {
+			for j := i + 1; j < len(ls) && ls[j].claimed.Before(late); j++ {
 				a, b := ls[i], ls[j]
+				if !b.claimed.Before(sure) {
+					unordered++
+					unorderedDetails = append(unorderedDetails, fmt.Sprintf("%s: leased by %s at %s, its completion sent at %s and answered at %s (%s); leased again by %s, answered at %s",
+						k, a.shard, a.claimed.Format("15:04:05.000"), a.endSent.Format("15:04:05.000000"), a.ended.Format("15:04:05.000000"),
+						a.outcome, b.shard, b.claimed.Format("15:04:05.000000")))
+					continue
+				}
 				overlaps++
 				if a.shard != b.shard {
 					cross++
@@ -1022,6 +1041,14 @@ func (ch *chaos) verify(t *testing.T) {
 	}
 	if overlaps > 0 {
 		ch.e.errorf(t, "%d overlapping leases of one key (%d across shards, %d with the earlier one acknowledged): a row was handed out twice at once", overlaps, cross, bothServed)
+	}
+	slices.Sort(unorderedDetails)
+	for i, d := range unorderedDetails {
+		if i == 20 {
+			t.Logf("... and %d more", len(unorderedDetails)-20)
+			break
+		}
+		t.Logf("lease granted while the completion ending the one before was in flight: %s", d)
 	}
 	// duplicate renders: acknowledged completions of one key from different leases granted for
 	// the same due time
@@ -1104,6 +1131,7 @@ func (ch *chaos) verify(t *testing.T) {
 	fmt.Fprintf(&b, "| completions never answered (5 attempts) | %d |\n", ch.unanswered)
 	fmt.Fprintf(&b, "| overlapping leases of one key (of them: different shards; earlier one still acknowledged) | %d (%d; %d) |\n", overlaps, cross, bothServed)
 	fmt.Fprintf(&b, "| keys acknowledged twice for overlapping leases | %d |\n", bothAcked)
+	fmt.Fprintf(&b, "| leases claimed while the completion ending the one before was in flight (order not observable; not failed) | %d |\n", unordered)
 	fmt.Fprintf(&b, "| duplicate renders (one due time acknowledged from two leases) | %d |\n", duplicates)
 	fmt.Fprintf(&b, "| producer writes (failed) | %d (%d) |\n", ch.writes, ch.writeErrs)
 	if ch.res != nil {
@@ -1132,6 +1160,13 @@ func (ch *chaos) verify(t *testing.T) {
 	if len(ch.acks) == 0 {
 		t.Error("no completion was acknowledged: the workers did nothing")
 	}
+}
+
+func minTime(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
 }
 
 func or(s, dflt string) string {
