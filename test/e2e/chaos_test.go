@@ -1031,25 +1031,11 @@ func (ch *chaos) verify(t *testing.T) {
 			}
 		}
 	}
-	slices.Sort(details)
-	for i, d := range details {
-		if i == 20 {
-			t.Logf("... and %d more", len(details)-20)
-			break
-		}
-		t.Logf("overlapping leases: %s", d)
-	}
+	logFirst(t, "overlapping leases: ", details)
 	if overlaps > 0 {
 		ch.e.errorf(t, "%d overlapping leases of one key (%d across shards, %d with the earlier one acknowledged): a row was handed out twice at once", overlaps, cross, bothServed)
 	}
-	slices.Sort(unorderedDetails)
-	for i, d := range unorderedDetails {
-		if i == 20 {
-			t.Logf("... and %d more", len(unorderedDetails)-20)
-			break
-		}
-		t.Logf("lease granted while the completion ending the one before was in flight: %s", d)
-	}
+	logFirst(t, "lease granted while the completion ending the one before was in flight: ", unorderedDetails)
 	// duplicate renders: acknowledged completions of one key from different leases granted for
 	// the same due time
 	duplicates := 0
@@ -1095,14 +1081,7 @@ func (ch *chaos) verify(t *testing.T) {
 			}
 		}
 	}
-	slices.Sort(refusedLeases)
-	for i, r := range refusedLeases {
-		if i == 20 {
-			t.Logf("... and %d more", len(refusedLeases)-20)
-			break
-		}
-		t.Logf("completion refused at %s", r)
-	}
+	logFirst(t, "completion refused at ", refusedLeases)
 	var refused []string
 	for r, n := range ch.refused {
 		refused = append(refused, fmt.Sprintf("%s: %d", r, n))
@@ -1159,6 +1138,19 @@ func (ch *chaos) verify(t *testing.T) {
 	}
 	if len(ch.acks) == 0 {
 		t.Error("no completion was acknowledged: the workers did nothing")
+	}
+}
+
+// logFirst logs the first 20 of lines, sorted, each after prefix, and how many more there are.
+func logFirst(t *testing.T, prefix string, lines []string) {
+	t.Helper()
+	slices.Sort(lines)
+	for i, l := range lines {
+		if i == 20 {
+			t.Logf("... and %d more", len(lines)-20)
+			return
+		}
+		t.Log(prefix + l)
 	}
 }
 
