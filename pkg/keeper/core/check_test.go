@@ -30,7 +30,7 @@ func checkCore(c *Core) error {
 	routeDue := make([]int32, len(c.routes))
 	routeIncoming := make([]int32, len(c.routes))
 	var slotDemand [schedule.NumSlots]float64
-	departed, departedDemand := 0, 0.0
+	departed, departedOwned, departedDemand := 0, 0, 0.0
 	var errs []string
 	c.rows.Each(func(id uint32, r *rowstore.Rec) {
 		st := c.slots[r.Slot]
@@ -45,6 +45,7 @@ func checkCore(c *Core) error {
 			}
 			departed++
 			if st == SlotOwned {
+				departedOwned++
 				departedDemand += c.groups[r.Group].perMs
 			}
 			if c.leases.Leased(id) {
@@ -78,6 +79,9 @@ func checkCore(c *Core) error {
 	})
 	if departed != c.departed {
 		errs = append(errs, fmt.Sprintf("departed rows: counted %d, records %d", c.departed, departed))
+	}
+	if departedOwned != c.departedOwned {
+		errs = append(errs, fmt.Sprintf("departed rows in owned trees: counted %d, records %d", c.departedOwned, departedOwned))
 	}
 	if departed == 0 && (c.departedFrom != [schedule.NumSlots]SlotState{} || c.departedDemand != 0) {
 		errs = append(errs, "no departed rows, but their bookkeeping is left")

@@ -179,19 +179,11 @@ func (c *Core) demand() float64 {
 			owned += n
 		}
 	}
-	if c.departed > 0 {
-		// departed rows still in the owned trees (drain.go) are not the shard's
-		departed := 0
-		for s, from := range c.departedFrom {
-			if from == SlotOwned {
-				departed += int(c.slotHeld[s])
-			}
-		}
-		if departed == owned {
-			d = c.beyondOwned // exactly: no float sum's remainder
-		} else if departed > 0 {
-			d -= c.departedDemand
-		}
+	// departed rows still in the owned trees (drain.go) are not the shard's
+	if c.departedOwned > 0 && c.departedOwned == owned {
+		d = c.beyondOwned // exactly: no float sum's remainder
+	} else if c.departedOwned > 0 {
+		d -= c.departedDemand
 	}
 	return d * float64(time.Hour.Milliseconds())
 }

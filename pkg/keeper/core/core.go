@@ -245,11 +245,13 @@ type Core struct {
 	// reported, but their records, keys and tree entries stay until Drain removes them.
 	// departedFrom is, per slot with departed rows, the state the slot left from (their trees and
 	// counts are that state's until they go); SlotNone for every other slot. departed counts them,
-	// drainNext is the next record id Drain looks at, and departedDemand is the demand (renders
-	// per ms, Σ 1 / cadence) of those still in owned trees, which demand takes off the trees'.
+	// drainNext is the next record id Drain looks at, and departedOwned and departedDemand are
+	// how many of them are still in owned trees and their demand (renders per ms, Σ 1 / cadence),
+	// which demand takes off the trees'.
 	departedFrom   [schedule.NumSlots]SlotState
 	departed       int
 	drainNext      uint32
+	departedOwned  int
 	departedDemand float64
 	// drainTree is the tree Drain walks (group drainTree/2, its owned tree when even, incoming
 	// when odd; past the last one, Drain looks at the records from drainNext), and drainDue and
@@ -760,6 +762,13 @@ func (c *Core) forget(key string) {
 // removeRow drops a held row: out of its tree and counts, its lease, and the store.
 func (c *Core) removeRow(id uint32) {
 	r := c.rows.At(id)
+	if c.departed > 0 && c.slots[r.Slot] == SlotNone {
+		// a departed row (a walk's sweep of a slot that left meanwhile): its events were decided
+		// and its lease ended when its slot left; it goes as Drain removes it, out of the counts
+		// it is still in
+		c.removeDeparted(id, r)
+		return
+	}
 	c.objVersionEnds(c.opNowMs, id, r)
 	c.unplace(id, r)
 	c.unseen(r)

@@ -46,6 +46,7 @@ func (c *Core) depart(states *[schedule.NumSlots]SlotState) {
 			c.departedFrom[s] = c.slots[s]
 			c.departed += int(c.slotHeld[s])
 			if c.slots[s] == SlotOwned {
+				c.departedOwned += int(c.slotHeld[s])
 				c.departedDemand += c.slotDemand[s]
 			}
 		}
@@ -210,7 +211,7 @@ func (c *Core) endDrain() {
 	}
 	c.departedFrom = [schedule.NumSlots]SlotState{}
 	c.drainNext, c.drainTree, c.drainAt, c.drainKey = 0, 0, false, ""
-	c.departedDemand = 0
+	c.departedOwned, c.departedDemand = 0, 0
 }
 
 // removeDeparted removes departed record id (r): out of its tree (a pending entry is left to go
@@ -233,6 +234,7 @@ func (c *Core) removeDeparted(id uint32, r *rowstore.Rec) {
 	perMs := c.groups[r.Group].perMs
 	c.slotDemand[r.Slot] -= perMs
 	if from == SlotOwned {
+		c.departedOwned--
 		c.departedDemand -= perMs
 	}
 	c.slotHeld[r.Slot]--
@@ -244,17 +246,15 @@ func (c *Core) removeDeparted(id uint32, r *rowstore.Rec) {
 }
 
 // find returns the record holding key when the core holds it: not a departed row's.
-func (c *Core) find(key string) (uint32, bool) {
-	id, ok := c.rows.Find(key)
-	if ok && c.departed > 0 && c.slots[c.rows.At(id).Slot] == SlotNone {
-		return 0, false
-	}
-	return id, ok
-}
+func (c *Core) find(key string) (uint32, bool) { return c.held(c.rows.Find(key)) }
 
 // findFrom is find with a guess (rowstore.Store.FindFrom).
 func (c *Core) findFrom(key string, guess uint32) (uint32, bool) {
-	id, ok := c.rows.FindFrom(key, guess)
+	return c.held(c.rows.FindFrom(key, guess))
+}
+
+// held passes on a record the store found (id, ok) unless it is a departed row's.
+func (c *Core) held(id uint32, ok bool) (uint32, bool) {
 	if ok && c.departed > 0 && c.slots[c.rows.At(id).Slot] == SlotNone {
 		return 0, false
 	}
