@@ -78,9 +78,31 @@ if [ "$need_prom" = 1 ] && [ -z "${RENDERQUEUE_PROMETHEUS:-}" ]; then
   export RENDERQUEUE_PROMETHEUS
 fi
 
+# The whole suite as root runs the end-to-end test beside the unit tests rather than after them:
+# it spends most of its ~15 minutes waiting on the cluster (Pods starting, handoffs, alerts
+# firing), so the machine's cores have room for the rest. Its output comes prefixed with "e2e| ".
+# The local cluster's own tests (test/e2e/cluster) start the same node, of which a machine runs
+# one at a time (test/e2e/cluster/node: its lock), so they run after the end-to-end test ends.
+e2e_pid=""
+e2e_status=0
+node_pkg=github.com/renderqueue/renderqueue/test/e2e/cluster
+if [ "${run_e2e:-0}" = 1 ] && [ "$*" = ./... ] && [ "$(id -u)" = 0 ]; then
+  echo "test: starting the end-to-end test (go test -tags e2e ./test/e2e) beside the unit tests" >&2
+  e2e_log=$(mktemp "${TMPDIR:-/tmp}/renderqueue-e2e.XXXXXX.log")
+  ( set +e; go test -tags e2e -count=1 -timeout 30m ./test/e2e >"$e2e_log" 2>&1; echo $? >"$e2e_log.rc" ) &
+  e2e_pid=$!
+  ( tail -n +1 -F --pid="$e2e_pid" "$e2e_log" 2>/dev/null | sed -u 's/^/e2e| /' ) &
+  e2e_tail=$!
+  # every package but the node's own tests now; those after the end-to-end test
+  mapfile -t pkgs < <(go list ./... | grep -vx "$node_pkg")
+  set -- "${pkgs[@]}"
+fi
+
 # The local cluster's own tests (test/e2e/cluster, as root) build the images and start a real
 # node: more than go test's default 10 minutes on a cold machine.
-go test -count=1 -timeout 30m "$@"
+unit_status=0
+go test -count=1 -timeout 30m "$@" || unit_status=$?
+if [ -n "$e2e_pid" ]; then set -- ./...; fi
 
 # --- monitoring (test/monitoring) ----------------------------------------------------------------
 # promtool check/test of the alert rules of config/prometheus; the metrics the alerts and the
@@ -89,14 +111,14 @@ go test -count=1 -timeout 30m "$@"
 # Prometheus (hack/prometheus.sh start) scraping a keeper shard and firing alerts.
 if [ "${run_monitoring:-0}" = 1 ]; then
   echo "test: running the monitoring tests (test/monitoring, promtool $RENDERQUEUE_PROMTOOL)" >&2
-  (cd test/monitoring && go test -count=1 ./...)
+  (cd test/monitoring && go test -count=1 ./...) || unit_status=$?
 fi
 
 # --- image (hack/image, a module of its own): the builder, the Dockerfile's agreement with it, and
 # `make image` twice (one digest) and `make pause-image` (docs/image.md), when the whole suite runs.
 if [ "$*" = ./... ]; then
   echo "test: running the image tests (hack/image)" >&2
-  (cd hack/image && go test -count=1 -timeout 40m ./...)
+  (cd hack/image && go test -count=1 -timeout 40m ./...) || unit_status=$?
 fi
 
 # --- end-to-end (test/e2e, build tag e2e) --------------------------------------------------------
@@ -105,8 +127,23 @@ fi
 # the renderqueue image of `make image` imported into containerd, a throwaway PostgreSQL of its
 # own, config/default applied as shipped, kubectl and an HPA, and a Prometheus
 # (RENDERQUEUE_PROMETHEUS) scraping the operator and the shards with the alert rules. As root; see
-# `make e2e` and docs/local-cluster.md. (test/e2e/cluster's own tests ran above.)
-if [ "${run_e2e:-0}" = 1 ]; then
+# `make e2e` and docs/local-cluster.md. Started above, beside the unit tests, for the whole suite
+# as root; otherwise run here.
+if [ -n "$e2e_pid" ]; then
+  wait "$e2e_pid" || true
+  wait "$e2e_tail" || true # the tail above ends once it has printed the last lines
+  e2e_status=$(cat "$e2e_log.rc" 2>/dev/null || echo 1)
+  rm -f "$e2e_log" "$e2e_log.rc"
+  echo "test: the end-to-end test ended (status $e2e_status); now the local cluster's own tests ($node_pkg)" >&2
+  node_status=0
+  go test -count=1 -timeout 30m ./test/e2e/cluster || node_status=$?
+  if [ "$unit_status" != 0 ] || [ "$e2e_status" != 0 ] || [ "$node_status" != 0 ]; then
+    echo "test: FAILED — unit tests status $unit_status, end-to-end $e2e_status, local cluster $node_status" >&2
+    exit 1
+  fi
+elif [ "${run_e2e:-0}" = 1 ]; then
+  if [ "$unit_status" != 0 ]; then exit "$unit_status"; fi
   echo "test: running the end-to-end test (go test -tags e2e ./test/e2e)" >&2
   go test -tags e2e -count=1 -timeout 30m ./test/e2e
 fi
+if [ "$unit_status" != 0 ]; then exit "$unit_status"; fi

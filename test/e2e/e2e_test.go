@@ -65,7 +65,9 @@ const (
 // one, the first use prints a stack trace into the test's output); what they log is not read.
 func TestMain(m *testing.M) {
 	ctrllog.SetLogger(logr.Discard())
-	os.Exit(m.Run())
+	code := m.Run()
+	builds.remove()
+	os.Exit(code)
 }
 
 // repoRoot is the repository root (the test runs in test/e2e).
@@ -434,6 +436,61 @@ func skipUnlessRunnable(t *testing.T) {
 	}
 }
 
+// built is what the tests that start a cluster share: the renderqueue binary and the images the
+// node imports.
+type built struct {
+	bin    string
+	images *cluster.Images
+}
+
+// buildCache builds them once per test binary: hack/images.sh takes ~10 s even with everything
+// cached (two platforms' binaries linked, four archives written), and the sources do not change
+// while the tests run.
+type buildCache struct {
+	once sync.Once
+	dir  string // where the binary is; removed by TestMain
+	b    built
+	err  error
+}
+
+// builds is the test binary's buildCache (TestMain removes what it built).
+var builds buildCache
+
+// get builds the binary (E2E_BINARY: a prebuilt one) and the images (hack/images.sh) on its
+// first call and returns them on every call.
+func (c *buildCache) get(root, assets string, logf func(string, ...any)) (built, error) {
+	c.once.Do(func() {
+		if b := os.Getenv("E2E_BINARY"); b != "" {
+			if c.b.bin, c.err = filepath.Abs(b); c.err != nil {
+				return
+			}
+			logf("using E2E_BINARY=%s", c.b.bin)
+		} else {
+			if c.dir, c.err = os.MkdirTemp("", "renderqueue-e2e-bin-"); c.err != nil {
+				return
+			}
+			c.b.bin = filepath.Join(c.dir, "renderqueue")
+			build := exec.Command("go", "build", "-o", c.b.bin, "./cmd/renderqueue")
+			build.Dir = root
+			if out, err := build.CombinedOutput(); err != nil {
+				c.err = fmt.Errorf("go build ./cmd/renderqueue: %w\n%s", err, out)
+				return
+			}
+		}
+		if c.b.images, c.err = cluster.BuildImages(context.Background(), root, assets, logf); c.err != nil {
+			c.err = fmt.Errorf("building the images: %w", c.err)
+		}
+	})
+	return c.b, c.err
+}
+
+// remove deletes what get built (not E2E_BINARY, not the images under bin/image).
+func (c *buildCache) remove() {
+	if c.dir != "" {
+		_ = os.RemoveAll(c.dir)
+	}
+}
+
 // startEnv builds the binary (E2E_BINARY: a prebuilt one) and starts the local cluster with
 // its PostgreSQL, skipping the test where it cannot run (skipUnlessRunnable). The node imports
 // the images hack/images.sh builds and the OCI archives in extraImages. The cluster is stopped
@@ -444,22 +501,17 @@ func startEnv(t *testing.T, extraImages ...string) *env {
 	root := repoRoot(t)
 	as := assets(t)
 	work := t.TempDir()
-	e := &env{t: t, root: root, bin: filepath.Join(work, "renderqueue")}
-	var err error
+	e := &env{t: t, root: root}
+	logf := func(format string, args ...any) { t.Logf(format, args...) }
 
-	// 1. The binary (E2E_BINARY: a prebuilt one), and what it can do yet.
-	if b := os.Getenv("E2E_BINARY"); b != "" {
-		if e.bin, err = filepath.Abs(b); err != nil {
-			t.Fatal(err)
-		}
-		t.Logf("using E2E_BINARY=%s", e.bin)
-	} else {
-		build := exec.Command("go", "build", "-o", e.bin, "./cmd/renderqueue")
-		build.Dir = root
-		if out, err := build.CombinedOutput(); err != nil {
-			t.Fatalf("go build ./cmd/renderqueue: %v\n%s", err, out)
-		}
+	// 1. The binary and the images every Pod runs, built by the first test that starts a cluster
+	// and reused by the others (builds, TestMain).
+	b, err := builds.get(root, as, logf)
+	if err != nil {
+		t.Fatal(err)
 	}
+	e.bin, e.images = b.bin, b.images
+	t.Logf("binary %s; images %s, %s, %s, %s", e.bin, e.images.Renderqueue, e.images.Sandbox, e.images.CoreDNS, e.images.Probe)
 	help, _ := exec.Command(e.bin, "operator", "--help").CombinedOutput()
 	if !strings.Contains(string(help), "-keeper-image") {
 		t.Skipf("e2e: `renderqueue operator` is not available yet:\n%s", help)
@@ -467,18 +519,10 @@ func startEnv(t *testing.T, extraImages ...string) *env {
 	if !strings.Contains(string(help), "-metrics-api-secure-port") {
 		t.Fatalf("e2e: `renderqueue operator` has no --metrics-api flags (the external metrics API):\n%s", help)
 	}
-
-	// 2. The images every Pod runs: the renderqueue image of `make image` (the same bytes a user
-	// pushes), the sandbox, CoreDNS and the test probe.
+	images := e.images
 	ctx := context.Background()
-	logf := func(format string, args ...any) { t.Logf(format, args...) }
-	images, err := cluster.BuildImages(ctx, root, as, logf)
-	if err != nil {
-		t.Fatalf("building the images: %v", err)
-	}
-	e.images = images
 
-	// 3. The stack.
+	// 2. The stack.
 	var componentLog io.Writer
 	if os.Getenv("E2E_VERBOSE") != "" {
 		componentLog = os.Stderr
