@@ -481,6 +481,15 @@ func TestNodeAfterKill(t *testing.T) {
 	if after := snapshotHost(t); !slices.Equal(before, after) {
 		t.Errorf("after the sweep, the machine is not as it was:\n%s", diffLines(before, after))
 	}
+	// A second sweep finds nothing, and says so by saying nothing (it once reported removing the
+	// bridge and rules it had just set up itself).
+	out, err := exec.Command(filepath.Join(repo, "hack", "node.sh"), "sweep").CombinedOutput()
+	if err != nil {
+		t.Fatalf("hack/node.sh sweep, again: %v\n%s", err, out)
+	}
+	if strings.Contains(string(out), "sweep:") {
+		t.Errorf("a sweep of a clean machine reports removing something:\n%s", out)
+	}
 }
 
 // TestNodeRefusesASecondRun: while one node runs, a second Prepare that does not wait is refused

@@ -108,6 +108,26 @@ func Prepare(ctx context.Context, o HostOptions) (_ *Host, err error) {
 	return h, nil
 }
 
+// SweepMachine takes the node's lock (refusing, or waiting with o.Wait, while another run holds
+// it), sweeps away what a killed run left (Sweep) and drops the lock, setting nothing up: what
+// `hack/node.sh sweep` does. Unlike Prepare followed by Release, it reports only what was left
+// behind, not the bridge and rules Prepare would have just made.
+func SweepMachine(ctx context.Context, o HostOptions) error {
+	if os.Geteuid() != 0 {
+		return errors.New("node: sweeping the node needs root")
+	}
+	h := &Host{logf: o.Logf}
+	if h.logf == nil {
+		h.logf = func(string, ...any) {}
+	}
+	var err error
+	if h.lock, err = takeLock(ctx, o.Wait, h.logf); err != nil {
+		return err
+	}
+	h.Release()
+	return nil
+}
+
 // Release sweeps everything the node put on the machine away (Sweep) and drops the lock.
 func (h *Host) Release() {
 	if h.lock == nil {

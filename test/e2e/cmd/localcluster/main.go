@@ -51,14 +51,9 @@ func run(args []string, stderr io.Writer) error {
 	if *sweep {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
-		h, err := node.Prepare(ctx, node.HostOptions{Logf: func(format string, a ...any) {
+		return node.SweepMachine(ctx, node.HostOptions{Logf: func(format string, a ...any) {
 			_, _ = fmt.Fprintf(stderr, "localcluster: %s\n", fmt.Sprintf(format, a...))
 		}})
-		if err != nil {
-			return err
-		}
-		h.Release()
-		return nil
 	}
 	if *assets == "" {
 		return fmt.Errorf("--assets (or KUBEBUILDER_ASSETS) is required; run hack/setup-envtest.sh")
