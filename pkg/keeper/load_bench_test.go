@@ -21,7 +21,8 @@ import (
 // loadBenchTable fills render_schedule with n rows as a fleet looks: 64-byte keys, 97% 96 h and 3%
 // 24 h, half submitted, due spread over the past cadence (so every row is due). The change-event
 // trigger is off while it inserts (nobody listens yet; it would only build notifications of
-// millions of rows), in steps of a million rows, then the table is vacuumed and analyzed.
+// millions of rows), in steps of a million rows, then the table is vacuumed and analyzed (and,
+// with BENCH_CLUSTER set, clustered in the walks' order: benchClusterEnv).
 func loadBenchTable(tb testing.TB, ctx context.Context, dsn string, n int) {
 	tb.Helper()
 	conn, err := pgx.Connect(ctx, dsn)
@@ -52,7 +53,27 @@ func loadBenchTable(tb testing.TB, ctx context.Context, dsn string, n int) {
 		tb.Fatal(err)
 	}
 	tb.Logf("%d rows written and analyzed in %v", n, time.Since(start).Round(time.Second))
+	if os.Getenv(benchClusterEnv) != "" {
+		// the rows in the order the walks read them (docs/scale.md, "The table's order")
+		start := time.Now()
+		if _, err := conn.Exec(ctx, `SET maintenance_work_mem = '1GB'`); err != nil {
+			tb.Fatal(err)
+		}
+		if _, err := conn.Exec(ctx, `CLUSTER render_schedule USING render_schedule_hash_key`); err != nil {
+			tb.Fatal(err)
+		}
+		if _, err := conn.Exec(ctx, `ANALYZE render_schedule`); err != nil {
+			tb.Fatal(err)
+		}
+		tb.Logf("%s: the table clustered by (key_hash, key) in %v", benchClusterEnv, time.Since(start).Round(time.Second))
+	}
 }
+
+// benchClusterEnv, when set, has loadBenchTable put the table in the walks' order (CLUSTER by its
+// (key_hash, key) index) after writing it: written in key order, its rows are scattered over the
+// heap in the order a walk reads them (by key hash), and a walk's reads of a table that is not in
+// memory are then random.
+const benchClusterEnv = "BENCH_CLUSTER"
 
 // BenchmarkShardLoad measures a standalone shard (all slots, window 0: every row held) loading
 // its rows from PostgreSQL to ready: subscribe, then the first walk (the key index sized from the
