@@ -301,6 +301,60 @@ func TestBulkBuild(t *testing.T) {
 	}
 }
 
+// TestFlushFewPending: a tree of 20,000 built entries takes small bulk batches (as a load's rows
+// come in between two statuses, each of which reads the tree), with stale and moved entries among
+// them; every Flush inserts the batch one by one (it is under 1/flushInsertRatio of the tree) and
+// the tree must match the model after each, and after a last batch large enough to be merged.
+func TestFlushFewPending(t *testing.T) {
+	const built, batch, batches = 20_000, 300, 20
+	m := newTestRecords(built + batch*batches + 5_000)
+	f := NewForest(m)
+	tr := &Tree{}
+	rng := rand.New(rand.NewPCG(7, 8))
+	due := func() int64 { return t0Ms + int64(rng.IntN(600_000)) }
+	for id := range uint32(built) {
+		m.recs[id] = &testRec{due: due(), leased: rng.IntN(5) == 0, tree: tr}
+		f.Insert(tr, m.entry(id))
+	}
+	add := func(id uint32) {
+		r := m.recs[id]
+		r.tree, r.pending = tr, true
+		f.AddPending(tr, m.entry(id))
+	}
+	next := uint32(built)
+	for round := range batches + 1 {
+		n := batch
+		if round == batches {
+			n = 5_000 // over 1/flushInsertRatio of the tree: merged and rebuilt
+		}
+		first := next
+		for range n {
+			m.recs[next] = &testRec{due: due(), leased: rng.IntN(5) == 0}
+			add(next)
+			next++
+		}
+		for id := first; id < next; id += 9 { // moved while pending: its first entry goes stale
+			r := m.recs[id]
+			r.pending = false
+			r.due += 1000
+			add(id)
+		}
+		for id := first + 4; id < next; id += 23 { // deleted while pending: a stale entry
+			m.recs[id].pending, m.recs[id].tree = false, nil
+			m.recs[id] = nil
+		}
+		if round < batches && tr.PendingLen()*flushInsertRatio >= tr.n {
+			t.Fatalf("round %d: %d pending beside %d: not the few that are inserted one by one", round, tr.PendingLen(), tr.n)
+		}
+		if _, err := checkAgainst(f, m, tr); err != nil {
+			t.Fatalf("round %d: %v", round, err)
+		}
+		if tr.PendingLen() != 0 {
+			t.Fatalf("round %d: %d pending entries left after Flush", round, tr.PendingLen())
+		}
+	}
+}
+
 // addRandom puts record id into tr: due within ten minutes of t0Ms, leased one time in five,
 // pending (added in bulk) one time in three.
 func addRandom(f *Forest, m *testRecords, tr *Tree, id uint32, rng *rand.Rand) {
