@@ -180,9 +180,11 @@ func (c *Core) demand() float64 {
 		}
 	}
 	// departed rows still in the owned trees (drain.go) are not the shard's
-	if c.departedOwned > 0 && c.departedOwned == owned {
+	switch c.departedOwned {
+	case 0:
+	case owned:
 		d = c.beyondOwned // exactly: no float sum's remainder
-	} else if c.departedOwned > 0 {
+	default:
 		d -= c.departedDemand
 	}
 	return d * float64(time.Hour.Milliseconds())

@@ -762,7 +762,7 @@ func (c *Core) forget(key string) {
 // removeRow drops a held row: out of its tree and counts, its lease, and the store.
 func (c *Core) removeRow(id uint32) {
 	r := c.rows.At(id)
-	if c.departed > 0 && c.slots[r.Slot] == SlotNone {
+	if c.isDeparted(r) {
 		// a departed row (a walk's sweep of a slot that left meanwhile): its events were decided
 		// and its lease ended when its slot left; it goes as Drain removes it, out of the counts
 		// it is still in

@@ -255,8 +255,14 @@ func (c *Core) findFrom(key string, guess uint32) (uint32, bool) {
 
 // held passes on a record the store found (id, ok) unless it is a departed row's.
 func (c *Core) held(id uint32, ok bool) (uint32, bool) {
-	if ok && c.departed > 0 && c.slots[c.rows.At(id).Slot] == SlotNone {
+	if ok && c.isDeparted(c.rows.At(id)) {
 		return 0, false
 	}
 	return id, ok
+}
+
+// isDeparted says whether held row r is a departed row: its slot left, and Drain has not removed
+// it yet.
+func (c *Core) isDeparted(r *rowstore.Rec) bool {
+	return c.departed > 0 && c.slots[r.Slot] == SlotNone
 }
