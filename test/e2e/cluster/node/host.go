@@ -81,14 +81,8 @@ var ErrBusy = errors.New("another local cluster runs on this machine")
 // Prepare takes the machine for the node: it takes the lock (or says who has it), sweeps up what
 // a killed run left, and sets up forwarding, the bridge and the egress rule. It needs root.
 func Prepare(ctx context.Context, o HostOptions) (_ *Host, err error) {
-	if os.Geteuid() != 0 {
-		return nil, errors.New("node: a real node needs root (containerd, the kubelet, network namespaces, iptables)")
-	}
-	h := &Host{logf: o.Logf}
-	if h.logf == nil {
-		h.logf = func(string, ...any) {}
-	}
-	if h.lock, err = takeLock(ctx, o.Wait, h.logf); err != nil {
+	h, err := lockHost(ctx, o)
+	if err != nil {
 		return nil, err
 	}
 	defer func() {
@@ -113,8 +107,18 @@ func Prepare(ctx context.Context, o HostOptions) (_ *Host, err error) {
 // `hack/node.sh sweep` does. Unlike Prepare followed by Release, it reports only what was left
 // behind, not the bridge and rules Prepare would have just made.
 func SweepMachine(ctx context.Context, o HostOptions) error {
+	h, err := lockHost(ctx, o)
+	if err != nil {
+		return err
+	}
+	h.Release()
+	return nil
+}
+
+// lockHost takes the node's lock for a Host (Prepare's, SweepMachine's); it needs root.
+func lockHost(ctx context.Context, o HostOptions) (*Host, error) {
 	if os.Geteuid() != 0 {
-		return errors.New("node: sweeping the node needs root")
+		return nil, errors.New("node: a real node needs root (containerd, the kubelet, network namespaces, iptables)")
 	}
 	h := &Host{logf: o.Logf}
 	if h.logf == nil {
@@ -122,10 +126,9 @@ func SweepMachine(ctx context.Context, o HostOptions) error {
 	}
 	var err error
 	if h.lock, err = takeLock(ctx, o.Wait, h.logf); err != nil {
-		return err
+		return nil, err
 	}
-	h.Release()
-	return nil
+	return h, nil
 }
 
 // Release sweeps everything the node put on the machine away (Sweep) and drops the lock.
