@@ -84,7 +84,6 @@ fi
 # The local cluster's own tests (test/e2e/cluster) start the same node, of which a machine runs
 # one at a time (test/e2e/cluster/node: its lock), so they run after the end-to-end test ends.
 e2e_pid=""
-e2e_status=0
 node_pkg=github.com/renderqueue/renderqueue/test/e2e/cluster
 if [ "${run_e2e:-0}" = 1 ] && [ "$*" = ./... ] && [ "$(id -u)" = 0 ]; then
   echo "test: starting the end-to-end test (go test -tags e2e ./test/e2e) beside the unit tests" >&2

@@ -519,7 +519,6 @@ func startEnv(t *testing.T, extraImages ...string) *env {
 	if !strings.Contains(string(help), "-metrics-api-secure-port") {
 		t.Fatalf("e2e: `renderqueue operator` has no --metrics-api flags (the external metrics API):\n%s", help)
 	}
-	images := e.images
 	ctx := context.Background()
 
 	// 2. The stack.
@@ -529,7 +528,7 @@ func startEnv(t *testing.T, extraImages ...string) *env {
 	}
 	c, err := cluster.Start(ctx, cluster.Options{
 		Repo: root, Assets: as, Dir: filepath.Join(work, "cluster"),
-		Images: append(slices.Clone(images.Archives), extraImages...), SandboxImage: images.Sandbox, CoreDNSImage: images.CoreDNS,
+		Images: append(slices.Clone(e.images.Archives), extraImages...), SandboxImage: e.images.Sandbox, CoreDNSImage: e.images.CoreDNS,
 		WaitForNode: true, Logf: logf, ComponentLog: componentLog,
 	})
 	if err != nil {
