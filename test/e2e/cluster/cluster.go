@@ -112,6 +112,8 @@ func Start(ctx context.Context, o Options) (c *Cluster, err error) {
 			c.Stop()
 		}
 	}()
+	began := time.Now()
+	since := func() time.Duration { return time.Since(began).Round(100 * time.Millisecond) }
 	if c.host, err = node.Prepare(ctx, node.HostOptions{Wait: o.WaitForNode, Logf: o.Logf}); err != nil {
 		return c, err
 	}
@@ -132,6 +134,7 @@ func Start(ctx context.Context, o Options) (c *Cluster, err error) {
 	}); err != nil {
 		return c, err
 	}
+	o.logf("control plane up at +%s", since())
 	c.Kubeconfig = c.cp.Kubeconfig
 	c.RESTConfig = rest.CopyConfig(c.cp.RESTConfig)
 	if c.Client, err = kubernetes.NewForConfig(c.RESTConfig); err != nil {
@@ -144,7 +147,7 @@ func Start(ctx context.Context, o Options) (c *Cluster, err error) {
 	}); err != nil {
 		return c, err
 	}
-	o.logf("local cluster up: Node %s (%s); KUBECONFIG=%s", node.Name, node.NodeIP, c.Kubeconfig)
+	o.logf("local cluster up at +%s: Node %s (%s); KUBECONFIG=%s", since(), node.Name, node.NodeIP, c.Kubeconfig)
 	return c, nil
 }
 
@@ -152,6 +155,7 @@ func Start(ctx context.Context, o Options) (c *Cluster, err error) {
 // controller manager (nothing makes new Pods), the Pods and the node, the API server and etcd,
 // PostgreSQL, and sweeps the machine (node.Host.Release). It is safe to call more than once.
 func (c *Cluster) Stop() {
+	began := time.Now()
 	c.mu.Lock()
 	procs := c.procs
 	c.procs = nil
@@ -167,6 +171,7 @@ func (c *Cluster) Stop() {
 		c.Node.Stop(ctx)
 		cancel()
 		c.Node = nil
+		c.o.logf("node stopped at +%s", time.Since(began).Round(100*time.Millisecond))
 	}
 	if c.cp != nil {
 		c.cp.Stop()
@@ -184,6 +189,7 @@ func (c *Cluster) Stop() {
 		c.host.Release()
 		c.host = nil
 	}
+	c.o.logf("local cluster stopped in %s", time.Since(began).Round(100*time.Millisecond))
 }
 
 // LogDir is where the control plane's and StartProcess's logs are.

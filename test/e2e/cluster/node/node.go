@@ -120,11 +120,13 @@ func Start(ctx context.Context, o Options) (_ *Node, err error) {
 	if err := n.startContainerd(ctx); err != nil {
 		return nil, err
 	}
+	imported := time.Now()
 	for _, img := range o.Images {
 		if err := n.importImage(ctx, img); err != nil {
 			return nil, err
 		}
 	}
+	o.logf("%d images imported in %s", len(o.Images), time.Since(imported).Round(100*time.Millisecond))
 	if err := n.startKubelet(ctx); err != nil {
 		return nil, err
 	}
@@ -361,27 +363,40 @@ func (n *Node) stopDaemons() {
 }
 
 // deletePods deletes every Pod with a short grace period and waits (up to 60 s) until the
-// kubelet has confirmed each one gone.
+// kubelet has confirmed each one gone. A Pod made after the first round (by an operator Pod that
+// had not stopped yet: the operator creates its shard Pods itself) is deleted at a later poll,
+// which deletes every Pod not already being deleted, and logged.
 func (n *Node) deletePods(ctx context.Context) error {
-	pods, err := n.o.Client.CoreV1().Pods("").List(ctx, metav1.ListOptions{})
-	if err != nil {
-		return fmt.Errorf("listing Pods: %w", err)
-	}
 	grace := int64(1)
-	for _, p := range pods.Items {
-		err := n.o.Client.CoreV1().Pods(p.Namespace).Delete(ctx, p.Name, metav1.DeleteOptions{GracePeriodSeconds: &grace})
-		if err != nil && !apierrors.IsNotFound(err) {
-			return fmt.Errorf("deleting Pod %s/%s: %w", p.Namespace, p.Name, err)
+	deleteLeft := func(ctx context.Context) (left, deleted []string, err error) {
+		pods, err := n.o.Client.CoreV1().Pods("").List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return nil, nil, fmt.Errorf("listing Pods: %w", err)
 		}
+		for _, p := range pods.Items {
+			name := p.Namespace + "/" + p.Name
+			left = append(left, name)
+			if p.DeletionTimestamp != nil {
+				continue
+			}
+			err := n.o.Client.CoreV1().Pods(p.Namespace).Delete(ctx, p.Name, metav1.DeleteOptions{GracePeriodSeconds: &grace})
+			if err != nil && !apierrors.IsNotFound(err) {
+				return nil, nil, fmt.Errorf("deleting Pod %s/%s: %w", p.Namespace, p.Name, err)
+			}
+			deleted = append(deleted, name)
+		}
+		return left, deleted, nil
+	}
+	if _, _, err := deleteLeft(ctx); err != nil {
+		return err
 	}
 	return wait.Poll(ctx, 60*time.Second, 250*time.Millisecond, "every Pod to be gone", func(ctx context.Context) (bool, string, error) {
-		pods, err := n.o.Client.CoreV1().Pods("").List(ctx, metav1.ListOptions{})
+		left, deleted, err := deleteLeft(ctx)
 		if err != nil {
 			return false, err.Error(), nil
 		}
-		var left []string
-		for _, p := range pods.Items {
-			left = append(left, p.Namespace+"/"+p.Name)
+		if len(deleted) > 0 {
+			n.o.logf("deleting the Pods before stopping the node: %s made after the first round, deleted too", strings.Join(deleted, ", "))
 		}
 		return len(left) == 0, strings.Join(left, ", "), nil
 	})
