@@ -44,9 +44,10 @@ package e2e
 //     within its cadence: the writer does that on purpose.
 //
 // CHAOS_DURATION (a Go duration) loops the case mix until that much time has passed (`make soak
-// DURATION=30m`); unset, the mix runs once (the CI version, about 4 minutes). The summary is
-// logged at the end and written to CHAOS_SUMMARY when set. CHAOS_CASES (comma-separated names)
-// runs only those cases.
+// DURATION=30m`); unset, the mix runs once (the CI version, about 3 minutes; TestChaosTLS's about
+// 2). The summary is logged at the end and written to CHAOS_SUMMARY when set. CHAOS_CASES
+// (comma-separated names) runs only those cases. The operator polls its shards every 2 s here
+// (chaosShardPoll).
 
 import (
 	"context"
