@@ -16,12 +16,12 @@ import (
 
 const (
 	waveNS        = "waves"
-	waveRows      = 960             // the wave: rows that come due together
-	waveLead      = 2 * time.Minute // how far ahead of the seeding the wave comes due
-	waveSpread    = 2 * time.Second // its rows' due times spread over this much
-	waveMaxPods   = 4               // each HPA's maxReplicas, and what waveRows asks for
-	waveRender    = time.Second     // a worker's mean render time (worker-sim --render-time)
-	waveWorkerCon = 16              // rows a worker renders at once (--concurrency)
+	waveRows      = 960              // the wave: rows that come due together
+	waveLead      = 80 * time.Second // how far ahead of the seeding the wave comes due
+	waveSpread    = 2 * time.Second  // its rows' due times spread over this much
+	waveMaxPods   = 4                // each HPA's maxReplicas, and what waveRows asks for
+	waveRender    = time.Second      // a worker's mean render time (worker-sim --render-time)
+	waveWorkerCon = 16               // rows a worker renders at once (--concurrency)
 	// waveWarmUp is how long a worker Pod takes to become useful (an init container sleeps it):
 	// on this node Pods start in seconds, from an image already there; a render worker elsewhere
 	// pulls its image and starts a browser.
