@@ -94,6 +94,9 @@ const (
 	// for the status to reach the SQL count, waits seconds rather than up to a poll (about 20
 	// samples a CI run). Nothing the chaos checks depends on the interval's length.
 	chaosShardPoll = "2s"
+	// chaosShardPollSet is the Helm value that sets it (install and upgrade alike: helm upgrade
+	// without --reuse-values starts again from the chart's values).
+	chaosShardPollSet = "operator.shardPollInterval=" + chaosShardPoll
 )
 
 // chaosHorizon: no row is due between now − 10 minutes and now + the horizon when the test
@@ -342,7 +345,7 @@ func (ch *chaos) setup(t *testing.T) {
 	} else {
 		chart := or(ch.chart, filepath.Join(e.root, "charts", "renderqueue"))
 		args := append([]string{"install", "renderqueue", chart, "--namespace", ch.opNS, "--create-namespace",
-			"--set", "operator.shardPollInterval=" + chaosShardPoll}, ch.helmArgs...)
+			"--set", chaosShardPollSet}, ch.helmArgs...)
 		out, err := execOut(ch.helm(t), append(args, "--kubeconfig", e.c.Kubeconfig)...)
 		if err != nil {
 			ch.e.fatalf(t, "helm install: %v\n%s", err, out)

@@ -267,7 +267,7 @@ func (ch *chaos) upgradeOperator(t *testing.T, image string) {
 	t.Logf("kubectl apply --server-side -f charts/renderqueue/crds/ (N):\n%s", e.kubectl("apply", "--server-side", "-f", crds))
 	start := time.Now()
 	args := []string{"upgrade", "renderqueue", filepath.Join(e.root, "charts", "renderqueue"), "--namespace", ch.opNS,
-		"--set", "operator.replicas=2", "--set", "operator.shardPollInterval=" + chaosShardPoll}
+		"--set", "operator.replicas=2", "--set", chaosShardPollSet}
 	out, err := execOut(ch.helm(t), append(args, "--kubeconfig", e.c.Kubeconfig)...)
 	if err != nil {
 		ch.e.fatalf(t, "helm upgrade: %v\n%s", err, out)

@@ -363,16 +363,18 @@ func (n *Node) stopDaemons() {
 }
 
 // deletePods deletes every Pod with a short grace period and waits (up to 60 s) until the
-// kubelet has confirmed each one gone. A Pod made after the first round (by an operator Pod that
-// had not stopped yet: the operator creates its shard Pods itself) is deleted at a later poll,
-// which deletes every Pod not already being deleted, and logged.
+// kubelet has confirmed each one gone. Each poll deletes the Pods not yet being deleted, so a Pod
+// made after the first round (by an operator Pod that had not stopped yet: the operator creates
+// its shard Pods itself) goes too, and is logged.
 func (n *Node) deletePods(ctx context.Context) error {
 	grace := int64(1)
-	deleteLeft := func(ctx context.Context) (left, deleted []string, err error) {
+	first := true
+	return wait.Poll(ctx, 60*time.Second, 250*time.Millisecond, "every Pod to be gone", func(ctx context.Context) (bool, string, error) {
 		pods, err := n.o.Client.CoreV1().Pods("").List(ctx, metav1.ListOptions{})
 		if err != nil {
-			return nil, nil, fmt.Errorf("listing Pods: %w", err)
+			return false, fmt.Sprintf("listing Pods: %v", err), nil
 		}
+		var left, deleted []string
 		for _, p := range pods.Items {
 			name := p.Namespace + "/" + p.Name
 			left = append(left, name)
@@ -381,23 +383,14 @@ func (n *Node) deletePods(ctx context.Context) error {
 			}
 			err := n.o.Client.CoreV1().Pods(p.Namespace).Delete(ctx, p.Name, metav1.DeleteOptions{GracePeriodSeconds: &grace})
 			if err != nil && !apierrors.IsNotFound(err) {
-				return nil, nil, fmt.Errorf("deleting Pod %s/%s: %w", p.Namespace, p.Name, err)
+				return false, fmt.Sprintf("deleting Pod %s: %v", name, err), nil
 			}
 			deleted = append(deleted, name)
 		}
-		return left, deleted, nil
-	}
-	if _, _, err := deleteLeft(ctx); err != nil {
-		return err
-	}
-	return wait.Poll(ctx, 60*time.Second, 250*time.Millisecond, "every Pod to be gone", func(ctx context.Context) (bool, string, error) {
-		left, deleted, err := deleteLeft(ctx)
-		if err != nil {
-			return false, err.Error(), nil
-		}
-		if len(deleted) > 0 {
+		if !first && len(deleted) > 0 {
 			n.o.logf("deleting the Pods before stopping the node: %s made after the first round, deleted too", strings.Join(deleted, ", "))
 		}
+		first = false
 		return len(left) == 0, strings.Join(left, ", "), nil
 	})
 }
