@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# Builds every image the local cluster's node runs, as OCI image layout archives under bin/image/,
-# and prints one line per image (the LAST lines of stdout): ROLE NAME ARCHIVE.
+# Builds every image the local cluster's node runs, as OCI image layout archives under
+# bin/image/node/ (not bin/image/, where `make image` writes the two-platform index), and prints one line per image (the LAST lines of stdout): ROLE NAME ARCHIVE.
 #
-#   renderqueue  the renderqueue image, `make image` (the same bytes a user pushes)
-#   sandbox      the Pods' sandbox ("pause") image, `make pause-image`
+#   renderqueue  the renderqueue image, `make image` for this machine's platform only: the same
+#                image (manifest digest) as that platform's entry in the two-platform index a user
+#                pushes (hack/image's TestMakeImage checks it); the arm64 half is not built here
+#   sandbox      the Pods' sandbox ("pause") image, `make pause-image`, this platform only
 #   coredns      CoreDNS (the binary hack/setup-envtest.sh builds, without the forward plugin)
 #   probe        the end-to-end tests' probe (test/e2e/cmd/probe: dial, dns, get, sleep)
 #
@@ -21,15 +23,15 @@ if [ -z "$assets" ]; then
 fi
 [ -x "$assets/coredns" ] || die "no coredns in $assets (hack/setup-envtest.sh builds it)"
 
-out=bin/image
+out=bin/image/node
 mkdir -p "$out"
-make --no-print-directory image >&2
-make --no-print-directory pause-image >&2
+arch=$(go env GOARCH)
+make --no-print-directory image IMAGE_DIR="$out" IMAGE_PLATFORMS="linux/$arch" >&2
+make --no-print-directory pause-image IMAGE_DIR="$out" IMAGE_PLATFORMS="linux/$arch" >&2
 
 # The builder of `make image` (hack/image, a module of its own).
 builder=$PWD/bin/image-builder
 (cd hack/image && go build -o "$builder" .)
-arch=$(go env GOARCH)
 epoch=$(git log -1 --format=%ct 2>/dev/null || echo 0)
 
 coredns_version=$("$assets/coredns" -version | sed -n 's/^CoreDNS-\([0-9.]*\).*/v\1/p' | head -n 1)

@@ -62,9 +62,10 @@ func makeTarget(t *testing.T, root, target, archive string, vars ...string) stri
 	return printed
 }
 
-// TestMakeImage runs `make image` three times: twice with the same inputs into two directories
-// (the same digest, the same bytes) and once with another VERSION (another digest); then checks
-// the image's structure, its binaries, and that the Dockerfile describes the same image.
+// TestMakeImage runs `make image` four times: twice with the same inputs into two directories
+// (the same digest, the same bytes), once with another VERSION (another digest) and once for this
+// machine's platform only (that platform's image of the index, as the local cluster runs it); then
+// checks the image's structure, its binaries, and that the Dockerfile describes the same image.
 func TestMakeImage(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds renderqueue for two platforms three times")
@@ -76,7 +77,11 @@ func TestMakeImage(t *testing.T) {
 	dig1 := makeTarget(t, root, "image", archive(d1), "IMAGE_DIR="+d1, "VERSION="+version)
 	dig2 := makeTarget(t, root, "image", archive(d2), "IMAGE_DIR="+d2, "VERSION="+version)
 	dig3 := makeTarget(t, root, "image", archive(d3), "IMAGE_DIR="+d3, "VERSION="+version+"-other")
-	t.Logf("make image: %s, again %s, another VERSION %s", dig1, dig2, dig3)
+	// The local cluster's node (hack/images.sh) builds this machine's platform only.
+	host := "linux/" + runtime.GOARCH
+	d4 := t.TempDir()
+	dig4 := makeTarget(t, root, "image", archive(d4), "IMAGE_DIR="+d4, "VERSION="+version, "IMAGE_PLATFORMS="+host)
+	t.Logf("make image: %s, again %s, another VERSION %s, %s only %s", dig1, dig2, dig3, host, dig4)
 
 	t.Run("reproducible", func(t *testing.T) {
 		b1, err := os.ReadFile(archive(d1))
@@ -99,6 +104,21 @@ func TestMakeImage(t *testing.T) {
 	if a.indexDigest != dig1 {
 		t.Errorf("index.json points at %s, make printed %s", a.indexDigest, dig1)
 	}
+
+	// One platform's build is that platform's image of the two-platform index, byte for byte: the
+	// image the local cluster's Pods run is the one a user pulls on this platform.
+	t.Run("one-platform", func(t *testing.T) {
+		one := readArchive(t, archive(d4))
+		if len(one.images) != 1 || one.images[host] == nil {
+			t.Fatalf("IMAGE_PLATFORMS=%s built %d images (want only %s)", host, len(one.images), host)
+		}
+		if a.images[host] == nil {
+			t.Fatalf("the two-platform index has no %s image", host)
+		}
+		if got, want := one.images[host].digest, a.images[host].digest; got != want {
+			t.Errorf("IMAGE_PLATFORMS=%s: image manifest %s; the two-platform index's %s image is %s", host, got, host, want)
+		}
+	})
 	epoch, err := strconv.ParseInt(gitOr(t, root, "0", "log", "-1", "--format=%ct"), 10, 64)
 	if err != nil {
 		t.Fatal(err)

@@ -443,8 +443,8 @@ type built struct {
 	images *cluster.Images
 }
 
-// buildCache builds them once per test binary: hack/images.sh takes ~10 s even with everything
-// cached (two platforms' binaries linked, four archives written), and the sources do not change
+// buildCache builds them once per test binary: hack/images.sh takes seconds even with everything
+// cached (binaries linked, four archives written), and the sources do not change
 // while the tests run.
 type buildCache struct {
 	once sync.Once
@@ -484,7 +484,7 @@ func (c *buildCache) get(root, assets string, logf func(string, ...any)) (built,
 	return c.b, c.err
 }
 
-// remove deletes what get built (not E2E_BINARY, not the images under bin/image).
+// remove deletes what get built (not E2E_BINARY, not the images under bin/image/node).
 func (c *buildCache) remove() {
 	if c.dir != "" {
 		_ = os.RemoveAll(c.dir)

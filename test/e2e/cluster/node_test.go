@@ -251,7 +251,7 @@ spec:
 		if out, err := exec2("nsenter", netns, "ip", "route", "add", "default", "via", node.NodeIP); err != nil {
 			t.Fatalf("adding a default route in the Pod's network namespace: %v\n%s", err, out)
 		}
-		probe := filepath.Join(repo, "bin", "image", "probe")
+		probe := filepath.Join(repo, "bin", "image", "node", "probe")
 		out, err = exec2("nsenter", netns, probe, "dial", "192.0.2.1:80")
 		if err == nil || !strings.Contains(out, "connection refused") {
 			t.Errorf("with a default route, dial 192.0.2.1:80: %q, %v; want the node's REJECT (connection refused)", out, err)
