@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Builds every image the local cluster's node runs, as OCI image layout archives under
-# bin/image/node/ (not bin/image/, where `make image` writes the two-platform index), and prints one line per image (the LAST lines of stdout): ROLE NAME ARCHIVE.
+# bin/image/node/ (not bin/image/, where `make image` writes the two-platform index), and prints
+# one line per image (the LAST lines of stdout): ROLE NAME ARCHIVE; then `binary PLATFORM PATH`,
+# the renderqueue image's own binary, which the tests run on this machine too.
 #
 #   renderqueue  the renderqueue image, `make image` for this machine's platform only: the same
 #                image (manifest digest) as that platform's entry in the two-platform index a user
@@ -58,3 +60,6 @@ for role in renderqueue:renderqueue sandbox:pause coredns:coredns probe:probe; d
   [ -n "$n" ] || die "$f carries no io.containerd.image.name"
   echo "$r $n $PWD/$f"
 done
+bin=$out/linux_$arch/renderqueue # the Makefile's image_bin
+[ -x "$bin" ] || die "$bin was not built"
+echo "binary linux/$arch $PWD/$bin"

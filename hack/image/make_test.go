@@ -68,7 +68,7 @@ func makeTarget(t *testing.T, root, target, archive string, vars ...string) stri
 // checks the image's structure, its binaries, and that the Dockerfile describes the same image.
 func TestMakeImage(t *testing.T) {
 	if testing.Short() {
-		t.Skip("builds renderqueue for two platforms three times")
+		t.Skip("builds renderqueue four times, three of them for two platforms")
 	}
 	root := repoRoot(t)
 	const version = "v0.0.0-imagetest"

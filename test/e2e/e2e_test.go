@@ -65,9 +65,7 @@ const (
 // one, the first use prints a stack trace into the test's output); what they log is not read.
 func TestMain(m *testing.M) {
 	ctrllog.SetLogger(logr.Discard())
-	code := m.Run()
-	builds.remove()
-	os.Exit(code)
+	os.Exit(m.Run())
 }
 
 // repoRoot is the repository root (the test runs in test/e2e).
@@ -444,57 +442,41 @@ type built struct {
 }
 
 // buildCache builds them once per test binary: hack/images.sh takes seconds even with everything
-// cached (binaries linked, four archives written), and the sources do not change
-// while the tests run.
+// cached (binaries linked, four archives written), and the sources do not change while the tests
+// run.
 type buildCache struct {
 	once sync.Once
-	dir  string // where the binary is; removed by TestMain
 	b    built
 	err  error
 }
 
-// builds is the test binary's buildCache (TestMain removes what it built).
+// builds is the test binary's buildCache.
 var builds buildCache
 
-// get builds the binary (E2E_BINARY: a prebuilt one) and the images (hack/images.sh) on its
-// first call and returns them on every call.
+// get builds the images (hack/images.sh) on its first call and returns them on every call, with
+// the binary the tests run on this machine: the renderqueue image's own (E2E_BINARY: another).
 func (c *buildCache) get(root, assets string, logf func(string, ...any)) (built, error) {
 	c.once.Do(func() {
+		if c.b.images, c.err = cluster.BuildImages(context.Background(), root, assets, logf); c.err != nil {
+			c.err = fmt.Errorf("building the images: %w", c.err)
+			return
+		}
+		c.b.bin = c.b.images.Binary
 		if b := os.Getenv("E2E_BINARY"); b != "" {
 			if c.b.bin, c.err = filepath.Abs(b); c.err != nil {
 				return
 			}
 			logf("using E2E_BINARY=%s", c.b.bin)
-		} else {
-			if c.dir, c.err = os.MkdirTemp("", "renderqueue-e2e-bin-"); c.err != nil {
-				return
-			}
-			c.b.bin = filepath.Join(c.dir, "renderqueue")
-			build := exec.Command("go", "build", "-o", c.b.bin, "./cmd/renderqueue")
-			build.Dir = root
-			if out, err := build.CombinedOutput(); err != nil {
-				c.err = fmt.Errorf("go build ./cmd/renderqueue: %w\n%s", err, out)
-				return
-			}
-		}
-		if c.b.images, c.err = cluster.BuildImages(context.Background(), root, assets, logf); c.err != nil {
-			c.err = fmt.Errorf("building the images: %w", c.err)
 		}
 	})
 	return c.b, c.err
 }
 
-// remove deletes what get built (not E2E_BINARY, not the images under bin/image/node).
-func (c *buildCache) remove() {
-	if c.dir != "" {
-		_ = os.RemoveAll(c.dir)
-	}
-}
-
-// startEnv builds the binary (E2E_BINARY: a prebuilt one) and starts the local cluster with
-// its PostgreSQL, skipping the test where it cannot run (skipUnlessRunnable). The node imports
-// the images hack/images.sh builds and the OCI archives in extraImages. The cluster is stopped
-// when t ends, after the containers' logs were printed if t failed.
+// startEnv builds the images (the binary is the renderqueue image's; E2E_BINARY: another) and
+// starts the local cluster with its PostgreSQL, skipping the test where it cannot run
+// (skipUnlessRunnable). The node imports the images hack/images.sh builds and the OCI archives in
+// extraImages. The cluster is stopped when t ends, after the containers' logs were printed if t
+// failed.
 func startEnv(t *testing.T, extraImages ...string) *env {
 	t.Helper()
 	skipUnlessRunnable(t)

@@ -23,10 +23,13 @@ type Images struct {
 	CoreDNS string
 	// Probe is the tests' probe image (test/e2e/cmd/probe).
 	Probe string
+	// Binary is the renderqueue image's own binary (static, this platform's), for what the tests
+	// run on this machine rather than in a Pod.
+	Binary string
 }
 
 // BuildImages runs repo/hack/images.sh with the assets directory (for CoreDNS's binary) and
-// returns what it built.
+// returns what it built: the archives and the renderqueue image's binary.
 func BuildImages(ctx context.Context, repo, assets string, logf func(string, ...any)) (*Images, error) {
 	cmd := exec.CommandContext(ctx, filepath.Join(repo, "hack", "images.sh"), assets)
 	cmd.Dir = repo
@@ -45,6 +48,10 @@ func BuildImages(ctx context.Context, repo, assets string, logf func(string, ...
 		if _, err := os.Stat(archive); err != nil {
 			return nil, fmt.Errorf("hack/images.sh named %s, which is not there: %w", archive, err)
 		}
+		if role == "binary" {
+			im.Binary = archive
+			continue
+		}
 		switch role {
 		case "renderqueue":
 			im.Renderqueue = name
@@ -62,7 +69,7 @@ func BuildImages(ctx context.Context, repo, assets string, logf func(string, ...
 			logf("image %s: %s (%s)", role, name, archive)
 		}
 	}
-	if im.Renderqueue == "" || im.Sandbox == "" || im.CoreDNS == "" || im.Probe == "" {
+	if im.Renderqueue == "" || im.Sandbox == "" || im.CoreDNS == "" || im.Probe == "" || im.Binary == "" {
 		return nil, fmt.Errorf("hack/images.sh did not name every image:\n%s\n%s", out.String(), stderr.String())
 	}
 	return im, nil
